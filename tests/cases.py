@@ -1,0 +1,119 @@
+"""Test cases shared by every backend's tests: fresh seeded random inputs, shuffled
+slots/pages, NaN in everything a call must not read, and the float64 reference."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from verify_attn import tree as vtree
+from verify_attn.api import build_problem
+from verify_attn.layouts import lay_out
+from verify_attn.reference import reference_verify
+
+# (atol, rtol) against the float64 reference. The inputs are rounded to the
+# dtype first, so the reference is exact for those inputs; the error is that of
+# the backend's own arithmetic: fp32 accumulation (~1e-6), plus P rounded to
+# the input dtype before the PV product (bf16: 8 bits of mantissa -> ~4e-3 relative,
+# fp16 ~5e-4) and the output rounded to the dtype.
+TOL = {
+    torch.float32: (1e-4, 1e-4),
+    torch.float16: (2e-3, 2e-2),
+    torch.bfloat16: (1.6e-2, 2e-2),
+}
+
+
+@dataclass(frozen=True)
+class CaseSpec:
+    prefix_lens: tuple[int, ...] = (54,)
+    tree_sizes: tuple[int, ...] = (5,)
+    tree_kind: str = "bushy"
+    hq: int = 8
+    hkv: int = 1
+    dqk: int = 576
+    dv: int = 512
+    mla: bool = True
+    dtype: torch.dtype = torch.float32
+    page_size: int = 1
+    seed: int = 0
+    sm_scale: float | None = None
+    words: int | None = None          # tree_mask words (default: just enough)
+    extra: tuple = field(default=())  # free-form tag for ids
+
+    @property
+    def id(self) -> str:
+        dt = str(self.dtype).replace("torch.", "")
+        head = "mla" if self.mla else f"gqa{self.hq}x{self.hkv}"
+        return (f"{head}-d{self.dqk}-{dt}-p{self.page_size}-L{'_'.join(map(str, self.prefix_lens))}"
+                f"-T{'_'.join(map(str, self.tree_sizes))}-{self.tree_kind}-s{self.seed}")
+
+
+@dataclass
+class Case:
+    spec: CaseSpec
+    kwargs: dict
+    parents: list
+    pool: object
+
+    def problem(self):
+        kw = dict(self.kwargs)
+        return build_problem(kw.pop("q"), kw.pop("k_cache"), kw.pop("v_cache"), kw.pop("qo_indptr"),
+                             kw.pop("kv_indptr"), kw.pop("kv_indices"), kw.pop("kv_lens"), kw.pop("tree_mask"),
+                             kw.pop("sm_scale"), kw.pop("page_size"))
+
+
+def make_case(spec: CaseSpec, device: str | torch.device = "cpu") -> Case:
+    if len(spec.prefix_lens) != len(spec.tree_sizes):
+        raise ValueError("prefix_lens and tree_sizes need one entry per request")
+    g = torch.Generator().manual_seed(1000 + spec.seed)
+    parents = [vtree.random_parents(t, spec.tree_kind, g) for t in spec.tree_sizes]
+    qo_indptr, tree_mask = vtree.pack_batch(parents, spec.words)
+    total_q = int(qo_indptr[-1])
+    q = torch.randn(total_q, spec.hq, spec.dqk, generator=g)
+    seqs_k, seqs_v = [], []
+    for lb, tb in zip(spec.prefix_lens, spec.tree_sizes):
+        seqs_k.append(torch.randn(lb + tb, spec.hkv, spec.dqk, generator=g))
+        seqs_v.append(torch.randn(lb + tb, spec.hkv, spec.dv, generator=g))
+    lay = lay_out(seqs_k, None if spec.mla else seqs_v, spec.page_size, mla_dv=spec.dv if spec.mla else None,
+                  generator=g, dtype=spec.dtype)
+    scale = spec.sm_scale if spec.sm_scale is not None else spec.dqk ** -0.5
+    kwargs = dict(q=q.to(spec.dtype), k_cache=lay["k_cache"], v_cache=lay["v_cache"], qo_indptr=qo_indptr,
+                  kv_indptr=lay["kv_indptr"], kv_indices=lay["kv_indices"], kv_lens=lay["kv_lens"],
+                  tree_mask=tree_mask, sm_scale=scale, page_size=spec.page_size)
+    case = Case(spec, kwargs, parents, lay["pool"])
+    if device != "cpu":
+        case.kwargs = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in kwargs.items()}
+        if spec.mla:  # keep V a view of K on the device
+            case.kwargs["v_cache"] = case.kwargs["k_cache"][..., : spec.dv]
+    return case
+
+
+def poisoned_out(case: Case) -> torch.Tensor:
+    q = case.kwargs["q"]
+    return torch.full((q.shape[0], q.shape[1], case.spec.dv), float("nan"), dtype=q.dtype, device=q.device)
+
+
+def check_against_reference(out: torch.Tensor, lse: torch.Tensor | None, case: Case,
+                            atol: float | None = None, rtol: float | None = None) -> dict:
+    """Assert out (and lse) match the float64 reference; returns the error stats."""
+    d_atol, d_rtol = TOL[case.spec.dtype]
+    atol = d_atol if atol is None else atol
+    rtol = d_rtol if rtol is None else rtol
+    ref_out, ref_lse = reference_verify(case.problem())
+    o = out.double().cpu()
+    r = ref_out.cpu()
+    assert torch.isfinite(o).all(), f"{case.spec.id}: out has {int((~torch.isfinite(o)).sum())} non-finite values"
+    err = (o - r).abs()
+    bound = atol + rtol * r.abs()
+    stats = {"max_abs_err": float(err.max()), "max_rel_err": float((err / r.abs().clamp_min(1e-3)).max())}
+    if (err > bound).any():
+        i = torch.nonzero(err > bound)[0].tolist()
+        raise AssertionError(f"{case.spec.id}: out mismatch at {i}: got {float(o[tuple(i)])}, "
+                             f"want {float(r[tuple(i)])} (atol {atol}, rtol {rtol}); {stats}")
+    if lse is not None:
+        l = lse.double().cpu()
+        assert torch.isfinite(l).all(), f"{case.spec.id}: lse has non-finite values"
+        lerr = float((l - ref_lse.cpu()).abs().max())
+        stats["lse_max_abs_err"] = lerr
+        assert lerr <= max(atol, 1e-3) * 10, f"{case.spec.id}: lse max abs err {lerr}"
+    return stats

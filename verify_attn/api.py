@@ -1,0 +1,244 @@
+"""The public entry point `tree_verify` and its argument validation.
+
+Validation runs in a fixed order (dtype, device, rank, shapes, then values) and
+raises TypeError/ValueError naming the argument. Structural checks read only
+shapes and are always on. Value checks (indptr monotone, ids in range, each
+node sees itself) read the index tensors on the host; they are skipped while a
+CUDA graph is being captured (a host read would break capture) and can be
+turned off for a hot path with `set_validation("shapes")` or the environment
+variable VERIFY_ATTN_VALIDATE=shapes.
+"""
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+import torch
+
+from .backends import Problem, available_backends, get_backend, known_backends
+from .config import KernelConfig, as_config
+
+_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_VALIDATION = os.environ.get("VERIFY_ATTN_VALIDATE", "full")
+
+
+def set_validation(mode: str) -> None:
+    """'full' (default): shapes and values; 'shapes': shapes only (no host reads)."""
+    global _VALIDATION
+    if mode not in ("full", "shapes"):
+        raise ValueError(f"validation mode must be 'full' or 'shapes', got {mode!r}")
+    _VALIDATION = mode
+
+
+def _check_tensor(name: str, t, *, dtypes, ndim: int | None = None, device=None) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in dtypes:
+        want = " or ".join(str(d).replace("torch.", "") for d in dtypes)
+        raise TypeError(f"{name} must have dtype {want}, got {str(t.dtype).replace('torch.', '')}")
+    if device is not None and t.device != device:
+        raise ValueError(f"{name} must be on {device} (the device of q), got {t.device}")
+    if ndim is not None and t.dim() != ndim:
+        raise ValueError(f"{name} must have {ndim} dims, got shape {tuple(t.shape)}")
+
+
+def _capturing(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+def _shares_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+
+
+def build_problem(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_lens, tree_mask,
+                  sm_scale, page_size) -> Problem:
+    # -- dtypes, device, rank ------------------------------------------------
+    _check_tensor("q", q, dtypes=_FLOAT_DTYPES, ndim=3)
+    dev = q.device
+    if not isinstance(page_size, int) or isinstance(page_size, bool) or page_size < 1:
+        raise ValueError(f"page_size must be an int >= 1, got {page_size!r}")
+    cache_ndim = 3 if page_size == 1 else 4
+    _check_tensor("k_cache", k_cache, dtypes=(q.dtype,), ndim=cache_ndim, device=dev)
+    _check_tensor("v_cache", v_cache, dtypes=(q.dtype,), ndim=cache_ndim, device=dev)
+    for name, t, nd in (("qo_indptr", qo_indptr, 1), ("kv_indptr", kv_indptr, 1), ("kv_indices", kv_indices, 1),
+                        ("kv_lens", kv_lens, 1), ("tree_mask", tree_mask, 2)):
+        _check_tensor(name, t, dtypes=(torch.int32,), ndim=nd, device=dev)
+    if isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)):
+        raise TypeError(f"sm_scale must be a float, got {type(sm_scale).__name__}")
+    sm_scale = float(sm_scale)
+    if not (sm_scale > 0 and sm_scale < float("inf")):
+        raise ValueError(f"sm_scale must be a finite positive float, got {sm_scale}")
+
+    # -- shapes -------------------------------------------------------------
+    total_q, hq, dqk = q.shape
+    if page_size > 1 and k_cache.shape[1] != page_size:
+        raise ValueError(f"k_cache must be [num_pages, page_size={page_size}, Hkv, Dqk], got {tuple(k_cache.shape)}")
+    hkv, dk = k_cache.shape[-2], k_cache.shape[-1]
+    if dk != dqk:
+        raise ValueError(f"k_cache last dim must equal q's head dim {dqk}, got {dk}")
+    if v_cache.shape[:-1] != k_cache.shape[:-1]:
+        raise ValueError(f"v_cache leading dims must match k_cache {tuple(k_cache.shape[:-1])}, got {tuple(v_cache.shape[:-1])}")
+    dv = v_cache.shape[-1]
+    if min(hq, hkv, dqk, dv) < 1:
+        raise ValueError(f"head counts and dims must be >= 1: q {tuple(q.shape)}, v_cache {tuple(v_cache.shape)}")
+    if hq % hkv:
+        raise ValueError(f"q's head count Hq={hq} must be a multiple of the cache's Hkv={hkv}")
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name} must be contiguous in its last dim (stride 1), got stride {t.stride(-1)}")
+    mla_shared = _shares_storage(k_cache, v_cache) and v_cache.data_ptr() == k_cache.data_ptr()
+    if _shares_storage(k_cache, v_cache) and not mla_shared:
+        raise ValueError("v_cache shares storage with k_cache but does not start at k_cache's first value; "
+                         "an aliased V must be k_cache[..., :Dv]")
+    if mla_shared:
+        if dv > dqk:
+            raise ValueError(f"v_cache aliases k_cache, so Dv ({dv}) must be <= Dqk ({dqk})")
+        if v_cache.stride()[:-1] != k_cache.stride()[:-1]:
+            raise ValueError("v_cache aliases k_cache but has different strides; pass k_cache[..., :Dv]")
+    if qo_indptr.numel() < 2:
+        raise ValueError(f"qo_indptr must have B+1 >= 2 entries, got {qo_indptr.numel()}")
+    batch = qo_indptr.numel() - 1
+    if kv_indptr.numel() != batch + 1:
+        raise ValueError(f"kv_indptr must have B+1={batch + 1} entries (like qo_indptr), got {kv_indptr.numel()}")
+    if kv_lens.numel() != batch:
+        raise ValueError(f"kv_lens must have B={batch} entries, got {kv_lens.numel()}")
+    if tree_mask.shape[0] != total_q:
+        raise ValueError(f"tree_mask must have total_q={total_q} rows, got {tree_mask.shape[0]}")
+    w = tree_mask.shape[1]
+    if w < 1:
+        raise ValueError("tree_mask must have at least one 32-bit word per row")
+    if total_q < 1:
+        raise ValueError("q must have at least one row (every request has a root node)")
+    for name, t in (("qo_indptr", qo_indptr), ("kv_indptr", kv_indptr), ("kv_indices", kv_indices),
+                    ("kv_lens", kv_lens), ("tree_mask", tree_mask)):
+        if not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous")
+
+    num_blocks = k_cache.shape[0]  # slots (page_size 1) or pages
+    prob = Problem(
+        q=q, k_cache=k_cache, v_cache=v_cache, qo_indptr=qo_indptr, kv_indptr=kv_indptr,
+        kv_indices=kv_indices, kv_lens=kv_lens, tree_mask=tree_mask, sm_scale=sm_scale, page_size=page_size,
+        batch=batch, total_q=total_q, num_q_heads=hq, num_kv_heads=hkv, head_dim_qk=dqk, head_dim_v=dv,
+        mask_words=w, max_tree_nodes=min(32 * w, total_q), mla_shared_kv=mla_shared,
+        avg_kv_len=max(1, kv_indices.numel() * page_size // batch),
+    )
+
+    # -- values (host reads; skipped under graph capture or when disabled) ---
+    if _VALIDATION == "full" and not _capturing(dev):
+        _check_values(prob, num_blocks)
+    return prob
+
+
+def _check_values(p: Problem, num_blocks: int) -> None:
+    qo = p.qo_indptr.cpu().long()
+    kvp = p.kv_indptr.cpu().long()
+    lens = p.kv_lens.cpu().long()
+    if qo[0] != 0 or kvp[0] != 0:
+        raise ValueError(f"qo_indptr[0] and kv_indptr[0] must be 0, got {int(qo[0])} and {int(kvp[0])}")
+    t = qo[1:] - qo[:-1]
+    if (t < 1).any():
+        b = int(torch.nonzero(t < 1)[0])
+        raise ValueError(f"qo_indptr must be strictly increasing (every request has >= 1 tree node); request {b} has {int(t[b])}")
+    if int(qo[-1]) != p.total_q:
+        raise ValueError(f"qo_indptr[-1] must equal q.shape[0]={p.total_q}, got {int(qo[-1])}")
+    nidx = kvp[1:] - kvp[:-1]
+    if (nidx < 0).any():
+        raise ValueError("kv_indptr must be non-decreasing")
+    if int(kvp[-1]) > p.kv_indices.numel():
+        raise ValueError(f"kv_indptr[-1]={int(kvp[-1])} exceeds kv_indices.numel()={p.kv_indices.numel()}")
+    if (lens < t).any():
+        b = int(torch.nonzero(lens < t)[0])
+        raise ValueError(f"kv_lens[{b}]={int(lens[b])} is smaller than the request's tree size T_b={int(t[b])}")
+    need = (lens + p.page_size - 1) // p.page_size
+    if (nidx < need).any():
+        b = int(torch.nonzero(nidx < need)[0])
+        what = "slot ids" if p.page_size == 1 else f"page ids (page_size {p.page_size})"
+        raise ValueError(f"kv_indices: request {b} needs {int(need[b])} {what} for kv_lens={int(lens[b])}, "
+                         f"kv_indptr gives {int(nidx[b])}")
+    used = p.kv_indices[: int(kvp[-1])].cpu()
+    if used.numel() and (int(used.min()) < 0 or int(used.max()) >= num_blocks):
+        what = "slot" if p.page_size == 1 else "page"
+        raise ValueError(f"kv_indices holds {what} ids out of range [0, {num_blocks}): "
+                         f"min {int(used.min())}, max {int(used.max())}")
+    maxt = int(t.max())
+    if p.mask_words * 32 < maxt:
+        raise ValueError(f"tree_mask needs W >= ceil(max T_b / 32) = {(maxt + 31) // 32} words, got {p.mask_words}")
+    mask = p.tree_mask.cpu()
+    node = torch.arange(p.total_q) - torch.repeat_interleave(qo[:-1], t)       # node index within its request
+    own = (mask.gather(1, (node // 32).unsqueeze(1)).squeeze(1).long() >> (node % 32)) & 1
+    if (own == 0).any():
+        i = int(torch.nonzero(own == 0)[0])
+        raise ValueError(f"tree_mask row {i} (node {int(node[i])} of its request) must see its own node (bit set)")
+    # bits for nodes >= T_b of the row's request would name nodes that do not exist
+    tb = torch.repeat_interleave(t, t)
+    word = torch.arange(p.mask_words)
+    lo = (tb.unsqueeze(1) - word * 32).clamp(0, 32)                               # valid bits in each word
+    allowed = torch.where(lo >= 32, torch.full_like(lo, -1), (1 << lo) - 1)
+    bad = (mask.long() & 0xFFFFFFFF) & ~(allowed & 0xFFFFFFFF)
+    if (bad != 0).any():
+        i = int(torch.nonzero((bad != 0).any(1))[0])
+        raise ValueError(f"tree_mask row {i} has bits set for nodes >= its request's T_b={int(tb[i])}")
+
+
+def _pick_auto(p: Problem) -> str:
+    order = ["cuda", "triton", "reference"] if p.device.type == "cuda" else ["reference"]
+    for name in order:
+        b = get_backend(name)
+        if b.available()[0] and b.supports(p) is None:
+            return name
+    return "reference"
+
+
+def tree_verify(
+    q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_lens, tree_mask,
+    *, sm_scale: float, page_size: int = 1, backend: str = "auto",
+    config=None, out: Optional[torch.Tensor] = None, return_lse: bool = False,
+):
+    """Tree-verify attention; see README.md and DESIGN.md section 3 for the contract.
+
+    Returns out [total_q, Hq, Dv] in q's dtype, or (out, lse) with lse
+    [total_q, Hq] float32 (natural log) when return_lse is True.
+    """
+    if not isinstance(backend, str):
+        raise TypeError(f"backend must be a str, got {type(backend).__name__}")
+    if backend != "auto" and backend not in known_backends():
+        raise ValueError(f"unknown backend {backend!r}; available: {', '.join(['auto'] + available_backends())}")
+    cfg = as_config(config)
+    p = build_problem(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_lens, tree_mask, sm_scale, page_size)
+    name = _pick_auto(p) if backend == "auto" else backend
+    b = get_backend(name)
+    ok, why = b.available()
+    if not ok:
+        raise ValueError(f"backend {name!r} is not available here ({why}); available: "
+                         f"{', '.join(['auto'] + available_backends())}")
+    why = b.supports(p)
+    if why is not None:
+        raise ValueError(f"backend {name!r} does not support this call: {why}")
+
+    if out is None:
+        out = torch.empty(p.total_q, p.num_q_heads, p.head_dim_v, dtype=q.dtype, device=q.device)
+    else:
+        _check_tensor("out", out, dtypes=(q.dtype,), ndim=3, device=q.device)
+        if tuple(out.shape) != (p.total_q, p.num_q_heads, p.head_dim_v):
+            raise ValueError(f"out must have shape {(p.total_q, p.num_q_heads, p.head_dim_v)}, got {tuple(out.shape)}")
+        if not out.is_contiguous():
+            raise ValueError("out must be contiguous")
+    lse = torch.empty(p.total_q, p.num_q_heads, dtype=torch.float32, device=q.device) if return_lse else None
+
+    if cfg is None and b.tunable:
+        cfg = _tuned_config(p, name, b)
+    b.run(p, cfg, out, lse)
+    return (out, lse) if return_lse else out
+
+
+def _tuned_config(p: Problem, name: str, b) -> Optional[KernelConfig]:
+    """Tuned config for this shape (autotune lookup), else the backend's default."""
+    try:
+        from . import tuned  # run-time lookup of autotuned configs
+    except ImportError:
+        tuned = None
+    if tuned is not None:
+        cfg = tuned.lookup(p, name)
+        if cfg is not None:
+            return cfg
+    return b.default_config(p) if b.default_config is not None else None

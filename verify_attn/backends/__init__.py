@@ -1,0 +1,141 @@
+"""Backend registry.
+
+A backend is a function `run(problem, config, out, lse) -> None` that writes
+`out` ([total_q, Hq, Dv], q's dtype) and, when `lse` is not None, `lse`
+([total_q, Hq] float32, natural log). `problem` has already been validated by
+`verify_attn.api`. Tunable backends also publish their config search space and
+resource model so that the autotuner treats them alike.
+
+Backends register lazily: importing this package imports no Triton and builds no
+CUDA. `get_backend(name)` imports the backend's module on first use.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import torch
+
+from ..config import KernelConfig
+from ..shapes import HeadShape
+
+
+@dataclass
+class Problem:
+    """A validated tree-verify call. Tensors are the caller's, unchanged."""
+
+    q: torch.Tensor            # [total_q, Hq, Dqk]
+    k_cache: torch.Tensor      # [num_slots, Hkv, Dqk] (page_size 1) or [num_pages, P, Hkv, Dqk]
+    v_cache: torch.Tensor      # same leading dims, last dim Dv
+    qo_indptr: torch.Tensor    # [B+1] int32
+    kv_indptr: torch.Tensor    # [B+1] int32
+    kv_indices: torch.Tensor   # [nnz] int32 slot ids or page ids
+    kv_lens: torch.Tensor      # [B] int32, L_b + T_b
+    tree_mask: torch.Tensor    # [total_q, W] int32 packed
+    sm_scale: float
+    page_size: int
+    # static facts derived from shapes only (no device data read)
+    batch: int
+    total_q: int
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim_qk: int
+    head_dim_v: int
+    mask_words: int            # W
+    max_tree_nodes: int        # upper bound on T_b: min(32 * W, total_q)
+    mla_shared_kv: bool        # v_cache aliases k_cache[..., :Dv] (same storage and strides)
+    avg_kv_len: int            # kv tokens per request estimated from tensor sizes (heuristics only)
+
+    @property
+    def group(self) -> int:
+        return self.num_q_heads // self.num_kv_heads
+
+    @property
+    def device(self) -> torch.device:
+        return self.q.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.q.dtype
+
+    @property
+    def layout(self) -> str:
+        return "page1" if self.page_size == 1 else "paged"
+
+    def head_shape(self) -> HeadShape:
+        return HeadShape(
+            "problem", self.num_q_heads, self.num_kv_heads, self.head_dim_qk, self.head_dim_v,
+            self.sm_scale, self.mla_shared_kv,
+        )
+
+
+RunFn = Callable[[Problem, Optional[KernelConfig], torch.Tensor, Optional[torch.Tensor]], None]
+
+
+@dataclass
+class Backend:
+    name: str
+    run: RunFn
+    # (ok, reason): whether the backend can run at all here (toolkit present, ...)
+    available: Callable[[], "tuple[bool, str]"] = lambda: (True, "")
+    # None if the problem is supported, else a reason string (device, dtype, head dim, ...)
+    supports: Callable[[Problem], Optional[str]] = lambda p: None
+    # autotuning hooks (None for untunable backends)
+    config_space: Optional[Callable[..., "list[KernelConfig]"]] = None     # (shape: HeadShape, arch: str, **kw)
+    resources: Optional[Callable[..., dict]] = None                       # (config, shape: HeadShape, arch: str, **kw)
+    default_config: Optional[Callable[[Problem], KernelConfig]] = None
+    tunable: bool = False
+    meta: dict = field(default_factory=dict)
+
+
+_REGISTRY: dict[str, Backend] = {}
+
+# name -> module that registers it when imported
+_LAZY: dict[str, str] = {
+    "reference": "verify_attn.reference",
+    "triton": "verify_attn.backends.triton_split",
+    "triton-serial": "verify_attn.backends.triton_serial",
+    "cuda": "verify_attn.backends.cuda",
+    "cuda-emu": "verify_attn.backends.cuda_emu",
+}
+
+
+def register(backend: Backend) -> Backend:
+    _REGISTRY[backend.name] = backend
+    return backend
+
+
+def known_backends() -> list[str]:
+    return sorted(set(_LAZY) | set(_REGISTRY))
+
+
+def _load(name: str) -> Optional[Backend]:
+    if name not in _REGISTRY and name in _LAZY:
+        try:
+            importlib.import_module(_LAZY[name])
+        except ImportError as e:  # module not written yet or a dependency missing
+            _REGISTRY.setdefault(name, Backend(name, _unavailable_run(name, str(e)), lambda e=e: (False, f"import failed: {e}")))
+    return _REGISTRY.get(name)
+
+
+def _unavailable_run(name: str, why: str) -> RunFn:
+    def run(*_a, **_k):
+        raise RuntimeError(f"backend {name!r} is unavailable: {why}")
+    return run
+
+
+def get_backend(name: str) -> Backend:
+    b = _load(name)
+    if b is None:
+        raise ValueError(f"unknown backend {name!r}; available: {', '.join(available_backends()) or 'none'}")
+    return b
+
+
+def available_backends() -> list[str]:
+    out = []
+    for n in known_backends():
+        b = _load(n)
+        if b is not None and b.available()[0]:
+            out.append(n)
+    return out

@@ -1,0 +1,97 @@
+"""Kernel configuration schema shared by every tunable backend (CUDA, Triton).
+
+A config is *data*: the autotuner searches over it, exports it as JSON and the
+run-time lookup hands it back to the backend. Backends read the fields they
+understand and ignore the rest; each backend publishes its own search space
+(`config_space`) and resource model (`resources`) through the registry in
+`verify_attn.backends`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    num_splits: int = 0   # KV splits per (request, kv head, M tile); 0 = heuristic
+    block_n: int = 32     # KV tokens per mainloop tile
+    block_m: int = 64     # MMA rows per CTA/program: tree nodes x query heads of one KV head
+    num_warps: int = 4    # warps per CTA/program
+    num_stages: int = 2   # KV pipeline depth (cp.async stages / Triton num_stages)
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if not isinstance(v, int) or isinstance(v, bool):
+                raise TypeError(f"KernelConfig.{f.name} must be int, got {type(v).__name__}")
+        if self.num_splits < 0:
+            raise ValueError(f"KernelConfig.num_splits must be >= 0 (0 = heuristic), got {self.num_splits}")
+        for name in ("block_n", "block_m", "num_warps", "num_stages"):
+            v = getattr(self, name)
+            if v < 1:
+                raise ValueError(f"KernelConfig.{name} must be >= 1, got {v}")
+        for name in ("block_n", "block_m", "num_warps"):
+            v = getattr(self, name)
+            if v & (v - 1):
+                raise ValueError(f"KernelConfig.{name} must be a power of two, got {v}")
+
+    def to_dict(self) -> dict[str, int]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "KernelConfig":
+        if not isinstance(d, Mapping):
+            raise TypeError(f"config must be a mapping, got {type(d).__name__}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise ValueError(f"unknown KernelConfig fields {sorted(unknown)}; known: {sorted(known)}")
+        return cls(**{k: int(v) for k, v in d.items()})
+
+    def replace(self, **kw: int) -> "KernelConfig":
+        return dataclasses.replace(self, **kw)
+
+
+def as_config(config: "KernelConfig | Mapping[str, Any] | None") -> KernelConfig | None:
+    """Accept a KernelConfig, a dict of its fields, or None."""
+    if config is None or isinstance(config, KernelConfig):
+        return config
+    if isinstance(config, Mapping):
+        return KernelConfig.from_dict(config)
+    raise TypeError(f"config must be a KernelConfig, a dict or None, got {type(config).__name__}")
+
+
+# Minimum KV tokens a split should own: below this the fixed cost of a split
+# (Q tile load, partial write, combine read) outweighs the KV it streams.
+MIN_TOKENS_PER_SPLIT = 256
+
+
+def heuristic_num_splits(
+    *,
+    batch: int,
+    num_kv_heads: int,
+    m_tiles: int,
+    avg_kv_len: int,
+    num_sms: int,
+    block_n: int = 32,
+    waves: float = 1.0,
+    min_tokens_per_split: int = MIN_TOKENS_PER_SPLIT,
+    max_splits: int = 1024,
+) -> int:
+    """Split count that fills about `waves` waves of the GPU from static shapes only.
+
+    The grid is (splits, m_tiles * num_kv_heads, batch). CTAs that share a KV
+    split across M tiles read the same KV (L2 hits), so they count as CTAs but
+    not as extra DRAM traffic. Fewer, longer splits keep the fp32 partials small
+    (DESIGN.md section 4); about one wave is the default, the autotuner refines it.
+    No device data is read: CUDA-graph safe.
+    """
+    if min(batch, num_kv_heads, m_tiles, num_sms, block_n) < 1:
+        raise ValueError("heuristic_num_splits: batch, num_kv_heads, m_tiles, num_sms, block_n must be >= 1")
+    ctas_per_split = batch * num_kv_heads * m_tiles
+    want = max(1, math.ceil(waves * num_sms / ctas_per_split))
+    by_len = max(1, avg_kv_len // max(min_tokens_per_split, block_n))
+    return int(max(1, min(want, by_len, max_splits)))

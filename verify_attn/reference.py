@@ -1,0 +1,79 @@
+"""The float64 reference: the contract of DESIGN.md section 3, computed plainly.
+
+Per request b, node i, query head h (KV head h // group):
+    s_j = sm_scale * q[i, h] . k[j]  for the L_b prefix tokens j, and for the tree
+          entries j whose mask bit is set in row i
+    out[i, h] = sum_j softmax(s)_j v[j],  lse[i, h] = log sum_j exp(s_j)
+The KV is processed in chunks with an online softmax, so 185k tokens fit in a
+few hundred MB; nothing [T, H, ctx] is materialised for the whole batch.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .backends import Backend, Problem, register
+from .config import KernelConfig
+from .layouts import gather_rows
+from .tree import unpack_mask
+
+CHUNK = 8192  # KV tokens per chunk: [rows, CHUNK] float64 scores stay small
+
+
+def _request_rows(p: Problem, b: int, qo: list[int], kvp: list[int], lens: list[int]):
+    t = qo[b + 1] - qo[b]
+    n = lens[b]
+    idx = p.kv_indices[kvp[b]: kvp[b + 1]]
+    return t, n, idx
+
+
+def reference_verify(p: Problem, dtype: torch.dtype = torch.float64) -> tuple[torch.Tensor, torch.Tensor]:
+    """Returns (out [total_q, Hq, Dv], lse [total_q, Hq]) in `dtype` (float64 by default)."""
+    qo = p.qo_indptr.tolist()
+    kvp = p.kv_indptr.tolist()
+    lens = p.kv_lens.tolist()
+    hq, hkv, g, dv = p.num_q_heads, p.num_kv_heads, p.group, p.head_dim_v
+    dev = p.q.device
+    out = torch.empty(p.total_q, hq, dv, dtype=dtype, device=dev)
+    lse = torch.empty(p.total_q, hq, dtype=dtype, device=dev)
+    for b in range(p.batch):
+        t, n, idx = _request_rows(p, b, qo, kvp, lens)
+        prefix = n - t
+        # [Hkv, g*T, Dqk]: rows of one KV head are its g query heads x T nodes (head-major)
+        q = p.q[qo[b]: qo[b + 1]].to(dtype).view(t, hkv, g, -1).permute(1, 2, 0, 3).reshape(hkv, g * t, -1)
+        m = torch.full((hkv, g * t), float("-inf"), dtype=dtype, device=dev)
+        s_sum = torch.zeros(hkv, g * t, dtype=dtype, device=dev)
+        acc = torch.zeros(hkv, g * t, dv, dtype=dtype, device=dev)
+        visible_tree = unpack_mask(p.tree_mask[qo[b]: qo[b + 1]].cpu(), t).to(dev)      # [T, T]
+        for start in range(0, n, CHUNK):
+            cnt = min(CHUNK, n - start)
+            k = gather_rows(p.k_cache, idx, p.page_size, start, cnt).to(dtype).transpose(0, 1)  # [Hkv, cnt, Dqk]
+            v = gather_rows(p.v_cache, idx, p.page_size, start, cnt).to(dtype).transpose(0, 1)  # [Hkv, cnt, Dv]
+            s = torch.matmul(q, k.transpose(1, 2)) * p.sm_scale                              # [Hkv, g*T, cnt]
+            lo = max(start, prefix)
+            if lo < start + cnt:  # this chunk reaches into the tree block: mask it
+                cols = torch.arange(lo, start + cnt, device=dev) - prefix                   # tree node ids
+                vis = visible_tree[:, cols].repeat(g, 1)                                     # [g*T, ncols]
+                s[:, :, lo - start:] = s[:, :, lo - start:].masked_fill(~vis, float("-inf"))
+            m_new = torch.maximum(m, s.amax(-1))
+            alpha = torch.exp(m - m_new)
+            e = torch.exp(s - m_new.unsqueeze(-1))
+            s_sum = s_sum * alpha + e.sum(-1)
+            acc = acc * alpha.unsqueeze(-1) + torch.matmul(e, v)
+            m = m_new
+        o = acc / s_sum.unsqueeze(-1)                                                       # [Hkv, g*T, Dv]
+        l = m + torch.log(s_sum)
+        out[qo[b]: qo[b + 1]] = o.view(hkv, g, t, dv).permute(2, 0, 1, 3).reshape(t, hq, dv)
+        lse[qo[b]: qo[b + 1]] = l.view(hkv, g, t).permute(2, 0, 1).reshape(t, hq)
+    return out, lse
+
+
+def _run(p: Problem, config: Optional[KernelConfig], out: torch.Tensor, lse: Optional[torch.Tensor]) -> None:
+    o, l = reference_verify(p)
+    out.copy_(o.to(out.dtype))
+    if lse is not None:
+        lse.copy_(l.to(torch.float32))
+
+
+register(Backend("reference", _run, meta={"precision": "float64"}))

@@ -1,0 +1,61 @@
+"""Small helpers shared by the command-line tools (bench, autotune, integration)."""
+from __future__ import annotations
+
+import math
+import re
+
+_NUM = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmM]?)\s*$")
+
+
+def parse_tokens(s: str) -> int:
+    """'185k' -> 185000, '1.4k' -> 1400, '2m' -> 2000000, '97' -> 97. k = 1,000 tokens."""
+    m = _NUM.match(s)
+    if not m:
+        raise ValueError(f"not a token count: {s!r} (expected e.g. 97, 1.4k, 185k)")
+    mult = {"": 1, "k": 1_000, "m": 1_000_000}[m.group(2).lower()]
+    v = float(m.group(1)) * mult
+    if v != int(v):
+        raise ValueError(f"token count {s!r} is not a whole number of tokens")
+    return int(v)
+
+
+def parse_ctx(spec: str, *, points_per_decade: int = 4) -> list[int]:
+    """Parse a context-length spec.
+
+    '185k' | '4k,16k,64k,185k' | '1k..256k' (log-spaced, `points_per_decade`
+    per factor of 10, ends included) | mixtures separated by commas.
+    k means 1,000 tokens. Returns sorted unique positive ints.
+    """
+    if not isinstance(spec, str) or not spec.strip():
+        raise ValueError("context spec is empty (expected e.g. 185k, 4k,16k or 1k..256k)")
+    out: set[int] = set()
+    for part in spec.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if ".." in part:
+            lo_s, hi_s = part.split("..", 1)
+            lo, hi = parse_tokens(lo_s), parse_tokens(hi_s)
+            if lo < 1 or hi < lo:
+                raise ValueError(f"bad range {part!r}: need 1 <= low <= high")
+            n = max(2, int(round(math.log10(hi / lo) * points_per_decade)) + 1) if hi > lo else 1
+            for i in range(n):
+                out.add(int(round(lo * (hi / lo) ** (i / max(1, n - 1)))))
+        else:
+            v = parse_tokens(part)
+            if v < 1:
+                raise ValueError(f"context length must be >= 1, got {part!r}")
+            out.add(v)
+    if not out:
+        raise ValueError(f"context spec {spec!r} names no length")
+    return sorted(out)
+
+
+def parse_int_list(spec: str, name: str = "list") -> list[int]:
+    try:
+        vals = [int(x) for x in spec.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"{name} must be comma-separated integers, got {spec!r}") from None
+    if not vals or min(vals) < 1:
+        raise ValueError(f"{name} must be positive integers, got {spec!r}")
+    return vals
