@@ -11,16 +11,7 @@ from verify_attn.api import build_problem
 from verify_attn.layouts import lay_out
 from verify_attn.reference import reference_verify
 
-# (atol, rtol) against the float64 reference. The inputs are rounded to the
-# dtype first, so the reference is exact for those inputs; the error is that of
-# the backend's own arithmetic: fp32 accumulation (~1e-6), plus P rounded to
-# the input dtype before the PV product (bf16: 8 bits of mantissa -> ~4e-3 relative,
-# fp16 ~5e-4) and the output rounded to the dtype.
-TOL = {
-    torch.float32: (1e-4, 1e-4),
-    torch.float16: (2e-3, 2e-2),
-    torch.bfloat16: (1.6e-2, 2e-2),
-}
+from verify_attn.tolerances import TOL  # one table for tests, bench, autotune
 
 
 @dataclass(frozen=True)

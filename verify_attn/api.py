@@ -226,13 +226,17 @@ def tree_verify(
     lse = torch.empty(p.total_q, p.num_q_heads, dtype=torch.float32, device=q.device) if return_lse else None
 
     if cfg is None and b.tunable:
-        cfg = _tuned_config(p, name, b)
+        cfg = resolve_config(p, name)
     b.run(p, cfg, out, lse)
     return (out, lse) if return_lse else out
 
 
-def _tuned_config(p: Problem, name: str, b) -> Optional[KernelConfig]:
-    """Tuned config for this shape (autotune lookup), else the backend's default."""
+def resolve_config(p: Problem, name: str) -> Optional[KernelConfig]:
+    """The config `tree_verify(config=None)` uses: the tuned one for this shape
+    (autotune lookup), else the backend's default heuristic; None if untunable."""
+    b = get_backend(name)
+    if not b.tunable:
+        return None
     try:
         from . import tuned  # run-time lookup of autotuned configs
     except ImportError:

@@ -1,0 +1,122 @@
+"""Measured ceilings of the GPU at hand: device-to-device copy bandwidth and a bf16 matrix rate.
+
+Measured once per GPU (and torch version) and cached as JSON in
+~/.cache/verify_attn/ceilings.json (override the folder with VERIFY_ATTN_CACHE).
+`python -m bench.ceilings [--refresh] [--json PATH]` measures and prints them.
+
+- copy_gbs: `dst.copy_(src)` of a buffer much larger than L2, counted as
+  read + write bytes per second (the convention behind "~4.3 TB/s on an H200").
+- mma_tflops: a bf16 x bf16 -> bf16 (fp32 accumulate) 8192^3 torch.matmul, i.e.
+  cuBLAS. On Hopper that uses wgmma, so it is an upper bound on what mma.sync code
+  reaches there; it is the tensor rate the floor is measured against.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+
+_FILE = "ceilings.json"
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("VERIFY_ATTN_CACHE", Path.home() / ".cache" / "verify_attn"))
+
+
+def _key(name: str) -> str:
+    return f"{name}|torch {torch.__version__}"
+
+
+def _event_median_ms(fn: Callable[[], None], reps: int, warmup: int = 3) -> float:
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e))
+    return statistics.median(times)
+
+
+def measure_copy_gbs(nbytes: int = 1 << 30, reps: int = 20) -> float:
+    src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda").normal_()
+    dst = torch.empty_like(src)
+    ms = _event_median_ms(lambda: dst.copy_(src), reps)
+    return 2 * src.numel() * 2 / (ms * 1e-3) / 1e9
+
+
+def measure_mma_tflops(n: int = 8192, reps: int = 20) -> float:
+    a = torch.randn(n, n, dtype=torch.bfloat16, device="cuda")
+    b = torch.randn(n, n, dtype=torch.bfloat16, device="cuda")
+    c = torch.empty(n, n, dtype=torch.bfloat16, device="cuda")
+    ms = _event_median_ms(lambda: torch.matmul(a, b, out=c), reps)
+    return 2 * n**3 / (ms * 1e-3) / 1e12
+
+
+def _load() -> dict:
+    try:
+        return json.loads((cache_dir() / _FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _store(all_entries: dict) -> None:
+    d = cache_dir()
+    d.mkdir(parents=True, exist_ok=True)
+    tmp = d / f".{_FILE}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(all_entries, indent=2))
+    os.replace(tmp, d / _FILE)  # atomic: a reader never sees half a file
+
+
+def get_ceilings(refresh: bool = False) -> Optional[dict]:
+    """{'device', 'copy_gbs', 'mma_tflops', 'date', 'torch'} for the current GPU, or None without CUDA."""
+    if not torch.cuda.is_available():
+        return None
+    name = torch.cuda.get_device_name()
+    entries = _load()
+    if not refresh and _key(name) in entries:
+        return entries[_key(name)]
+    entry = {
+        "device": name,
+        "copy_gbs": measure_copy_gbs(),
+        "mma_tflops": measure_mma_tflops(),
+        "date": _dt.datetime.now().isoformat(timespec="seconds"),
+        "torch": torch.__version__,
+        "method": "copy_: 1 GiB bf16, read+write bytes; matmul: bf16 8192^3 cuBLAS; CUDA events, median of 20",
+    }
+    entries = _load()  # re-read: another process may have written meanwhile
+    entries[_key(name)] = entry
+    _store(entries)
+    return entry
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.ceilings", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--refresh", action="store_true", help="measure again even if cached")
+    ap.add_argument("--json", metavar="PATH", help="also write the entry to PATH")
+    a = ap.parse_args(argv)
+    c = get_ceilings(refresh=a.refresh)
+    if c is None:
+        print("no CUDA device: nothing to measure (the benchmark then uses datasheet ceilings)")
+        return 0
+    print(f"{c['device']}: copy {c['copy_gbs']:.0f} GB/s, bf16 matmul {c['mma_tflops']:.0f} TFLOP/s "
+          f"(measured {c['date']}, cache {cache_dir() / _FILE})")
+    if a.json:
+        Path(a.json).write_text(json.dumps(c, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,52 @@
+"""Benchmark inputs: draft trees of a named shape and a KV pool laid out like a serving pool."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from verify_attn import tree as vtree
+from verify_attn.layouts import lay_out
+from verify_attn.shapes import HeadShape
+
+# --tree-shape names -> verify_attn.tree kinds. "ddtree" is the bushy kind (each node
+# picks a recent earlier parent), the shape a DDTree node budget produces.
+TREE_SHAPES = {"chain": "chain", "ddtree": "bushy", "star": "star"}
+TREE_SEED = 1234  # fixed: the same trees (and so the same FLOPs) on every run
+
+
+def make_trees(nodes: int, shape: str, batch: int, seed: int = TREE_SEED) -> list[list[int]]:
+    """`batch` parent lists of `nodes` nodes each."""
+    if shape not in TREE_SHAPES:
+        raise ValueError(f"unknown tree shape {shape!r}; known: {', '.join(TREE_SHAPES)}")
+    g = torch.Generator().manual_seed(seed)
+    return [vtree.random_parents(nodes, TREE_SHAPES[shape], g) for _ in range(batch)]
+
+
+def make_inputs(shape: HeadShape, ctx: int, trees: list[list[int]], page_size: int, dtype: torch.dtype,
+                device: torch.device | str, seed: int) -> dict:
+    """tree_verify keyword arguments for `len(trees)` requests, each with `ctx` prefix tokens.
+
+    Fresh seeded random q/K/V (never zeros); the pool has shuffled slots/pages and
+    NaN in every unused slot/page (verify_attn.layouts.lay_out), as a serving pool
+    that has seen churn. MLA pools keep V as the view k_cache[..., :Dv].
+    """
+    dev = torch.device(device)
+    g = torch.Generator(device=dev).manual_seed(seed)
+    g_cpu = torch.Generator().manual_seed(seed)   # slot/page shuffling happens on the host
+    qo_indptr, tree_mask = vtree.pack_batch(trees, device=dev)
+    total_q = int(qo_indptr[-1])
+    seqs_k: list[torch.Tensor] = []                 # each [ctx + T_b, Hkv, Dqk]
+    seqs_v: Optional[list[torch.Tensor]] = None if shape.mla else []
+    for t in trees:
+        n = ctx + len(t)
+        seqs_k.append(torch.randn(n, shape.num_kv_heads, shape.head_dim_qk, generator=g, device=dev, dtype=dtype))
+        if seqs_v is not None:
+            seqs_v.append(torch.randn(n, shape.num_kv_heads, shape.head_dim_v, generator=g, device=dev, dtype=dtype))
+    lay = lay_out(seqs_k, seqs_v, page_size, mla_dv=shape.head_dim_v if shape.mla else None,
+                  generator=g_cpu, dtype=dtype, device=dev)
+    del seqs_k, seqs_v
+    q = torch.randn(total_q, shape.num_q_heads, shape.head_dim_qk, generator=g, device=dev, dtype=dtype)
+    return dict(q=q, k_cache=lay["k_cache"], v_cache=lay["v_cache"], qo_indptr=qo_indptr,
+                kv_indptr=lay["kv_indptr"], kv_indices=lay["kv_indices"], kv_lens=lay["kv_lens"],
+                tree_mask=tree_mask, sm_scale=shape.sm_scale, page_size=page_size)

@@ -1,0 +1,128 @@
+"""Tables (rich) and CSV for bench.verify results."""
+from __future__ import annotations
+
+import csv
+from typing import Optional
+
+try:  # rich is optional: the GPU machine may not have it, and the table must still print
+    from rich.console import Console
+    from rich.table import Table
+except ImportError:
+    Console = Table = None  # type: ignore[assignment,misc]
+
+
+class _PlainTable:
+    """The subset of rich.table.Table used here, printed as aligned plain text."""
+
+    def __init__(self, title: str = ""):
+        self.title, self.cols, self.rows, self.right = title, [], [], []
+
+    def add_column(self, name: str, justify: str = "left") -> None:
+        self.cols.append(name.replace("\n", " "))
+        self.right.append(justify == "right")
+
+    def add_row(self, *cells: str) -> None:
+        self.rows.append([str(c) for c in cells])
+
+    def __str__(self) -> str:
+        w = [max(len(c), *(len(r[i]) for r in self.rows)) if self.rows else len(c) for i, c in enumerate(self.cols)]
+        fmt = lambda cells: "  ".join(c.rjust(w[i]) if self.right[i] else c.ljust(w[i]) for i, c in enumerate(cells))
+        return "\n".join([self.title, fmt(self.cols), "  ".join("-" * x for x in w), *map(fmt, self.rows)])
+
+
+class _PlainConsole:
+    def print(self, obj) -> None:
+        print(obj if isinstance(obj, str) else str(obj))
+
+
+def _table(title: str):
+    return Table(title=title) if Table is not None else _PlainTable(title)
+
+
+def _us(x: Optional[float]) -> str:
+    if x is None:
+        return "-"
+    return f"{x:,.1f}" if x < 1e4 else f"{x:,.0f}"
+
+
+# KernelConfig fields in the table: S4 BN32 BM64 W4 ST2 (S0 = the backend's split heuristic)
+_CFG_ABBR = {"num_splits": "S", "block_n": "BN", "block_m": "BM", "num_warps": "W", "num_stages": "ST"}
+
+
+def _key(r: dict) -> tuple:
+    return (r["ctx"], r["tree_nodes"], r["layout"], r["page_size"])
+
+
+def print_report(payload: dict, console: Optional[Console] = None) -> None:
+    con = console or (Console(width=200) if Console is not None else _PlainConsole())
+    rows = payload["results"]
+    shape = payload["shape"]
+    con.print(f"tree-verify {shape['name']} (hq {shape['hq']}, hkv {shape['hkv']}, "
+              f"{shape['dqk']}/{shape['dv']}{', MLA' if shape['mla'] else ''}), {payload['dtype']}, "
+              f"tree {payload['tree_shape']}, batch {payload['batch']}, device: {payload['device'] or 'none (CPU)'}")
+
+    devs = [d["name"] for d in payload["devices"]]
+    t = _table("compulsory traffic and roofline floor per call (k = 1,000 tokens)")
+    for c in ("ctx", "nodes", "layout", "MB", "GFLOP", "FLOP/B"):
+        t.add_column(c, justify="right")
+    for d in devs:
+        t.add_column(f"floor us\n{d}", justify="right")
+    seen = set()
+    for r in rows:
+        if _key(r) in seen:
+            continue
+        seen.add(_key(r))
+        lay = r["layout"] if r["page_size"] == 1 else f"paged{r['page_size']}"
+        cells = [f"{r['ctx']:,}", str(r["tree_nodes"]), lay, f"{r['bytes'] / 1e6:,.2f}", f"{r['flops'] / 1e9:,.2f}",
+                 f"{r['flops'] / r['bytes']:,.0f}"]
+        cells += [f"{_us(r['floor_us'][d])} ({r['floor_bound'][d][0].upper()})" for d in devs]
+        t.add_row(*cells)
+    con.print(t)
+    con.print("  (M) memory-bound, (C) compute-bound. Bytes: KV rows once + q + out + ids + mask; "
+              "split workspaces not counted.")
+
+    timed = [r for r in rows if r["status"] != "counted"]
+    if timed:
+        m = _table(f"measured ({'GPU' if payload['device'] else 'CPU'}); floor device: "
+                        f"{payload.get('floor_device') or '-'}")
+        for c in ("backend", "ctx", "nodes", "layout", "median us", "p20-p80", "GB/s", "TFLOP/s", "% floor",
+                  "x serial", "max rel err", "config", "status"):
+            m.add_column(c, justify="left" if c in ("backend", "config", "status") else "right")
+        for r in timed:
+            cfg = r["config"]
+            cfg_s = "-" if not cfg else " ".join(f"{_CFG_ABBR.get(k, k)}{v}" for k, v in cfg.items())
+            lay = r["layout"] if r["page_size"] == 1 else f"paged{r['page_size']}"
+            frac = r["frac_of_floor"]
+            m.add_row(
+                r["backend"] + (" (CPU)" if r["timed_on"] == "cpu" else ""), f"{r['ctx']:,}", str(r["tree_nodes"]), lay,
+                _us(r["median_us"]),
+                f"{_us(r['p20_us'])}-{_us(r['p80_us'])}" if r["p20_us"] is not None else "-",
+                f"{r['gbs']:,.0f}" if r["gbs"] is not None else "-",
+                f"{r['tflops']:,.1f}" if r["tflops"] is not None else "-",
+                f"{100 * frac:.3g}%" if frac is not None else "-",
+                f"{r['speedup_vs_serial']:.1f}x" if r["speedup_vs_serial"] else "-",
+                f"{r['max_rel_err']:.1e}" if r["max_rel_err"] is not None else "-",
+                cfg_s, r["status"] + (f": {r['note']}" if r["note"] and r["status"] != "ok" else ""),
+            )
+        con.print(m)
+        if any(r["timed_on"] == "cpu" for r in timed):
+            con.print("  (CPU) rows are CPU wall-clock times (the float64 reference), not GPU kernel timings.")
+    for n in payload.get("notes", []):
+        con.print(f"  note: {n}")
+
+
+CSV_FIELDS = ("backend", "ctx", "tree_nodes", "layout", "page_size", "bytes", "flops", "median_us", "p20_us",
+              "p80_us", "gbs", "tflops", "frac_of_floor", "floor_device", "speedup_vs_serial", "max_rel_err",
+              "status", "timed_on", "note")
+
+
+def write_csv(payload: dict, path: str) -> None:
+    devs = [d["name"] for d in payload["devices"]]
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["device", "commit", "date", *CSV_FIELDS, *(f"floor_us[{d}]" for d in devs),
+                    *(f"floor_bound[{d}]" for d in devs), "config"])
+        for r in payload["results"]:
+            w.writerow([payload["device"] or "cpu", payload["commit"], payload["date"],
+                        *(r[k] for k in CSV_FIELDS), *(r["floor_us"][d] for d in devs),
+                        *(r["floor_bound"][d] for d in devs), r["config"] or ""])

@@ -1,0 +1,309 @@
+"""python -m bench.verify: tree-verify attention against the roofline floor and the serial baseline.
+
+On a GPU: every backend is checked against the float64 reference once (a wrong
+kernel is reported as wrong, never timed), then timed with cold L2 (rotating
+input sets larger than 2x L2) on a real serving-pool layout (shuffled slots or
+pages, NaN in unused ones); median with p20/p80. Without a GPU: the counted
+bytes/FLOPs and the floors of the reference devices for every requested shape,
+plus the float64 reference timed on the CPU at a capped context (labelled).
+
+Context lengths: k means 1,000 tokens (185k = 185,000 committed prefix tokens
+per request; the tree's own nodes come on top).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+
+from bench import roofline as rl
+from bench.inputs import TREE_SHAPES, make_trees
+from bench.measure import Row, Timer, run_combo, run_cpu_reference
+from bench.timing import Timing, time_cuda
+from verify_attn.shapes import PRESETS, HeadShape, custom_shape, get_shape
+from verify_attn.utils import parse_ctx, parse_int_list, parse_tokens
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS_DIR = REPO / "bench" / "results"
+NOT_TIMED_ON_GPU = ("reference", "cuda-emu")   # the float64 reference and the CPU emulation
+BASELINE = "triton-serial"
+CPU_CTX_CAP = 4000  # the float64 reference on CPU beyond this takes seconds per call: cap, and say so
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+# ---------------------------------------------------------------- arguments
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m bench.verify", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ctx", default="185k", help="prefix lengths: 185k | 1.4k | 4k,16k,64k,185k | 1k..256k "
+                    "(log-spaced); k = 1,000 tokens (default 185k)")
+    ap.add_argument("--shape", default="kimi-k2-tp8", help=f"head-shape preset: {', '.join(PRESETS)}")
+    for n in ("hq", "hkv", "dqk", "dv"):
+        ap.add_argument(f"--{n}", type=int, help="explicit head shape (all four together override --shape)")
+    ap.add_argument("--tree", default="16", help="tree node counts, comma-separated (default 16)")
+    ap.add_argument("--tree-shape", default="ddtree", choices=sorted(TREE_SHAPES),
+                    help="chain | ddtree (bushy, DDTree-like, fixed seed) | star")
+    ap.add_argument("--batch", type=int, default=1, help="requests per call (each with the same ctx)")
+    ap.add_argument("--layout", default="page1", help="page1 and/or paged, comma-separated")
+    ap.add_argument("--page-size", type=int, default=64, help="page size of the paged layout (default 64)")
+    ap.add_argument("--backend", default=None, help="comma-separated backends (default: all available; "
+                    "on GPU the reference and cuda-emu are not timed; sglang-extend joins when SGLang is installed)")
+    ap.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
+    ap.add_argument("--json", metavar="PATH", help="write the results as JSON")
+    ap.add_argument("--csv", metavar="PATH", help="write the results as CSV")
+    ap.add_argument("--plot", metavar="PATH.png", help="GB/s and fraction of floor vs context length")
+    ap.add_argument("--reps", type=int, default=50, help="timing samples per row (default 50)")
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--max-seconds", type=float, default=10.0, help="time cap per row's sampling (>= 5 samples)")
+    ap.add_argument("--budget-s", type=float, default=None, help="total time budget: later rows are skipped")
+    ap.add_argument("--serial-max-ctx", default=None, help=f"do not time {BASELINE} above this ctx (it is slow)")
+    ap.add_argument("--cpu-ctx-cap", default=str(CPU_CTX_CAP), help="without a GPU, time the CPU reference only "
+                    f"up to this ctx (default {CPU_CTX_CAP})")
+    ap.add_argument("--no-ceilings", action="store_true", help="on GPU, skip measuring copy/MMA ceilings")
+    ap.add_argument("--no-graph", action="store_true", help="time eager launches, not a CUDA graph")
+    ap.add_argument("--results-dir", default=str(RESULTS_DIR), help="where the run is appended (verify_runs.jsonl)")
+    ap.add_argument("--no-save", action="store_true", help="do not append to the results folder")
+    ap.add_argument("--quiet", action="store_true", help="no progress bar")
+    return ap
+
+
+def resolve_shape(a: argparse.Namespace) -> HeadShape:
+    explicit = [a.hq, a.hkv, a.dqk, a.dv]
+    if any(v is not None for v in explicit):
+        if any(v is None for v in explicit):
+            raise ValueError("--hq, --hkv, --dqk and --dv must be given together")
+        return custom_shape(a.hq, a.hkv, a.dqk, a.dv)
+    return get_shape(a.shape)
+
+
+def parse_layouts(spec: str, page_size: int) -> list[tuple[str, int]]:
+    out = []
+    for name in [s.strip() for s in spec.split(",") if s.strip()]:
+        if name == "page1":
+            out.append(("page1", 1))
+        elif name == "paged":
+            if not 2 <= page_size <= 128:
+                raise ValueError(f"--page-size must be in 2..128 for the paged layout, got {page_size}")
+            out.append(("paged", page_size))
+        else:
+            raise ValueError(f"unknown layout {name!r}: use page1 and/or paged")
+    if not out:
+        raise ValueError("--layout names no layout")
+    return out
+
+
+# ---------------------------------------------------------------- environment
+
+def git_commit() -> str:
+    try:
+        r = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10)
+        return r.stdout.strip() if r.returncode == 0 and r.stdout.strip() else "unknown"
+    except Exception:
+        return "unknown"
+
+
+def versions() -> dict:
+    v = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda}
+    try:
+        import triton
+        v["triton"] = triton.__version__
+    except Exception:
+        v["triton"] = None
+    return v
+
+
+def gpu_devices(measure: bool) -> tuple[list[rl.Device], Optional[str], list[str]]:
+    """Devices whose floors are reported, the one `frac_of_floor` refers to, and notes."""
+    devs = list(rl.REFERENCE_DEVICES)
+    notes: list[str] = []
+    if not torch.cuda.is_available():
+        return devs, None, notes
+    name = torch.cuda.get_device_name()
+    props = torch.cuda.get_device_properties(0)
+    l2_mb = getattr(props, "L2_cache_size", 0) / 1e6 or (rl.match_reference(name).l2_mb if rl.match_reference(name) else 50.0)
+    primary = rl.match_reference(name).name if rl.match_reference(name) else None
+    if measure:
+        try:
+            from bench.ceilings import get_ceilings
+            c = get_ceilings()
+            dev = rl.device_from_ceilings(name, c, props.multi_processor_count, l2_mb)
+            devs.append(dev)
+            primary = dev.name
+        except Exception as e:  # a failed measurement falls back to the datasheet floor
+            notes.append(f"ceilings not measured ({type(e).__name__}: {e}); floors use datasheet values")
+    if primary is None:
+        notes.append(f"{name} is not a reference device and no ceilings were measured: no fraction of floor")
+    return devs, primary, notes
+
+
+def l2_bytes() -> int:
+    props = torch.cuda.get_device_properties(0)
+    return int(getattr(props, "L2_cache_size", 0) or 50e6)
+
+
+# ---------------------------------------------------------------- the sweep
+
+def sweep(a: argparse.Namespace, *, kernel_device: Optional[str] = None, timer: Optional[Timer] = None,
+          l2: Optional[int] = None) -> dict:
+    """Run the whole sweep; returns the JSON payload.
+
+    Backends are checked and timed on `kernel_device` ("cuda" when a GPU is there);
+    without one only the counts, the floors and the CPU reference are produced.
+    Tests pass kernel_device="cpu", a CPU timer and a small `l2` to run the GPU path's logic here.
+    """
+    shape = resolve_shape(a)
+    ctxs = parse_ctx(a.ctx)
+    nodes_list = parse_int_list(a.tree, "--tree")
+    layouts = parse_layouts(a.layout, a.page_size)
+    dtype = DTYPES[a.dtype]
+    if a.batch < 1:
+        raise ValueError(f"--batch must be >= 1, got {a.batch}")
+    gpu = torch.cuda.is_available()
+    kdev = kernel_device or ("cuda" if gpu else None)
+    devices, primary, notes = gpu_devices(measure=gpu and not a.no_ceilings)
+    outside: dict = {}
+    if kdev:
+        from bench.baselines import outside_baselines
+        from verify_attn import available_backends, known_backends
+        outside, bnotes = outside_baselines()
+        notes += bnotes
+        if a.backend:  # only what was asked: importing "cuda" builds it, which takes minutes the first time
+            backends = [s.strip() for s in a.backend.split(",") if s.strip()]
+            unknown = [b for b in backends if b not in known_backends() and b not in outside]
+            if unknown:
+                raise ValueError(f"unknown backend(s) {unknown}; known: {', '.join(known_backends() + sorted(outside))}")
+        else:
+            backends = [b for b in available_backends() if b not in NOT_TIMED_ON_GPU] + sorted(outside)
+        # the baseline first, so that a time budget spent later still leaves speedups to compute
+        backends.sort(key=lambda n: n != BASELINE)
+    else:
+        backends = ["reference"]
+        if a.backend and a.backend.strip() != "reference":
+            notes.append(f"no GPU: only the float64 reference is timed (on CPU); --backend {a.backend} ignored")
+        notes.append(f"no GPU: the CPU reference is timed up to ctx {a.cpu_ctx_cap}; longer rows show the counts "
+                     "and floors only")
+    serial_cap = parse_tokens(a.serial_max_ctx) if a.serial_max_ctx else None
+    cpu_cap = parse_tokens(a.cpu_ctx_cap)
+    t_start = time.perf_counter()
+
+    def skip(name: str, ctx: int) -> Optional[str]:
+        if a.budget_s is not None and time.perf_counter() - t_start > a.budget_s:
+            return f"time budget of {a.budget_s:.0f} s spent"
+        if name == BASELINE and serial_cap is not None and ctx > serial_cap:
+            return f"{BASELINE} not timed above ctx {serial_cap} (--serial-max-ctx)"
+        return None
+
+    def cuda_timer(fns: list, cold: bool) -> Timing:
+        return time_cuda(fns, l2_cold=cold, reps=a.reps, warmup=a.warmup, max_seconds=a.max_seconds,
+                         use_graph=not a.no_graph)
+
+    combos = [(c, n, lay) for c in ctxs for n in nodes_list for lay in layouts]
+    if not kdev:  # one labelled CPU timing at the cap when every requested ctx is above it
+        extra = sorted({(cpu_cap, n, lay) for _, n, lay in combos if all(c > cpu_cap for c in ctxs)})
+        combos += extra
+    rows: list[Row] = []
+    with _progress(a.quiet, total=len(combos) * len(backends)) as tick:
+        for ctx, nodes, layout in combos:
+            trees = make_trees(nodes, a.tree_shape, a.batch)
+            counts = rl.count_shape(shape, [ctx] * a.batch, trees, elem_bytes=rl.dtype_bytes(dtype),
+                                    page_size=layout[1])
+            floors = {d.name: rl.floor(counts, d) for d in devices}
+
+            def base(name: str) -> Row:
+                return Row(name, ctx, nodes, layout[0], layout[1], counts, floors, primary=primary)
+
+            if kdev:
+                rows += run_combo(shape, ctx, trees, layout, dtype, backends, outside, base, device=kdev,
+                                  l2=l2 or (l2_bytes() if kdev == "cuda" else int(50e6)), timer=timer or cuda_timer,
+                                  skip=skip, tick=tick)
+            else:
+                r = base("reference")
+                if ctx <= cpu_cap and skip("reference", ctx) is None:
+                    r = run_cpu_reference(shape, ctx, trees, layout, dtype, r, a.reps, a.warmup)
+                else:
+                    r.note = f"counted only: CPU timing capped at ctx {cpu_cap}"
+                rows.append(r)
+                tick()
+    _speedups(rows)
+    return {
+        "device": torch.cuda.get_device_name() if gpu else None,
+        "commit": git_commit(), "date": _dt.datetime.now().isoformat(timespec="seconds"), "versions": versions(),
+        "shape": shape.to_dict(), "dtype": a.dtype, "tree_shape": a.tree_shape, "batch": a.batch,
+        "devices": [d.to_dict() for d in devices], "floor_device": primary, "notes": notes,
+        "argv": sys.argv[1:], "results": [r.to_dict() for r in rows],
+    }
+
+
+def _speedups(rows: list[Row]) -> None:
+    serial = {(r.ctx, r.tree_nodes, r.layout, r.page_size, r.timed_on): r.median_us
+              for r in rows if r.backend == BASELINE and r.timed_on and r.median_us}
+    for r in rows:
+        s = serial.get((r.ctx, r.tree_nodes, r.layout, r.page_size, r.timed_on))
+        if s and r.median_us:
+            r.speedup_vs_serial = s / r.median_us
+
+
+class _progress:
+    """A rich progress bar (or nothing with --quiet); the context value is a tick() function."""
+
+    def __init__(self, quiet: bool, total: int):
+        self.quiet, self.total, self.p = quiet, total, None
+
+    def __enter__(self) -> Callable[[], None]:
+        try:
+            from rich.progress import Progress
+        except ImportError:  # rich is optional
+            return lambda: None
+        if self.quiet:
+            return lambda: None
+        self.p = Progress(transient=True)
+        self.p.__enter__()
+        task = self.p.add_task("bench.verify", total=self.total)
+        return lambda: self.p.advance(task)
+
+    def __exit__(self, *exc) -> None:
+        if self.p is not None:
+            self.p.__exit__(*exc)
+
+
+# ---------------------------------------------------------------- output
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = build_parser()
+    a = ap.parse_args(argv)
+    try:
+        payload = sweep(a)
+    except ValueError as e:
+        ap.error(str(e))
+    from bench.report import print_report, write_csv
+    print_report(payload)
+    if a.json:
+        Path(a.json).write_text(json.dumps(payload, indent=2))
+    if a.csv:
+        write_csv(payload, a.csv)
+    if a.plot:
+        try:
+            from bench.plot import plot_results
+        except ImportError as e:  # matplotlib is optional on the GPU machine
+            print(f"note: --plot skipped ({e})")
+        else:
+            plot_results(payload, a.plot)
+    if not a.no_save:
+        d = Path(a.results_dir)
+        d.mkdir(parents=True, exist_ok=True)
+        with open(d / "verify_runs.jsonl", "a") as f:  # one line per run, appended
+            f.write(json.dumps(payload) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

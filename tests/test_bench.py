@@ -1,0 +1,376 @@
+"""CPU tests of the benchmark: counting, floors, ctx parsing, the JSON of a CPU run,
+the correctness gate, gpu_check --dry-run. Plus one small GPU run (marked gpu)."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+
+import pytest
+import torch
+
+from bench import roofline as rl
+from bench import verify as bv
+from bench.timing import quantile, rotation_sets, time_cpu
+from verify_attn import tree as vtree
+from verify_attn.shapes import get_shape
+from verify_attn.utils import parse_ctx
+
+KIMI = get_shape("kimi-k2-tp8")
+CHAIN16 = [-1] + list(range(15))
+
+
+# ---------------------------------------------------------------- counting, by hand
+
+def test_count_mla_185k_chain16_by_hand():
+    c = rl.count_shape(KIMI, [185_000], [CHAIN16])
+    tokens = 185_000 + 16
+    assert c.kv_bytes == tokens * 576 * 2                 # one 576-wide row per token; V inside it
+    assert c.q_bytes == 16 * 8 * 576 * 2
+    assert c.out_bytes == 16 * 8 * 512 * 2
+    assert c.index_bytes == tokens * 4                    # one slot id per token
+    assert c.meta_bytes == (2 * 2 + 1) * 4                # qo_indptr, kv_indptr [2], kv_lens [1]
+    assert c.mask_bytes == 16 * 1 * 4
+    # chain: node i sees the prefix plus i+1 tree entries -> 16*185000 + (1+...+16)
+    assert c.flops == 2 * (576 + 512) * 8 * (16 * 185_000 + 136)
+    assert c.total_bytes == c.kv_bytes + 147_456 + 131_072 + tokens * 4 + 20 + 64
+
+
+def test_count_gqa_two_requests_by_hand():
+    # request 0: L=10, tree root with two children; request 1: L=0, root only
+    c = rl.count_call(num_q_heads=4, num_kv_heads=2, head_dim_qk=128, head_dim_v=128, mla=False,
+                      prefix_lens=[10, 0], trees=[[-1, 0, 0], [-1]])
+    assert c.kv_bytes == 14 * 2 * (128 + 128) * 2        # K and V rows per kv head
+    assert c.q_bytes == 4 * 4 * 128 * 2 and c.out_bytes == 4 * 4 * 128 * 2
+    assert c.index_bytes == 14 * 4 and c.meta_bytes == (2 * 3 + 2) * 4 and c.mask_bytes == 4 * 4
+    visible = (11 + 12 + 12) + 1
+    assert c.flops == 2 * 256 * 4 * visible
+
+
+def test_count_paged_ids_and_lse():
+    c = rl.count_call(num_q_heads=8, num_kv_heads=1, head_dim_qk=576, head_dim_v=512, mla=True,
+                      prefix_lens=[100], trees=[[-1, 0, 1]], page_size=64, return_lse=True)
+    assert c.index_bytes == 2 * 4                         # ceil(103 / 64) page ids
+    assert c.kv_bytes == 103 * 576 * 2                    # tokens only, not the page tail
+    assert c.out_bytes == 3 * 8 * (512 * 2 + 4)
+
+
+def test_mask_words_follow_largest_tree():
+    c = rl.count_shape(KIMI, [0, 0], [[-1] * 1 + [0] * 39, [-1]])
+    assert c.mask_bytes == 41 * 2 * 4                     # 40 nodes need 2 words per row
+
+
+@pytest.mark.parametrize("kind", ["chain", "bushy", "star", "deep"])
+def test_flops_agree_with_mask_popcount(kind):
+    g = torch.Generator().manual_seed(3)
+    trees = [vtree.random_parents(t, kind, g) for t in (1, 7, 33)]
+    _, mask = vtree.pack_batch(trees)
+    seen = int(rl.visible_tree_entries(mask).sum())
+    prefix = [5, 0, 97]
+    c = rl.count_shape(KIMI, prefix, trees)
+    assert c.flops == 2 * 1088 * 8 * (seen + sum(L * len(t) for L, t in zip(prefix, trees)))
+
+
+def test_count_rejects_bad_input():
+    with pytest.raises(ValueError, match="equal length"):
+        rl.count_shape(KIMI, [1, 2], [CHAIN16])
+    with pytest.raises(ValueError, match="earlier node"):
+        rl.count_shape(KIMI, [1], [[-1, 1]])
+
+
+# ---------------------------------------------------------------- floors
+
+def test_floors_185k_16_nodes_match_the_issue():
+    c = rl.count_shape(KIMI, [185_000], [CHAIN16])
+    rtx, h200 = rl.floor(c, rl.RTX_PRO_6000), rl.floor(c, rl.H200)
+    assert rtx.bound == "memory" and 117 < rtx.us < 121          # ~119 us
+    assert 100 < rtx.compute_us < 105                            # ~102 us of compute
+    assert h200.bound == "compute" and 51 < h200.us < 53         # ~52 us: 51.5 GFLOP at 989 TFLOP/s
+    assert 43 < h200.memory_us < 46                              # ~44 us of memory
+    assert abs(c.flops / 1e9 - 51.5) < 0.1
+
+
+def test_floor_turns_compute_bound_with_64_nodes():
+    star64 = [-1] + [0] * 63
+    c = rl.count_shape(KIMI, [185_000], [star64])
+    f = rl.floor(c, rl.RTX_PRO_6000)
+    assert f.bound == "compute" and math.isclose(f.us, c.flops / 503.8e12 * 1e6)
+    assert 400 < f.us < 420                                      # DESIGN.md: ~410 us
+
+
+def test_match_reference_device():
+    assert rl.match_reference("NVIDIA H200").name == "H200"
+    assert rl.match_reference("NVIDIA RTX PRO 6000 Blackwell Workstation Edition").name.startswith("RTX PRO 6000")
+    assert rl.match_reference("NVIDIA A100-SXM4-80GB") is None
+
+
+# ---------------------------------------------------------------- ctx parser, timing helpers
+
+def test_parse_ctx_forms():
+    assert parse_ctx("185k") == [185_000]
+    assert parse_ctx("1.4k") == [1_400]
+    assert parse_ctx("4k,16k,64k,185k") == [4_000, 16_000, 64_000, 185_000]
+    r = parse_ctx("1k..256k")
+    assert r[0] == 1_000 and r[-1] == 256_000 and len(r) >= 5 and r == sorted(set(r))
+    ratios = [b / a for a, b in zip(r, r[1:])]
+    assert max(ratios) / min(ratios) < 1.01                      # log-spaced
+    for bad in ("", "k", "0", "4k..1k", "1.5"):
+        with pytest.raises(ValueError):
+            parse_ctx(bad)
+
+
+def test_quantile_and_rotation():
+    assert quantile([1, 2, 3, 4, 5], 0.5) == 3 and quantile([0, 10], 0.2) == 2
+    assert rotation_sets(214_000_000, 50_000_000) == 2           # one set is already 4x L2
+    assert rotation_sets(1_000_000, 50_000_000) == 100
+    assert rotation_sets(1_000, 50_000_000, max_sets=128) == 128
+    t = time_cpu(lambda: sum(range(1000)), reps=5)
+    assert t.samples >= 3 and t.p20_us <= t.median_us <= t.p80_us
+
+
+# ---------------------------------------------------------------- the command, on CPU
+
+def _run(tmp_path, *args):
+    out = tmp_path / "out.json"
+    assert bv.main([*args, "--json", str(out), "--no-save", "--quiet"]) == 0
+    return json.loads(out.read_text())
+
+
+def test_cpu_run_185k_json_schema(tmp_path):
+    d = _run(tmp_path, "--ctx", "185k", "--csv", str(tmp_path / "o.csv"), "--reps", "1", "--warmup", "0")
+    assert d["device"] is None and set(d) >= {"device", "shape", "results", "commit", "date", "versions"}
+    row = next(r for r in d["results"] if r["ctx"] == 185_000 and r["tree_nodes"] == 16)
+    for k in ("backend", "ctx", "tree_nodes", "layout", "page_size", "bytes", "flops", "floor_us",
+              "floor_bound", "median_us", "frac_of_floor", "max_rel_err"):
+        assert k in row
+    assert row["counts"]["kv_bytes"] == (185_000 + 16) * 576 * 2
+    assert row["bytes"] - row["counts"]["kv_bytes"] < 2_000_000   # the small terms
+    assert row["floor_bound"] == {"RTX PRO 6000 Blackwell": "memory", "H200": "compute"}
+    assert 117 < row["floor_us"]["RTX PRO 6000 Blackwell"] < 121 and 51 < row["floor_us"]["H200"] < 53
+    assert row["median_us"] is None and row["frac_of_floor"] is None
+    cpu = [r for r in d["results"] if r["timed_on"] == "cpu"]       # the labelled, capped CPU timing
+    assert len(cpu) == 1 and cpu[0]["ctx"] == 4_000 and cpu[0]["median_us"] > 0
+    assert (tmp_path / "o.csv").read_text().count("\n") == len(d["results"]) + 1
+
+
+def test_cpu_run_small_ctx_gqa_paged_and_plot(tmp_path):
+    png = tmp_path / "p.png"   # the no-GPU plot: floors only
+    d = _run(tmp_path, "--ctx", "97,1k", "--shape", "llama3-70b-tp8", "--tree", "5", "--tree-shape", "star",
+             "--layout", "page1,paged", "--page-size", "16", "--batch", "2", "--plot", str(png),
+             "--reps", "1", "--warmup", "0")
+    rows = d["results"]
+    assert len(rows) == 2 * 2 and all(r["timed_on"] == "cpu" and r["median_us"] > 0 for r in rows)
+    assert {r["page_size"] for r in rows} == {1, 16}
+    assert png.stat().st_size > 10_000
+
+
+def test_plot_with_timed_rows(tmp_path):
+    from bench.plot import plot_results
+    rows = []
+    for b, speed in (("cuda", 0.7), ("triton-serial", 0.02)):
+        for ctx in (4_000, 16_000, 185_000):
+            c = rl.count_shape(KIMI, [ctx], [CHAIN16])
+            f = rl.floor(c, rl.H200)
+            med = f.us / speed
+            rows.append({"backend": b, "ctx": ctx, "tree_nodes": 16, "layout": "page1", "page_size": 1,
+                         "bytes": c.total_bytes, "flops": c.flops, "floor_us": {"H200": f.us},
+                         "median_us": med, "gbs": c.total_bytes / (med * 1e3), "frac_of_floor": speed,
+                         "timed_on": "cuda"})
+    payload = {"results": rows, "floor_device": "H200", "devices": [rl.H200.to_dict()], "shape": KIMI.to_dict(),
+               "dtype": "bf16", "device": "NVIDIA H200", "commit": "abc"}
+    plot_results(payload, str(tmp_path / "p.png"))
+    assert (tmp_path / "p.png").stat().st_size > 10_000
+
+
+def test_bad_arguments_exit_with_usage(capsys):
+    with pytest.raises(SystemExit) as e:
+        bv.main(["--layout", "pages", "--no-save"])
+    assert e.value.code == 2 and "unknown layout" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bv.main(["--hq", "8", "--no-save"])
+
+
+# ---------------------------------------------------------------- the correctness gate (GPU path run on CPU)
+
+def _register_fakes():
+    from verify_attn.backends import Backend, register
+    register(Backend("fake-zero", lambda p, c, out, lse: out.zero_()))     # wrong values
+    register(Backend("fake-skip", lambda p, c, out, lse: None))           # leaves the poisoned NaNs
+    register(Backend("fake-nosupport", lambda p, c, out, lse: None, supports=lambda p: "no MLA here"))
+
+
+def test_wrong_kernel_is_reported_not_timed():
+    _register_fakes()
+    shape = KIMI
+    trees = [CHAIN16[:5]]
+    counts = rl.count_shape(shape, [60], trees)
+    floors = {d.name: rl.floor(counts, d) for d in rl.REFERENCE_DEVICES}
+    base = lambda n: bv.Row(n, 60, 5, "page1", 1, counts, floors, primary="H200")
+    timer = lambda fns, cold: time_cpu(lambda: [f() for f in fns], reps=3, warmup=0)
+    rows = bv.run_combo(shape, 60, trees, ("page1", 1), torch.float32,
+                        ["reference", "fake-zero", "fake-skip", "fake-nosupport"], {}, base,
+                        device="cpu", l2=1 << 16, timer=timer, skip=lambda n, c: None, tick=lambda: None)
+    st = {r.backend: r for r in rows}
+    assert st["reference"].status == "ok" and st["reference"].timing is not None
+    assert st["reference"].max_rel_err < 1e-6
+    assert st["fake-zero"].status == "wrong" and st["fake-zero"].timing is None
+    assert st["fake-skip"].status == "wrong" and "non-finite" in st["fake-skip"].note
+    assert st["fake-nosupport"].status == "unsupported" and "no MLA" in st["fake-nosupport"].note
+
+
+def test_kernel_path_on_cpu_speedups_skips_and_order(monkeypatch):
+    """sweep()'s GPU path run on the CPU: baseline first, speedups, --serial-max-ctx, wrong rows."""
+    import time as _time
+
+    from verify_attn.backends import Backend, get_backend, register
+    _register_fakes()
+    ref = get_backend("reference")
+
+    def slow(p, c, out, lse):
+        _time.sleep(0.02)
+        ref.run(p, c, out, lse)
+    register(Backend("fake-slow", slow))
+    monkeypatch.setattr(bv, "BASELINE", "fake-slow")
+    a = bv.build_parser().parse_args(["--ctx", "50,200", "--tree", "3", "--backend", "reference,fake-zero,fake-slow",
+                                      "--serial-max-ctx", "100", "--dtype", "fp32", "--quiet"])
+    passes = []
+
+    def timer(fns, cold):
+        passes.append((len(fns), cold))
+        return time_cpu(lambda: [f() for f in fns], reps=2, warmup=0)
+    d = bv.sweep(a, kernel_device="cpu", timer=timer, l2=1 << 12)
+    rows = {(r["backend"], r["ctx"]): r for r in d["results"]}
+    assert d["results"][0]["backend"] == "fake-slow"                     # the baseline is timed first
+    assert rows[("fake-slow", 50)]["status"] == "ok"
+    assert rows[("fake-slow", 200)]["status"] == "skipped" and "serial-max-ctx" in rows[("fake-slow", 200)]["note"]
+    assert rows[("reference", 50)]["speedup_vs_serial"] > 1
+    assert rows[("reference", 200)]["speedup_vs_serial"] is None and rows[("reference", 200)]["median_us"] > 0
+    assert rows[("fake-zero", 50)]["status"] == "wrong" and rows[("fake-zero", 50)]["median_us"] is None
+    assert passes and all(p == (2, True) for p in passes)              # 2 rotating sets > 2x the (tiny) L2
+
+
+def test_sglang_adapter_feeds_the_kernel_the_right_pieces():
+    """The adapter's inputs, run through a dense stand-in with SGLang's documented semantics
+    (prefix via kv_indices, tree via k/v_extend + custom mask), reproduce the reference."""
+    from bench.baselines import sglang_extend_prepare
+    from bench.inputs import make_inputs, make_trees
+    from verify_attn import tree_verify
+
+    def fake_extend(q, k_ext, v_ext, o, k_buf, v_buf, qo_indptr, kv_indptr, kv_indices, custom_mask, is_causal,
+                    mask_indptr, max_len, sm_scale=None):
+        assert not is_causal
+        qo, kvp, mi = qo_indptr.tolist(), kv_indptr.tolist(), mask_indptr.tolist()
+        for b in range(len(qo) - 1):
+            t, L = qo[b + 1] - qo[b], kvp[b + 1] - kvp[b]
+            k = torch.cat([k_buf[kv_indices[kvp[b]:kvp[b + 1]].long()], k_ext[qo[b]:qo[b + 1]]]).double()
+            v = torch.cat([v_buf[kv_indices[kvp[b]:kvp[b + 1]].long()], v_ext[qo[b]:qo[b + 1]]]).double()
+            vis = custom_mask[mi[b]: mi[b] + t * (L + t)].view(t, L + t).bool()
+            s = torch.einsum("thd,nd->thn", q[qo[b]:qo[b + 1]].double(), k[:, 0]) * sm_scale
+            s = s.masked_fill(~vis[:, None, :], float("-inf"))
+            o[qo[b]:qo[b + 1]] = torch.einsum("thn,nd->thd", s.softmax(-1), v[:, 0]).to(o.dtype)
+
+    trees = make_trees(6, "ddtree", 2)
+    kw = make_inputs(KIMI, 37, trees, 1, torch.float32, "cpu", seed=5)
+    out = torch.full((12, 8, 512), float("nan"))
+    sglang_extend_prepare(fake_extend, kw)(out)
+    ref = tree_verify(**kw, backend="reference")
+    assert torch.allclose(out, ref, atol=1e-5, rtol=1e-5)
+    with pytest.raises(NotImplementedError):
+        sglang_extend_prepare(fake_extend, make_inputs(KIMI, 37, trees, 16, torch.float32, "cpu", seed=5))
+
+
+# ---------------------------------------------------------------- ceilings cache
+
+def test_ceilings_without_gpu_and_cache_round_trip(tmp_path, monkeypatch):
+    from bench import ceilings
+    monkeypatch.setenv("VERIFY_ATTN_CACHE", str(tmp_path))
+    if not torch.cuda.is_available():
+        assert ceilings.get_ceilings() is None
+    entry = {"device": "NVIDIA H200", "copy_gbs": 4300.0, "mma_tflops": 790.0, "date": "2026-01-01"}
+    ceilings._store({"NVIDIA H200|torch x": entry})
+    assert ceilings._load() == {"NVIDIA H200|torch x": entry}
+    dev = rl.device_from_ceilings("NVIDIA H200", entry, 132, 50.0)
+    assert dev.measured and dev.name == "NVIDIA H200 (measured)"
+    c = rl.count_shape(KIMI, [185_000], [CHAIN16])
+    f = rl.floor(c, dev)
+    assert f.bound == "compute" and math.isclose(f.us, c.flops / 790e12 * 1e6)
+
+
+# ---------------------------------------------------------------- gpu_check
+
+def test_gpu_check_dry_run(capsys, tmp_path, monkeypatch):
+    from bench import gpu_check
+    monkeypatch.setenv("OUT", str(tmp_path / "o"))
+    assert gpu_check.main(["--dry-run", "--tune", "--sanitize"]) == 0
+    text = capsys.readouterr().out
+    for stage in ("build", "tests", "ceilings", "headline", "sweep", "gqa", "tune", "sanitize"):
+        assert f"  {stage}" in text
+    assert str(tmp_path / "o") in text and not (tmp_path / "o").exists()   # nothing run, nothing written
+
+
+def test_gpu_check_stage_skips_when_budget_spent(tmp_path):
+    from bench import gpu_check
+    st = gpu_check.Stage("x", ["python", "-c", "pass"], cap_s=10, min_s=15)
+    gpu_check.run_stage(st, tmp_path, remaining=3)
+    assert st.status.startswith("skipped: budget spent")
+    st = gpu_check.Stage("y", ["python", "-c", "import sys; sys.exit(3)"], cap_s=10, min_s=1)
+    gpu_check.run_stage(st, tmp_path, remaining=30)
+    assert st.status == "failed (rc 3)" and (tmp_path / "y.log").exists()
+    st = gpu_check.Stage("z", ["python", "-c", "pass"], cap_s=10, needs="no_such_module_xyz")
+    gpu_check.run_stage(st, tmp_path, remaining=30)
+    assert st.status.startswith("skipped: python module")
+
+
+def test_gpu_check_records_a_failed_stage_and_runs_the_next(tmp_path, monkeypatch, capsys):
+    from bench import gpu_check
+    monkeypatch.setenv("OUT", str(tmp_path))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Fake GPU")
+    monkeypatch.setattr(gpu_check, "plan", lambda out, a: [
+        gpu_check.Stage("boom", [sys.executable, "-c", "raise SystemExit(4)"], cap_s=20, min_s=1),
+        gpu_check.Stage("fine", [sys.executable, "-c", "print('hello')"], cap_s=20, min_s=1),
+        gpu_check.Stage("late", [sys.executable, "-c", "pass"], cap_s=20, min_s=10_000),
+    ])
+    assert gpu_check.main(["--budget-s", "60"]) == 0
+    rec = json.loads((tmp_path / "gpu_check.json").read_text())
+    st = {s["name"]: s["status"] for s in rec["stages"]}
+    assert st == {"boom": "failed (rc 4)", "fine": "ok", "late": st["late"]} and st["late"].startswith("skipped")
+    assert "hello" in (tmp_path / "fine.log").read_text()
+    assert "late" in capsys.readouterr().out
+
+
+def test_gpu_check_drops_cuda_after_a_failed_build():
+    from bench import gpu_check
+    st = gpu_check.Stage("s", ["python", "-m", "bench.verify", "--backend", "cuda,triton"], cap_s=10)
+    gpu_check._drop_cuda(st)
+    assert st.argv[-1] == "triton"
+    st = gpu_check.Stage("t", ["compute-sanitizer", "python", "-m", "bench.verify", "--backend", "cuda"], cap_s=10)
+    gpu_check._drop_cuda(st)
+    assert gpu_check._missing(st.needs) == "the cuda backend did not build"
+
+
+def test_gpu_check_summary_rows(tmp_path):
+    from bench import gpu_check
+    row = {"backend": "cuda", "ctx": 185_000, "tree_nodes": 16, "layout": "page1", "median_us": 80.0,
+           "floor_us": {"H200": 52.1}, "frac_of_floor": 0.65, "speedup_vs_serial": 40.0, "max_rel_err": 3e-3,
+           "status": "ok"}
+    (tmp_path / "headline.json").write_text(json.dumps({"floor_device": "H200", "results": [row]}))
+    (lines,) = gpu_check.summary_rows(tmp_path)
+    for part in ("cuda", "185,000", "80.0 us", "floor 52.1", "frac 0.65", "x40.0", "ok"):
+        assert part in lines
+
+
+# ---------------------------------------------------------------- on a GPU
+
+@pytest.mark.gpu
+def test_gpu_small_run_checks_and_times(tmp_path):
+    d = _run(tmp_path, "--ctx", "2k", "--tree", "8", "--backend", "triton,triton-serial", "--reps", "5",
+             "--no-ceilings")
+    rows = {r["backend"]: r for r in d["results"]}
+    assert d["device"] is not None and set(rows) == {"triton", "triton-serial"}
+    for r in rows.values():
+        assert r["status"] in ("ok", "unsupported"), r
+        if r["status"] == "ok":
+            assert r["max_rel_err"] < 0.05 and r["median_us"] > 0 and r["timed_on"] == "cuda"
+            assert r["frac_of_floor"] is None or 0 < r["frac_of_floor"] < 1.5
