@@ -102,7 +102,10 @@ def plan(out: Path, a: argparse.Namespace) -> list[Stage]:
                           "--backend", "cuda,triton,triton-serial", "--json", str(out / "gqa.json")], cap_s=60),
     ]
     if a.tune:
-        stages.append(Stage("tune", [PY, "-m", "autotune", *a.tune_args.split()], cap_s=120, needs="autotune"))
+        # export into the results folder: the repo's autotune/configs/ does not come back from a GPU machine
+        stages.append(Stage("tune", [PY, "-m", "autotune", *a.tune_args.split(), "--export", str(out / "tuned"),
+                                     "--cache", str(out / "autotune_cache.json"), "--json", str(out / "autotune.json")],
+                            cap_s=120, needs="autotune"))
     if a.sanitize:
         stages.append(Stage("sanitize", ["compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "9",
                                          PY, "-m", "bench.verify", "--ctx", "1000", "--tree", "4", "--backend", "cuda",
@@ -251,7 +254,26 @@ def main(argv: Optional[list[str]] = None) -> int:
     rows = summary_rows(out)
     if rows:
         print("\n".join(["", "short table (16-node rows; us = median per call):", *rows]))
+    if os.environ.get("OUT"):
+        _pack(out)
     return 0
+
+
+def _pack(out: Path) -> None:
+    """The device tool brings back at most 8 files from $OUT: pack everything into one archive
+    (plus gpu_check.json beside it for a quick look)."""
+    import tarfile
+    archive = out / "gpu_check_results.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        for p in sorted(out.rglob("*")):
+            if p.is_file() and p != archive:
+                tar.add(p, arcname=str(p.relative_to(out)))
+    for p in sorted(out.rglob("*"), reverse=True):
+        if p.is_file() and p.name not in (archive.name, "gpu_check.json"):
+            p.unlink()
+        elif p.is_dir():
+            p.rmdir()
+    print(f"[gpu_check] packed results into {archive}")
 
 
 if __name__ == "__main__":
