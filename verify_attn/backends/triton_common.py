@@ -1,0 +1,287 @@
+"""Pieces shared by the two Triton backends (`triton-serial`, `triton`).
+
+Host side: availability under the interpreter, the support checks, how a head
+dim is cut into power-of-two blocks, the device's arch string and SM count,
+and `ptxas_report` (compile a kernel for sm_90/sm_120 on a machine without a
+GPU and read registers, spills and shared memory).
+Device side (`@triton.jit`): `attend_tile`, one KV tile of the mainloop (row
+addresses for page_size 1 or paged, K/V loads with the MLA V taken from the K
+tile, scores, the packed tree mask, the online softmax), `finish_rows` and
+`split_span`.
+
+Only long-stable `tl` APIs are used (tl.load/store/dot/trans/where/exp2/log2,
+tl.cdiv, tl.arange, tl.maximum), so the kernels run on triton 3.6 through 3.8.
+
+Conventions inside the kernels: scores are kept in the log2 domain
+(`qk_scale = sm_scale * log2(e)`, `exp2`), LSE is converted back to the natural
+log only when written to the caller's `lse`.
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from . import Problem
+
+LOG2E = math.log2(math.e)
+
+# Shared memory per block (opt-in maximum) by arch: what Triton may allocate.
+SMEM_LIMIT = {
+    "sm_80": 166912, "sm_86": 101376, "sm_87": 166912, "sm_89": 101376,
+    "sm_90": 232448, "sm_100": 232448, "sm_103": 232448, "sm_120": 101376, "sm_121": 101376,
+}
+REGS_PER_SM = 65536
+MAX_HEAD_DIM = 1024  # one program holds a [BLOCK_M, Dv] fp32 accumulator: keep it bounded
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def available() -> tuple[bool, str]:
+    """Triton runs on a CUDA device, or on the CPU under TRITON_INTERPRET=1."""
+    if torch.cuda.is_available():
+        return True, ""
+    if interpreting():
+        return True, ""
+    return False, "no CUDA device, and TRITON_INTERPRET=1 is not set (the CPU needs Triton's interpreter)"
+
+
+def supports(p: Problem) -> Optional[str]:
+    """None if both Triton kernels can run this problem, else why not."""
+    if p.device.type == "cpu" and not interpreting():
+        return "tensors are on the CPU and TRITON_INTERPRET=1 is not set"
+    if p.device.type not in ("cpu", "cuda"):
+        return f"device {p.device} is neither cuda nor cpu"
+    if interpreting() and p.dtype == torch.bfloat16:
+        # FACTS.md: the interpreter's bf16 tl.dot returns garbage (errors ~1e10)
+        return "bfloat16 under TRITON_INTERPRET=1 (the interpreter's bf16 tl.dot is broken); use fp16/fp32"
+    if p.head_dim_qk > MAX_HEAD_DIM or p.head_dim_v > MAX_HEAD_DIM:
+        return f"head dims Dqk={p.head_dim_qk}, Dv={p.head_dim_v} exceed {MAX_HEAD_DIM}"
+    if p.page_size > 1 and p.k_cache.stride(1) == 0:
+        return "paged k_cache with a zero page-position stride"
+    return None
+
+
+@dataclass(frozen=True)
+class HeadBlocks:
+    """Power-of-two blocks covering a head (tl.arange/tl.dot need power-of-two sizes >= 16).
+
+    Dqk = D1 + rest: D1 is the largest power of two <= Dqk (the "nope/latent"
+    part, 512 for MLA 576), rest (64 for MLA) is loaded as a second block of
+    BLOCK_DPE >= rest; both are masked where they run past Dqk. V_FROM_K: the
+    MLA case where V is exactly the first D1 values of the K row, so the K
+    tile already loaded is reused as the V tile (each KV row read once).
+    """
+
+    block_d1: int
+    block_dpe: int   # 0 when Dqk is a power of two
+    block_dv: int
+    v_from_k: bool
+
+    @property
+    def padded_qk(self) -> int:
+        return self.block_d1 + self.block_dpe
+
+
+def head_blocks(dqk: int, dv: int, mla_shared_kv: bool) -> HeadBlocks:
+    d1 = max(16, 1 << (dqk.bit_length() - 1))
+    rest = max(0, dqk - d1)
+    dpe = max(16, triton.next_power_of_2(rest)) if rest else 0
+    bdv = max(16, triton.next_power_of_2(dv))
+    return HeadBlocks(d1, dpe, bdv, bool(mla_shared_kv and dv == d1 and dqk >= d1))
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    # fp32 inputs: exact fp32 products (the default would be tf32 on the GPU);
+    # 16-bit inputs ignore this.
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def arch_of(device: torch.device) -> str:
+    if device.type != "cuda":
+        return "cpu"
+    major, minor = torch.cuda.get_device_capability(device)
+    return f"sm_{major}{minor}"
+
+
+def num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 132  # the H200 the project is validated on; only used by heuristics
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def smem_limit(arch: str) -> int:
+    if arch in SMEM_LIMIT:
+        return SMEM_LIMIT[arch]
+    return 101376  # unknown arch: assume the smallest budget the project targets (sm_120)
+
+
+def cache_strides(cache: torch.Tensor, page_size: int) -> tuple[int, int, int]:
+    """(page or slot stride, position-in-page stride, head stride) in elements."""
+    if page_size == 1:
+        return cache.stride(0), 0, cache.stride(1)
+    return cache.stride(0), cache.stride(1), cache.stride(2)
+
+
+# ----------------------------------------------------------------------------------------
+# device helpers
+# ----------------------------------------------------------------------------------------
+
+@triton.jit
+def attend_tile(acc, m_i, l_i, q1, q2, start, end, prefix,
+                k_base, v_base, kv_indices_ptr, kv_start, mask_ptr, token, row_ok,
+                offs_n, offs_d1, offs_dpe, offs_dv,
+                stride_kp, stride_kpos, stride_vp, stride_vpos, qk_scale, MASK_WORDS,
+                DQK: tl.constexpr, DV: tl.constexpr, BLOCK_D1: tl.constexpr, BLOCK_DPE: tl.constexpr,
+                BLOCK_DV: tl.constexpr, V_FROM_K: tl.constexpr, PAGE_SIZE: tl.constexpr, TREE: tl.constexpr,
+                DOT_PREC: tl.constexpr):
+    """One KV tile, tokens [start, start + BLOCK_N) clipped to `end`, folded into (acc, m_i, l_i).
+
+    One device function per tile (not one per step): the interpreter re-patches
+    triton.language on every device-function call, ~4 ms each.
+
+    Row address: page_size 1 -> slot kv_indices[t]; paged -> page
+    kv_indices[t // P], row t % P, each scaled by the cache's own strides (K and
+    V may differ). Tokens past `end` read index 0 and are masked at the load, so
+    the NaN-poisoned slot they would name is never read. TREE: the tile lies in
+    the tree block, token t is tree node t - prefix, visible iff bit
+    (t - prefix) % 32 of word (t - prefix) // 32 of the row's packed mask is set
+    (bit 31 is the sign bit: arithmetic shift, then & 1).
+    Scores are in the log2 domain; rows that have seen nothing keep m = -inf and
+    subtract 0 instead, so exp2 gives 0, never NaN.
+    """
+    t = start + offs_n                                                   # [BLOCK_N] logical tokens
+    t_ok = t < end
+    if PAGE_SIZE == 1:
+        blk = tl.load(kv_indices_ptr + kv_start + t, mask=t_ok, other=0).to(tl.int64)
+        krow = blk * stride_kp
+        vrow = blk * stride_vp
+    else:
+        blk = tl.load(kv_indices_ptr + kv_start + t // PAGE_SIZE, mask=t_ok, other=0).to(tl.int64)
+        pos = (t % PAGE_SIZE).to(tl.int64)
+        krow = blk * stride_kp + pos * stride_kpos
+        vrow = blk * stride_vp + pos * stride_vpos
+    # K tile [BLOCK_N, BLOCK_D1] (+ rope part [BLOCK_N, BLOCK_DPE]); V tile [BLOCK_N, BLOCK_DV]
+    if DQK >= BLOCK_D1:
+        k1 = tl.load(k_base + krow[:, None] + offs_d1[None, :], mask=t_ok[:, None], other=0.0)
+    else:
+        k1 = tl.load(k_base + krow[:, None] + offs_d1[None, :],
+                     mask=t_ok[:, None] & (offs_d1[None, :] < DQK), other=0.0)
+    s = tl.dot(q1, tl.trans(k1), input_precision=DOT_PREC)              # [BLOCK_M, BLOCK_N]
+    if BLOCK_DPE > 0:
+        k2 = tl.load(k_base + krow[:, None] + BLOCK_D1 + offs_dpe[None, :],
+                     mask=t_ok[:, None] & (BLOCK_D1 + offs_dpe[None, :] < DQK), other=0.0)
+        s += tl.dot(q2, tl.trans(k2), input_precision=DOT_PREC)
+    if V_FROM_K:
+        v = k1                                                           # MLA: V = K[:, :Dv], read once
+    else:
+        if DV == BLOCK_DV:
+            v = tl.load(v_base + vrow[:, None] + offs_dv[None, :], mask=t_ok[:, None], other=0.0)
+        else:
+            v = tl.load(v_base + vrow[:, None] + offs_dv[None, :],
+                        mask=t_ok[:, None] & (offs_dv[None, :] < DV), other=0.0)
+    s = s * qk_scale
+    if TREE:
+        j = t - prefix
+        words = tl.load(mask_ptr + token[:, None].to(tl.int64) * MASK_WORDS + (j // 32)[None, :],
+                        mask=row_ok[:, None] & t_ok[None, :], other=0)
+        vis = ((words >> (j % 32)[None, :]) & 1) != 0
+        s = tl.where(vis & t_ok[None, :], s, float("-inf"))
+    else:
+        s = tl.where(t_ok[None, :], s, float("-inf"))
+    # online softmax
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_use)
+    p = tl.exp2(s - m_use[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
+    return acc, m_new, l_i
+
+
+@triton.jit
+def finish_rows(acc, m_i, l_i):
+    """(O [BLOCK_M, BLOCK_DV] fp32, LSE log2 [BLOCK_M]); rows that saw nothing give O = 0, LSE = -inf."""
+    seen = l_i > 0
+    o = acc / tl.where(seen, l_i, 1.0)[:, None]
+    lse2 = tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
+    return o, lse2
+
+
+@triton.jit
+def split_span(n, NUM_SPLITS, BLOCK_N: tl.constexpr):
+    """KV tokens per split for a request of n tokens: ceil(n / splits) rounded up to BLOCK_N.
+
+    The main kernel and the combine compute it alike on the device, so the
+    host never reads a length (CUDA-graph safe) and trailing splits may be empty.
+    """
+    per = tl.cdiv(n, NUM_SPLITS)
+    return tl.cdiv(per, BLOCK_N) * BLOCK_N
+
+
+# ----------------------------------------------------------------------------------------
+# compile without a GPU: registers, spills, shared memory
+# ----------------------------------------------------------------------------------------
+
+TRITON_DTYPE = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+
+
+def ptxas_report(fn, *, arch: str, constexprs: dict, pointers: dict, floats: tuple[str, ...] = (),
+                 aligned: tuple[str, ...] = (), num_warps: int = 4, num_stages: int = 2) -> dict:
+    """Compile `fn` for `arch` ("sm_90", "sm_120") here, GPU or not, and run ptxas -v on its PTX.
+
+    pointers: arg name -> Triton pointer type ("*bf16"); floats: fp32 scalar args;
+    every other non-constexpr arg is an i32. `aligned` names the int args a real
+    call passes as multiples of 16 (strides): Triton specialises those (and
+    16-byte aligned pointers) and vectorises loads on them, so leaving them out
+    would report a different kernel. Needs TRITON_INTERPRET unset.
+    Returns {"regs", "spill_stores", "spill_loads", "smem_bytes", "ptxas"}.
+    """
+    import re
+    import subprocess
+    import tempfile
+
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    sig, attrs = {}, {}
+    for i, name in enumerate(fn.arg_names):
+        if name in constexprs:
+            sig[name] = "constexpr"
+        elif name in pointers:
+            sig[name] = pointers[name]
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        else:
+            sig[name] = "fp32" if name in floats else "i32"
+            if name in aligned:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    cap = int(arch.removeprefix("sm_"))
+    kernel = triton.compile(ASTSource(fn, sig, constexprs, attrs), target=GPUTarget("cuda", cap, 32),
+                            options=dict(num_warps=num_warps, num_stages=num_stages))
+    bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    ptxas = os.path.join(bindir, "ptxas")
+    if cap >= 100 and os.path.exists(os.path.join(bindir, "ptxas-blackwell")):
+        ptxas = os.path.join(bindir, "ptxas-blackwell")  # what Triton itself uses for sm_100+
+    gpu = f"sm_{cap}a" if cap >= 90 else f"sm_{cap}"
+    with tempfile.TemporaryDirectory() as d:
+        src = os.path.join(d, "k.ptx")
+        with open(src, "w") as f:
+            f.write(kernel.asm["ptx"])
+        r = subprocess.run([ptxas, "-v", f"--gpu-name={gpu}", src, "-o", os.path.join(d, "k.cubin")],
+                           capture_output=True, text=True, check=True)
+    text = r.stderr
+
+    def grab(pattern: str) -> int:
+        m = re.search(pattern, text)
+        return int(m.group(1)) if m else 0
+
+    return {"regs": grab(r"Used (\d+) registers"), "spill_stores": grab(r"(\d+) bytes spill stores"),
+            "spill_loads": grab(r"(\d+) bytes spill loads"), "smem_bytes": int(kernel.metadata.shared),
+            "ptxas": text.strip()}
