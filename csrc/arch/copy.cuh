@@ -1,0 +1,183 @@
+// Shared-memory fragment loads, asynchronous global->shared copies, global
+// loads/stores and the block's dynamic shared memory.
+#pragma once
+
+#include "defs.cuh"
+#if VA_EMULATION
+#include <cstring>
+#include <source_location>
+
+#include "../emu/device.h"
+#else
+#include <cuda_runtime.h>
+#endif
+
+namespace va::arch {
+
+#if !VA_EMULATION
+namespace detail {
+VA_DEVICE uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+}  // namespace detail
+#endif
+
+// ldmatrix: https://docs.nvidia.com/cuda/parallel-thread-execution/#warp-level-matrix-instructions-ldmatrix
+// .m8n8 .b16: matrix j (0..3) is 8 rows of 8 16-bit values, row i at the
+// 16-byte aligned shared address given by lane 8*j + i. Lane l receives in
+// r[j] the elements (row l/4, cols 2*(l%4), 2*(l%4)+1) of matrix j (low half
+// first); with .trans it receives (rows 2*(l%4), 2*(l%4)+1, col l/4), i.e. the
+// same fragment of the transposed matrix. Every lane passes its own row
+// pointer; lanes past the ones a variant uses (8 for x1, 16 for x2) are ignored.
+#if VA_EMULATION
+VA_DEVICE void ldmatrix_x1(uint32_t& r, const void* smem_row,
+                           std::source_location loc = std::source_location::current()) {
+  ::va::emu::ldmatrix(1, false, &r, smem_row, loc);
+}
+VA_DEVICE void ldmatrix_x2(uint32_t (&r)[2], const void* smem_row,
+                           std::source_location loc = std::source_location::current()) {
+  ::va::emu::ldmatrix(2, false, r, smem_row, loc);
+}
+VA_DEVICE void ldmatrix_x4(uint32_t (&r)[4], const void* smem_row,
+                           std::source_location loc = std::source_location::current()) {
+  ::va::emu::ldmatrix(4, false, r, smem_row, loc);
+}
+VA_DEVICE void ldmatrix_x1_trans(uint32_t& r, const void* smem_row,
+                                 std::source_location loc = std::source_location::current()) {
+  ::va::emu::ldmatrix(1, true, &r, smem_row, loc);
+}
+VA_DEVICE void ldmatrix_x2_trans(uint32_t (&r)[2], const void* smem_row,
+                                 std::source_location loc = std::source_location::current()) {
+  ::va::emu::ldmatrix(2, true, r, smem_row, loc);
+}
+VA_DEVICE void ldmatrix_x4_trans(uint32_t (&r)[4], const void* smem_row,
+                                 std::source_location loc = std::source_location::current()) {
+  ::va::emu::ldmatrix(4, true, r, smem_row, loc);
+}
+#else
+VA_DEVICE void ldmatrix_x1(uint32_t& r, const void* smem_row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x1.shared.b16 {%0}, [%1];\n"
+               : "=r"(r)
+               : "r"(detail::smem_u32(smem_row))
+               : "memory");
+}
+VA_DEVICE void ldmatrix_x2(uint32_t (&r)[2], const void* smem_row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n"
+               : "=r"(r[0]), "=r"(r[1])
+               : "r"(detail::smem_u32(smem_row))
+               : "memory");
+}
+VA_DEVICE void ldmatrix_x4(uint32_t (&r)[4], const void* smem_row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(detail::smem_u32(smem_row))
+               : "memory");
+}
+VA_DEVICE void ldmatrix_x1_trans(uint32_t& r, const void* smem_row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x1.trans.shared.b16 {%0}, [%1];\n"
+               : "=r"(r)
+               : "r"(detail::smem_u32(smem_row))
+               : "memory");
+}
+VA_DEVICE void ldmatrix_x2_trans(uint32_t (&r)[2], const void* smem_row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n"
+               : "=r"(r[0]), "=r"(r[1])
+               : "r"(detail::smem_u32(smem_row))
+               : "memory");
+}
+VA_DEVICE void ldmatrix_x4_trans(uint32_t (&r)[4], const void* smem_row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(detail::smem_u32(smem_row))
+               : "memory");
+}
+#endif
+
+// cp.async: https://docs.nvidia.com/cuda/parallel-thread-execution/#data-movement-and-conversion-instructions-cp-async
+// 16 bytes global -> shared, bypassing L1 (.cg). Both addresses 16-byte aligned.
+// The copy is complete (visible to this thread) only after a cp.async.wait_group
+// that covers its commit group; other threads see it after a following block_sync.
+#if VA_EMULATION
+VA_DEVICE void cp_async_16(void* smem_dst, const void* gmem_src,
+                           std::source_location loc = std::source_location::current()) {
+  ::va::emu::cp_async_16(smem_dst, gmem_src, true, loc);
+}
+// !valid: 16 zero bytes land and the source is not read (src-size 0).
+VA_DEVICE void cp_async_16_zfill(void* smem_dst, const void* gmem_src, bool valid,
+                                 std::source_location loc = std::source_location::current()) {
+  ::va::emu::cp_async_16(smem_dst, gmem_src, valid, loc);
+}
+VA_DEVICE void cp_async_commit() { ::va::emu::cp_async_commit(); }
+// cp.async.wait_group N: all but the newest N committed groups have landed.
+template <int N>
+VA_DEVICE void cp_async_wait(std::source_location loc = std::source_location::current()) {
+  static_assert(N >= 0 && N <= 7, "cp.async.wait_group N: 0 <= N <= 7");
+  ::va::emu::cp_async_wait(N, loc);
+}
+#else
+VA_DEVICE void cp_async_16(void* smem_dst, const void* gmem_src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n"
+               :
+               : "r"(detail::smem_u32(smem_dst)), "l"(gmem_src)
+               : "memory");
+}
+// !valid: 16 zero bytes land and the source is not read (src-size 0).
+VA_DEVICE void cp_async_16_zfill(void* smem_dst, const void* gmem_src, bool valid) {
+  const int src_size = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
+               :
+               : "r"(detail::smem_u32(smem_dst)), "l"(gmem_src), "r"(src_size)
+               : "memory");
+}
+VA_DEVICE void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+// cp.async.wait_group N: all but the newest N committed groups have landed.
+template <int N>
+VA_DEVICE void cp_async_wait() {
+  static_assert(N >= 0 && N <= 7, "cp.async.wait_group N: 0 <= N <= 7");
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+#endif
+
+// Every global read outside cp.async goes through ld_global and every global
+// write through st_global, so the emulator can bounds-check them. T is a
+// trivially copyable type of at most 16 bytes (int, float, uint2, uint4, float4, ...)
+// and p is aligned to sizeof(T) as the hardware requires.
+#if VA_EMULATION
+template <class T>
+VA_DEVICE T ld_global(const T* p, std::source_location loc = std::source_location::current()) {
+  static_assert(sizeof(T) <= 16, "ld_global: T must be at most 16 bytes");
+  T v;
+  ::va::emu::ld_global(&v, p, sizeof(T), loc);
+  return v;
+}
+template <class T>
+VA_DEVICE void st_global(T* p, const T& v, std::source_location loc = std::source_location::current()) {
+  static_assert(sizeof(T) <= 16, "st_global: T must be at most 16 bytes");
+  ::va::emu::st_global(p, &v, sizeof(T), loc);
+}
+#else
+template <class T>
+VA_DEVICE T ld_global(const T* p) {
+  static_assert(sizeof(T) <= 16, "ld_global: T must be at most 16 bytes");
+  return *p;
+}
+template <class T>
+VA_DEVICE void st_global(T* p, const T& v) {
+  static_assert(sizeof(T) <= 16, "st_global: T must be at most 16 bytes");
+  *p = v;
+}
+#endif
+
+// Base of the block's dynamic shared memory (128-byte aligned). Kernels use no
+// static __shared__ variables, so the dynamic size passed to launch() is all.
+template <class T>
+VA_DEVICE T* smem_dynamic() {
+#if VA_EMULATION
+  return reinterpret_cast<T*>(::va::emu::smem_base());
+#else
+  extern __shared__ __align__(128) unsigned char va_dynamic_smem[];
+  return reinterpret_cast<T*>(va_dynamic_smem);
+#endif
+}
+
+}  // namespace va::arch

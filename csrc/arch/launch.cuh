@@ -1,0 +1,52 @@
+// Kernel launch: the real <<<>>> launch, or the CPU emulator running the grid.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+#include "defs.cuh"
+#if VA_EMULATION
+#include "../emu/launch.h"
+#else
+#include <cuda_runtime.h>
+#endif
+
+namespace va::arch {
+
+// Launches kernel<<<grid, block, dyn_smem_bytes, stream>>>(args...).
+// Real: raises the kernel's dynamic shared memory limit when it needs more
+// than the default 48 KB, launches, and throws std::runtime_error with the CUDA
+// error string on failure (no device sync, so it is CUDA-graph safe).
+// Emulation: runs the whole grid on the CPU before returning and throws
+// std::runtime_error for any error found (block, thread, address).
+// Both modes: a grid with a zero dimension launches nothing.
+template <class Kernel, class... Args>
+void launch(Kernel kernel, dim3 grid, dim3 block, size_t dyn_smem_bytes, cudaStream_t stream,
+            Args... args) {
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0) return;
+#if VA_EMULATION
+  (void)stream;
+  ::va::emu::run_grid(grid, block, dyn_smem_bytes, [&]() { kernel(args...); });
+#else
+  if (dyn_smem_bytes > 48 * 1024) {
+    const cudaError_t e = cudaFuncSetAttribute(
+        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(dyn_smem_bytes));
+    if (e != cudaSuccess) {
+      throw std::runtime_error(std::string("va::arch::launch: cudaFuncSetAttribute(") +
+                               std::to_string(dyn_smem_bytes) +
+                               " B dynamic smem) failed: " + cudaGetErrorString(e));
+    }
+  }
+  kernel<<<grid, block, dyn_smem_bytes, stream>>>(args...);
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) {
+    throw std::runtime_error(std::string("va::arch::launch: kernel launch (grid ") +
+                             std::to_string(grid.x) + "x" + std::to_string(grid.y) + "x" +
+                             std::to_string(grid.z) + ", block " + std::to_string(block.x) +
+                             ", smem " + std::to_string(dyn_smem_bytes) +
+                             " B) failed: " + cudaGetErrorString(e));
+  }
+#endif
+}
+
+}  // namespace va::arch

@@ -1,0 +1,71 @@
+// Scalar math the kernels need with a defined instruction, and 16-bit packing.
+#pragma once
+
+#include <type_traits>
+
+#include "defs.cuh"
+#if VA_EMULATION
+#include <cmath>
+#include <cstring>
+#endif
+
+namespace va::arch {
+
+// 2^x, ex2.approx.ftz.f32 (max relative error 2^-22 on the hardware;
+// subnormal inputs and results flush to zero):
+// https://docs.nvidia.com/cuda/parallel-thread-execution/#floating-point-instructions-ex2
+VA_DEVICE float exp2_approx(float x) {
+#if VA_EMULATION
+  if (std::fpclassify(x) == FP_SUBNORMAL) x = 0.0f;
+  const float r = std::exp2(x);
+  return std::fpclassify(r) == FP_SUBNORMAL ? 0.0f : r;
+#else
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(x));
+  return r;
+#endif
+}
+
+// max with fmaxf's NaN rule (a NaN operand loses to a number).
+VA_DEVICE float max_f(float a, float b) {
+#if VA_EMULATION
+  return std::fmax(a, b);
+#else
+  return fmaxf(a, b);
+#endif
+}
+
+// Two floats -> two T (round to nearest even) in one 32-bit register, lo in
+// the low 16 bits: the operand layout of mma.sync and ldmatrix.
+template <class T>
+VA_HOST_DEVICE uint32_t pack2(float lo, float hi) {
+  static_assert(std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>,
+                "pack2: T must be __nv_bfloat16 or __half");
+  uint16_t l, h;
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    l = __bfloat16_as_ushort(__float2bfloat16_rn(lo));
+    h = __bfloat16_as_ushort(__float2bfloat16_rn(hi));
+  } else {
+    l = __half_as_ushort(__float2half_rn(lo));
+    h = __half_as_ushort(__float2half_rn(hi));
+  }
+  return static_cast<uint32_t>(l) | (static_cast<uint32_t>(h) << 16);
+}
+
+// Inverse of pack2: the low 16 bits -> lo, the high 16 bits -> hi.
+template <class T>
+VA_HOST_DEVICE void unpack2(uint32_t r, float& lo, float& hi) {
+  static_assert(std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>,
+                "unpack2: T must be __nv_bfloat16 or __half");
+  const uint16_t l = static_cast<uint16_t>(r & 0xffffu);
+  const uint16_t h = static_cast<uint16_t>(r >> 16);
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    lo = __bfloat162float(__ushort_as_bfloat16(l));
+    hi = __bfloat162float(__ushort_as_bfloat16(h));
+  } else {
+    lo = __half2float(__ushort_as_half(l));
+    hi = __half2float(__ushort_as_half(h));
+  }
+}
+
+}  // namespace va::arch

@@ -1,0 +1,56 @@
+// Warp-level matrix multiply-accumulate.
+#pragma once
+
+#include <type_traits>
+
+#include "defs.cuh"
+#if VA_EMULATION
+#include <source_location>
+
+#include "../emu/device.h"
+#endif
+
+namespace va::arch {
+
+// D = A * B + C for one warp, m16n8k16, A row-major (16x16), B column-major
+// (16x8), fp32 accumulate; T = __nv_bfloat16 or __half.
+// PTX: mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}.{bf16,f16}.f32
+// https://docs.nvidia.com/cuda/parallel-thread-execution/#warp-level-matrix-instructions-mma
+// Fragments (https://docs.nvidia.com/cuda/parallel-thread-execution/#mma-1688-a-f16 and
+// #mma-16816-a-f16, #mma-16816-b-f16, #mma-16816-c), groupID = lane>>2, tig = lane%4:
+//   a[r] holds elements a(2r), a(2r+1) (low half first): row = groupID + 8*(r&1),
+//        col = 2*tig + (0|1) + 8*(r>>1)
+//   b[r] holds b(2r), b(2r+1): k = 2*tig + (0|1) + 8*r, n = groupID
+//   c[i], d[i]: row = groupID + 8*(i>>1), col = 2*tig + (i&1)
+// d may alias c.
+template <class T>
+VA_DEVICE void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2],
+                            const float (&c)[4]
+#if VA_EMULATION
+                            , std::source_location loc = std::source_location::current()
+#endif
+) {
+  static_assert(std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>,
+                "mma_m16n8k16: T must be __nv_bfloat16 or __half");
+#if VA_EMULATION
+  ::va::emu::mma_m16n8k16(std::is_same_v<T, __nv_bfloat16>, d, a, b, c, loc);
+#else
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n"
+        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]),
+          "f"(c[0]), "f"(c[1]), "f"(c[2]), "f"(c[3]));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n"
+        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]),
+          "f"(c[0]), "f"(c[1]), "f"(c[2]), "f"(c[3]));
+  }
+#endif
+}
+
+}  // namespace va::arch

@@ -1,0 +1,50 @@
+// A plain C interface to the emulator's host controls, for test harnesses
+// that load an emulation build through ctypes (tests/test_arch_emu.py).
+#include <cstdio>
+#include <exception>
+#include <string>
+
+#include "host.h"
+
+#define VA_EMU_C_API extern "C" __attribute__((visibility("default")))
+
+namespace {
+char g_err[1024];
+template <class F>
+const char* guarded(F&& f) {
+  try {
+    f();
+    return nullptr;
+  } catch (const std::exception& e) {
+    std::snprintf(g_err, sizeof(g_err), "%s", e.what());
+    return g_err;
+  }
+}
+}  // namespace
+
+VA_EMU_C_API void va_emu_register_global(const void* p, size_t bytes, const char* name) {
+  va::emu::register_global(p, bytes, name);
+}
+VA_EMU_C_API void va_emu_clear_globals() { va::emu::clear_globals(); }
+VA_EMU_C_API const char* va_emu_set_fault(const char* what, int nth) {
+  return guarded([&] { va::emu::set_fault(what, nth); });
+}
+VA_EMU_C_API long long va_emu_fault_hits() { return va::emu::fault_hits(); }
+VA_EMU_C_API const char* va_emu_set_schedule(const char* name, unsigned long long seed) {
+  return guarded([&] { va::emu::set_schedule(name, seed); });
+}
+VA_EMU_C_API const char* va_emu_set_cp_async_landing(const char* when) {
+  return guarded([&] { va::emu::set_cp_async_landing(when); });
+}
+VA_EMU_C_API const char* va_emu_set_num_workers(int n) {
+  return guarded([&] { va::emu::set_num_workers(n); });
+}
+VA_EMU_C_API void va_emu_set_smem_limit(size_t bytes) { va::emu::set_smem_limit(bytes); }
+// counters: launches, blocks, threads, block_syncs, warp_collectives, mma, cp_async_bytes
+VA_EMU_C_API void va_emu_stats(long long* out7) {
+  const va::emu::Stats s = va::emu::stats();
+  const long long v[7] = {s.launches, s.blocks, s.threads, s.block_syncs, s.warp_collectives, s.mma,
+                          s.cp_async_bytes};
+  for (int i = 0; i < 7; ++i) out7[i] = v[i];
+}
+VA_EMU_C_API void va_emu_reset_stats() { va::emu::reset_stats(); }

@@ -1,0 +1,101 @@
+// Emulator interface seen by the device API's emulated side (csrc/arch/*.cuh
+// with VA_EMULATION=1). Kernel sources never include this directly.
+//
+// Model: one OS thread runs a block; the block's CUDA threads are fibers that
+// run until they reach a sync point (block_sync or a warp collective) and then
+// yield. A warp collective completes when every lane of the warp has arrived:
+// each lane deposits pointers to its operands and results, and the last lane
+// to arrive computes the results of all lanes. The current fiber's identity
+// lives in a thread-local pointer that the scheduler sets before each switch,
+// which is what threadIdx, blockIdx, blockDim and gridDim read.
+#pragma once
+
+#if !VA_EMULATION
+#error "csrc/emu/device.h is only for the VA_EMULATION=1 host build"
+#endif
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <source_location>
+
+#include <vector_types.h>
+
+namespace va::emu {
+
+// What CUDA exposes to a running thread, plus its warp coordinates.
+struct ThreadCtx {
+  uint3 thread_idx;
+  uint3 block_idx;
+  dim3 block_dim;
+  dim3 grid_dim;
+  int linear_tid;  // threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)
+  int lane;        // linear_tid % 32
+  int warp;        // linear_tid / 32
+  unsigned char* smem;  // this block's dynamic shared memory
+  void* fiber;          // the emulator's per-thread state
+};
+
+// Set by the scheduler for the fiber it is about to run (per OS thread).
+extern thread_local ThreadCtx* tls_cur;
+inline const ThreadCtx& cur() { return *tls_cur; }
+
+// ---- block-level -------------------------------------------------------------
+void block_sync(std::source_location loc);
+void threadfence();
+int atomic_add(int* p, int v, std::source_location loc);
+inline void* smem_base() { return tls_cur->smem; }
+
+// ---- global memory (bounds- and alignment-checked against registered tensors)
+void ld_global(void* dst, const void* src, size_t bytes, std::source_location loc);
+void st_global(void* dst, const void* src, size_t bytes, std::source_location loc);
+
+// ---- cp.async: the source is read at issue, the bytes land in shared memory
+// only when a wait_group covering their commit group is executed -------------
+void cp_async_16(void* smem_dst, const void* gmem_src, bool valid, std::source_location loc);
+void cp_async_commit();
+void cp_async_wait(int n, std::source_location loc);
+
+// ---- warp collectives (full warp) --------------------------------------------
+void mma_m16n8k16(bool bf16, float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2],
+                  const float (&c)[4], std::source_location loc);
+void ldmatrix(int num_matrices, bool trans, uint32_t* r, const void* smem_row,
+              std::source_location loc);
+void shfl(bool xor_mode, uint32_t v, int arg, uint32_t* out, std::source_location loc);
+enum class VoteKind { kBallot, kAny, kAll };
+uint32_t vote(VoteKind kind, bool p, std::source_location loc);
+void warp_sync(std::source_location loc);
+
+}  // namespace va::emu
+
+// CUDA's built-in variables, per emulated thread.
+#define threadIdx (::va::emu::cur().thread_idx)
+#define blockIdx (::va::emu::cur().block_idx)
+#define blockDim (::va::emu::cur().block_dim)
+#define gridDim (::va::emu::cur().grid_dim)
+
+// Host versions of the CUDA device intrinsics a kernel may use for plain
+// arithmetic (bit casts, integer min/max, fast math). Hardware-specific
+// operations go through va::arch instead.
+inline float __int_as_float(int v) { float f; std::memcpy(&f, &v, 4); return f; }
+inline int __float_as_int(float f) { int v; std::memcpy(&v, &f, 4); return v; }
+inline float __uint_as_float(unsigned v) { float f; std::memcpy(&f, &v, 4); return f; }
+inline unsigned __float_as_uint(float f) { unsigned v; std::memcpy(&v, &f, 4); return v; }
+inline float __fdividef(float a, float b) { return a / b; }
+inline float __expf(float x) { return std::exp(x); }
+inline float __logf(float x) { return std::log(x); }
+inline float __log2f(float x) { return std::log2(x); }
+inline float __frcp_rn(float x) { return 1.0f / x; }
+inline float __saturatef(float x) { return x < 0.f ? 0.f : (x > 1.f ? 1.f : x); }
+inline int __popc(unsigned v) { return __builtin_popcount(v); }
+inline int __clz(int v) { return v == 0 ? 32 : __builtin_clz(static_cast<unsigned>(v)); }
+inline int __ffs(int v) { return __builtin_ffs(v); }
+inline int min(int a, int b) { return a < b ? a : b; }
+inline int max(int a, int b) { return a > b ? a : b; }
+inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }
+inline unsigned max(unsigned a, unsigned b) { return a > b ? a : b; }
+inline long long min(long long a, long long b) { return a < b ? a : b; }
+inline long long max(long long a, long long b) { return a > b ? a : b; }
+inline float min(float a, float b) { return std::fmin(a, b); }
+inline float max(float a, float b) { return std::fmax(a, b); }

@@ -1,0 +1,20 @@
+// The emulator's grid launcher, used by va::arch::launch in the host build.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+
+#include <vector_types.h>
+
+#include "host.h"
+
+namespace va::emu {
+
+// Runs body once per CUDA thread of every block of the grid on the CPU, with
+// threadIdx/blockIdx/blockDim/gridDim and dyn_smem_bytes of shared memory
+// (filled with 0xFF, i.e. NaN, at block start) per block. Returns when the
+// whole grid has run; throws std::runtime_error listing the errors found
+// (bounds, barriers, collectives), each with block, thread and source line.
+void run_grid(dim3 grid, dim3 block, size_t dyn_smem_bytes, const std::function<void()>& body);
+
+}  // namespace va::emu

@@ -1,0 +1,960 @@
+// The CPU SIMT emulator: grid launcher, block scheduler (threads as fibers),
+// block barriers, warp collectives and the strict memory checks.
+//
+// Strictness beyond the hardware (each finds a class of kernel bugs):
+//  - dynamic shared memory is filled with 0xFF (NaN for bf16/fp16/fp32) at
+//    block start, with a 0xFF red zone after it that must still be intact when
+//    the block ends;
+//  - cp.async reads its source at issue time but the bytes land only when a
+//    wait_group that covers their commit group runs (a missing wait reads NaN);
+//  - every global access, cp.async source and ldmatrix row is checked against
+//    the registered tensors / the block's shared memory, size and alignment;
+//  - a barrier or warp collective that some threads never reach (they exited,
+//    or they wait elsewhere) is reported as a deadlock with the source lines,
+//    and lanes of one warp in different collectives, or threads of a block at
+//    different block_sync calls, are reported as divergence.
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cinttypes>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <exception>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#if !defined(VA_EMULATION)
+#define VA_EMULATION 1
+#endif
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <vector_functions.h>
+
+#include "device.h"
+#include "fiber.h"
+#include "host.h"
+#include "launch.h"
+
+namespace va::emu {
+
+thread_local ThreadCtx* tls_cur = nullptr;
+
+namespace {
+
+constexpr size_t kRedZoneBytes = 256;
+constexpr size_t kStackPoisonBytes = 16 * 1024;
+constexpr int kMaxStoredErrors = 12;
+constexpr int kMaxThreadsPerBlock = 1024;
+
+// ---------------------------------------------------------------------------
+// settings (written between launches, read during them)
+
+struct Range {
+  uintptr_t lo;
+  uintptr_t hi;
+  std::string name;
+};
+
+enum class FaultKind { kNone, kSkipBlockSync, kSkipCpAsyncWait };
+enum class Schedule { kForward, kReverse, kRandom, kWarpAhead, kWarpAheadReverse };
+
+struct Settings {
+  std::vector<Range> globals;
+  FaultKind fault = FaultKind::kNone;
+  int fault_nth = -1;
+  Schedule schedule = Schedule::kForward;
+  uint64_t seed = 0;
+  int workers = 0;
+  bool cp_async_at_issue = false;  // land cp.async copies when issued instead of at the wait
+  size_t smem_limit = 227 * 1024;
+  size_t stack_bytes = 256 * 1024;
+};
+
+Settings& settings() {
+  static Settings s = [] {
+    Settings d;
+    if (const char* w = std::getenv("VA_EMU_WORKERS")) d.workers = std::atoi(w);
+    if (const char* k = std::getenv("VA_EMU_STACK_KB")) d.stack_bytes = size_t(std::atoi(k)) * 1024;
+    if (const char* cp = std::getenv("VA_EMU_CP_ASYNC")) d.cp_async_at_issue = std::string(cp) == "issue";
+    if (const char* sch = std::getenv("VA_EMU_SCHEDULE")) {
+      const std::string v = sch;
+      if (v == "reverse") d.schedule = Schedule::kReverse;
+      if (v == "random") d.schedule = Schedule::kRandom;
+      if (v == "warp-ahead") d.schedule = Schedule::kWarpAhead;
+      if (v == "warp-ahead-reverse") d.schedule = Schedule::kWarpAheadReverse;
+    }
+    return d;
+  }();
+  return s;
+}
+
+std::atomic<long long> g_fault_hits{0};
+std::mutex g_stats_mu;
+Stats g_stats;
+std::mutex g_launch_mu;  // one emulated launch at a time
+
+// ---------------------------------------------------------------------------
+// per-launch state
+
+struct LaunchState {
+  const std::function<void()>* body = nullptr;
+  dim3 grid, block;
+  size_t smem_bytes = 0;
+  std::mutex mu;
+  std::vector<std::string> errors;  // first kMaxStoredErrors messages
+  std::atomic<long long> error_count{0};
+  std::atomic<bool> stop{false};
+};
+LaunchState* g_launch = nullptr;
+
+// ---------------------------------------------------------------------------
+// threads, warps, blocks
+
+struct Block;
+struct Warp;
+
+enum class WaitKind { kNone, kBarrier, kWarp };
+
+struct PendingCopy {
+  unsigned char* dst;
+  unsigned char data[16];
+};
+
+struct Fiber {
+  Context ctx;
+  ThreadCtx tc{};
+  Block* block = nullptr;
+  bool done = false;
+  WaitKind wait = WaitKind::kNone;
+  std::source_location wait_loc;
+  std::vector<PendingCopy> open_group;                 // issued, not yet committed
+  std::deque<std::vector<PendingCopy>> committed;      // oldest first
+  int block_sync_calls = 0;
+  int cp_async_wait_calls = 0;
+};
+
+// A warp collective kind; identity is the object's address.
+struct WarpOp {
+  const char* name;
+  void (*fn)(Warp& w);
+};
+
+struct Warp {
+  Block* block = nullptr;
+  int index = 0;
+  int first_tid = 0;
+  int nlanes = 0;
+  int arrived = 0;
+  const WarpOp* op = nullptr;
+  std::source_location op_loc;
+  void* args[32] = {};
+};
+
+struct Block {
+  uint3 idx{};
+  int nthreads = 0;
+  int live = 0;
+  unsigned char* smem = nullptr;
+  size_t smem_bytes = 0;
+  Fiber* fibers = nullptr;
+  std::vector<Warp> warps;
+  int barrier_arrived = 0;
+  std::source_location barrier_loc;
+  bool abort = false;
+  Context sched;
+  // counters merged into the global Stats at the end of the launch
+  long long syncs = 0, collectives = 0, mmas = 0, cp_bytes = 0;
+};
+
+Fiber* cur_fiber() { return static_cast<Fiber*>(tls_cur->fiber); }
+
+// ---------------------------------------------------------------------------
+// error reporting
+
+std::string where(std::source_location loc) {
+  if (loc.line() == 0) return "";
+  std::string f = loc.file_name();
+  const size_t k = f.rfind("csrc/");
+  if (k != std::string::npos) f = f.substr(k);
+  return " at " + f + ":" + std::to_string(loc.line());
+}
+
+std::string who(const Block& b, const Fiber* f) {
+  char buf[160];
+  if (f == nullptr) {
+    std::snprintf(buf, sizeof(buf), "block (%u,%u,%u)", b.idx.x, b.idx.y, b.idx.z);
+  } else {
+    std::snprintf(buf, sizeof(buf), "block (%u,%u,%u) thread (%u,%u,%u) [warp %d lane %d]", b.idx.x,
+                  b.idx.y, b.idx.z, f->tc.thread_idx.x, f->tc.thread_idx.y, f->tc.thread_idx.z,
+                  f->tc.warp, f->tc.lane);
+  }
+  return buf;
+}
+
+void report(const Block& b, const Fiber* f, const std::string& what, std::source_location loc) {
+  LaunchState& st = *g_launch;
+  const long long n = st.error_count.fetch_add(1);
+  st.stop = true;  // start no further blocks
+  if (n >= kMaxStoredErrors) return;
+  std::lock_guard<std::mutex> lk(st.mu);
+  st.errors.push_back(who(b, f) + ": " + what + where(loc));
+}
+
+void yield(Fiber* f) { switch_context(f->ctx, f->block->sched); }
+
+// Reports and abandons the whole block: the fiber never resumes.
+[[noreturn]] void fatal(Fiber* f, const std::string& what, std::source_location loc) {
+  report(*f->block, f, what, loc);
+  f->block->abort = true;
+  yield(f);
+  std::abort();  // unreachable: an aborted block's fibers are never resumed
+}
+
+std::string hexaddr(const void* p) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "0x%" PRIxPTR, reinterpret_cast<uintptr_t>(p));
+  return buf;
+}
+
+// ---------------------------------------------------------------------------
+// memory checks
+
+size_t natural_alignment(size_t bytes) {
+  size_t a = bytes & (~bytes + 1);  // lowest set bit
+  return a > 16 ? 16 : (a == 0 ? 1 : a);
+}
+
+bool check_global(Fiber* f, const void* p, size_t bytes, const char* what, std::source_location loc) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  const size_t align = natural_alignment(bytes);
+  if (a % align != 0) {
+    report(*f->block, f, std::string(what) + " of " + std::to_string(bytes) + " bytes at " + hexaddr(p) +
+                             " is not " + std::to_string(align) + "-byte aligned",
+           loc);
+    return false;
+  }
+  const Range* nearest = nullptr;
+  uintptr_t best = UINTPTR_MAX;
+  for (const Range& r : settings().globals) {
+    if (a >= r.lo && a + bytes <= r.hi) return true;
+    const uintptr_t d = a < r.lo ? r.lo - a : (a >= r.hi ? a - r.hi : 0);
+    if (d < best) {
+      best = d;
+      nearest = &r;
+    }
+  }
+  std::string msg = std::string(what) + " of " + std::to_string(bytes) + " bytes at " + hexaddr(p) +
+                    " is outside every registered tensor";
+  if (nearest != nullptr) {
+    const long long off = static_cast<long long>(a) - static_cast<long long>(nearest->lo);
+    msg += " (nearest: '" + nearest->name + "' of " + std::to_string(nearest->hi - nearest->lo) +
+           " bytes, access at byte offset " + std::to_string(off) + ")";
+  } else {
+    msg += " (none registered)";
+  }
+  report(*f->block, f, msg, loc);
+  return false;
+}
+
+bool check_smem(Fiber* f, const void* p, size_t bytes, const char* what, std::source_location loc) {
+  const Block& b = *f->block;
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  const auto lo = reinterpret_cast<uintptr_t>(b.smem);
+  if (a % 16 != 0) {
+    report(b, f, std::string(what) + " shared address " + hexaddr(p) + " is not 16-byte aligned", loc);
+    return false;
+  }
+  if (a < lo || a + bytes > lo + b.smem_bytes) {
+    report(b, f,
+           std::string(what) + " at shared offset " +
+               std::to_string(static_cast<long long>(a) - static_cast<long long>(lo)) + " (+" +
+               std::to_string(bytes) + " bytes) is outside the block's " + std::to_string(b.smem_bytes) +
+               " bytes of dynamic shared memory",
+           loc);
+    return false;
+  }
+  return true;
+}
+
+// ---------------------------------------------------------------------------
+// warp collectives
+
+void collective(const WarpOp* op, void* args, std::source_location loc) {
+  Fiber* f = cur_fiber();
+  Block& b = *f->block;
+  Warp& w = b.warps[f->tc.warp];
+  if (w.nlanes != 32) {
+    fatal(f, std::string(op->name) + ": full-warp collective in a partial warp of " +
+                 std::to_string(w.nlanes) + " threads (blockDim must be a multiple of 32)",
+          loc);
+  }
+  if (w.arrived == 0) {
+    w.op = op;
+    w.op_loc = loc;
+  } else if (w.op != op) {
+    fatal(f, std::string("warp divergence: this lane calls ") + op->name + " while other lanes of its warp wait in " +
+                 w.op->name + where(w.op_loc),
+          loc);
+  }
+  w.args[f->tc.lane] = args;
+  if (++w.arrived == w.nlanes) {
+    op->fn(w);
+    w.arrived = 0;
+    w.op = nullptr;
+    for (int i = 0; i < w.nlanes; ++i) b.fibers[w.first_tid + i].wait = WaitKind::kNone;
+    ++b.collectives;
+    return;
+  }
+  f->wait = WaitKind::kWarp;
+  f->wait_loc = loc;
+  yield(f);
+}
+
+// mma.m16n8k16 fragment maps (PTX ISA, "Matrix Fragments for mma.m16n8k16
+// with floating point type"): groupID = lane >> 2, tig = lane % 4.
+struct MmaArgs {
+  const uint32_t* a;
+  const uint32_t* b;
+  const float* c;
+  float* d;
+};
+
+template <bool kBf16>
+float half_bits_to_float(uint16_t h) {
+  if constexpr (kBf16) return __bfloat162float(__ushort_as_bfloat16(h));
+  else return __half2float(__ushort_as_half(h));
+}
+
+template <bool kBf16>
+void mma_fn(Warp& w) {
+  float A[16][16], B[16][8], C[16][8];
+  for (int l = 0; l < 32; ++l) {
+    const auto* x = static_cast<const MmaArgs*>(w.args[l]);
+    const int g = l >> 2, t = l & 3;
+    for (int r = 0; r < 4; ++r) {
+      for (int h = 0; h < 2; ++h) {
+        A[g + 8 * (r & 1)][2 * t + h + 8 * (r >> 1)] =
+            half_bits_to_float<kBf16>(static_cast<uint16_t>(x->a[r] >> (16 * h)));
+      }
+    }
+    for (int r = 0; r < 2; ++r) {
+      for (int h = 0; h < 2; ++h) {
+        B[2 * t + h + 8 * r][g] = half_bits_to_float<kBf16>(static_cast<uint16_t>(x->b[r] >> (16 * h)));
+      }
+    }
+    for (int i = 0; i < 4; ++i) C[g + 8 * (i >> 1)][2 * t + (i & 1)] = x->c[i];
+  }
+  // Products of 16-bit values are exact in fp32; the sum is formed in double
+  // and rounded once (the hardware's internal accumulation order is not
+  // specified; this is the exact result rounded to fp32).
+  float D[16][8];
+  for (int m = 0; m < 16; ++m) {
+    for (int n = 0; n < 8; ++n) {
+      double s = C[m][n];
+      for (int k = 0; k < 16; ++k) s += static_cast<double>(A[m][k]) * static_cast<double>(B[k][n]);
+      D[m][n] = static_cast<float>(s);
+    }
+  }
+  for (int l = 0; l < 32; ++l) {
+    auto* x = static_cast<MmaArgs*>(w.args[l]);
+    const int g = l >> 2, t = l & 3;
+    for (int i = 0; i < 4; ++i) x->d[i] = D[g + 8 * (i >> 1)][2 * t + (i & 1)];
+  }
+  ++w.block->mmas;
+}
+const WarpOp kMmaBf16{"mma.m16n8k16.bf16", mma_fn<true>};
+const WarpOp kMmaF16{"mma.m16n8k16.f16", mma_fn<false>};
+
+// ldmatrix.m8n8.x{1,2,4}{,.trans}.b16 (PTX ISA, "ldmatrix"): lane 8j+i gives
+// row i of matrix j; lane l receives in r[j] elements (l/4, 2(l%4)+{0,1}) of
+// matrix j, or with .trans elements (2(l%4)+{0,1}, l/4).
+struct LdmArgs {
+  uint32_t* r;
+  const void* row;
+  std::source_location loc;
+};
+
+template <int kNum, bool kTrans>
+void ldmatrix_fn(Warp& w) {
+  uint16_t M[4][8][8];
+  for (int j = 0; j < kNum; ++j) {
+    for (int i = 0; i < 8; ++i) {
+      const int l = 8 * j + i;
+      const auto* x = static_cast<const LdmArgs*>(w.args[l]);
+      Fiber* lf = &w.block->fibers[w.first_tid + l];
+      if (check_smem(lf, x->row, 16, "ldmatrix row", x->loc)) std::memcpy(M[j][i], x->row, 16);
+      else std::memset(M[j][i], 0xFF, 16);
+    }
+  }
+  for (int l = 0; l < 32; ++l) {
+    auto* x = static_cast<LdmArgs*>(w.args[l]);
+    const int q = l >> 2, p = 2 * (l & 3);
+    for (int j = 0; j < kNum; ++j) {
+      const uint16_t lo = kTrans ? M[j][p][q] : M[j][q][p];
+      const uint16_t hi = kTrans ? M[j][p + 1][q] : M[j][q][p + 1];
+      x->r[j] = static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
+    }
+  }
+}
+const WarpOp kLdm[2][3] = {
+    {{"ldmatrix.x1", ldmatrix_fn<1, false>}, {"ldmatrix.x2", ldmatrix_fn<2, false>},
+     {"ldmatrix.x4", ldmatrix_fn<4, false>}},
+    {{"ldmatrix.x1.trans", ldmatrix_fn<1, true>}, {"ldmatrix.x2.trans", ldmatrix_fn<2, true>},
+     {"ldmatrix.x4.trans", ldmatrix_fn<4, true>}},
+};
+
+// shfl.sync.{bfly,idx}.b32 with c = 0x1f (CUDA's width 32): only b[4:0] is
+// used, so the source lane is lane ^ (b & 31) or b & 31, always in the warp.
+struct ShflArgs {
+  uint32_t v;
+  int arg;
+  uint32_t* out;
+};
+template <bool kXor>
+void shfl_fn(Warp& w) {
+  uint32_t v[32];
+  for (int l = 0; l < 32; ++l) v[l] = static_cast<const ShflArgs*>(w.args[l])->v;
+  for (int l = 0; l < 32; ++l) {
+    auto* x = static_cast<ShflArgs*>(w.args[l]);
+    const int b = x->arg & 31;
+    *x->out = v[kXor ? (l ^ b) : b];
+  }
+}
+const WarpOp kShflXor{"shfl.bfly", shfl_fn<true>};
+const WarpOp kShflIdx{"shfl.idx", shfl_fn<false>};
+
+struct VoteArgs {
+  bool p;
+  uint32_t* out;
+};
+template <VoteKind kKind>
+void vote_fn(Warp& w) {
+  uint32_t ballot = 0;
+  for (int l = 0; l < 32; ++l) {
+    if (static_cast<const VoteArgs*>(w.args[l])->p) ballot |= 1u << l;
+  }
+  uint32_t r = ballot;
+  if (kKind == VoteKind::kAny) r = ballot != 0u;
+  if (kKind == VoteKind::kAll) r = ballot == 0xffffffffu;
+  for (int l = 0; l < 32; ++l) *static_cast<VoteArgs*>(w.args[l])->out = r;
+}
+const WarpOp kBallot{"vote.ballot", vote_fn<VoteKind::kBallot>};
+const WarpOp kAny{"vote.any", vote_fn<VoteKind::kAny>};
+const WarpOp kAll{"vote.all", vote_fn<VoteKind::kAll>};
+
+void nothing_fn(Warp&) {}
+const WarpOp kWarpSync{"warp_sync", nothing_fn};
+
+// ---------------------------------------------------------------------------
+// scheduler
+
+void fiber_entry(void* arg) {
+  auto* f = static_cast<Fiber*>(arg);
+  try {
+    (*g_launch->body)();
+  } catch (const std::exception& e) {
+    report(*f->block, f, std::string("exception in kernel: ") + e.what(), std::source_location());
+    f->block->abort = true;
+  } catch (...) {
+    report(*f->block, f, "unknown exception in kernel", std::source_location());
+    f->block->abort = true;
+  }
+  // Copies never waited for are dropped: nothing may read them after exit.
+  f->done = true;
+  --f->block->live;
+  yield(f);
+  std::abort();  // a finished fiber is never resumed
+}
+
+// What each unfinished thread is stuck on, grouped, for the deadlock report.
+std::string describe_stuck(const Block& b) {
+  std::map<std::string, int> groups;
+  int exited = 0;
+  for (int t = 0; t < b.nthreads; ++t) {
+    const Fiber& f = b.fibers[t];
+    if (f.done) {
+      ++exited;
+      continue;
+    }
+    std::string k;
+    if (f.wait == WaitKind::kBarrier) k = "block_sync" + where(f.wait_loc);
+    else if (f.wait == WaitKind::kWarp)
+      k = "warp " + std::to_string(f.tc.warp) + " in " + b.warps[f.tc.warp].op->name + where(f.wait_loc);
+    else k = "running";
+    ++groups[k];
+  }
+  std::string s;
+  for (const auto& [k, n] : groups) s += std::to_string(n) + " thread(s) wait at " + k + "; ";
+  s += std::to_string(exited) + " of " + std::to_string(b.nthreads) + " thread(s) exited";
+  return s;
+}
+
+// ---------------------------------------------------------------------------
+// crash report: a wild pointer in kernel code (raw shared-memory indexing past
+// the red zone, a fiber stack overflow into its guard page) kills the process;
+// say which emulated thread did it first, then let the previous handler (e.g.
+// Python's faulthandler) or the default action run.
+
+struct sigaction g_prev_segv, g_prev_bus;
+
+void crash_handler(int sig, siginfo_t* info, void* uctx) {
+  if (const ThreadCtx* c = tls_cur) {
+    char buf[320];
+    const auto* f = static_cast<const Fiber*>(c->fiber);
+    const int n = std::snprintf(
+        buf, sizeof(buf),
+        "\nva::emu: %s in an emulated kernel at address %p: block (%u,%u,%u) thread (%u,%u,%u) [warp %d lane %d];"
+        " block shared memory is [%p, +%zu)\n",
+        sig == SIGSEGV ? "SIGSEGV" : "SIGBUS", info->si_addr, c->block_idx.x, c->block_idx.y, c->block_idx.z,
+        c->thread_idx.x, c->thread_idx.y, c->thread_idx.z, c->warp, c->lane, static_cast<void*>(c->smem),
+        f != nullptr && f->block != nullptr ? f->block->smem_bytes : size_t(0));
+    if (n > 0) (void)!write(2, buf, static_cast<size_t>(n));
+  }
+  const struct sigaction& prev = sig == SIGSEGV ? g_prev_segv : g_prev_bus;
+  if ((prev.sa_flags & SA_SIGINFO) && prev.sa_sigaction != nullptr) {
+    prev.sa_sigaction(sig, info, uctx);
+  } else if (prev.sa_handler != SIG_IGN && prev.sa_handler != SIG_DFL && prev.sa_handler != nullptr) {
+    prev.sa_handler(sig);
+  }
+  signal(sig, SIG_DFL);  // re-raised when the faulting instruction runs again
+}
+
+void install_crash_handler() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction sa {};
+    sa.sa_sigaction = crash_handler;
+    sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGSEGV, &sa, &g_prev_segv);
+    sigaction(SIGBUS, &sa, &g_prev_bus);
+  });
+  // An alternate signal stack per OS thread: a fiber stack overflow leaves no
+  // room on the faulting stack to run the handler.
+  thread_local std::unique_ptr<char[]> alt;
+  if (!alt) {
+    constexpr size_t kAlt = 64 * 1024;
+    alt.reset(new char[kAlt]);
+    stack_t ss{};
+    ss.ss_sp = alt.get();
+    ss.ss_size = kAlt;
+    sigaltstack(&ss, nullptr);
+  }
+}
+
+class Worker {
+ public:
+  void run_block(long long linear, const LaunchState& st) {
+    const Settings& cfg = settings();
+    const dim3 g = st.grid, bd = st.block;
+    const int nthreads = static_cast<int>(bd.x * bd.y * bd.z);
+    Block b;
+    b.idx = make_uint3(static_cast<unsigned>(linear % g.x), static_cast<unsigned>((linear / g.x) % g.y),
+                       static_cast<unsigned>(linear / (static_cast<long long>(g.x) * g.y)));
+    b.nthreads = nthreads;
+    b.live = nthreads;
+    b.smem_bytes = st.smem_bytes;
+    b.smem = smem_for(st.smem_bytes);
+    std::memset(b.smem, 0xFF, st.smem_bytes + kRedZoneBytes);
+
+    while (stacks_.size() < static_cast<size_t>(nthreads)) {
+      stacks_.push_back(std::make_unique<Stack>(cfg.stack_bytes));
+    }
+    fibers_.clear();
+    fibers_.resize(nthreads);
+    b.fibers = fibers_.data();
+    const int nwarps = (nthreads + 31) / 32;
+    b.warps.resize(nwarps);
+    for (int w = 0; w < nwarps; ++w) {
+      b.warps[w].block = &b;
+      b.warps[w].index = w;
+      b.warps[w].first_tid = 32 * w;
+      b.warps[w].nlanes = std::min(32, nthreads - 32 * w);
+    }
+    for (int t = 0; t < nthreads; ++t) {
+      Fiber& f = fibers_[t];
+      f.block = &b;
+      f.tc.thread_idx = make_uint3(t % bd.x, (t / bd.x) % bd.y, t / (bd.x * bd.y));
+      f.tc.block_idx = b.idx;
+      f.tc.block_dim = bd;
+      f.tc.grid_dim = g;
+      f.tc.linear_tid = t;
+      f.tc.lane = t % 32;
+      f.tc.warp = t / 32;
+      f.tc.smem = b.smem;
+      f.tc.fiber = &f;
+      // The stack is reused from earlier blocks: poison its top (where the
+      // kernel's frames live) so an uninitialised local reads NaN / -1 the same
+      // way every run instead of a previous thread's leftovers.
+      const size_t poison = std::min(kStackPoisonBytes, stacks_[t]->size());
+      std::memset(static_cast<char*>(stacks_[t]->base()) + stacks_[t]->size() - poison, 0xFF, poison);
+      make_context(f.ctx, stacks_[t]->base(), stacks_[t]->size(), fiber_entry, &f);
+    }
+
+    // forward / reverse / random: each pass resumes every runnable thread once,
+    // so warps advance roughly one collective per pass, in lockstep.
+    // warp-ahead(-reverse): a warp runs until all its threads wait at a block
+    // barrier (or exit) before the next warp moves, so the first (last) warp
+    // runs as far ahead of the others as the barriers allow; a missing barrier
+    // then lets it read data the others have not produced yet, or overwrite
+    // data they have not consumed.
+    const bool ahead = cfg.schedule == Schedule::kWarpAhead || cfg.schedule == Schedule::kWarpAheadReverse;
+    const bool rev = cfg.schedule == Schedule::kReverse || cfg.schedule == Schedule::kWarpAheadReverse;
+    std::vector<int> order(nthreads);
+    for (int t = 0; t < nthreads; ++t) order[t] = rev ? nthreads - 1 - t : t;
+    std::mt19937_64 rng(cfg.seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(linear));
+    auto resume = [&](Fiber& f) {
+      tls_cur = &f.tc;
+      switch_context(b.sched, f.ctx);
+      tls_cur = nullptr;
+    };
+    while (b.live > 0 && !b.abort) {
+      if (cfg.schedule == Schedule::kRandom) std::shuffle(order.begin(), order.end(), rng);
+      bool progress = false;
+      if (ahead) {
+        for (int wi = 0; wi < nwarps && !b.abort; ++wi) {
+          const Warp& w = b.warps[rev ? nwarps - 1 - wi : wi];
+          for (bool ran = true; ran && !b.abort;) {
+            ran = false;
+            for (int i = 0; i < w.nlanes && !b.abort; ++i) {
+              Fiber& f = fibers_[w.first_tid + i];
+              if (f.done || f.wait != WaitKind::kNone) continue;
+              resume(f);
+              ran = progress = true;
+            }
+          }
+        }
+      } else {
+        for (int t : order) {
+          Fiber& f = fibers_[t];
+          if (f.done || f.wait != WaitKind::kNone) continue;
+          resume(f);
+          progress = true;
+          if (b.abort) break;
+        }
+      }
+      if (!progress && !b.abort) {
+        report(b, nullptr, "deadlock: " + describe_stuck(b), std::source_location());
+        b.abort = true;
+      }
+    }
+    if (!b.abort) check_red_zone(b);
+    blocks_ += 1;
+    threads_ += nthreads;
+    syncs_ += b.syncs;
+    collectives_ += b.collectives;
+    mmas_ += b.mmas;
+    cp_bytes_ += b.cp_bytes;
+  }
+
+  void merge_stats(Stats& s) const {
+    s.blocks += blocks_;
+    s.threads += threads_;
+    s.block_syncs += syncs_;
+    s.warp_collectives += collectives_;
+    s.mma += mmas_;
+    s.cp_async_bytes += cp_bytes_;
+  }
+
+ private:
+  unsigned char* smem_for(size_t bytes) {
+    const size_t need = bytes + kRedZoneBytes;
+    if (need > smem_cap_) {
+      smem_.reset(static_cast<unsigned char*>(std::aligned_alloc(128, (need + 127) / 128 * 128)));
+      if (!smem_) throw std::bad_alloc();
+      smem_cap_ = need;
+    }
+    return smem_.get();
+  }
+
+  void check_red_zone(const Block& b) {
+    for (size_t i = 0; i < kRedZoneBytes; ++i) {
+      if (b.smem[b.smem_bytes + i] != 0xFF) {
+        report(b, nullptr,
+               "shared memory written past the launch's " + std::to_string(b.smem_bytes) +
+                   " bytes of dynamic shared memory (first changed byte at offset " +
+                   std::to_string(b.smem_bytes + i) + ")",
+               std::source_location());
+        return;
+      }
+    }
+  }
+
+  struct FreeDeleter {
+    void operator()(unsigned char* p) const { std::free(p); }
+  };
+  std::vector<std::unique_ptr<Stack>> stacks_;
+  std::vector<Fiber> fibers_;
+  std::unique_ptr<unsigned char, FreeDeleter> smem_;
+  size_t smem_cap_ = 0;
+  long long blocks_ = 0, threads_ = 0, syncs_ = 0, collectives_ = 0, mmas_ = 0, cp_bytes_ = 0;
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// device-side entry points
+
+void block_sync(std::source_location loc) {
+  Fiber* f = cur_fiber();
+  Block& b = *f->block;
+  const int k = f->block_sync_calls++;
+  const Settings& cfg = settings();
+  if (cfg.fault == FaultKind::kSkipBlockSync && (cfg.fault_nth < 0 || cfg.fault_nth == k)) {
+    ++g_fault_hits;
+    return;
+  }
+  if (b.barrier_arrived == 0) {
+    b.barrier_loc = loc;
+  } else if (b.barrier_loc.line() != loc.line() ||
+             std::strcmp(b.barrier_loc.file_name(), loc.file_name()) != 0) {
+    fatal(f, "divergent block_sync: other threads wait at block_sync" + where(b.barrier_loc), loc);
+  }
+  if (++b.barrier_arrived == b.nthreads) {
+    b.barrier_arrived = 0;
+    for (int t = 0; t < b.nthreads; ++t) {
+      if (b.fibers[t].wait == WaitKind::kBarrier) b.fibers[t].wait = WaitKind::kNone;
+    }
+    ++b.syncs;
+    return;
+  }
+  f->wait = WaitKind::kBarrier;
+  f->wait_loc = loc;
+  yield(f);
+}
+
+void threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+
+int atomic_add(int* p, int v, std::source_location loc) {
+  Fiber* f = cur_fiber();
+  if (!check_global(f, p, sizeof(int), "atomic_add", loc)) return 0;
+  return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST);
+}
+
+void ld_global(void* dst, const void* src, size_t bytes, std::source_location loc) {
+  if (check_global(cur_fiber(), src, bytes, "ld_global", loc)) std::memcpy(dst, src, bytes);
+  else std::memset(dst, 0xFF, bytes);
+}
+
+void st_global(void* dst, const void* src, size_t bytes, std::source_location loc) {
+  if (check_global(cur_fiber(), dst, bytes, "st_global", loc)) std::memcpy(dst, src, bytes);
+}
+
+void cp_async_16(void* smem_dst, const void* gmem_src, bool valid, std::source_location loc) {
+  Fiber* f = cur_fiber();
+  if (!check_smem(f, smem_dst, 16, "cp.async destination", loc)) return;
+  PendingCopy c;
+  c.dst = static_cast<unsigned char*>(smem_dst);
+  if (!valid) std::memset(c.data, 0, 16);
+  else if (check_global(f, gmem_src, 16, "cp.async source", loc)) std::memcpy(c.data, gmem_src, 16);
+  else std::memset(c.data, 0xFF, 16);
+  if (settings().cp_async_at_issue) {
+    // the earliest moment the hardware may write the destination: exposes a
+    // buffer overwritten while other threads still read it (a missing barrier
+    // before reusing a pipeline stage)
+    std::memcpy(c.dst, c.data, 16);
+    f->block->cp_bytes += 16;
+    return;
+  }
+  f->open_group.push_back(c);
+}
+
+void cp_async_commit() {
+  Fiber* f = cur_fiber();
+  f->committed.push_back(std::move(f->open_group));
+  f->open_group.clear();
+}
+
+void cp_async_wait(int n, std::source_location) {
+  Fiber* f = cur_fiber();
+  const int k = f->cp_async_wait_calls++;
+  const Settings& cfg = settings();
+  if (cfg.fault == FaultKind::kSkipCpAsyncWait && (cfg.fault_nth < 0 || cfg.fault_nth == k)) {
+    ++g_fault_hits;
+    return;
+  }
+  while (f->committed.size() > static_cast<size_t>(n)) {
+    for (const PendingCopy& c : f->committed.front()) std::memcpy(c.dst, c.data, 16);
+    f->block->cp_bytes += 16 * static_cast<long long>(f->committed.front().size());
+    f->committed.pop_front();
+  }
+}
+
+void mma_m16n8k16(bool bf16, float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2],
+                  const float (&c)[4], std::source_location loc) {
+  MmaArgs args{a, b, c, d};
+  collective(bf16 ? &kMmaBf16 : &kMmaF16, &args, loc);
+}
+
+void ldmatrix(int num_matrices, bool trans, uint32_t* r, const void* smem_row, std::source_location loc) {
+  LdmArgs args{r, smem_row, loc};
+  const int k = num_matrices == 1 ? 0 : (num_matrices == 2 ? 1 : 2);
+  collective(&kLdm[trans ? 1 : 0][k], &args, loc);
+}
+
+void shfl(bool xor_mode, uint32_t v, int arg, uint32_t* out, std::source_location loc) {
+  ShflArgs args{v, arg, out};
+  collective(xor_mode ? &kShflXor : &kShflIdx, &args, loc);
+}
+
+uint32_t vote(VoteKind kind, bool p, std::source_location loc) {
+  uint32_t out = 0;
+  VoteArgs args{p, &out};
+  collective(kind == VoteKind::kBallot ? &kBallot : (kind == VoteKind::kAny ? &kAny : &kAll), &args, loc);
+  return out;
+}
+
+void warp_sync(std::source_location loc) { collective(&kWarpSync, nullptr, loc); }
+
+// ---------------------------------------------------------------------------
+// host controls
+
+void register_global(const void* p, size_t bytes, const char* name) {
+  const auto lo = reinterpret_cast<uintptr_t>(p);
+  settings().globals.push_back({lo, lo + bytes, name ? name : "?"});
+}
+
+void clear_globals() { settings().globals.clear(); }
+
+void set_fault(const char* what, int nth) {
+  const std::string w = what ? what : "";
+  Settings& s = settings();
+  if (w == "skip_block_sync") s.fault = FaultKind::kSkipBlockSync;
+  else if (w == "skip_cp_async_wait") s.fault = FaultKind::kSkipCpAsyncWait;
+  else if (w == "none" || w.empty()) s.fault = FaultKind::kNone;
+  else throw std::invalid_argument("va::emu::set_fault: unknown fault '" + w +
+                                   "' (known: skip_block_sync, skip_cp_async_wait, none)");
+  s.fault_nth = nth;
+  g_fault_hits = 0;
+}
+
+void clear_faults() { set_fault("none", -1); }
+long long fault_hits() { return g_fault_hits.load(); }
+
+void set_schedule(const char* name, uint64_t seed) {
+  const std::string n = name ? name : "";
+  Settings& s = settings();
+  if (n == "forward") s.schedule = Schedule::kForward;
+  else if (n == "reverse") s.schedule = Schedule::kReverse;
+  else if (n == "random") s.schedule = Schedule::kRandom;
+  else if (n == "warp-ahead") s.schedule = Schedule::kWarpAhead;
+  else if (n == "warp-ahead-reverse") s.schedule = Schedule::kWarpAheadReverse;
+  else throw std::invalid_argument("va::emu::set_schedule: unknown schedule '" + n +
+                                   "' (known: forward, reverse, random, warp-ahead, warp-ahead-reverse)");
+  s.seed = seed;
+}
+
+void set_cp_async_landing(const char* when) {
+  const std::string w = when ? when : "";
+  if (w == "wait") settings().cp_async_at_issue = false;
+  else if (w == "issue") settings().cp_async_at_issue = true;
+  else throw std::invalid_argument("va::emu::set_cp_async_landing: '" + w + "' (known: wait, issue)");
+}
+
+void set_num_workers(int n) {
+  if (n < 0) throw std::invalid_argument("va::emu::set_num_workers: n must be >= 0");
+  settings().workers = n;
+}
+
+void set_smem_limit(size_t bytes) { settings().smem_limit = bytes; }
+
+Stats stats() {
+  std::lock_guard<std::mutex> lk(g_stats_mu);
+  return g_stats;
+}
+
+void reset_stats() {
+  std::lock_guard<std::mutex> lk(g_stats_mu);
+  g_stats = Stats{};
+}
+
+std::string describe_settings() {
+  const Settings& s = settings();
+  static const char* kSched[] = {"forward", "reverse", "random", "warp-ahead", "warp-ahead-reverse"};
+  static const char* kFault[] = {"none", "skip_block_sync", "skip_cp_async_wait"};
+  return std::string("schedule=") + kSched[static_cast<int>(s.schedule)] + " seed=" + std::to_string(s.seed) +
+         " workers=" + std::to_string(s.workers) + " smem_limit=" + std::to_string(s.smem_limit) +
+         " cp_async=" + (s.cp_async_at_issue ? "issue" : "wait") + " fault=" + kFault[static_cast<int>(s.fault)] + " nth=" + std::to_string(s.fault_nth) +
+         " globals=" + std::to_string(s.globals.size());
+}
+
+// ---------------------------------------------------------------------------
+// launcher
+
+void run_grid(dim3 grid, dim3 block, size_t dyn_smem_bytes, const std::function<void()>& body) {
+  const long long nthreads = static_cast<long long>(block.x) * block.y * block.z;
+  if (nthreads < 1 || nthreads > kMaxThreadsPerBlock) {
+    throw std::runtime_error("va::emu::run_grid: block of " + std::to_string(block.x) + "x" +
+                             std::to_string(block.y) + "x" + std::to_string(block.z) +
+                             " threads; CUDA allows 1 to 1024");
+  }
+  if (dyn_smem_bytes > settings().smem_limit) {
+    throw std::runtime_error("va::emu::run_grid: " + std::to_string(dyn_smem_bytes) +
+                             " bytes of dynamic shared memory exceed the limit of " +
+                             std::to_string(settings().smem_limit));
+  }
+  const long long nblocks = static_cast<long long>(grid.x) * grid.y * grid.z;
+  if (nblocks == 0) return;
+
+  std::lock_guard<std::mutex> launch_lock(g_launch_mu);
+  LaunchState st;
+  st.body = &body;
+  st.grid = grid;
+  st.block = block;
+  st.smem_bytes = dyn_smem_bytes;
+  g_launch = &st;
+
+  int nworkers = settings().workers > 0 ? settings().workers
+                                        : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  nworkers = static_cast<int>(std::min<long long>(nworkers, nblocks));
+  std::atomic<long long> next{0};
+  std::vector<Worker> workers(nworkers);
+  auto work = [&](Worker& w) {
+    install_crash_handler();
+    try {
+      while (!st.stop) {
+        const long long i = next.fetch_add(1);
+        if (i >= nblocks) break;
+        w.run_block(i, st);
+      }
+    } catch (const std::exception& e) {
+      st.error_count.fetch_add(1);
+      st.stop = true;
+      std::lock_guard<std::mutex> lk(st.mu);
+      st.errors.push_back(std::string("emulator failure: ") + e.what());
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int i = 1; i < nworkers; ++i) threads.emplace_back(work, std::ref(workers[i]));
+  work(workers[0]);
+  for (std::thread& t : threads) t.join();
+  g_launch = nullptr;
+
+  {
+    std::lock_guard<std::mutex> lk(g_stats_mu);
+    g_stats.launches += 1;
+    for (const Worker& w : workers) w.merge_stats(g_stats);
+  }
+  if (st.error_count > 0) {
+    std::string msg = "emulated launch (grid " + std::to_string(grid.x) + "x" + std::to_string(grid.y) + "x" +
+                      std::to_string(grid.z) + ", block " + std::to_string(block.x) + "x" +
+                      std::to_string(block.y) + "x" + std::to_string(block.z) + ", smem " +
+                      std::to_string(dyn_smem_bytes) + " B) found " + std::to_string(st.error_count.load()) +
+                      " error(s):";
+    for (const std::string& e : st.errors) msg += "\n  " + e;
+    if (st.error_count > static_cast<long long>(st.errors.size())) msg += "\n  ...";
+    throw std::runtime_error(msg);
+  }
+}
+
+}  // namespace va::emu

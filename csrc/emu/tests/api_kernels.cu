@@ -1,0 +1,354 @@
+// Small kernels that exercise every device-API operation, written only against
+// "arch/arch.cuh" like the real kernels. Built two ways from this one file:
+//   host C++ with -DVA_EMULATION=1 into a shared library that
+//     tests/test_arch_emu.py drives through ctypes (extern "C" entry points
+//     below take host pointers);
+//   nvcc for sm_90a/sm_120a to prove the real side of the API compiles (the
+//     same entry points then take device pointers).
+// Every entry point returns nullptr on success or an error string (owned by a
+// static buffer) on failure.
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <string>
+
+#include "arch/arch.cuh"
+
+namespace va::emu_tests {
+
+using namespace va::arch;
+
+// ---- mma: one warp; a [32][4], b [32][2], c [32][4] per-lane fragments ------
+template <class T>
+__global__ void k_mma(const uint32_t* a, const uint32_t* b, const float* c, float* d) {
+  const int l = lane_id();
+  uint32_t fa[4], fb[2];
+  float fc[4], fd[4];
+  for (int i = 0; i < 4; ++i) fa[i] = ld_global(a + l * 4 + i);
+  for (int i = 0; i < 2; ++i) fb[i] = ld_global(b + l * 2 + i);
+  for (int i = 0; i < 4; ++i) fc[i] = ld_global(c + l * 4 + i);
+  mma_m16n8k16<T>(fd, fa, fb, fc);
+  for (int i = 0; i < 4; ++i) st_global(d + l * 8 + i, fd[i]);
+  // d aliasing c must work too: accumulate a second product in place.
+  mma_m16n8k16<T>(fd, fa, fb, fd);
+  for (int i = 0; i < 4; ++i) st_global(d + l * 8 + 4 + i, fd[i]);
+}
+
+// ---- ldmatrix: src is an smem image of n16 16-byte chunks; lane l passes
+// smem + row_off[l] (bytes); out [32][4] ------------------------------------
+__global__ void k_ldmatrix(const uint4* src, int n16, const int* row_off, int variant, int trans,
+                           uint32_t* out) {
+  uint4* sm = smem_dynamic<uint4>();
+  for (int i = threadIdx.x; i < n16; i += blockDim.x) sm[i] = ld_global(src + i);
+  block_sync();
+  const int l = lane_id();
+  const unsigned char* row = smem_dynamic<unsigned char>() + ld_global(row_off + l);
+  uint32_t r[4] = {0u, 0u, 0u, 0u};
+  if (variant == 1) {
+    if (trans) ldmatrix_x1_trans(r[0], row); else ldmatrix_x1(r[0], row);
+  } else if (variant == 2) {
+    uint32_t r2[2];
+    if (trans) ldmatrix_x2_trans(r2, row); else ldmatrix_x2(r2, row);
+    r[0] = r2[0];
+    r[1] = r2[1];
+  } else {
+    if (trans) ldmatrix_x4_trans(r, row); else ldmatrix_x4(r, row);
+  }
+  for (int i = 0; i < 4; ++i) st_global(out + l * 4 + i, r[i]);
+}
+
+// ---- warp collectives: mode 0 shfl_xor, 1 shfl, 2 ballot, 3 any, 4 all,
+// 5 shfl_xor on floats; in/arg/out [blockDim] ------------------------------
+__global__ void k_warp(const int* in, const int* arg, int mode, int* out) {
+  const int t = threadIdx.x;
+  const int v = ld_global(in + t);
+  const int a = ld_global(arg + t);
+  int r = 0;
+  switch (mode) {
+    case 0: r = shfl_xor(v, a); break;
+    case 1: r = shfl(v, a); break;
+    case 2: r = static_cast<int>(ballot(v != 0)); break;
+    case 3: r = any(v != 0) ? 1 : 0; break;
+    case 4: r = all(v != 0) ? 1 : 0; break;
+    case 5: {
+      float f = static_cast<float>(v);
+      for (int m = 16; m >= 1; m >>= 1) f += shfl_xor(f, m);
+      r = static_cast<int>(f);
+      break;
+    }
+    default: r = -1;
+  }
+  warp_sync();
+  st_global(out + t, r);
+}
+
+// ---- cp.async landing: blockDim n; thread t copies src[g*n + t] (g = 0, 1, 2)
+// to smem chunk g*n + t; group 1 uses zfill with valid = (t even); group 2 is
+// left uncommitted at first. obs [4][3][n] uint4: what thread t sees in its
+// three chunks (0) before any wait, (1) after wait_group 1, (2) after
+// wait_group 0, (3) after committing group 2 and wait_group 0. -------------
+__global__ void k_cp_async(const uint4* src, uint4* obs) {
+  const int n = blockDim.x, t = threadIdx.x;
+  uint4* sm = smem_dynamic<uint4>();
+  cp_async_16(sm + t, src + t);
+  cp_async_commit();
+  cp_async_16_zfill(sm + n + t, src + n + t, (t % 2) == 0);
+  cp_async_commit();
+  cp_async_16(sm + 2 * n + t, src + 2 * n + t);
+  auto observe = [&](int k) {
+    for (int g = 0; g < 3; ++g) st_global(obs + (k * 3 + g) * n + t, sm[g * n + t]);
+  };
+  observe(0);
+  cp_async_wait<1>();
+  observe(1);
+  cp_async_wait<0>();
+  observe(2);
+  cp_async_commit();
+  cp_async_wait<0>();
+  observe(3);
+}
+
+// ---- smem at block start: out [blockDim] gets each thread's first word ------
+__global__ void k_smem_peek(uint32_t* out) {
+  st_global(out + threadIdx.x + blockIdx.x * blockDim.x, smem_dynamic<uint32_t>()[threadIdx.x]);
+  // write something so the next block would see it if smem were not refilled
+  smem_dynamic<uint32_t>()[threadIdx.x] = 7u;
+}
+
+// ---- 16x8x16 GEMM through ldmatrix + mma: A [16][16] row-major; B given as
+// bt [8][16] (n-major, trans_b=0) or b [16][8] (k-major, trans_b=1); d [16][8]
+template <class T>
+__global__ void k_gemm(const uint4* a, const uint4* b, int trans_b, float* d) {
+  unsigned char* sm = smem_dynamic<unsigned char>();
+  uint4* sa = reinterpret_cast<uint4*>(sm);        // (16, 16) A tile, 512 B
+  uint4* sb = reinterpret_cast<uint4*>(sm + 512);  // (8, 16) or (16, 8) B tile, 256 B
+  const int l = lane_id();
+  for (int i = l; i < 32; i += 32) sa[i] = ld_global(a + i);
+  for (int i = l; i < 16; i += 32) sb[i] = ld_global(b + i);
+  block_sync();
+  uint32_t fa[4], fb[2];
+  // A: matrices (rows 0-7, k 0-7), (rows 8-15, k 0-7), (rows 0-7, k 8-15), (rows 8-15, k 8-15)
+  ldmatrix_x4(fa, sm + (l % 16) * 32 + (l / 16) * 16);
+  if (!trans_b) {
+    // bt row n, k half (l/8)%2: lanes 0-7 k 0-7, lanes 8-15 k 8-15
+    ldmatrix_x2(fb, sm + 512 + (l % 8) * 32 + ((l / 8) % 2) * 16);
+  } else {
+    // b row k = l%16 (8 values of n)
+    ldmatrix_x2_trans(fb, sm + 512 + (l % 16) * 16);
+  }
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  mma_m16n8k16<T>(acc, fa, fb, acc);
+  const int g = l >> 2, tig = l & 3;
+  for (int i = 0; i < 4; ++i) st_global(d + (g + 8 * (i >> 1)) * 8 + 2 * tig + (i & 1), acc[i]);
+}
+
+// ---- block reduction (shuffles + smem + barrier): out[blockIdx] = sum(in) --
+__global__ void k_block_reduce(const float* in, float* out) {
+  float* partial = smem_dynamic<float>();  // (num_warps,) per-warp sums
+  float v = ld_global(in + blockIdx.x * blockDim.x + threadIdx.x);
+  for (int m = 16; m >= 1; m >>= 1) v += shfl_xor(v, m);
+  if (lane_id() == 0) partial[warp_id()] = v;
+  block_sync();
+  if (warp_id() == 0) {
+    const int nw = blockDim.x / 32;
+    float s = lane_id() < nw ? partial[lane_id()] : 0.f;
+    for (int m = 16; m >= 1; m >>= 1) s += shfl_xor(s, m);
+    if (lane_id() == 0) st_global(out + blockIdx.x, s);
+  }
+}
+
+// ---- two-stage cp.async pipeline: src [ntiles][blockDim] float4; each
+// thread adds its right neighbour's chunk of every tile; out [blockDim] float4
+__global__ void k_pipeline(const float4* src, int ntiles, float4* out) {
+  const int n = blockDim.x, t = threadIdx.x;
+  float4* stage = smem_dynamic<float4>();  // (2, n) float4
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  cp_async_16(stage + t, src + t);
+  cp_async_commit();
+  for (int i = 0; i < ntiles; ++i) {
+    if (i + 1 < ntiles) cp_async_16(stage + ((i + 1) % 2) * n + t, src + (i + 1) * n + t);
+    cp_async_commit();
+    cp_async_wait<1>();
+    block_sync();
+    const float4 x = stage[(i % 2) * n + (t + 1) % n];
+    acc.x += x.x;
+    acc.y += x.y;
+    acc.z += x.z;
+    acc.w += x.w;
+    block_sync();
+  }
+  st_global(out + t, acc);
+}
+
+// ---- each thread publishes a value, then reads the next warp's after two warp
+// collectives: a missing barrier here is invisible when warps run in lockstep
+// (every warp has written before any finishes its second collective) and
+// visible when one warp runs ahead. out [blockDim] ---------------------------
+__global__ void k_lockstep_race(const float* in, float* out) {
+  float* sm = smem_dynamic<float>();  // (blockDim,)
+  const int t = threadIdx.x, n = blockDim.x;
+  sm[t] = ld_global(in + t);
+  block_sync();
+  float one = shfl_xor(1.0f, 1);
+  one = shfl_xor(one, 2);
+  st_global(out + t, sm[(t + 32) % n] * one);
+}
+
+// ---- threads >= exit_from return before a barrier the others wait at --------
+__global__ void k_early_exit(int exit_from, int* out) {
+  if (static_cast<int>(threadIdx.x) >= exit_from) return;
+  block_sync();
+  st_global(out + threadIdx.x, 1);
+}
+
+// ---- out-of-bounds accesses: mode 0 read, 1 write, 2 cp.async source,
+// 3 misaligned 16-byte read, 4 ldmatrix row outside smem -------------------
+__global__ void k_oob(const int* in, int n, int mode, int* out) {
+  if (threadIdx.x != 3) return;
+  if (mode == 0) st_global(out, ld_global(in + n));
+  if (mode == 1) st_global(out + n, 1);
+  if (mode == 2) {
+    cp_async_16(smem_dynamic<int>(), in + n);
+    cp_async_commit();
+    cp_async_wait<0>();
+  }
+  if (mode == 3) {
+    const uint4 v = ld_global(reinterpret_cast<const uint4*>(in + 1));
+    st_global(out, static_cast<int>(v.x));
+  }
+}
+__global__ void k_ldmatrix_oob(int offset_bytes, uint32_t* out) {
+  uint32_t r;
+  ldmatrix_x1(r, smem_dynamic<unsigned char>() + offset_bytes);
+  st_global(out + lane_id(), r);
+}
+
+// ---- a raw store through a wild pointer (what st_global exists to prevent) ----
+__global__ void k_crash(long long addr) {
+  if (threadIdx.x == 5) *reinterpret_cast<volatile int*>(addr) = 1;
+}
+
+// ---- ids: out [grid blocks * block threads][8] ------------------------------
+__global__ void k_ids(int* out) {
+  const int b = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+  const int nt = blockDim.x * blockDim.y * blockDim.z;
+  const int t = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+  int* o = out + (b * nt + t) * 8;
+  st_global(o + 0, static_cast<int>(threadIdx.x));
+  st_global(o + 1, static_cast<int>(threadIdx.y));
+  st_global(o + 2, static_cast<int>(threadIdx.z));
+  st_global(o + 3, static_cast<int>(blockIdx.x));
+  st_global(o + 4, static_cast<int>(blockIdx.y));
+  st_global(o + 5, static_cast<int>(blockIdx.z));
+  st_global(o + 6, static_cast<int>(gridDim.x * gridDim.y * gridDim.z));
+  st_global(o + 7, nt);
+}
+
+// ---- atomics: old values [grid * block]; counter [1] ------------------------
+__global__ void k_atomic(int* counter, int* olds) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  st_global(olds + i, atomic_add(counter, 1));
+  threadfence();
+}
+
+// ---- math: out [n][4] = exp2_approx(x), max_f(x, y), pack2/unpack2 round trip
+__global__ void k_math(const float* x, const float* y, int n, float* out) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const float a = ld_global(x + i), b = ld_global(y + i);
+  float lo, hi;
+  unpack2<__nv_bfloat16>(pack2<__nv_bfloat16>(a, b), lo, hi);
+  st_global(out + i * 4 + 0, exp2_approx(a));
+  st_global(out + i * 4 + 1, max_f(a, b));
+  st_global(out + i * 4 + 2, lo);
+  st_global(out + i * 4 + 3, hi);
+}
+
+}  // namespace va::emu_tests
+
+// ---- extern "C" entry points ---------------------------------------------------
+namespace {
+char g_err[8192];
+template <class F>
+const char* guarded(F&& f) {
+  try {
+    f();
+    return nullptr;
+  } catch (const std::exception& e) {
+    std::snprintf(g_err, sizeof(g_err), "%s", e.what());
+    return g_err;
+  }
+}
+using namespace va::emu_tests;
+using va::arch::launch;
+}  // namespace
+
+// The emulation library is built with -fvisibility=hidden; these are its API.
+#define VA_TEST_API __attribute__((visibility("default")))
+
+extern "C" {
+VA_TEST_API const char* va_test_mma(int bf16, const uint32_t* a, const uint32_t* b, const float* c, float* d) {
+  return guarded([&] {
+    if (bf16) launch(k_mma<__nv_bfloat16>, dim3(1), dim3(32), 0, nullptr, a, b, c, d);
+    else launch(k_mma<__half>, dim3(1), dim3(32), 0, nullptr, a, b, c, d);
+  });
+}
+VA_TEST_API const char* va_test_ldmatrix(const uint4* src, int n16, const int* row_off, int variant, int trans,
+                             uint32_t* out) {
+  return guarded([&] {
+    launch(k_ldmatrix, dim3(1), dim3(32), size_t(n16) * 16, nullptr, src, n16, row_off, variant,
+           trans, out);
+  });
+}
+VA_TEST_API const char* va_test_warp(const int* in, const int* arg, int mode, int n, int* out) {
+  return guarded([&] { launch(k_warp, dim3(1), dim3(n), 0, nullptr, in, arg, mode, out); });
+}
+VA_TEST_API const char* va_test_cp_async(const uint4* src, int n, uint4* obs) {
+  return guarded([&] { launch(k_cp_async, dim3(1), dim3(n), size_t(3) * n * 16, nullptr, src, obs); });
+}
+VA_TEST_API const char* va_test_smem_peek(int blocks, int n, uint32_t* out) {
+  return guarded([&] { launch(k_smem_peek, dim3(blocks), dim3(n), size_t(n) * 4, nullptr, out); });
+}
+VA_TEST_API const char* va_test_gemm(int bf16, const uint4* a, const uint4* b, int trans_b, float* d) {
+  return guarded([&] {
+    if (bf16) launch(k_gemm<__nv_bfloat16>, dim3(1), dim3(32), 768, nullptr, a, b, trans_b, d);
+    else launch(k_gemm<__half>, dim3(1), dim3(32), 768, nullptr, a, b, trans_b, d);
+  });
+}
+VA_TEST_API const char* va_test_block_reduce(const float* in, int blocks, int n, float* out) {
+  return guarded([&] {
+    launch(k_block_reduce, dim3(blocks), dim3(n), size_t(n / 32) * 4, nullptr, in, out);
+  });
+}
+VA_TEST_API const char* va_test_pipeline(const float4* src, int ntiles, int n, float4* out) {
+  return guarded([&] {
+    launch(k_pipeline, dim3(1), dim3(n), size_t(2) * n * 16, nullptr, src, ntiles, out);
+  });
+}
+VA_TEST_API const char* va_test_lockstep_race(const float* in, int n, float* out) {
+  return guarded([&] { launch(k_lockstep_race, dim3(1), dim3(n), size_t(n) * 4, nullptr, in, out); });
+}
+VA_TEST_API const char* va_test_early_exit(int n, int exit_from, int* out) {
+  return guarded([&] { launch(k_early_exit, dim3(1), dim3(n), 0, nullptr, exit_from, out); });
+}
+VA_TEST_API const char* va_test_oob(const int* in, int n, int mode, int* out) {
+  return guarded([&] { launch(k_oob, dim3(1), dim3(32), 64, nullptr, in, n, mode, out); });
+}
+VA_TEST_API const char* va_test_ldmatrix_oob(int smem_bytes, int offset_bytes, uint32_t* out) {
+  return guarded([&] {
+    launch(k_ldmatrix_oob, dim3(1), dim3(32), size_t(smem_bytes), nullptr, offset_bytes, out);
+  });
+}
+VA_TEST_API const char* va_test_crash(int addr) {
+  return guarded([&] { launch(k_crash, dim3(1), dim3(32), 0, nullptr, static_cast<long long>(addr)); });
+}
+VA_TEST_API const char* va_test_ids(int gx, int gy, int gz, int bx, int by, int bz, int* out) {
+  return guarded([&] { launch(k_ids, dim3(gx, gy, gz), dim3(bx, by, bz), 0, nullptr, out); });
+}
+VA_TEST_API const char* va_test_atomic(int blocks, int n, int* counter, int* olds) {
+  return guarded([&] { launch(k_atomic, dim3(blocks), dim3(n), 0, nullptr, counter, olds); });
+}
+VA_TEST_API const char* va_test_math(const float* x, const float* y, int n, float* out) {
+  return guarded([&] { launch(k_math, dim3((n + 63) / 64), dim3(64), 0, nullptr, x, y, n, out); });
+}
+}  // extern "C"

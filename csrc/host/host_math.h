@@ -1,0 +1,9 @@
+// Everything under csrc/host/: one include for kernels and host tests.
+#pragma once
+
+#include "common.h"
+#include "fragments.h"
+#include "layout.h"
+#include "mask.h"
+#include "softmax.h"
+#include "split.h"

@@ -1,0 +1,73 @@
+// Tile configurations and head shapes of the kernel family (compile-time).
+//
+// A tile config fixes the CTA's work split:
+//   BM rows (tree nodes x group heads of one KV head) = 16 * WM warps along M;
+//   BN KV tokens per mainloop tile; the WN warps that share 16 rows split the
+//   tile's tokens for S = Q K^T and the Dv columns for O += P V (so a 512-wide
+//   fp32 accumulator is spread over WN warps);
+//   STAGES cp.async pipeline stages.
+// The kernels' sizes must match verify_attn/backends/cuda.py TILES (tests compare
+// them through the host module).
+#pragma once
+
+#include "../host/common.h"
+
+namespace va::tv {
+
+template <int BM_, int BN_, int WM_, int WN_, int STAGES_>
+struct TileConfig {
+  static constexpr int BM = BM_;          // rows per CTA
+  static constexpr int BN = BN_;          // KV tokens per tile
+  static constexpr int WM = WM_;          // warps along M (16 rows each)
+  static constexpr int WN = WN_;          // warps sharing the same 16 rows
+  static constexpr int STAGES = STAGES_;  // cp.async stages
+  static constexpr int kWarps = WM * WN;
+  static constexpr int kThreads = 32 * kWarps;
+
+  static_assert(BM == 16 * WM, "BM must be 16 rows per M warp");
+  static_assert(BN % (8 * WN) == 0, "each of the WN warps needs whole n8 tiles of the KV tile");
+  static_assert(BN % 16 == 0, "BN is the K dim of P V: multiple of 16");
+  static_assert(STAGES >= 2 && STAGES <= 8, "2..8 pipeline stages");
+  static_assert(kThreads % BN == 0, "the KV loader gives each tile row kThreads / BN threads");
+};
+
+// Head shape: Dqk, Dv and whether V is read from the K row (MLA absorbed).
+template <int DQK_, int DV_, bool SHARED_KV_>
+struct HeadConfig {
+  static constexpr int DQK = DQK_;
+  static constexpr int DV = DV_;
+  static constexpr bool kSharedKV = SHARED_KV_;
+  static_assert(DQK % 16 == 0 && DV % 16 == 0, "head dims must be multiples of 16 (mma k / n pairs)");
+  static_assert(!kSharedKV || DV <= DQK, "a shared V is the first Dv columns of the K row");
+};
+
+using HeadMLA = HeadConfig<576, 512, true>;   // Kimi K2 / DeepSeek-V3 absorbed MLA
+using HeadG64 = HeadConfig<64, 64, false>;
+using HeadG128 = HeadConfig<128, 128, false>;
+using HeadG256 = HeadConfig<256, 256, false>;
+
+template <class... Tiles>
+struct TileList {};
+
+// The tile configs compiled per head shape. Every one fits 99 KB of shared
+// memory (sm_120) with no spills at 255 registers (checked by
+// `python -m verify_attn.build --report`); the first is the default.
+//  MLA: a 576-wide row is 1152 B (+16 B pad). 32 rows x 16 tokens x 3 stages:
+//       Q 36.5 KB + KV 54.8 KB; each warp owns 16 rows x 256 Dv columns (128 fp32 regs).
+//       16 rows x 32 tokens x 2 stages: Q 18 KB + KV 73 KB; 4 warps split Dv 4 ways.
+//  GQA: one warp per 16 rows owns all of Dv; P stays in registers (WN = 1) except d256.
+template <class Head> struct TilesFor;
+template <> struct TilesFor<HeadMLA> {
+  using type = TileList<TileConfig<32, 16, 2, 2, 3>, TileConfig<16, 32, 1, 4, 2>>;
+};
+template <> struct TilesFor<HeadG128> {
+  using type = TileList<TileConfig<64, 32, 4, 1, 2>, TileConfig<128, 32, 8, 1, 2>>;
+};
+template <> struct TilesFor<HeadG64> {
+  using type = TileList<TileConfig<64, 64, 4, 1, 2>>;
+};
+template <> struct TilesFor<HeadG256> {
+  using type = TileList<TileConfig<32, 32, 2, 2, 2>>;
+};
+
+}  // namespace va::tv

@@ -1,0 +1,110 @@
+// va::tv::run: validation and dispatch to the registered instantiations.
+// Host code only (no kernels here); no torch headers.
+#include <mutex>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "api.h"
+#include "registry.h"
+
+namespace va::tv {
+
+namespace {
+std::vector<KernelEntry>& registry() {
+  static std::vector<KernelEntry> r;  // function-local: safe from static-init order
+  return r;
+}
+
+const char* dtype_str(DType d) { return d == DType::kBF16 ? "bf16" : d == DType::kFP16 ? "fp16" : "?"; }
+
+void check(bool ok, const std::string& what) {
+  if (!ok) throw std::invalid_argument("tree_verify: " + what);
+}
+
+const KernelEntry& find_entry(const Params& p) {
+  for (const KernelEntry& e : registry()) {
+    const KernelKey& k = e.key;
+    if (k.dtype == p.dtype && k.dqk == p.head_dim_qk && k.dv == p.head_dim_v &&
+        k.shared_kv == (p.mla_shared_kv != 0) && k.paged == (p.page_size > 1))
+      return e;
+  }
+  std::ostringstream os;
+  os << "unsupported combination: dtype " << dtype_str(p.dtype) << ", Dqk " << p.head_dim_qk << ", Dv "
+     << p.head_dim_v << (p.mla_shared_kv ? " (V aliases K)" : " (separate V)") << ", "
+     << (p.page_size > 1 ? "paged" : "page1") << " layout; compiled here:";
+  for (const KernelEntry& e : registry()) os << ' ' << e.name;
+  if (registry().empty()) os << " none";
+  os << " (supported: bf16/fp16 x {576x512 with V = K[..., :512], 64, 128, 256} x {page1, paged})";
+  throw std::invalid_argument(os.str());
+}
+
+bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }
+}  // namespace
+
+bool register_kernel(const KernelEntry& e) {
+  registry().push_back(e);
+  return true;
+}
+
+const std::vector<KernelEntry>& registered_kernels() { return registry(); }
+
+std::vector<std::string> built_kernels() {
+  std::vector<std::string> out;
+  for (const KernelEntry& e : registry()) {
+    std::string s = e.name + " [";
+    for (size_t i = 0; i < e.tiles.size(); ++i) {
+      const LaunchConfig& t = e.tiles[i];
+      s += (i ? ", " : "") + std::to_string(t.block_m) + "x" + std::to_string(t.block_n) + " w" +
+           std::to_string(t.num_warps) + " s" + std::to_string(t.num_stages);
+    }
+    out.push_back(s + "]");
+  }
+  return out;
+}
+
+size_t workspace_bytes(const Params& p, const LaunchConfig& cfg) {
+  if (cfg.num_splits <= 1) return 0;
+  return static_cast<size_t>(cfg.num_splits) * p.total_q * p.num_q_heads * (p.head_dim_v + 1) * sizeof(float);
+}
+
+size_t smem_bytes(const Params& p, const LaunchConfig& cfg) {
+  for (const KernelEntry& e : registry()) {
+    const KernelKey& k = e.key;
+    if (k.dtype == p.dtype && k.dqk == p.head_dim_qk && k.dv == p.head_dim_v &&
+        k.shared_kv == (p.mla_shared_kv != 0) && k.paged == (p.page_size > 1))
+      return e.smem(cfg);
+  }
+  return 0;
+}
+
+void run(const Params& p, const LaunchConfig& cfg, cudaStream_t stream) {
+  // Order: config, sizes, pointers/alignment, then the kernel lookup.
+  check(cfg.num_splits >= 1, "num_splits must be >= 1 (resolve 0 = heuristic before run), got " +
+                                 std::to_string(cfg.num_splits));
+  check(p.batch >= 1 && p.total_q >= 1, "batch and total_q must be >= 1");
+  check(p.num_kv_heads >= 1 && p.num_q_heads == p.group * p.num_kv_heads,
+        "num_q_heads must equal group * num_kv_heads");
+  check(p.page_size >= 1, "page_size must be >= 1");
+  check(p.mask_words >= 1 && p.max_tree_nodes >= 1 && p.max_tree_nodes <= 32 * p.mask_words,
+        "max_tree_nodes must be in [1, 32 * mask_words]");
+  check(p.q && p.k_cache && p.v_cache && p.qo_indptr && p.kv_indptr && p.kv_indices && p.kv_lens && p.tree_mask &&
+            p.out,
+        "a required pointer is null");
+  check(!p.mla_shared_kv || p.v_cache == p.k_cache, "mla_shared_kv needs v_cache == k_cache");
+  // 16-byte cp.async of every row chunk: bases and row strides must keep 16-byte alignment.
+  check(aligned16(p.q) && aligned16(p.k_cache) && aligned16(p.v_cache),
+        "q, k_cache and v_cache must be 16-byte aligned");
+  for (int64_t s : {p.q_stride_tok, p.q_stride_head, p.k_stride_block, p.k_stride_head, p.v_stride_block,
+                    p.v_stride_head})
+    check(s % 8 == 0, "q / cache strides must be multiples of 8 elements (16 bytes), got " + std::to_string(s));
+  if (p.page_size > 1)
+    check(p.k_stride_tok % 8 == 0 && p.v_stride_tok % 8 == 0, "paged cache token strides must be multiples of 8");
+  check(p.o_stride_head % 2 == 0 && p.o_stride_tok % 2 == 0, "out strides must be even (paired stores)");
+  check(cfg.num_splits == 1 || p.workspace != nullptr, "num_splits > 1 needs a workspace of workspace_bytes()");
+  const KernelEntry& e = find_entry(p);
+  e.launch(p, cfg, stream);
+}
+
+}  // namespace va::tv

@@ -1,0 +1,3 @@
+// fp16, gqa128, paged layout: every tile config of TilesFor<HeadG128> (config.h).
+#include "../launch_shape.cuh"
+VA_TV_INSTANTIATE(__half, HeadG128, PagedLayout)

@@ -1,0 +1,3 @@
+// fp16, gqa256, page1 layout: every tile config of TilesFor<HeadG256> (config.h).
+#include "../launch_shape.cuh"
+VA_TV_INSTANTIATE(__half, HeadG256, Page1Layout)

@@ -1,0 +1,3 @@
+// fp16, gqa64, paged layout: every tile config of TilesFor<HeadG64> (config.h).
+#include "../launch_shape.cuh"
+VA_TV_INSTANTIATE(__half, HeadG64, PagedLayout)

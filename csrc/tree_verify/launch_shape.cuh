@@ -1,0 +1,99 @@
+// Host side of one (dtype, head shape, layout): pick the tile config, launch the
+// split kernel and the combine. Included only by instantiations/*.cu.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+
+#include "arch/arch.cuh"
+#include "../host/host_math.h"
+#include "api.h"
+#include "config.h"
+#include "registry.h"
+#include "traits.h"
+#include "tree_verify_combine.cuh"
+#include "tree_verify_kernel.cuh"
+
+namespace va::tv {
+
+template <class Tile>
+bool tile_matches(const LaunchConfig& c) {
+  return c.block_m == Tile::BM && c.block_n == Tile::BN && c.num_warps == Tile::kWarps &&
+         c.num_stages == Tile::STAGES;
+}
+
+template <class T, class Head, class Layout, class Tile>
+void launch_one(const Params& p, const LaunchConfig& cfg, cudaStream_t stream) {
+  using Tr = KernelTraits<T, Head, Layout, Tile>;
+  const int m_tiles = va::host::ceil_div(p.max_tree_nodes * p.group, Tile::BM);  // static: no qo_indptr read
+  if (static_cast<int64_t>(m_tiles) * p.num_kv_heads > 65535 || p.batch > 65535)
+    throw std::invalid_argument("tree_verify: grid too large (M tiles x Hkv = " +
+                                std::to_string(static_cast<int64_t>(m_tiles) * p.num_kv_heads) +
+                                ", batch = " + std::to_string(p.batch) + "; each must be <= 65535)");
+  const dim3 grid(cfg.num_splits, m_tiles * p.num_kv_heads, p.batch);
+  va::arch::launch(tree_verify_split_kernel<Tr>, grid, dim3(Tr::kThreads), Tr::smem_bytes(), stream, p,
+                   cfg.num_splits);
+  if (cfg.num_splits > 1) {
+    const int pairs = p.total_q * p.num_q_heads;
+    va::arch::launch(tree_verify_combine_kernel<T, Head::DV>, dim3(va::host::ceil_div(pairs, kCombineWarps)),
+                     dim3(32 * kCombineWarps), 0, stream, p, cfg.num_splits, Tile::BN);
+  }
+}
+
+inline std::string tile_str(const LaunchConfig& c) {
+  return "block_m=" + std::to_string(c.block_m) + " block_n=" + std::to_string(c.block_n) +
+         " num_warps=" + std::to_string(c.num_warps) + " num_stages=" + std::to_string(c.num_stages);
+}
+
+template <class T, class Head, class Layout, class... Tiles>
+struct ShapeLauncher;
+
+template <class T, class Head, class Layout, class... Tiles>
+struct ShapeLauncher<T, Head, Layout, TileList<Tiles...>> {
+  static void launch(const Params& p, const LaunchConfig& cfg, cudaStream_t stream) {
+    bool done = false;
+    ((!done && tile_matches<Tiles>(cfg) ? (launch_one<T, Head, Layout, Tiles>(p, cfg, stream), done = true) : false),
+     ...);
+    if (!done) {
+      std::string have;
+      ((have += "[" + tile_str(LaunchConfig{0, Tiles::BN, Tiles::BM, Tiles::kWarps, Tiles::STAGES}) + "] "), ...);
+      throw std::invalid_argument("tree_verify: unsupported tile config (" + tile_str(cfg) + ") for Dqk=" +
+                                  std::to_string(Head::DQK) + " Dv=" + std::to_string(Head::DV) +
+                                  "; compiled: " + have);
+    }
+  }
+  static size_t smem(const LaunchConfig& cfg) {
+    size_t bytes = 0;
+    ((bytes = (bytes == 0 && tile_matches<Tiles>(cfg)) ? KernelTraits<T, Head, Layout, Tiles>::smem_bytes() : bytes),
+     ...);
+    return bytes;
+  }
+  static std::vector<LaunchConfig> tiles() { return {LaunchConfig{0, Tiles::BN, Tiles::BM, Tiles::kWarps, Tiles::STAGES}...}; }
+};
+
+template <class T> constexpr DType dtype_of();
+template <> constexpr DType dtype_of<__nv_bfloat16>() { return DType::kBF16; }
+template <> constexpr DType dtype_of<__half>() { return DType::kFP16; }
+template <class T> const char* dtype_name() { return std::is_same_v<T, __half> ? "fp16" : "bf16"; }
+
+// Registers the (T, Head, Layout) entry with all its tile configs.
+template <class T, class Head, class Layout>
+bool register_shape() {
+  using SL = ShapeLauncher<T, Head, Layout, typename TilesFor<Head>::type>;
+  return register_kernel(KernelEntry{
+      KernelKey{dtype_of<T>(), Head::DQK, Head::DV, Head::kSharedKV, Layout::kPaged},
+      std::string(dtype_name<T>()) + "-" + std::to_string(Head::DQK) + "x" + std::to_string(Head::DV) + "-" +
+          Layout::kName,
+      SL::tiles(), &SL::launch, &SL::smem});
+}
+
+}  // namespace va::tv
+
+// One line per instantiation file: VA_TV_INSTANTIATE(__nv_bfloat16, HeadMLA, Page1Layout)
+#define VA_TV_CONCAT_(a, b) a##b
+#define VA_TV_CONCAT(a, b) VA_TV_CONCAT_(a, b)
+#define VA_TV_INSTANTIATE(T, HEAD, LAYOUT)                                                   \
+  namespace va::tv {                                                                         \
+  static const bool VA_TV_CONCAT(kRegistered_, __LINE__) = register_shape<T, HEAD, va::host::LAYOUT>(); \
+  }

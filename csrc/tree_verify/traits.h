@@ -1,0 +1,96 @@
+// Kernel traits: element type, head shape, layout policy and tile config of one
+// instantiation, with its shared memory plan.
+//
+// Design notes (v0) and prediction -- analysis, not a measurement:
+// * MLA on sm_120 (99 KB/block): Q stays in smem (a 16-row x 576 A fragment set
+//   would take 144 registers/thread) and is re-read with ldmatrix every KV tile;
+//   each KV row is loaded once into smem and used for both S (all 576 columns)
+//   and O (its first 512). Default tile: 32 rows x 16 tokens x 3 stages (95.5 KB)
+//   with 2x2 warps: each warp does S for 16 rows x 8 tokens and O for 16 rows x
+//   256 Dv columns (128 fp32 registers; ptxas: 186-200 registers, no spills).
+//   Row max and P cross the two warps of a row pair through smem (3 barriers per tile).
+// * GQA: one warp per 16 rows owns all of Dv; P stays in registers (the m16n8
+//   C fragments are the m16n8k16 A fragment), one barrier per tile.
+// * Kimi K2 at 185k, 16 nodes x 8 heads = 128 rows = 4 M tiles of 32: with one
+//   wave of CTAs (H200: 33 splits x 4), every KV tile is read once from DRAM
+//   (213 MB, ~50 us at 4.3 TB/s) and 4x from L2 (~850 MB, ~6.5 MB per SM); the MMA
+//   work is ~1.1 MFLOP per 16-token tile, 52 GFLOP in all. With one 4-warp CTA per SM
+//   the pipeline has little latency slack, so v0 is expected at 2-4x the floor
+//   (~100-200 us on an H200); the first levers are more warps per row tile (WN=4
+//   with BN=32) and Q fragments kept across tiles where registers allow.
+//
+// Shared memory rows are padded by 16 bytes: a 576-wide row is 1152 B = 9 x 128 B,
+// so unpadded rows would put the 8 rows an ldmatrix reads on the same banks
+// (8-way conflicts); +16 B shifts each row by 4 banks, conflict-free.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "../host/common.h"
+#include "config.h"
+
+namespace va::tv {
+
+// Byte offsets of the regions of the CTA's dynamic shared memory.
+template <int BM, int BN, int WN, int STAGES, int DQK, int DV, bool kSharedKV>
+struct SharedMemoryPlan {
+  static constexpr int kElem = 2;                      // bf16 / fp16
+  static constexpr int kPad = 8;                       // elements of padding per row (16 B)
+  static constexpr int kQPitch = DQK + kPad;           // elements per Q row in smem
+  static constexpr int kKPitch = DQK + kPad;           // elements per K row
+  static constexpr int kVPitch = kSharedKV ? kKPitch : DV + kPad;  // V rows: the K rows themselves for MLA
+  static constexpr int kPPitch = BN + kPad;            // elements per P row (only when WN > 1)
+
+  static constexpr size_t kQBytes = size_t(BM) * kQPitch * kElem;          // (BM, Dqk) Q tile
+  static constexpr size_t kKStageBytes = size_t(BN) * kKPitch * kElem;     // (BN, Dqk) K tile per stage
+  static constexpr size_t kVStageBytes = kSharedKV ? 0 : size_t(BN) * kVPitch * kElem;  // (BN, Dv) V tile per stage
+  static constexpr size_t kPBytes = WN > 1 ? size_t(BM) * kPPitch * kElem : 0;        // (BM, BN) P tile
+  static constexpr size_t kRedBytes = WN > 1 ? size_t(2) * WN * BM * sizeof(float) : 0;  // row max + row sum per warp column
+
+  static constexpr size_t kQ = 0;
+  static constexpr size_t kK = kQ + kQBytes;
+  static constexpr size_t kV = kK + STAGES * kKStageBytes;
+  static constexpr size_t kP = kV + STAGES * kVStageBytes;
+  static constexpr size_t kRedMax = kP + kPBytes;
+  static constexpr size_t kRedSum = kRedMax + (WN > 1 ? size_t(WN) * BM * sizeof(float) : 0);
+  static constexpr size_t kTotal = kP + kPBytes + kRedBytes;
+
+  static_assert(kQBytes % 16 == 0 && kKStageBytes % 16 == 0 && kVStageBytes % 16 == 0 && kPBytes % 16 == 0,
+                "regions must stay 16-byte aligned for cp.async and ldmatrix");
+};
+
+// Shared memory per block that every config must fit: sm_120's 99 KB (sm_90 allows 227 KB).
+inline constexpr size_t kSmemLimitSm120 = 99 * 1024;
+
+template <class Elem_, class Head, class Layout_, class Tile>
+struct KernelTraits {
+  using Elem = Elem_;                       // __nv_bfloat16 or __half
+  using Layout = Layout_;                   // va::host::Page1Layout or PagedLayout
+  static constexpr int DQK = Head::DQK;
+  static constexpr int DV = Head::DV;
+  static constexpr bool kSharedKV = Head::kSharedKV;
+  static constexpr int BM = Tile::BM, BN = Tile::BN, WM = Tile::WM, WN = Tile::WN, STAGES = Tile::STAGES;
+  static constexpr int kWarps = Tile::kWarps;
+  static constexpr int kThreads = Tile::kThreads;
+
+  static constexpr int kNS = BN / WN;        // KV tokens of a tile per warp in S = Q K^T
+  static constexpr int kSTiles = kNS / 8;     // n8 tiles of S per warp
+  static constexpr int kDVW = DV / WN;       // Dv columns per warp in O
+  static constexpr int kOTiles = kDVW / 8;    // n8 tiles of O per warp
+  static constexpr int kKSteps = DQK / 16;   // k16 steps of Q K^T
+  static constexpr int kPSteps = BN / 16;    // k16 steps of P V
+  static constexpr int kQChunks = DQK / 8;   // 16-byte chunks per Q/K row
+  static constexpr int kVChunks = DV / 8;    // 16-byte chunks per V row
+  static constexpr int kThreadsPerRow = kThreads / BN;  // KV loader: threads per tile row (one row per thread)
+
+  using Smem = SharedMemoryPlan<BM, BN, WN, STAGES, DQK, DV, kSharedKV>;
+  static constexpr size_t smem_bytes() { return Smem::kTotal; }
+
+  static_assert(sizeof(Elem) == 2, "16-bit element types only");
+  static_assert(kDVW % 16 == 0, "each warp's Dv slice must be whole n16 pairs (ldmatrix x4 .trans)");
+  static_assert(kOTiles * 4 <= 128, "O accumulator per thread must stay <= 128 fp32 registers");
+  static_assert(Smem::kTotal <= kSmemLimitSm120, "shared memory must fit sm_120's 99 KB per block");
+};
+
+}  // namespace va::tv

@@ -1,0 +1,370 @@
+// Split-KV tree-verify attention: the split kernel (one template for every
+// dtype / head shape / layout / tile config).
+//
+// Grid (num_splits, m_tiles * Hkv, batch); block 32 * WM * WN threads.
+// A CTA owns BM folded rows (row = node * group + head-in-group, so the group's
+// query heads share one KV read) of one KV head of one request, and one split
+// of that request's KV. It loads its Q tile once (cp.async to smem), streams the
+// split's KV tiles through a STAGES-deep cp.async pipeline and, per tile:
+//   S = Q K^T (mma.sync m16n8k16, fp32), masked only in tiles that reach into the
+//   tree block or past the end; online softmax in base 2 (sm_scale*log2e folded);
+//   O += P V with V from the same smem rows (MLA) or a separate V tile (GQA).
+// The WN warps sharing 16 rows split the tile's tokens for S and Dv for O: their
+// row maxima and P meet in shared memory. Finally the CTA writes O / l and
+// log2-sum-exp2 per row: to `out`/`lse` directly when num_splits == 1, else to
+// the fp32 workspace for the combine kernel (tree_verify_combine.cuh).
+// CTAs whose split is empty or whose rows all lie past T_b * group exit at once:
+// the grid comes from static shapes (CUDA-graph safe), the real sizes from the device.
+#pragma once
+
+#include "arch/arch.cuh"
+#include "../host/host_math.h"
+#include "params.h"
+#include "traits.h"
+
+namespace va::tv {
+
+struct Exp2Fast {
+  VA_DEVICE float operator()(float x) const { return va::arch::exp2_approx(x); }
+};
+struct Log2 {
+  VA_DEVICE float operator()(float x) const { return log2f(x); }
+};
+
+// Workspace views: partial O [num_splits, total_q, Hq, Dv] fp32, then lse2 [num_splits, total_q, Hq].
+VA_HOST_DEVICE float* ws_partial_o(const Params& p) { return static_cast<float*>(p.workspace); }
+VA_HOST_DEVICE float* ws_partial_lse(const Params& p, int num_splits) {
+  return static_cast<float*>(p.workspace) +
+         static_cast<int64_t>(num_splits) * p.total_q * p.num_q_heads * p.head_dim_v;
+}
+
+template <class Tr>
+__global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel(const Params p, const int num_splits) {
+  using T = typename Tr::Elem;
+  using L = typename Tr::Layout;
+  using Smem = typename Tr::Smem;
+  namespace arch = va::arch;
+  namespace h = va::host;
+  constexpr int BM = Tr::BM, BN = Tr::BN, WN = Tr::WN, STAGES = Tr::STAGES;
+
+  const int split = blockIdx.x;
+  const int kvh = blockIdx.y % p.num_kv_heads;
+  const int mtile = blockIdx.y / p.num_kv_heads;
+  const int b = blockIdx.z;
+
+  // ---- this CTA's rows and KV range (block-uniform: early exits are safe) ----
+  const int qo_begin = arch::ld_global(p.qo_indptr + b);
+  const int tb = arch::ld_global(p.qo_indptr + b + 1) - qo_begin;  // T_b
+  const int kv_len = arch::ld_global(p.kv_lens + b);               // L_b + T_b
+  const int prefix = kv_len - tb;                                   // L_b
+  const int group = p.group;
+  const int nrows = tb * group;
+  const int row0 = mtile * BM;
+  if (row0 >= nrows) return;  // rows past T_b * group: nothing to do, nothing to write
+  const h::SplitRange range = h::split_range(kv_len, num_splits, BN, split);
+  if (range.begin >= range.end) return;  // empty split: the combine skips it
+  const int ntiles = h::num_tiles(range, BN);
+  const int kv_base = arch::ld_global(p.kv_indptr + b);
+
+  const int tid = threadIdx.x;
+  const int lane = arch::lane_id();
+  const int warp = arch::warp_id();
+  const int wm = warp / WN;  // which 16 rows
+  const int wn = warp % WN;  // which tokens (S) / Dv columns (O) of those rows
+
+  unsigned char* smem = arch::smem_dynamic<unsigned char>();
+  T* sQ = reinterpret_cast<T*>(smem + Smem::kQ);  // (BM, Dqk) padded rows
+  T* sK = reinterpret_cast<T*>(smem + Smem::kK);  // (STAGES, BN, Dqk)
+  T* sV = Tr::kSharedKV ? sK : reinterpret_cast<T*>(smem + Smem::kV);  // (STAGES, BN, Dv) or the K rows
+  constexpr int kVStageElems =
+      Tr::kSharedKV ? BN * Smem::kKPitch : BN * Smem::kVPitch;  // elements between V stages
+
+  const T* q = static_cast<const T*>(p.q);
+  const T* kc = static_cast<const T*>(p.k_cache);
+  const T* vc = static_cast<const T*>(p.v_cache);
+
+  // ---- Q tile: rows past T_b * group land as zeros (and are never written) ----
+  for (int i = tid; i < BM * Tr::kQChunks; i += Tr::kThreads) {
+    const int r = i / Tr::kQChunks, c = i % Tr::kQChunks;
+    const int grow = row0 + r;
+    const bool valid = grow < nrows;
+    const T* src = q;
+    if (valid) {
+      const int node = grow / group, hh = grow % group;
+      src = q + (qo_begin + node) * p.q_stride_tok + (kvh * group + hh) * p.q_stride_head + c * 8;
+    }
+    arch::cp_async_16_zfill(sQ + r * Smem::kQPitch + c * 8, src, valid);
+  }
+
+  // ---- KV tile loader: each thread owns one token row of the tile (kThreadsPerRow
+  // threads per row split its 16-byte chunks). The row's kv_indices entry is
+  // loaded one tile ahead (fetch_id) so its latency overlaps a tile of compute
+  // instead of stalling the copy issue; issue_kv then only does cp.async.
+  const int ld_row = tid / Tr::kThreadsPerRow;    // token row of every tile this thread loads
+  const int ld_chunk = tid % Tr::kThreadsPerRow;  // first 16-byte chunk of that row
+  auto fetch_id = [&](int tile) -> int32_t {
+    const int t = range.begin + tile * BN + ld_row;
+    return (tile < ntiles && t < range.end) ? arch::ld_global(p.kv_indices + kv_base + L::index_pos(t, p.page_size))
+                                            : 0;
+  };
+  auto issue_kv = [&](int tile, int stage, int32_t id) {
+    const int t = range.begin + tile * BN + ld_row;
+    const bool valid = t < range.end;  // past the end: zeros land, nothing is read
+    int64_t koff = 0, voff = 0;
+    if (valid) {
+      koff = L::row_offset(id, t, p.page_size, p.k_stride_block, p.k_stride_tok) + kvh * p.k_stride_head;
+      voff = L::row_offset(id, t, p.page_size, p.v_stride_block, p.v_stride_tok) + kvh * p.v_stride_head;
+    }
+    T* dK = sK + stage * BN * Smem::kKPitch + ld_row * Smem::kKPitch;
+    for (int c = ld_chunk; c < Tr::kQChunks; c += Tr::kThreadsPerRow)
+      arch::cp_async_16_zfill(dK + c * 8, valid ? kc + koff + c * 8 : kc, valid);
+    if constexpr (!Tr::kSharedKV) {
+      T* dV = sV + stage * kVStageElems + ld_row * Smem::kVPitch;
+      for (int c = ld_chunk; c < Tr::kVChunks; c += Tr::kThreadsPerRow)
+        arch::cp_async_16_zfill(dV + c * 8, valid ? vc + voff + c * 8 : vc, valid);
+    }
+  };
+
+  // ---- per-thread row state: rows g and g + 8 of this warp's 16 --------------
+  const float scale_log2 = p.sm_scale * h::kLog2e;
+  float m_run[2] = {h::neg_inf(), h::neg_inf()};  // running max (log2 units)
+  float l_run[2] = {0.f, 0.f};                      // this thread's share of the running sum
+  float oacc[Tr::kOTiles][4];                       // (16 rows, kDVW cols) fp32 accumulator, C fragments
+#pragma unroll
+  for (int j = 0; j < Tr::kOTiles; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) oacc[j][e] = 0.f;
+
+  // Mask rows of this thread's two rows (node ids; -1: a padding row past T_b * group).
+  int mask_row[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int grow = row0 + wm * 16 + (lane >> 2) + 8 * i;
+    mask_row[i] = grow < nrows ? qo_begin + grow / group : -1;
+  }
+
+  const h::RowCol a_addr = h::ldsm_a_addr(lane);
+  const h::RowCol b_addr = h::ldsm_b_addr(lane);
+  const h::RowCol bt_addr = h::ldsm_bt_addr(lane);
+  const T* sQw = sQ + (wm * 16 + a_addr.row) * Smem::kQPitch + a_addr.col;  // this lane's A row in Q
+
+  // ---- pipeline prologue: group 0 = Q + tile 0; groups 1..STAGES-2 = tiles ----
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < ntiles) issue_kv(s, s, fetch_id(s));
+    arch::cp_async_commit();
+  }
+  int32_t next_id = fetch_id(STAGES - 1);  // index of the next tile to issue, loaded a tile early
+
+  for (int it = 0; it < ntiles; ++it) {
+    arch::cp_async_wait<STAGES - 2>();  // tile `it` (and Q) landed for this thread's copies
+    arch::block_sync();                 // ... and everyone's; stage (it-1) % STAGES is free
+    if (it + STAGES - 1 < ntiles) issue_kv(it + STAGES - 1, (it + STAGES - 1) % STAGES, next_id);
+    arch::cp_async_commit();            // (possibly empty) group keeps the wait count uniform
+    next_id = fetch_id(it + STAGES);    // consumed next iteration: the load overlaps this tile's math
+
+    const int stage = it % STAGES;
+    const int tok0 = range.begin + it * BN;
+    const T* sKs = sK + stage * BN * Smem::kKPitch;
+    const T* sVs = sV + stage * kVStageElems;
+
+    // -- S = Q K^T for (16 rows, kNS tokens) -----------------------------------
+    float sacc[Tr::kSTiles][4];
+#pragma unroll
+    for (int j = 0; j < Tr::kSTiles; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) sacc[j][e] = 0.f;
+    const T* sKw = sKs + (wn * Tr::kNS + b_addr.row) * Smem::kKPitch + b_addr.col;
+#pragma unroll 4
+    for (int kk = 0; kk < Tr::kKSteps; ++kk) {
+      uint32_t a[4];
+      arch::ldmatrix_x4(a, sQw + kk * 16);
+#pragma unroll
+      for (int j = 0; j + 1 < Tr::kSTiles; j += 2) {
+        uint32_t bb[4];
+        arch::ldmatrix_x4(bb, sKw + j * 8 * Smem::kKPitch + kk * 16);
+        const uint32_t b0[2] = {bb[0], bb[1]}, b1[2] = {bb[2], bb[3]};
+        arch::mma_m16n8k16<T>(sacc[j], a, b0, sacc[j]);
+        arch::mma_m16n8k16<T>(sacc[j + 1], a, b1, sacc[j + 1]);
+      }
+      if constexpr (Tr::kSTiles % 2 == 1) {
+        // odd n8 tile count: x2 for the last one; lanes 16-31 (unused by .x2) repeat 0-15's in-range rows
+        constexpr int j = Tr::kSTiles - 1;
+        uint32_t b0[2];
+        arch::ldmatrix_x2(b0, sKs + (wn * Tr::kNS + j * 8 + (lane & 7)) * Smem::kKPitch + 8 * ((lane >> 3) & 1) +
+                                  kk * 16);
+        arch::mma_m16n8k16<T>(sacc[j], a, b0, sacc[j]);
+      }
+    }
+
+    // -- scale to log2 units, mask, row max --------------------------------------
+    const bool masked = h::tile_needs_mask(tok0, BN, prefix, range.end);
+    float tmax[2] = {h::neg_inf(), h::neg_inf()};
+#pragma unroll
+    for (int j = 0; j < Tr::kSTiles; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const h::RowCol rc = h::mma_c_rc(lane, e);
+        float s = sacc[j][e] * scale_log2;
+        if (masked) {
+          const int t = tok0 + wn * Tr::kNS + j * 8 + rc.col;
+          const int mr = mask_row[e >> 1];
+          uint32_t word = 0;
+          if (mr >= 0 && h::needs_mask_word(t, prefix, range.end))
+            word = static_cast<uint32_t>(
+                arch::ld_global(p.tree_mask + static_cast<int64_t>(mr) * p.mask_words + h::mask_word_index(t - prefix)));
+          // padding rows see every real token (keeps them finite; they are never written)
+          const bool vis = mr >= 0 ? h::token_visible(t, prefix, range.end, word) : t < range.end;
+          if (!vis) s = h::neg_inf();
+        }
+        sacc[j][e] = s;
+        tmax[e >> 1] = arch::max_f(tmax[e >> 1], s);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {  // the 4 lanes of a quad hold one row
+      tmax[i] = arch::max_f(tmax[i], arch::shfl_xor(tmax[i], 1));
+      tmax[i] = arch::max_f(tmax[i], arch::shfl_xor(tmax[i], 2));
+    }
+    if constexpr (WN > 1) {  // rows are split over WN warps: meet in smem
+      float* red = reinterpret_cast<float*>(smem + Smem::kRedMax);  // (WN, BM)
+      if ((lane & 3) == 0) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) red[wn * BM + wm * 16 + (lane >> 2) + 8 * i] = tmax[i];
+      }
+      arch::block_sync();
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        float mx = h::neg_inf();
+#pragma unroll
+        for (int w = 0; w < WN; ++w) mx = arch::max_f(mx, red[w * BM + wm * 16 + (lane >> 2) + 8 * i]);
+        tmax[i] = mx;
+      }
+    }
+
+    // -- online softmax: P = exp2(S - m), rescale l and O ----------------------
+    float mref[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const float alpha = h::online_softmax_update(m_run[i], tmax[i], Exp2Fast{});
+      mref[i] = h::softmax_ref_max(m_run[i]);
+      l_run[i] *= alpha;
+#pragma unroll
+      for (int j = 0; j < Tr::kOTiles; ++j) {
+        oacc[j][2 * i] *= alpha;
+        oacc[j][2 * i + 1] *= alpha;
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < Tr::kSTiles; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float pe = arch::exp2_approx(sacc[j][e] - mref[e >> 1]);
+        sacc[j][e] = pe;
+        l_run[e >> 1] += pe;
+      }
+
+    // -- O += P V ----------------------------------------------------------------
+    if constexpr (WN == 1) {
+      // P stays in registers: the C fragments of n8 tiles 2kk, 2kk+1 are the A fragment of k-step kk.
+#pragma unroll
+      for (int kk = 0; kk < Tr::kPSteps; ++kk) {
+        const uint32_t a[4] = {
+            arch::pack2<T>(sacc[2 * kk][0], sacc[2 * kk][1]), arch::pack2<T>(sacc[2 * kk][2], sacc[2 * kk][3]),
+            arch::pack2<T>(sacc[2 * kk + 1][0], sacc[2 * kk + 1][1]),
+            arch::pack2<T>(sacc[2 * kk + 1][2], sacc[2 * kk + 1][3])};
+        const T* sVw = sVs + (kk * 16 + bt_addr.row) * Smem::kVPitch + bt_addr.col;
+#pragma unroll
+        for (int j = 0; j < Tr::kOTiles; j += 2) {
+          uint32_t bb[4];
+          arch::ldmatrix_x4_trans(bb, sVw + j * 8);
+          const uint32_t b0[2] = {bb[0], bb[1]}, b1[2] = {bb[2], bb[3]};
+          arch::mma_m16n8k16<T>(oacc[j], a, b0, oacc[j]);
+          arch::mma_m16n8k16<T>(oacc[j + 1], a, b1, oacc[j + 1]);
+        }
+      }
+    } else {
+      // P goes through smem so each warp sees all BN tokens of its 16 rows.
+      T* sP = reinterpret_cast<T*>(smem + Smem::kP);  // (BM, BN) padded rows
+#pragma unroll
+      for (int j = 0; j < Tr::kSTiles; ++j)
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const h::RowCol rc = h::mma_c_rc(lane, 2 * i);
+          *reinterpret_cast<uint32_t*>(sP + (wm * 16 + rc.row) * Smem::kPPitch + wn * Tr::kNS + j * 8 + rc.col) =
+              arch::pack2<T>(sacc[j][2 * i], sacc[j][2 * i + 1]);
+        }
+      arch::block_sync();
+      const T* sPw = sP + (wm * 16 + a_addr.row) * Smem::kPPitch + a_addr.col;
+      const T* sVw = sVs + bt_addr.row * Smem::kVPitch + wn * Tr::kDVW + bt_addr.col;
+#pragma unroll
+      for (int kk = 0; kk < Tr::kPSteps; ++kk) {
+        uint32_t a[4];
+        arch::ldmatrix_x4(a, sPw + kk * 16);
+#pragma unroll
+        for (int j = 0; j < Tr::kOTiles; j += 2) {
+          uint32_t bb[4];
+          arch::ldmatrix_x4_trans(bb, sVw + kk * 16 * Smem::kVPitch + j * 8);
+          const uint32_t b0[2] = {bb[0], bb[1]}, b1[2] = {bb[2], bb[3]};
+          arch::mma_m16n8k16<T>(oacc[j], a, b0, oacc[j]);
+          arch::mma_m16n8k16<T>(oacc[j + 1], a, b1, oacc[j + 1]);
+        }
+      }
+    }
+  }
+  arch::cp_async_wait<0>();  // no copy outlives the CTA (only empty groups can be pending here)
+
+  // ---- epilogue: full row sums, normalise, write --------------------------------
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    l_run[i] += arch::shfl_xor(l_run[i], 1);
+    l_run[i] += arch::shfl_xor(l_run[i], 2);
+  }
+  if constexpr (WN > 1) {  // each warp summed only its tokens: add the WN partial sums
+    float* red = reinterpret_cast<float*>(smem + Smem::kRedSum);  // (WN, BM)
+    if ((lane & 3) == 0) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) red[wn * BM + wm * 16 + (lane >> 2) + 8 * i] = l_run[i];
+    }
+    arch::block_sync();
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      float sum = 0.f;
+#pragma unroll
+      for (int w = 0; w < WN; ++w) sum += red[w * BM + wm * 16 + (lane >> 2) + 8 * i];
+      l_run[i] = sum;
+    }
+  }
+
+  const bool direct = num_splits == 1;
+  float* ws_o = direct ? nullptr : ws_partial_o(p);
+  float* ws_lse = direct ? nullptr : ws_partial_lse(p, num_splits);
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int grow = row0 + wm * 16 + (lane >> 2) + 8 * i;
+    if (grow >= nrows) continue;
+    const int qrow = qo_begin + grow / group;
+    const int head = kvh * group + grow % group;
+    const float inv = h::row_inv_l(l_run[i]);
+    const float lse2 = h::row_lse2(m_run[i], l_run[i], Log2{});
+    const int col0 = wn * Tr::kDVW + 2 * (lane & 3);
+    if (direct) {
+      T* o = static_cast<T*>(p.out) + qrow * p.o_stride_tok + head * p.o_stride_head + col0;
+#pragma unroll
+      for (int j = 0; j < Tr::kOTiles; ++j)
+        arch::st_global(reinterpret_cast<uint32_t*>(o + j * 8),
+                        arch::pack2<T>(oacc[j][2 * i] * inv, oacc[j][2 * i + 1] * inv));
+      if (p.lse != nullptr && wn == 0 && (lane & 3) == 0)
+        arch::st_global(p.lse + qrow * p.lse_stride_tok + head * p.lse_stride_head, lse2 * h::kLn2);
+    } else {
+      const int64_t prow = (static_cast<int64_t>(split) * p.total_q + qrow) * p.num_q_heads + head;
+      float* o = ws_o + prow * p.head_dim_v + col0;
+#pragma unroll
+      for (int j = 0; j < Tr::kOTiles; ++j)
+        arch::st_global(reinterpret_cast<float2*>(o + j * 8), make_float2(oacc[j][2 * i] * inv, oacc[j][2 * i + 1] * inv));
+      if (wn == 0 && (lane & 3) == 0) arch::st_global(ws_lse + prow, lse2);
+    }
+  }
+}
+
+}  // namespace va::tv

@@ -1,0 +1,217 @@
+"""The CUDA build path on a machine without a GPU: the ptxas report (one
+instantiation file, both archs), the ptxas parser and budget rule, the JIT
+binding build + import, the ops' schemas and fake (meta) implementations, and
+the backend's config hooks.
+
+Cost here (2 cores): the report of one file ~30 s and the JIT binding build
+~2-3 min on the first run; both are cached (report by source hash, binding by
+torch's extension cache), so reruns take seconds.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from verify_attn import build as vb
+from verify_attn.config import KernelConfig
+
+CUDA_HOME = vb.find_cuda_home()
+needs_nvcc = pytest.mark.skipif(CUDA_HOME is None, reason="no CUDA toolkit (nvcc) here")
+
+
+# ------------------------------------------------------------- discovery ----
+
+@needs_nvcc
+def test_find_cuda_home_sees_through_wrappers():
+    from pathlib import Path
+
+    root = Path(CUDA_HOME)
+    assert (root / "bin" / "nvcc").exists() and (root / "include" / "cuda_runtime.h").exists()
+    # the root holds the real nvcc, not a wrapper script in a generic bin folder
+    assert (root / "bin" / "ptxas").exists()
+
+
+@needs_nvcc
+def test_find_cuda_home_ignores_a_wrong_env_root(monkeypatch, tmp_path):
+    fake = tmp_path / "prefix"
+    (fake / "bin").mkdir(parents=True)
+    (fake / "bin" / "nvcc").write_text("#!/bin/sh\n")  # a wrapper-like nvcc without a toolkit around it
+    monkeypatch.setenv("CUDA_HOME", str(fake))
+    assert vb.find_cuda_home() == CUDA_HOME
+
+
+# ----------------------------------------------------------- ptxas parser ----
+
+_PTXAS = """\
+ptxas info    : 0 bytes gmem
+ptxas info    : Compiling entry function '_ZN2va2tv24tree_verify_split_kernelINS0_12KernelTraitsI13__nv_bfloat16NS0_10HeadConfigILi576ELi512ELb1EEENS_4host11Page1LayoutENS0_10TileConfigILi32ELi16ELi2ELi2ELi3EEEEEEEvNS0_6ParamsEi' for 'sm_120a'
+ptxas info    : Function properties for _ZN2va2tv24tree_verify_split_kernel...
+    8 bytes stack frame, 4 bytes spill stores, 4 bytes spill loads
+ptxas info    : Used 255 registers, used 1 barriers
+ptxas info    : Compiling entry function '_ZN2va2tv26tree_verify_combine_kernelI6__halfLi128EEEvNS0_6ParamsEii' for 'sm_90a'
+ptxas info    : Function properties for _ZN2va2tv26tree_verify_combine_kernelI6__halfLi128EEEvNS0_6ParamsEii
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 40 registers, 1024 bytes smem, 400 bytes cmem[0]
+"""
+
+
+def test_parse_ptxas_and_budget_rule():
+    reps = vb.parse_ptxas(_PTXAS, "x.cu")
+    assert len(reps) == 2
+    split, comb = reps
+    assert split.name == "split bf16 576x512 page1 m32 n16 w4 s3" and split.arch == "sm_120a"
+    assert (split.registers, split.spill_stores, split.spill_loads, split.local_bytes) == (255, 4, 4, 8)
+    assert split.dynamic_smem == vb.smem_bytes(vb.Tile(32, 16, 2, 2, 3), 576, 512, True)
+    assert any("spills" in p for p in split.problems())
+    assert comb.name == "combine fp16 dv128" and comb.smem_bytes == 1024 and comb.problems() == []
+    # the per-arch shared memory limit: 100 KB fails on sm_120a, passes on sm_90a
+    big = vb.KernelReport("k", "sm_120a", 100, 100 * 1024, 0, 100 * 1024, 0, 0, 0, "x.cu", "k")
+    assert big.problems() and not vb.KernelReport(**{**big.__dict__, "arch": "sm_90a"}).problems()
+
+
+def test_every_tile_config_fits_sm120():
+    for head, tiles in vb.TILES.items():
+        dqk, dv, shared = vb.HEADS[head]
+        for t in tiles:
+            assert vb.smem_bytes(t, dqk, dv, shared) <= vb.SMEM_LIMIT["sm_120a"], (head, t)
+
+
+def test_instantiation_files_exist():
+    files = vb.instantiation_files()
+    assert len(files) == len(vb.DTYPES) * len(vb.HEADS) * len(vb.LAYOUTS)
+    assert all(f.exists() for f in files)
+    assert sorted(files) == sorted(vb.INST_DIR.glob("*.cu")), "every instantiation file is in the family table"
+    for f in files:  # kernel translation units see no torch
+        assert "torch" not in f.read_text()
+    for f in (vb.TV).glob("*.*"):
+        assert "#include <torch" not in f.read_text(), f
+
+
+# ----------------------------------------------------------- ptxas report ----
+
+@needs_nvcc
+def test_build_report_one_file_both_archs(tmp_path):
+    out = tmp_path / "report.json"
+    r = subprocess.run([sys.executable, "-m", "verify_attn.build", "--arch", "sm_90a,sm_120a", "--report",
+                        "--only", "gqa64_fp16_page1", "--json", str(out)], capture_output=True, text=True,
+                       cwd=vb.REPO, timeout=900)
+    assert r.returncode == 0, r.stdout + r.stderr
+    reps = json.loads(out.read_text())
+    for field in ("name", "arch", "registers", "smem_bytes", "spill_stores", "spill_loads"):
+        assert all(field in x for x in reps)
+    assert {x["arch"] for x in reps} == {"sm_90a", "sm_120a"}
+    split = [x for x in reps if x["name"].startswith("split fp16 64x64 page1")]
+    assert len(split) == 2 * len(vb.TILES["gqa64"])
+    for x in split:
+        assert x["spill_stores"] == 0 and x["spill_loads"] == 0 and 0 < x["registers"] <= 255
+        assert x["smem_bytes"] >= vb.smem_bytes(vb.TILES["gqa64"][0], 64, 64, False)
+    assert any(x["name"] == "combine fp16 dv64" for x in reps)
+
+
+# ------------------------------------------------- JIT binding + fake ops ----
+
+@pytest.fixture(scope="module")
+def ops():
+    if CUDA_HOME is None:
+        pytest.skip("no CUDA toolkit (nvcc) here")
+    from verify_attn.backends import cuda
+
+    return cuda.load_ops("fp16", "gqa64", "page1", archs=["sm_90a", "sm_120a"])
+
+
+def test_jit_binding_builds_and_imports(ops):
+    kernels = list(ops.built_kernels())
+    assert kernels == ["fp16-64x64-page1 [64x64 w4 s2]"]
+    schema = ops.tree_verify.default._schema
+    writes = {a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write}
+    assert writes == {"out", "lse", "workspace"}
+    assert len(schema.returns) == 0
+
+
+def _meta_problem(total_q=7, hq=4, hkv=2, d=64, slots=50, batch=2, words=1):
+    m = "meta"
+    return dict(
+        q=torch.empty(total_q, hq, d, dtype=torch.float16, device=m),
+        k_cache=torch.empty(slots, hkv, d, dtype=torch.float16, device=m),
+        v_cache=torch.empty(slots, hkv, d, dtype=torch.float16, device=m),
+        qo_indptr=torch.empty(batch + 1, dtype=torch.int32, device=m),
+        kv_indptr=torch.empty(batch + 1, dtype=torch.int32, device=m),
+        kv_indices=torch.empty(40, dtype=torch.int32, device=m),
+        kv_lens=torch.empty(batch, dtype=torch.int32, device=m),
+        tree_mask=torch.empty(total_q, words, dtype=torch.int32, device=m),
+    )
+
+
+def test_fake_op_on_meta_tensors(ops):
+    t = _meta_problem()
+    out = torch.empty(7, 4, 64, dtype=torch.float16, device="meta")
+    lse = torch.empty(7, 4, dtype=torch.float32, device="meta")
+    ws = torch.empty(4 * 7 * 4 * 65 * 4, dtype=torch.uint8, device="meta")
+    res = ops.tree_verify(*t.values(), out, lse, ws, 0.125, 1, 7, 4, 64, 64, 4, 2)
+    assert res is None and out.shape == (7, 4, 64) and lse.shape == (7, 4)
+    assert ops.workspace_bytes(t["q"], t["v_cache"], 4) == 4 * 7 * 4 * 65 * 4
+    assert ops.workspace_bytes(t["q"], t["v_cache"], 1) == 0
+
+
+def test_fake_op_traces_with_output_shapes(ops):
+    """make_fx in fake mode (what torch.compile does first): the op appears in
+    the graph, functionalized, with the caller's out/lse shapes."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def f(q, k, v, qo, kvp, kvi, kvl, mask):
+        out = torch.empty(q.shape[0], q.shape[1], v.shape[-1], dtype=q.dtype, device=q.device)
+        lse = torch.empty(q.shape[0], q.shape[1], dtype=torch.float32, device=q.device)
+        ops.tree_verify(q, k, v, qo, kvp, kvi, kvl, mask, out, lse, None, 0.125, 1, 7, 1, 64, 64, 4, 2)
+        return out, lse
+
+    t = _meta_problem()
+    gm = make_fx(f, tracing_mode="fake")(*t.values())
+    assert "tree_verify" in gm.code
+    o, l = gm(*t.values())
+    assert o.shape == (7, 4, 64) and o.dtype == torch.float16 and l.shape == (7, 4) and l.dtype == torch.float32
+
+
+# ---------------------------------------------------------- config hooks ----
+
+def _cpu_problem(**kw):
+    from cases import CaseSpec, make_case
+
+    return make_case(CaseSpec(**kw)).problem()
+
+
+def test_backend_config_hooks():
+    from verify_attn.backends import cuda
+    from verify_attn.shapes import get_shape
+
+    p = _cpu_problem(prefix_lens=(300, 40), tree_sizes=(9, 4), hq=8, hkv=1, dqk=576, dv=512, mla=True,
+                     dtype=torch.bfloat16)
+    cfg = cuda.default_config(p)
+    t = vb.TILES["mla576"][0]
+    assert (cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages) == (t.block_m, t.block_n, t.num_warps,
+                                                                          t.num_stages)
+    assert cfg.num_splits >= 1
+    assert cuda.m_tiles(p, t.block_m) == -(-(p.max_tree_nodes * 8) // t.block_m)
+    assert cuda.resolve_config(p, cfg.replace(num_splits=0)).num_splits == cfg.num_splits
+    with pytest.raises(ValueError, match="not compiled"):
+        cuda.resolve_config(p, KernelConfig(num_splits=2, block_m=64, block_n=64, num_warps=4, num_stages=2))
+    space = cuda.config_space(get_shape("kimi-k2-tp8"), "sm_120a", splits=(0, 8))
+    assert len(space) == 2 * len(vb.TILES["mla576"])
+    for c in space:
+        r = cuda.resources(c, get_shape("kimi-k2-tp8"), "sm_120a")
+        assert r["fits"] and r["compiled"] and r["smem_bytes"] <= 99 * 1024
+    assert cuda.config_space(get_shape("gqa-d256"), "sm_90a")
+    assert "CUDA device" in cuda.supports(p)  # CPU tensors
+    assert cuda.workspace_bytes(p, 1) == 0 and cuda.workspace_bytes(p, 3) == 3 * p.total_q * 8 * 513 * 4
+
+
+def test_backend_unavailable_without_gpu():
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    from verify_attn.backends import get_backend
+
+    ok, why = get_backend("cuda").available()
+    assert not ok and "CUDA device" in why

@@ -1,0 +1,147 @@
+"""backend="cuda" on a GPU against the float64 reference (marked gpu: skipped
+without one). Inputs come from tests/cases.py: shuffled slots/pages with NaN in
+every unused one, and a NaN-poisoned `out`, so any stray read or unwritten
+element fails. Also: CUDA-graph capture and replay with changed lengths inside
+the captured maxima, run-to-run determinism, explicit split counts (including
+splits left empty), every compiled tile config.
+
+The first call per (dtype, head shape, layout) JIT-builds that instantiation
+(about a minute on a 16-core machine); set VERIFY_ATTN_CUDA_ARCHS to override the
+target arch.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import verify_attn
+from cases import TOL, CaseSpec, check_against_reference, make_case, poisoned_out
+from verify_attn import build as vb
+from verify_attn.config import KernelConfig
+
+pytestmark = pytest.mark.gpu
+
+HEADS = {  # name -> (hq, hkv, dqk, dv, mla)
+    "kimi-mla": (8, 1, 576, 512, True),
+    "mla-g16": (16, 1, 576, 512, True),
+    "llama-gqa128": (8, 1, 128, 128, False),
+    "qwen-gqa128": (32, 8, 128, 128, False),
+    "gqa64": (16, 2, 64, 64, False),
+    "gqa256": (8, 2, 256, 256, False),
+    "mha128": (4, 4, 128, 128, False),
+}
+
+
+def _spec(head: str, dtype=torch.bfloat16, **kw) -> CaseSpec:
+    hq, hkv, dqk, dv, mla = HEADS[head]
+    return CaseSpec(hq=hq, hkv=hkv, dqk=dqk, dv=dv, mla=mla, dtype=dtype, **kw)
+
+
+def _run(spec: CaseSpec, config=None):
+    case = make_case(spec, device="cuda")
+    out = poisoned_out(case)
+    o, lse = verify_attn.tree_verify(**case.kwargs, backend="cuda", config=config, out=out, return_lse=True)
+    torch.cuda.synchronize()
+    return case, o, lse
+
+
+def _check(spec: CaseSpec, config=None):
+    case, o, lse = _run(spec, config)
+    return check_against_reference(o, lse, case, *TOL[spec.dtype])
+
+
+# ------------------------------------------------------------------ matrix ----
+
+@pytest.mark.parametrize("head", list(HEADS))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("page_size", [1, 16, 32, 64])
+def test_matrix_small(head, dtype, page_size):
+    _check(_spec(head, dtype, prefix_lens=(97, 0, 1000), tree_sizes=(7, 1, 33), page_size=page_size,
+                 tree_kind="bushy", seed=1))
+
+
+@pytest.mark.parametrize("kind", ["chain", "bushy", "star", "deep"])
+@pytest.mark.parametrize("tree", [1, 5, 16, 64, 200, 256])
+def test_trees(kind, tree):
+    _check(_spec("kimi-mla", prefix_lens=(54,), tree_sizes=(tree,), tree_kind=kind, seed=tree))
+
+
+@pytest.mark.parametrize("ctx", [1, 54, 97, 4097, 16_385, 65_537])
+@pytest.mark.parametrize("head", ["kimi-mla", "llama-gqa128"])
+def test_odd_lengths(ctx, head):
+    _check(_spec(head, prefix_lens=(ctx,), tree_sizes=(16,), seed=ctx))
+
+
+def test_mixed_batch_mixed_lengths():
+    _check(_spec("kimi-mla", prefix_lens=(0, 1, 54, 3000, 20_000), tree_sizes=(1, 17, 5, 64, 9), seed=5))
+
+
+def test_185k_mla():
+    _check(_spec("kimi-mla", prefix_lens=(185_000,), tree_sizes=(16,), seed=185))
+
+
+@pytest.mark.parametrize("head", list(HEADS))
+@pytest.mark.parametrize("splits", [1, 2, 7, 64, 300])
+def test_split_counts_and_tiles(head, splits):
+    """Every compiled tile config x split counts, including far more splits than
+    a short request has tiles (empty splits must be skipped by the combine)."""
+    hq, hkv, dqk, dv, mla = HEADS[head]
+    key = vb.head_key(dqk, dv, mla)
+    for t in vb.TILES[key]:
+        cfg = KernelConfig(num_splits=splits, block_n=t.block_n, block_m=t.block_m, num_warps=t.num_warps,
+                           num_stages=t.num_stages)
+        _check(_spec(head, prefix_lens=(5, 700), tree_sizes=(3, 12), seed=splits), cfg)
+
+
+def test_paged_odd_page_size():
+    _check(_spec("kimi-mla", prefix_lens=(100, 37), tree_sizes=(6, 2), page_size=7, seed=3))
+
+
+# ----------------------------------------------------------- determinism ----
+
+def test_deterministic():
+    spec = _spec("kimi-mla", prefix_lens=(5000, 300), tree_sizes=(16, 4), seed=9)
+    case = make_case(spec, device="cuda")
+    a = verify_attn.tree_verify(**case.kwargs, backend="cuda")
+    b = verify_attn.tree_verify(**case.kwargs, backend="cuda")
+    assert torch.equal(a, b)
+
+
+# ------------------------------------------------------------- CUDA graph ----
+
+def test_cuda_graph_replay_with_changed_lengths():
+    """Capture at the maxima, then replay with shorter prefixes and other trees of
+    the same sizes copied into the static buffers: the graph's grid is static,
+    the real lengths come from the device."""
+    big = make_case(_spec("kimi-mla", prefix_lens=(3000, 800), tree_sizes=(16, 8), seed=11), device="cuda")
+    small = make_case(_spec("kimi-mla", prefix_lens=(1200, 3), tree_sizes=(16, 8), tree_kind="chain", seed=12),
+                      device="cuda")
+    kw = big.kwargs
+    out = torch.empty_like(poisoned_out(big))
+    lse = torch.empty(out.shape[:2], dtype=torch.float32, device="cuda")
+    cfg = KernelConfig(num_splits=24, block_n=16, block_m=32, num_warps=4, num_stages=3)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):  # warm-up: JIT load + workspace reservation outside capture
+        verify_attn.tree_verify(**kw, backend="cuda", config=cfg, out=out)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        o, l = verify_attn.tree_verify(**kw, backend="cuda", config=cfg, out=out, return_lse=True)
+    lse = l
+    g.replay()
+    torch.cuda.synchronize()
+    check_against_reference(out, lse, big, *TOL[torch.bfloat16])
+
+    sk = small.kwargs
+    for name in ("q", "qo_indptr", "kv_indptr", "kv_lens", "tree_mask"):
+        assert kw[name].shape == sk[name].shape, name
+        kw[name].copy_(sk[name])
+    kw["kv_indices"][: sk["kv_indices"].numel()].copy_(sk["kv_indices"])
+    n = sk["k_cache"].shape[0]
+    assert n <= kw["k_cache"].shape[0]
+    kw["k_cache"][:n].copy_(sk["k_cache"])
+    out.fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    check_against_reference(out, lse, small, *TOL[torch.bfloat16])

@@ -1,0 +1,244 @@
+"""Host checks of csrc/host (the __host__ __device__ arithmetic the kernels use),
+through the pybind11 module verify_attn._host_math (a g++ build, ~1 min the first
+time, cached after). Expected values come from independent encodings: the PTX
+ISA fragment tables written out here, plain Python partitions, float64 softmax.
+"""
+from __future__ import annotations
+
+import math
+import random
+import shutil
+
+import pytest
+import torch
+
+from verify_attn import build as vb
+from verify_attn import tree as vtree
+
+pytestmark = pytest.mark.skipif(shutil.which("c++") is None and shutil.which("g++") is None,
+                                reason="no C++ compiler for the host module")
+
+
+@pytest.fixture(scope="module")
+def hm():
+    return vb.load_host_math()
+
+
+# ---------------------------------------------------------------- fragments ----
+# PTX ISA, "Matrix Fragments for mma.m16n8k16 with floating point type", written
+# out as tables: (row, col) of each element of each register.
+
+def _ptx_a(lane, reg, half):
+    g, t = lane // 4, lane % 4
+    return [(g, 2 * t), (g + 8, 2 * t), (g, 2 * t + 8), (g + 8, 2 * t + 8)][reg][0], \
+        [(g, 2 * t), (g + 8, 2 * t), (g, 2 * t + 8), (g + 8, 2 * t + 8)][reg][1] + half
+
+
+def _ptx_b(lane, reg, half):
+    g, t = lane // 4, lane % 4
+    return (2 * t + half + (8 if reg else 0), g)
+
+
+def _ptx_c(lane, idx):
+    g, t = lane // 4, lane % 4
+    return (g + (8 if idx >= 2 else 0), 2 * t + idx % 2)
+
+
+def test_mma_fragment_maps_match_ptx(hm):
+    for lane in range(32):
+        for reg in range(4):
+            for half in range(2):
+                assert hm.mma_a_rc(lane, reg, half) == _ptx_a(lane, reg, half)
+        for reg in range(2):
+            for half in range(2):
+                assert hm.mma_b_rc(lane, reg, half) == _ptx_b(lane, reg, half)
+        for idx in range(4):
+            assert hm.mma_c_rc(lane, idx) == _ptx_c(lane, idx)
+
+
+def test_mma_maps_are_bijections(hm):
+    a = {hm.mma_a_rc(l, r, h) for l in range(32) for r in range(4) for h in range(2)}
+    b = {hm.mma_b_rc(l, r, h) for l in range(32) for r in range(2) for h in range(2)}
+    c = {hm.mma_c_rc(l, i) for l in range(32) for i in range(4)}
+    assert a == {(r, c_) for r in range(16) for c_ in range(16)}
+    assert b == {(k, n) for k in range(16) for n in range(8)}
+    assert c == {(r, c_) for r in range(16) for c_ in range(8)}
+
+
+def test_ldmatrix_element_map(hm):
+    # ldmatrix .m8n8 .b16: thread l holds row l/4, elements 2*(l%4) and +1; .trans transposes
+    for lane in range(32):
+        for half in range(2):
+            assert hm.ldmatrix_rc(lane, half, False) == (lane // 4, 2 * (lane % 4) + half)
+            assert hm.ldmatrix_rc(lane, half, True) == (2 * (lane % 4) + half, lane // 4)
+
+
+def test_kernel_ldmatrix_addressing_lands_on_mma_fragments(hm):
+    """What the kernel relies on: ldmatrix_x4 with its per-lane addresses gives
+    exactly the mma A fragment (Q, P), the B fragments of two n8 tiles from K rows
+    ([n][k] storage), and from V rows via .trans ([k][n] storage)."""
+    for lane in range(32):
+        for reg in range(4):
+            for half in range(2):
+                assert hm.ldsm_a_holds(lane, reg, half) == hm.mma_a_rc(lane, reg, half)
+                ntile, breg = reg // 2, reg % 2
+                k, n = hm.mma_b_rc(lane, breg, half)
+                assert hm.ldsm_b_holds(lane, reg, half) == (k, n + 8 * ntile)
+                assert hm.ldsm_bt_holds(lane, reg, half) == (k, n + 8 * ntile)
+
+
+def test_ldmatrix_addresses_are_16_byte_rows(hm):
+    # every lane's address is a row start + a multiple of 8 elements (16 B), inside the 16x16 block
+    for f in (hm.ldsm_a_addr, hm.ldsm_b_addr, hm.ldsm_bt_addr):
+        rows = [f(l) for l in range(32)]
+        assert all(0 <= r < 16 and c in (0, 8) for r, c in rows)
+        assert len(set(rows)) == 32  # each of the 4 matrices x 8 rows supplied once
+
+
+# ------------------------------------------------------------------ layouts ----
+
+def test_row_offset_page1_and_paged(hm):
+    rnd = random.Random(0)
+    for _ in range(200):
+        sid, t = rnd.randrange(1 << 20), rnd.randrange(1 << 18)
+        assert hm.row_offset(False, sid, t, 1, 576, 0) == sid * 576
+        assert hm.index_pos(False, t, 1) == t
+        p = rnd.choice([2, 16, 32, 64, 128, 7])
+        page = rnd.randrange(1 << 16)
+        sb, st = p * 2 * 128, 2 * 128  # [pages, P, Hkv=2, 128]
+        assert hm.index_pos(True, t, p) == t // p
+        assert hm.row_offset(True, page, t, p, sb, st) == page * sb + (t % p) * st
+    # int64: offsets past 2^31 elements do not wrap
+    assert hm.row_offset(False, 3_000_000, 0, 1, 1152, 0) == 3_000_000 * 1152
+
+
+def test_paged_rows_match_gather_of_a_torch_pool(hm):
+    # a [pages, P, Hkv, D] pool: row of token t via the policy == pool[ids[t // P], t % P]
+    P, H, D = 16, 2, 8
+    pool = torch.arange(7 * P * H * D).view(7, P, H, D)
+    ids = [5, 0, 3]
+    flat = pool.reshape(-1)
+    for t in range(3 * P):
+        off = hm.row_offset(True, ids[hm.index_pos(True, t, P)], t, P, pool.stride(0), pool.stride(1))
+        for h in range(H):
+            assert torch.equal(flat[off + h * pool.stride(2): off + h * pool.stride(2) + D], pool[ids[t // P], t % P, h])
+
+
+# ------------------------------------------------------------------- splits ----
+
+@pytest.mark.parametrize("kv_len", [1, 2, 15, 16, 17, 54, 97, 256, 1000, 4097, 185_000])
+@pytest.mark.parametrize("num_splits", [1, 2, 3, 7, 64, 264])
+@pytest.mark.parametrize("block_n", [16, 32, 64])
+def test_split_ranges_partition_the_kv(hm, kv_len, num_splits, block_n):
+    ranges = [hm.split_range(kv_len, num_splits, block_n, s) for s in range(num_splits)]
+    nonempty = hm.num_nonempty_splits(kv_len, num_splits, block_n)
+    covered = []
+    for s, (b, e) in enumerate(ranges):
+        assert 0 <= b <= e <= kv_len
+        if s < nonempty:
+            assert e > b, "splits below num_nonempty_splits own tokens"
+            assert b % block_n == 0, "a split starts on a tile boundary (only the last tile is ragged)"
+        else:
+            assert b == e, "trailing splits are empty"
+        covered.extend(range(b, e))
+        assert hm.num_tiles(b, e, block_n) == -(-(e - b) // block_n)
+    assert covered == list(range(kv_len))
+    assert nonempty <= num_splits
+    assert hm.split_chunk(kv_len, num_splits, block_n) % block_n == 0
+
+
+# --------------------------------------------------------------------- mask ----
+
+def test_mask_bits_match_pack_mask(hm):
+    g = torch.Generator().manual_seed(3)
+    for kind, t in (("bushy", 70), ("chain", 33), ("star", 40), ("deep", 100)):
+        parents = vtree.random_parents(t, kind, g)
+        dense = vtree.ancestor_mask(parents)
+        packed = vtree.pack_mask(dense)
+        prefix, end = 13, 13 + t
+        for i in range(t):
+            for j in range(t):
+                word = int(packed[i, hm.mask_word_index(j)]) & 0xFFFFFFFF
+                assert hm.mask_bit(word, j) == bool(dense[i, j])
+                assert hm.token_visible(prefix + j, prefix, end, word) == bool(dense[i, j])
+        assert hm.token_visible(5, prefix, end, 0)          # prefix: always visible, no word needed
+        assert not hm.needs_mask_word(5, prefix, end)
+        assert not hm.token_visible(end, prefix, end, -1)   # past the end: never
+
+
+def test_tile_needs_mask(hm):
+    # prefix 100, end 110, tiles of 32: [64,96) is clean, [96,128) reaches the tree and the end
+    assert not hm.tile_needs_mask(64, 32, 100, 110)
+    assert hm.tile_needs_mask(96, 32, 100, 110)
+    assert hm.tile_needs_mask(0, 32, 0, 5)          # L_b = 0: the whole KV is the tree
+    assert not hm.tile_needs_mask(0, 32, 32, 33)
+
+
+# ------------------------------------------------------------------ softmax ----
+
+def _direct(scores):
+    s = torch.tensor(scores, dtype=torch.float64)
+    m = s.max()
+    if m == -math.inf:
+        return -math.inf
+    return float(m + torch.log2(torch.exp2(s - m).sum()))
+
+
+def test_online_softmax_matches_direct(hm):
+    rnd = random.Random(1)
+    for trial in range(50):
+        tiles = []
+        for _ in range(rnd.randrange(1, 8)):
+            tile = [rnd.uniform(-30, 30) for _ in range(rnd.randrange(1, 9))]
+            if rnd.random() < 0.3:
+                tile = [-math.inf] * len(tile)  # a fully masked tile
+            tiles.append(tile)
+        m, l = -math.inf, 0.0
+        for tile in tiles:
+            m, alpha = hm.online_softmax_update(m, max(tile))
+            ref = hm.softmax_ref_max(m)
+            l = l * alpha + sum(math.exp2(x - ref) for x in tile)
+            assert not math.isnan(l) and not math.isnan(alpha)
+        want = _direct([x for t in tiles for x in t])
+        got = hm.row_lse2(m, l)
+        if want == -math.inf:
+            assert got == -math.inf and l == 0.0 and hm.row_inv_l(l) == 0.0
+        else:
+            assert abs(got - want) < 1e-5 * max(1.0, abs(want))
+
+
+def test_lse_merge_matches_direct(hm):
+    rnd = random.Random(2)
+    for trial in range(50):
+        n = rnd.randrange(1, 10)
+        lses = [rnd.uniform(-20, 20) if rnd.random() > 0.25 else -math.inf for _ in range(n)]
+        if all(x == -math.inf for x in lses):
+            lses[0] = 1.5
+        vals = [rnd.uniform(-1, 1) for _ in range(n)]  # one Dv column of each normalised partial
+        m, l, acc = -math.inf, 0.0, 0.0
+        for x, v in zip(lses, vals):
+            m, l, so, sn = hm.lse_merge(m, l, x)
+            acc = acc * so + v * sn
+        fin = [(x, v) for x, v in zip(lses, vals) if x != -math.inf]
+        mx = max(x for x, _ in fin)
+        w = [math.exp2(x - mx) for x, _ in fin]
+        want_out = sum(wi * v for wi, (_, v) in zip(w, fin)) / sum(w)
+        want_lse = mx + math.log2(sum(w))
+        assert abs(acc / l - want_out) < 1e-5
+        assert abs(hm.row_lse2(m, l) - want_lse) < 1e-5 * max(1.0, abs(want_lse))
+
+
+# -------------------------------------------------------------- tile table ----
+
+def test_python_tile_table_matches_config_h(hm):
+    cpp = hm.tile_configs()
+    py = []
+    for head, tiles in vb.TILES.items():
+        dqk, dv, shared = vb.HEADS[head]
+        for t in tiles:
+            py.append({"head": head, "dqk": dqk, "dv": dv, "shared_kv": shared, "block_m": t.block_m,
+                       "block_n": t.block_n, "warps_m": t.warps_m, "warps_n": t.warps_n,
+                       "num_warps": t.num_warps, "num_stages": t.num_stages,
+                       "smem_bytes": vb.smem_bytes(t, dqk, dv, shared)})
+    assert sorted(cpp, key=str) == sorted(py, key=str)
+    assert all(d["smem_bytes"] <= hm.smem_limit_sm120 for d in cpp)

@@ -1,0 +1,268 @@
+"""Backend "cuda": the split-KV tree-verify kernels of csrc/tree_verify.
+
+Ops come from, in order: the setup.py AOT extension `verify_attn._C` (every
+instantiation, op namespace `verify_attn`), else a JIT build on first use with
+torch.utils.cpp_extension + ninja of just the (dtype, head shape, layout)
+asked for (op namespace = the module name, so several variants load side by
+side; cached under torch's extensions dir). JIT targets the local GPU's arch
+(sm_90a / sm_120a) or $VERIFY_ATTN_CUDA_ARCHS (e.g. "sm_90a,sm_120a");
+VERIFY_ATTN_JIT_ALL=1 builds every instantiation into one module instead.
+
+The launch path is CUDA-graph safe: the config (tile + split count) comes from
+static shapes, the grid's M tiles from problem.max_tree_nodes, the fp32
+workspace is cached per device and only grows outside capture; nothing reads
+device memory on the host.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import threading
+from typing import Optional
+
+import torch
+
+from .. import build as vb
+from ..config import KernelConfig, heuristic_num_splits
+from ..shapes import HeadShape
+from . import Backend, Problem, register
+
+_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+_SPLIT_CANDIDATES = (1, 2, 4, 8, 16, 32, 64, 128, 192, 256)
+_lock = threading.Lock()
+
+
+# ---------------------------------------------------------------- configs ----
+
+def _head_of(dqk: int, dv: int, shared_kv: bool) -> Optional[str]:
+    return vb.head_key(dqk, dv, shared_kv)
+
+
+def _tile_of(head: str, cfg: KernelConfig) -> Optional[vb.Tile]:
+    for t in vb.TILES[head]:
+        if (t.block_m, t.block_n, t.num_warps, t.num_stages) == (cfg.block_m, cfg.block_n, cfg.num_warps,
+                                                                  cfg.num_stages):
+            return t
+    return None
+
+
+def resources(config: KernelConfig, shape: HeadShape, arch: str, **_kw) -> dict:
+    """Exact dynamic smem of the split kernel (SharedMemoryPlan), threads, and
+    whether the tile config is compiled and fits the arch's per-block limit.
+    Registers/spills are the compiler's: `python -m verify_attn.build --report`."""
+    head = _head_of(shape.head_dim_qk, shape.head_dim_v, shape.mla)
+    tile = _tile_of(head, config) if head else None
+    limit = vb.SMEM_LIMIT.get(arch, 99 * 1024)
+    if tile is None:
+        return {"smem_bytes": 0, "smem_limit": limit, "threads": 32 * config.num_warps, "compiled": False,
+                "fits": False}
+    smem = vb.smem_bytes(tile, shape.head_dim_qk, shape.head_dim_v, shape.mla)
+    return {"smem_bytes": smem, "smem_limit": limit, "threads": 32 * tile.num_warps, "compiled": True,
+            "fits": smem <= limit}
+
+
+def config_space(shape: HeadShape, arch: str, *, splits: tuple[int, ...] = (0,), **_kw) -> list[KernelConfig]:
+    """Every compiled tile config of this head shape x the split counts asked for
+    (0 = the heuristic; the autotuner passes the counts it sweeps)."""
+    head = _head_of(shape.head_dim_qk, shape.head_dim_v, shape.mla)
+    if head is None:
+        return []
+    out = []
+    for t in vb.TILES[head]:
+        for s in splits:
+            c = KernelConfig(num_splits=s, block_n=t.block_n, block_m=t.block_m, num_warps=t.num_warps,
+                             num_stages=t.num_stages)
+            if resources(c, shape, arch)["fits"]:
+                out.append(c)
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _problem_sms(p: Problem) -> int:
+    if p.device.type == "cuda":
+        return _num_sms(p.device.index if p.device.index is not None else torch.cuda.current_device())
+    return 132  # no device to ask (config inspection on a CPU machine): an H200's count
+
+
+def default_config(p: Problem) -> KernelConfig:
+    head = _head_of(p.head_dim_qk, p.head_dim_v, p.mla_shared_kv)
+    if head is None:
+        raise ValueError(f"cuda backend: no kernel for Dqk={p.head_dim_qk} Dv={p.head_dim_v} "
+                         f"(V {'aliases' if p.mla_shared_kv else 'separate from'} K)")
+    t = vb.TILES[head][0]
+    return KernelConfig(num_splits=_splits_for(p, t), block_n=t.block_n, block_m=t.block_m,
+                        num_warps=t.num_warps, num_stages=t.num_stages)
+
+
+def m_tiles(p: Problem, block_m: int) -> int:
+    """The grid's M tiles: from the static bound on tree rows, never from qo_indptr."""
+    return -(-(p.max_tree_nodes * p.group) // block_m)
+
+
+def _splits_for(p: Problem, t: vb.Tile) -> int:
+    return heuristic_num_splits(batch=p.batch, num_kv_heads=p.num_kv_heads, m_tiles=m_tiles(p, t.block_m),
+                                avg_kv_len=p.avg_kv_len, num_sms=_problem_sms(p), block_n=t.block_n)
+
+
+def resolve_config(p: Problem, config: Optional[KernelConfig]) -> KernelConfig:
+    """Fill num_splits=0 with the heuristic; check the tile config is compiled."""
+    cfg = config if config is not None else default_config(p)
+    head = _head_of(p.head_dim_qk, p.head_dim_v, p.mla_shared_kv)
+    t = _tile_of(head, cfg)
+    if t is None:
+        have = ", ".join(f"(block_m={x.block_m}, block_n={x.block_n}, num_warps={x.num_warps}, "
+                         f"num_stages={x.num_stages})" for x in vb.TILES[head])
+        raise ValueError(f"cuda backend: tile config {cfg} is not compiled for {head}; compiled: {have}")
+    if cfg.num_splits == 0:
+        cfg = cfg.replace(num_splits=_splits_for(p, t))
+    return cfg
+
+
+# ---------------------------------------------------------- availability ----
+
+def available() -> tuple[bool, str]:
+    if not torch.cuda.is_available():
+        return False, "no CUDA device (torch.cuda.is_available() is False)"
+    if _aot_module() is None and vb.find_cuda_home() is None:
+        return False, ("no CUDA toolkit for the JIT build and no AOT build (verify_attn._C); set CUDA_HOME, "
+                       "or pip install with VERIFY_ATTN_BUILD_CUDA=1; fallback: backend='triton'")
+    return True, ""
+
+
+def supports(p: Problem) -> Optional[str]:
+    if p.device.type != "cuda":
+        return f"tensors are on {p.device}, the cuda backend needs a CUDA device"
+    if p.dtype not in _DTYPES:
+        return f"dtype {p.dtype} (bfloat16 and float16 only)"
+    if _head_of(p.head_dim_qk, p.head_dim_v, p.mla_shared_kv) is None:
+        return (f"head shape Dqk={p.head_dim_qk} Dv={p.head_dim_v} with V "
+                f"{'aliasing' if p.mla_shared_kv else 'separate from'} K (compiled: MLA 576/512 with "
+                f"v_cache = k_cache[..., :512]; GQA 64, 128, 256)")
+    for name, t in (("q", p.q), ("k_cache", p.k_cache), ("v_cache", p.v_cache)):
+        if t.data_ptr() % 16 or any(s % 8 for s in t.stride()[:-1]):
+            return f"{name} rows must be 16-byte aligned (strides multiples of 8 elements) for cp.async"
+    return None
+
+
+# ------------------------------------------------------------ op loading ----
+
+@functools.lru_cache(maxsize=None)
+def _aot_module():
+    try:
+        import verify_attn._C  # noqa: F401  (registers torch.ops.verify_attn.*)
+    except ImportError:
+        return None
+    return "verify_attn"
+
+
+def jit_archs() -> list[str]:
+    env = os.environ.get("VERIFY_ATTN_CUDA_ARCHS")
+    if env:
+        return [a.strip() for a in env.split(",") if a.strip()]
+    if torch.cuda.is_available():
+        major, minor = torch.cuda.get_device_capability()
+        suffix = "a" if major in (9, 10, 12) else ""
+        return [f"sm_{major}{minor}{suffix}"]
+    return list(vb.DEFAULT_ARCHS)
+
+
+def variant_name(dtype: str, head: str, layout: str, archs: list[str]) -> str:
+    tag = vb.source_hash([str(vb.CSRC / "bindings" / "torch_ops.cpp"), *archs])[:8]
+    return f"va_tv_{head}_{dtype}_{layout}_{'_'.join(a.replace('sm_', '') for a in archs)}_{tag}"
+
+
+_LOADED: dict[str, str] = {}
+
+
+def load_ops(dtype: str, head: str, layout: str, archs: Optional[list[str]] = None, verbose: bool = False):
+    """The torch.ops namespace holding the kernels for (dtype, head, layout):
+    the AOT module's, or a JIT build of just that instantiation (built once, cached)."""
+    if _aot_module() is not None:
+        _fake_registered_aot()
+        return getattr(torch.ops, "verify_attn")
+    archs = archs or jit_archs()
+    build_all = os.environ.get("VERIFY_ATTN_JIT_ALL") == "1"
+    name = variant_name("all", "kernels", "any", archs) if build_all else variant_name(dtype, head, layout, archs)
+    with _lock:
+        if name not in _LOADED:
+            vb.ensure_cuda_home()
+            from torch.utils.cpp_extension import load
+
+            # one instantiation, or (VERIFY_ATTN_JIT_ALL=1) every one in a single build,
+            # which ninja compiles in parallel: the quickest way to cover the whole
+            # matrix on a many-core GPU machine
+            files = vb.instantiation_files() if build_all else [vb.instantiation_file(dtype, head, layout)]
+            srcs = vb.extension_sources(files)
+            lib = load(name=name, sources=srcs, extra_include_paths=[str(vb.CSRC)],
+                       extra_cflags=["-O2", f"-DVA_OP_NAMESPACE={name}"],
+                       extra_cuda_cflags=vb.nvcc_extension_flags(archs) + [f"-DVA_OP_NAMESPACE={name}"],
+                       is_python_module=False, verbose=verbose)
+            if isinstance(lib, str):  # older torch returns the path without loading it
+                torch.ops.load_library(lib)
+            _register_fake(name)
+            _LOADED[name] = name
+    return getattr(torch.ops, name)
+
+
+def _register_fake(ns: str) -> None:
+    """Fake (meta) kernels: the op only writes its mutable outputs, so shapes
+    and dtypes come from the caller's tensors and the fake op does nothing."""
+    @torch.library.register_fake(f"{ns}::tree_verify")
+    def _fake(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_lens, tree_mask, out, lse, workspace,
+              sm_scale, page_size, max_tree_nodes, num_splits, block_n, block_m, num_warps, num_stages):
+        return None
+
+
+@functools.lru_cache(maxsize=None)
+def _fake_registered_aot() -> bool:
+    _register_fake("verify_attn")
+    return True
+
+
+# -------------------------------------------------------------- workspace ----
+
+_WORKSPACE: dict[torch.device, torch.Tensor] = {}
+
+
+def workspace_bytes(p: Problem, num_splits: int) -> int:
+    """fp32 partial O + log2-sum-exp2 per (split, q row, head) when num_splits > 1."""
+    return 0 if num_splits <= 1 else num_splits * p.total_q * p.num_q_heads * (p.head_dim_v + 1) * 4
+
+
+def reserve_workspace(device: torch.device, nbytes: int) -> torch.Tensor:
+    """The device's cached workspace, grown to >= nbytes. Call before CUDA-graph
+    capture with the captured maxima; a capture that needs more raises."""
+    ws = _WORKSPACE.get(device)
+    if ws is None or ws.numel() < nbytes:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(f"cuda backend: workspace of {nbytes} B needed during CUDA-graph capture but only "
+                               f"{0 if ws is None else ws.numel()} B reserved; run the call once (or "
+                               f"reserve_workspace) with the captured maxima before capturing")
+        ws = torch.empty(max(nbytes, 1 << 20), dtype=torch.uint8, device=device)
+        _WORKSPACE[device] = ws
+    return ws
+
+
+# -------------------------------------------------------------------- run ----
+
+def _run(p: Problem, config: Optional[KernelConfig], out: torch.Tensor, lse: Optional[torch.Tensor]) -> None:
+    cfg = resolve_config(p, config)
+    head = _head_of(p.head_dim_qk, p.head_dim_v, p.mla_shared_kv)
+    ops = load_ops(_DTYPES[p.dtype], head, p.layout)
+    need = workspace_bytes(p, cfg.num_splits)
+    ws = reserve_workspace(p.device, need) if need else None
+    ops.tree_verify(p.q, p.k_cache, p.v_cache, p.qo_indptr, p.kv_indptr, p.kv_indices, p.kv_lens, p.tree_mask,
+                    out, lse, ws, p.sm_scale, p.page_size, p.max_tree_nodes, cfg.num_splits, cfg.block_n,
+                    cfg.block_m, cfg.num_warps, cfg.num_stages)
+
+
+register(Backend(
+    "cuda", _run, available=available, supports=supports, config_space=config_space, resources=resources,
+    default_config=default_config, tunable=True,
+    meta={"kind": "split-kv", "grid": "(KV split, M tile x KV head, request) + combine",
+          "sources": "csrc/tree_verify"},
+))

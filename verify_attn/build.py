@@ -1,0 +1,423 @@
+"""Build tooling of the CUDA kernel family: toolkit discovery, the kernel
+family table, the ptxas resource report, and the setup.py AOT extension list.
+
+    python -m verify_attn.build --arch sm_90a,sm_120a --report [--json PATH]
+
+compiles every instantiation file (csrc/tree_verify/instantiations/*.cu) with
+nvcc directly (no torch headers; one nvcc call per file with one -gencode per
+architecture; no GPU needed), parses the `-Xptxas=-v` output and prints, per
+kernel and architecture, registers, shared memory (static from ptxas + the
+dynamic bytes the launch passes, from the tile config), spill stores/loads and
+local memory (stack frame). It exits 1 if any kernel spills, uses local memory,
+or exceeds the per-block shared memory limit (99 KB on sm_120, 227 KB on sm_90),
+and 2 if a compile fails. Results are cached per file by a hash of the sources,
+flags and nvcc version, so reruns are instant.
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Iterable, Optional
+
+REPO = Path(__file__).resolve().parent.parent
+CSRC = REPO / "csrc"
+TV = CSRC / "tree_verify"
+INST_DIR = TV / "instantiations"
+
+# --------------------------------------------------------------------------
+# The kernel family (mirrors csrc/tree_verify/config.h; tests/test_host_math.py
+# checks the two agree through the host module).
+# --------------------------------------------------------------------------
+
+# head key -> (Dqk, Dv, V shares the K row)
+HEADS: dict[str, tuple[int, int, bool]] = {
+    "mla576": (576, 512, True),
+    "gqa64": (64, 64, False),
+    "gqa128": (128, 128, False),
+    "gqa256": (256, 256, False),
+}
+
+
+@dataclass(frozen=True)
+class Tile:
+    block_m: int     # BM rows per CTA (16 per M warp)
+    block_n: int     # BN KV tokens per tile
+    warps_m: int     # WM
+    warps_n: int     # WN warps sharing 16 rows (split tokens for S, Dv for O)
+    num_stages: int  # cp.async stages
+
+    @property
+    def num_warps(self) -> int:
+        return self.warps_m * self.warps_n
+
+
+# head key -> compiled tile configs, default first (TilesFor<...> in config.h)
+TILES: dict[str, list[Tile]] = {
+    "mla576": [Tile(32, 16, 2, 2, 3), Tile(16, 32, 1, 4, 2)],
+    "gqa64": [Tile(64, 64, 4, 1, 2)],
+    "gqa128": [Tile(64, 32, 4, 1, 2), Tile(128, 32, 8, 1, 2)],
+    "gqa256": [Tile(32, 32, 2, 2, 2)],
+}
+DTYPES = ("bf16", "fp16")
+LAYOUTS = ("page1", "paged")
+SMEM_LIMIT = {"sm_90": 227 * 1024, "sm_90a": 227 * 1024, "sm_120": 99 * 1024, "sm_120a": 99 * 1024}
+
+
+def head_key(dqk: int, dv: int, shared_kv: bool) -> Optional[str]:
+    for k, v in HEADS.items():
+        if v == (dqk, dv, shared_kv):
+            return k
+    return None
+
+
+def smem_bytes(tile: Tile, dqk: int, dv: int, shared_kv: bool) -> int:
+    """Dynamic shared memory of the split kernel (SharedMemoryPlan in traits.h)."""
+    pad, elem = 8, 2
+    q = tile.block_m * (dqk + pad) * elem
+    k = tile.num_stages * tile.block_n * (dqk + pad) * elem
+    v = 0 if shared_kv else tile.num_stages * tile.block_n * (dv + pad) * elem
+    p = tile.block_m * (tile.block_n + pad) * elem if tile.warps_n > 1 else 0
+    red = 2 * tile.warps_n * tile.block_m * 4 if tile.warps_n > 1 else 0
+    return q + k + v + p + red
+
+
+def instantiation_file(dtype: str, head: str, layout: str) -> Path:
+    return INST_DIR / f"{head}_{dtype}_{layout}.cu"
+
+
+def instantiation_files(dtypes: Iterable[str] = DTYPES, heads: Iterable[str] = tuple(HEADS),
+                        layouts: Iterable[str] = LAYOUTS) -> list[Path]:
+    return [instantiation_file(d, h, l) for h in heads for d in dtypes for l in layouts]
+
+
+def kernel_sources(files: Optional[list[Path]] = None) -> list[Path]:
+    """Torch-free translation units of a build: the dispatcher + instantiations."""
+    return [TV / "dispatch.cu"] + (files if files is not None else instantiation_files())
+
+
+def source_hash(extra: Iterable[str] = ()) -> str:
+    """Hash of every header/source the kernels see (csrc/arch, host, tree_verify)."""
+    h = hashlib.sha256()
+    for d in ("arch", "host", "tree_verify"):
+        for f in sorted((CSRC / d).rglob("*")):
+            if f.is_file() and f.suffix in (".h", ".cuh", ".cu", ".cpp"):
+                h.update(str(f.relative_to(CSRC)).encode())
+                h.update(f.read_bytes())
+    for e in extra:
+        h.update(e.encode())
+    return h.hexdigest()[:20]
+
+
+# --------------------------------------------------------------------------
+# Toolkit discovery
+# --------------------------------------------------------------------------
+
+def _has_nvcc(root: Optional[str]) -> bool:
+    # a toolkit root holds nvcc AND the runtime headers: a generic prefix such as
+    # /usr/local with only a wrapper script in bin/ is not one
+    return bool(root) and (Path(root) / "bin" / "nvcc").exists() and \
+        (Path(root) / "include" / "cuda_runtime.h").exists()
+
+
+def find_cuda_home() -> Optional[str]:
+    """CUDA toolkit root: $CUDA_HOME / $CUDA_PATH if they hold bin/nvcc, else the
+    root nvcc itself reports (`nvcc --dryrun` prints `#$ TOP=<root>/bin/..`, which
+    sees through wrapper scripts on PATH), else /usr/local/cuda. None if none."""
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        if _has_nvcc(os.environ.get(var)):
+            return str(Path(os.environ[var]).resolve())
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        with tempfile.TemporaryDirectory() as d:
+            src = Path(d) / "probe.cu"
+            src.write_text("int main() { return 0; }\n")
+            try:
+                r = subprocess.run([nvcc, "--dryrun", "-c", str(src), "-o", str(Path(d) / "probe.o")],
+                                   capture_output=True, text=True, timeout=60)
+                m = re.search(r"^#\$ TOP=(.+)$", r.stdout + r.stderr, re.M)
+                if m and _has_nvcc(str(Path(m.group(1).strip()).resolve())):
+                    return str(Path(m.group(1).strip()).resolve())
+            except (OSError, subprocess.SubprocessError):
+                pass
+        root = Path(nvcc).resolve().parent.parent
+        if _has_nvcc(str(root)):
+            return str(root)
+    if _has_nvcc("/usr/local/cuda"):
+        return str(Path("/usr/local/cuda").resolve())
+    return None
+
+
+def ensure_cuda_home() -> str:
+    """find_cuda_home(), exported as CUDA_HOME for torch's extension builder; raises if none."""
+    root = find_cuda_home()
+    if root is None:
+        raise RuntimeError("no CUDA toolkit found (set CUDA_HOME or put nvcc on PATH); "
+                           "without one use backend='triton' or 'reference' (or 'cuda-emu' on the CPU)")
+    os.environ["CUDA_HOME"] = root
+    # torch's extension builder reads CUDA_HOME once, at import: correct a stale guess
+    cpp_ext = sys.modules.get("torch.utils.cpp_extension")
+    if cpp_ext is not None and getattr(cpp_ext, "CUDA_HOME", None) != root:
+        cpp_ext.CUDA_HOME = root
+    return root
+
+
+def nvcc_path() -> str:
+    return str(Path(ensure_cuda_home()) / "bin" / "nvcc")
+
+
+def gencode_flags(archs: Iterable[str]) -> list[str]:
+    out = []
+    for a in archs:
+        a = a.strip()
+        if not re.fullmatch(r"sm_\d+[af]?", a):
+            raise ValueError(f"--arch entries look like sm_90a or sm_120a, got {a!r}")
+        n = a[3:]
+        out.append(f"-gencode=arch=compute_{n},code=sm_{n}")
+    return out
+
+
+NVCC_FLAGS = ["-std=c++17", "-O3", "-lineinfo", "--expt-relaxed-constexpr", "-Xptxas=-v"]
+
+
+# --------------------------------------------------------------------------
+# ptxas report
+# --------------------------------------------------------------------------
+
+@dataclass
+class KernelReport:
+    name: str           # readable: "split bf16 576x512 page1 m32 n16 w4 s3" / "combine bf16 dv512"
+    arch: str
+    registers: int
+    smem_bytes: int     # static (ptxas) + dynamic as launched
+    static_smem: int
+    dynamic_smem: int
+    spill_stores: int
+    spill_loads: int
+    local_bytes: int    # stack frame (local memory per thread)
+    source: str
+    mangled: str
+
+    def problems(self) -> list[str]:
+        out = []
+        if self.spill_stores or self.spill_loads:
+            out.append(f"spills ({self.spill_stores} B stores, {self.spill_loads} B loads)")
+        if self.local_bytes:
+            out.append(f"{self.local_bytes} B local memory")
+        lim = SMEM_LIMIT.get(self.arch)
+        if lim is not None and self.smem_bytes > lim:
+            out.append(f"shared memory {self.smem_bytes} B > {lim} B limit")
+        return out
+
+
+_ELEM = {"13__nv_bfloat16": "bf16", "6__half": "fp16"}
+
+
+def _describe(mangled: str) -> tuple[str, int]:
+    """Readable name and dynamic smem (bytes) of a kernel from its mangled name."""
+    elem = next((v for k, v in _ELEM.items() if k in mangled), "?")
+    if "tree_verify_split_kernel" in mangled:
+        t = [int(x) for x in re.search(r"TileConfigILi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)E", mangled).groups()]
+        dqk, dv, shared = re.search(r"HeadConfigILi(\d+)ELi(\d+)ELb([01])E", mangled).groups()
+        layout = "paged" if "PagedLayout" in mangled else "page1"
+        tile = Tile(t[0], t[1], t[2], t[3], t[4])
+        dyn = smem_bytes(tile, int(dqk), int(dv), shared == "1")
+        name = (f"split {elem} {dqk}x{dv} {layout} m{tile.block_m} n{tile.block_n} "
+                f"w{tile.num_warps} s{tile.num_stages}")
+        return name, dyn
+    if "tree_verify_combine_kernel" in mangled:
+        dv = re.search(r"Li(\d+)EEEv", mangled)
+        return f"combine {elem} dv{dv.group(1) if dv else '?'}", 0
+    return mangled, 0
+
+
+def parse_ptxas(text: str, source: str) -> list[KernelReport]:
+    out: list[KernelReport] = []
+    cur: Optional[dict] = None
+    for line in text.splitlines():
+        m = re.search(r"Compiling entry function '([^']+)' for '(sm_\w+)'", line)
+        if m:
+            cur = {"mangled": m.group(1), "arch": m.group(2), "stack": 0, "ss": 0, "sl": 0, "regs": 0, "smem": 0}
+            continue
+        if cur is None:
+            continue
+        m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line)
+        if m:
+            cur["stack"], cur["ss"], cur["sl"] = map(int, m.groups())
+            continue
+        m = re.search(r"Used (\d+) registers", line)
+        if m:
+            cur["regs"] = int(m.group(1))
+            s = re.search(r"(\d+) bytes smem", line)
+            cur["smem"] = int(s.group(1)) if s else 0
+            name, dyn = _describe(cur["mangled"])
+            out.append(KernelReport(name, cur["arch"], cur["regs"], cur["smem"] + dyn, cur["smem"], dyn,
+                                    cur["ss"], cur["sl"], cur["stack"], source, cur["mangled"]))
+            cur = None
+    return out
+
+
+def _cache_dir() -> Path:
+    d = Path(os.environ.get("VERIFY_ATTN_CACHE", Path.home() / ".cache" / "verify_attn")) / "build_report"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def _nvcc_version(nvcc: str) -> str:
+    return subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout.strip().splitlines()[-1]
+
+
+def compile_report(src: Path, archs: list[str], nvcc: str, key: str, use_cache: bool = True) -> list[KernelReport]:
+    """ptxas report of one translation unit for all archs (one nvcc call), cached by `key`."""
+    cache = _cache_dir() / f"{src.stem}-{key}.json"
+    if use_cache and cache.exists():
+        return [KernelReport(**r) for r in json.loads(cache.read_text())]
+    with tempfile.TemporaryDirectory() as d:
+        cmd = [nvcc, *NVCC_FLAGS, *gencode_flags(archs), f"-I{CSRC}", "-c", str(src), "-o", str(Path(d) / "k.o")]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"nvcc failed for {src.name} (exit {r.returncode}):\n{' '.join(cmd)}\n{r.stderr[-6000:]}")
+    reps = parse_ptxas(r.stdout + r.stderr, src.name)
+    tmp = cache.with_suffix(".tmp")
+    tmp.write_text(json.dumps([asdict(x) for x in reps]))
+    tmp.replace(cache)
+    return reps
+
+
+def build_report(archs: list[str], files: Optional[list[Path]] = None, jobs: int = 1,
+                 use_cache: bool = True, log=print) -> list[KernelReport]:
+    nvcc = nvcc_path()
+    files = files if files is not None else instantiation_files()
+    key = source_hash(["report-v2", *NVCC_FLAGS, *archs, _nvcc_version(nvcc)])
+    reps: list[KernelReport] = []
+
+    def one(f: Path) -> list[KernelReport]:
+        return compile_report(f, archs, nvcc, key, use_cache)
+
+    with cf.ThreadPoolExecutor(max_workers=max(1, jobs)) as ex:
+        for f, rs in zip(files, ex.map(one, files)):
+            log(f"  compiled {f.name}: {len(rs)} kernel entries")
+            reps.extend(rs)
+    # the combine kernel is compiled into every file of its dtype/Dv: report it once per arch
+    seen, uniq = set(), []
+    for r in reps:
+        if (r.name, r.arch) not in seen:
+            seen.add((r.name, r.arch))
+            uniq.append(r)
+    return sorted(uniq, key=lambda r: (r.name, r.arch))
+
+
+def format_table(reps: list[KernelReport]) -> str:
+    hdr = f"{'kernel':48} {'arch':8} {'regs':>5} {'smem B':>8} {'spill st':>9} {'spill ld':>9} {'local B':>8}  status"
+    lines = [hdr, "-" * len(hdr)]
+    for r in reps:
+        pr = r.problems()
+        lines.append(f"{r.name:48} {r.arch:8} {r.registers:5d} {r.smem_bytes:8d} {r.spill_stores:9d} "
+                     f"{r.spill_loads:9d} {r.local_bytes:8d}  {'FAIL: ' + '; '.join(pr) if pr else 'ok'}")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------
+# setup.py AOT build (VERIFY_ATTN_BUILD_CUDA=1)
+# --------------------------------------------------------------------------
+
+DEFAULT_ARCHS = ("sm_90a", "sm_120a")
+
+
+def extension_sources(files: Optional[list[Path]] = None) -> list[str]:
+    return [str(CSRC / "bindings" / "torch_ops.cpp")] + [str(p) for p in kernel_sources(files)]
+
+
+def nvcc_extension_flags(archs: Iterable[str] = DEFAULT_ARCHS) -> list[str]:
+    return ["-O3", "-lineinfo", "--expt-relaxed-constexpr", *gencode_flags(archs)]
+
+
+def aot_extensions(archs: Iterable[str] = DEFAULT_ARCHS) -> list:
+    """The CUDAExtension list setup.py builds when VERIFY_ATTN_BUILD_CUDA=1: one
+    extension `verify_attn._C` with every instantiation (op namespace verify_attn)."""
+    ensure_cuda_home()
+    from torch.utils.cpp_extension import CUDAExtension
+
+    srcs = [os.path.relpath(s, REPO) for s in extension_sources()]
+    return [CUDAExtension(
+        name="verify_attn._C",
+        sources=srcs,
+        include_dirs=[str(CSRC)],
+        define_macros=[("VA_OP_NAMESPACE", "verify_attn")],
+        extra_compile_args={"cxx": ["-O2"], "nvcc": nvcc_extension_flags(archs)},
+    )]
+
+
+# --------------------------------------------------------------------------
+# Host math module (tests)
+# --------------------------------------------------------------------------
+
+def load_host_math(verbose: bool = False):
+    """Build (once, cached by torch's extension builder) and import the host-only
+    pybind11 module of csrc/host as `verify_attn._host_math`. Needs only a C++
+    compiler: no CUDA toolkit, no torch headers in the source."""
+    if "verify_attn._host_math" in sys.modules:
+        return sys.modules["verify_attn._host_math"]
+    if find_cuda_home() is not None:
+        ensure_cuda_home()  # before torch's builder guesses a wrong CUDA_HOME from the nvcc wrapper
+    from torch.utils.cpp_extension import load
+
+    mod = load(name=f"va_host_math_{source_hash()[:8]}", sources=[str(CSRC / "host" / "host_math_py.cpp")],
+               extra_include_paths=[str(CSRC)], extra_cflags=["-O1"], verbose=verbose)
+    sys.modules["verify_attn._host_math"] = mod
+    return mod
+
+
+# --------------------------------------------------------------------------
+# CLI
+# --------------------------------------------------------------------------
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m verify_attn.build", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--arch", default=",".join(DEFAULT_ARCHS), help="comma-separated, e.g. sm_90a,sm_120a")
+    ap.add_argument("--report", action="store_true", help="compile every instantiation and print the ptxas report")
+    ap.add_argument("--json", type=Path, help="also write the report as JSON here")
+    ap.add_argument("--only", default="", help="comma-separated substrings of instantiation file names to compile")
+    ap.add_argument("-j", "--jobs", type=int, default=1, help="parallel nvcc processes (default 1)")
+    ap.add_argument("--no-cache", action="store_true", help="recompile even if a cached report matches")
+    a = ap.parse_args(argv)
+    if not a.report:
+        ap.print_help()
+        return 0
+    archs = [x.strip() for x in a.arch.split(",") if x.strip()]
+    files = instantiation_files()
+    if a.only:
+        files = [f for f in files if any(s in f.name for s in a.only.split(","))]
+    try:
+        reps = build_report(archs, files, jobs=a.jobs, use_cache=not a.no_cache,
+                            log=lambda s: print(s, file=sys.stderr))
+    except RuntimeError as e:
+        print(str(e), file=sys.stderr)
+        return 2
+    print(format_table(reps))
+    if a.json:
+        a.json.parent.mkdir(parents=True, exist_ok=True)
+        a.json.write_text(json.dumps([asdict(r) for r in reps], indent=1))
+    bad = [r for r in reps if r.problems()]
+    missing = [x for x in archs if not any(r.arch == x for r in reps)]
+    if missing:
+        print(f"no kernels reported for {missing}", file=sys.stderr)
+        return 2
+    if bad:
+        print(f"{len(bad)} kernel(s) over budget", file=sys.stderr)
+        return 1
+    print(f"{len(reps)} kernel entries ok (no spills, smem within limits)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
