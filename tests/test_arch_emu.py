@@ -1,0 +1,566 @@
+"""The device API's emulated operations against their PTX ISA definitions.
+
+csrc/emu/tests/api_kernels.cu holds small kernels written only against
+"arch/arch.cuh" (the same API the tree-verify kernels use); they are built as
+host C++ with -DVA_EMULATION=1 into a shared library (no torch headers; cached)
+and driven here through ctypes with numpy buffers. The tests of PTX semantics
+(mma, ldmatrix, shuffles, votes, ids, atomics, math) also run on a GPU when one
+is present (marked gpu): the same file built by nvcc, the same expectations,
+which checks the emulator against the hardware. The real side of the API is
+compiled by nvcc for sm_90a and sm_120a here too (no GPU needed).
+
+The fragment maps used to build expectations are written out below from the
+PTX ISA figures, independently of the emulator's C++ (csrc/emu/runtime.cpp).
+Build once ~30 s on 2 cores; the tests then take a few seconds.
+"""
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from verify_attn.backends import cuda_emu
+
+pytestmark = pytest.mark.skipif(not cuda_emu.toolchain_available()[0],
+                                reason=f"emulation toolchain: {cuda_emu.toolchain_available()[1]}")
+
+SRC = Path(cuda_emu.CSRC) / "emu" / "tests" / "api_kernels.cu"
+C_API = Path(cuda_emu.CSRC) / "emu" / "c_api.cpp"
+
+
+# ----------------------------------------------------------------- harness ----
+
+class Emu:
+    """ctypes view of the test library; every call raises on an emulator error."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.lib = ctypes.CDLL(str(path))
+        self.lib.va_emu_register_global.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+        self.lib.va_emu_set_fault.argtypes = [ctypes.c_char_p, ctypes.c_int]
+        self.lib.va_emu_set_fault.restype = ctypes.c_char_p
+        self.lib.va_emu_set_schedule.argtypes = [ctypes.c_char_p, ctypes.c_ulonglong]
+        self.lib.va_emu_set_schedule.restype = ctypes.c_char_p
+        self.lib.va_emu_set_num_workers.restype = ctypes.c_char_p
+        self.lib.va_emu_set_cp_async_landing.argtypes = [ctypes.c_char_p]
+        self.lib.va_emu_set_cp_async_landing.restype = ctypes.c_char_p
+        self.lib.va_emu_fault_hits.restype = ctypes.c_longlong
+
+    def register(self, **arrays: np.ndarray) -> None:
+        self.lib.va_emu_clear_globals()
+        for name, a in arrays.items():
+            self.lib.va_emu_register_global(a.ctypes.data, a.nbytes, name.encode())
+
+    def call(self, fn: str, *args) -> None:
+        """Run an entry point; raise RuntimeError with the emulator's message on failure."""
+        err = self.try_call(fn, *args)
+        if err is not None:
+            raise RuntimeError(err)
+
+    def try_call(self, fn: str, *args):
+        f = getattr(self.lib, "va_test_" + fn)
+        f.restype = ctypes.c_char_p
+        conv = [a.ctypes.data_as(ctypes.c_void_p) if isinstance(a, np.ndarray) else ctypes.c_int(a) for a in args]
+        r = f(*conv)
+        return None if r is None else r.decode()
+
+    def fault(self, what: str, nth: int) -> None:
+        assert self.lib.va_emu_set_fault(what.encode(), nth) is None
+
+    def schedule(self, name: str, seed: int = 0) -> None:
+        assert self.lib.va_emu_set_schedule(name.encode(), seed) is None
+
+    def landing(self, when: str) -> None:
+        assert self.lib.va_emu_set_cp_async_landing(when.encode()) is None
+
+    def stats(self) -> dict:
+        out = (ctypes.c_longlong * 7)()
+        self.lib.va_emu_stats(out)
+        keys = ("launches", "blocks", "threads", "block_syncs", "warp_collectives", "mma", "cp_async_bytes")
+        return dict(zip(keys, list(out)))
+
+
+class Gpu:
+    """The same entry points built by nvcc, on device buffers: numpy arrays are
+    copied to the GPU before the call and back (in place) after it."""
+
+    def __init__(self, path: Path):
+        self.lib = ctypes.CDLL(str(path))
+
+    def register(self, **arrays: np.ndarray) -> None:  # the hardware checks nothing
+        pass
+
+    def call(self, fn: str, *args) -> None:
+        err = self.try_call(fn, *args)
+        if err is not None:
+            raise RuntimeError(err)
+
+    def try_call(self, fn: str, *args):
+        import torch
+
+        f = getattr(self.lib, "va_test_" + fn)
+        f.restype = ctypes.c_char_p
+        dev = {i: torch.from_numpy(a.view(np.uint8)).cuda() for i, a in enumerate(args) if isinstance(a, np.ndarray)}
+        conv = [ctypes.c_void_p(dev[i].data_ptr()) if i in dev else ctypes.c_int(a) for i, a in enumerate(args)]
+        r = f(*conv)
+        torch.cuda.synchronize()
+        for i, t in dev.items():
+            args[i].view(np.uint8)[...] = t.cpu().numpy()
+        return None if r is None else r.decode()
+
+
+def nvcc() -> "str | None":
+    from verify_attn.build import find_cuda_home
+
+    root = find_cuda_home()
+    return str(Path(root) / "bin" / "nvcc") if root else None
+
+
+def build_gpu_library() -> Path:
+    import hashlib
+    import subprocess
+
+    import torch
+
+    major, minor = torch.cuda.get_device_capability()
+    arch = f"{major}{minor}" + ("a" if major >= 9 else "")
+    key = hashlib.sha256(SRC.read_bytes() + b"".join(
+        f.read_bytes() for f in sorted((cuda_emu.CSRC / "arch").glob("*.cuh"))) + arch.encode()).hexdigest()[:16]
+    lib = cuda_emu.cache_root() / f"gpu-api-tests-{key}" / "libva_api_tests_gpu.so"
+    if not lib.exists():
+        lib.parent.mkdir(parents=True, exist_ok=True)
+        cmd = [nvcc(), "-std=c++20", "-O2", "-shared", "-Xcompiler", "-fPIC", f"-I{cuda_emu.CSRC}",
+               f"-gencode=arch=compute_{arch},code=sm_{arch}", "-x", "cu", str(SRC), "-o", str(lib)]
+        subprocess.run(cmd, check=True)
+    return lib
+
+
+@pytest.fixture(scope="module", params=["emu", pytest.param("gpu", marks=pytest.mark.gpu)])
+def dev(request):
+    """Where PTX-semantics tests run: the emulator, and the GPU when present."""
+    if request.param == "emu":
+        return request.getfixturevalue("emu")
+    return Gpu(build_gpu_library())
+
+
+@pytest.fixture(scope="module")
+def emu() -> Emu:
+    e = Emu(cuda_emu.build_shared_library("va_api_tests", [SRC, C_API]))
+    yield e
+    e.lib.va_emu_clear_globals()
+
+
+@pytest.fixture(autouse=True)
+def _reset(emu):
+    emu.fault("none", -1)
+    emu.schedule("forward")
+    emu.landing("wait")
+    emu.lib.va_emu_set_num_workers(0)
+    yield
+    emu.fault("none", -1)
+    emu.schedule("forward")
+    emu.landing("wait")
+
+
+RNG = np.random.default_rng(1234)
+
+
+def f32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
+    """Round-to-nearest-even float32 -> bfloat16 bit patterns (finite inputs)."""
+    u = np.asarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    u = u + 0x7FFF + ((u >> 16) & 1)
+    return (u >> 16).astype(np.uint16)
+
+
+def bf16_bits_to_f32(b: np.ndarray) -> np.ndarray:
+    return (np.asarray(b, np.uint32) << 16).view(np.float32)
+
+
+def random_16bit(shape, bf16: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(bits uint16, exact value float64) of random representable values."""
+    x = RNG.standard_normal(shape).astype(np.float32)
+    if bf16:
+        bits = f32_to_bf16_bits(x)
+        return bits, bf16_bits_to_f32(bits).astype(np.float64)
+    h = x.astype(np.float16)
+    return h.view(np.uint16), h.astype(np.float64)
+
+
+def pack(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    return (np.asarray(lo, np.uint32) | (np.asarray(hi, np.uint32) << 16)).astype(np.uint32)
+
+
+# ------------------------------------------------- PTX fragment tables ----
+# mma.m16n8k16 .f16/.bf16 (PTX ISA "Matrix Fragments for mma.m16n8k16 with
+# floating point type"): groupID = laneid >> 2, threadID_in_group = laneid % 4.
+#   A: a0,a1:(g, 2t+{0,1})  a2,a3:(g+8, 2t+{0,1})  a4,a5:(g, 2t+8+{0,1})  a6,a7:(g+8, 2t+8+{0,1})
+#   B: b0,b1:(k=2t+{0,1}, n=g)  b2,b3:(k=2t+8+{0,1}, n=g)
+#   C/D: c0,c1:(g, 2t+{0,1})  c2,c3:(g+8, 2t+{0,1})
+def a_elem(lane: int, i: int) -> tuple[int, int]:
+    g, t = lane >> 2, lane % 4
+    row = g + (8 if i in (2, 3, 6, 7) else 0)
+    col = 2 * t + (i % 2) + (8 if i >= 4 else 0)
+    return row, col
+
+
+def b_elem(lane: int, i: int) -> tuple[int, int]:
+    g, t = lane >> 2, lane % 4
+    return 2 * t + (i % 2) + (8 if i >= 2 else 0), g
+
+
+def c_elem(lane: int, i: int) -> tuple[int, int]:
+    g, t = lane >> 2, lane % 4
+    return g + (8 if i >= 2 else 0), 2 * t + (i % 2)
+
+
+@pytest.mark.parametrize("bf16", [True, False], ids=["bf16", "fp16"])
+def test_mma_matches_matrix_product_of_fragments(dev, bf16):
+    a_bits, A = random_16bit((16, 16), bf16)
+    b_bits, B = random_16bit((16, 8), bf16)
+    C = RNG.standard_normal((16, 8)).astype(np.float32)
+    a = np.zeros((32, 4), np.uint32)
+    b = np.zeros((32, 2), np.uint32)
+    c = np.zeros((32, 4), np.float32)
+    for lane in range(32):
+        for r in range(4):
+            a[lane, r] = pack(a_bits[a_elem(lane, 2 * r)], a_bits[a_elem(lane, 2 * r + 1)])
+        for r in range(2):
+            b[lane, r] = pack(b_bits[b_elem(lane, 2 * r)], b_bits[b_elem(lane, 2 * r + 1)])
+        for i in range(4):
+            c[lane, i] = C[c_elem(lane, i)]
+    d = np.full((32, 8), np.nan, np.float32)
+    dev.register(a=a, b=b, c=c, d=d)
+    dev.call("mma", int(bf16), a, b, c, d)
+    D1 = np.zeros((16, 8))
+    D2 = np.zeros((16, 8))
+    for lane in range(32):
+        for i in range(4):
+            D1[c_elem(lane, i)] = d[lane, i]
+            D2[c_elem(lane, i)] = d[lane, 4 + i]  # second mma accumulated in place (d aliases c)
+    want = A @ B + C
+    # the emulator rounds the exact sum once; the hardware's fp32 accumulation
+    # order is unspecified, so it gets a little more room
+    tol = dict(rtol=1e-6, atol=1e-5) if isinstance(dev, Emu) else dict(rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(D1, want, **tol)
+    np.testing.assert_allclose(D2, A @ B + want, **tol)
+
+
+# ldmatrix .m8n8 .b16 (PTX ISA "ldmatrix"): lanes 8j..8j+7 give the row
+# addresses of matrix j; lane l receives (row l//4, cols 2(l%4), 2(l%4)+1) of
+# each matrix, or with .trans (rows 2(l%4), 2(l%4)+1, col l//4).
+@pytest.mark.parametrize("variant", [1, 2, 4])
+@pytest.mark.parametrize("trans", [False, True], ids=["plain", "trans"])
+def test_ldmatrix_thread_to_row_map(dev, variant, trans):
+    n16 = 64
+    src = np.arange(n16 * 8, dtype=np.uint16)  # element value = its index: every element distinct
+    chunks = RNG.permutation(n16)[:32]
+    row_off = (chunks * 16).astype(np.int32)
+    # lanes past the variant's 8*variant must be ignored: give them addresses far outside smem
+    row_off[8 * variant:] = 1 << 20
+    out = np.zeros((32, 4), np.uint32)
+    dev.register(src=src, row_off=row_off, out=out)
+    dev.call("ldmatrix", src, n16, row_off, variant, int(trans), out)
+    mats = src.reshape(n16, 8)[chunks[:8 * variant]].reshape(variant, 8, 8)  # [matrix, row, col]
+    for lane in range(32):
+        for j in range(variant):
+            q, p = lane // 4, 2 * (lane % 4)
+            lo, hi = (mats[j, p, q], mats[j, p + 1, q]) if trans else (mats[j, q, p], mats[j, q, p + 1])
+            assert out[lane, j] == pack(lo, hi), (lane, j)
+        for j in range(variant, 4):
+            assert out[lane, j] == 0
+
+
+@pytest.mark.parametrize("bf16", [True, False], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("trans_b", [0, 1], ids=["bt", "b_trans"])
+def test_gemm_16x8x16_via_ldmatrix_and_mma(dev, bf16, trans_b):
+    a_bits, A = random_16bit((16, 16), bf16)
+    b_bits, B = random_16bit((16, 8), bf16)
+    bsrc = np.ascontiguousarray(b_bits if trans_b else b_bits.T)  # [k][n] or [n][k]
+    d = np.full((16, 8), np.nan, np.float32)
+    dev.register(a=a_bits, b=bsrc, d=d)
+    dev.call("gemm", int(bf16), a_bits, bsrc, trans_b, d)
+    tol = dict(rtol=1e-6, atol=1e-5) if isinstance(dev, Emu) else dict(rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(d, A @ B, **tol)
+
+
+def test_warp_shuffles_and_votes(dev):
+    n = 64
+    v = RNG.integers(-1000, 1000, n).astype(np.int32)
+    out = np.zeros(n, np.int32)
+    lanes = np.arange(n) % 32
+    base = (np.arange(n) // 32) * 32
+    for mask in (1, 2, 7, 16, 31, 37):  # 37: only bits [4:0] count (PTX shfl b[4:0])
+        arg = np.full(n, mask, np.int32)
+        dev.register(v=v, arg=arg, out=out)
+        dev.call("warp", v, arg, 0, n, out)
+        np.testing.assert_array_equal(out, v[base + (lanes ^ (mask & 31))])
+    arg = RNG.integers(0, 64, n).astype(np.int32)  # per-lane source lanes, taken mod 32
+    dev.register(v=v, arg=arg, out=out)
+    dev.call("warp", v, arg, 1, n, out)
+    np.testing.assert_array_equal(out, v[base + (arg % 32)])
+    p = (RNG.random(n) < 0.5).astype(np.int32)
+    p[32:] = 1  # warp 1: all true
+    dev.register(p=p, arg=arg, out=out)
+    dev.call("warp", p, arg, 2, n, out)
+    ballot0 = sum(1 << i for i in range(32) if p[i])
+    assert (out[:32].view(np.uint32) == ballot0).all() and (out[32:].view(np.uint32) == 0xFFFFFFFF).all()
+    dev.call("warp", p, arg, 3, n, out)
+    assert (out == 1).all()
+    dev.call("warp", p, arg, 4, n, out)
+    assert (out[:32] == int(p[:32].all())).all() and (out[32:] == 1).all()
+    dev.register(v=v, arg=arg, out=out)
+    dev.call("warp", v, arg, 5, n, out)  # butterfly all-reduce on floats
+    assert (out[:32] == v[:32].sum()).all() and (out[32:] == v[32:].sum()).all()
+
+
+NAN16 = np.full(4, 0xFFFFFFFF, np.uint32)
+
+
+def test_cp_async_lands_only_at_wait_group(emu):
+    n = 32
+    src = RNG.integers(0, 2**31, (3, n, 4)).astype(np.uint32)
+    obs = np.zeros((4, 3, n, 4), np.uint32)
+    emu.register(src=src, obs=obs)
+    emu.call("cp_async", src, n, obs)
+    zfill = np.where((np.arange(n) % 2 == 0)[:, None], src[1], 0)  # odd threads: src-size 0 -> zeros
+    landed = [src[0], zfill, src[2]]
+    # (0) before any wait: nothing landed; shared memory still holds its NaN fill
+    for g in range(3):
+        assert (obs[0, g] == NAN16).all(), g
+    # (1) wait_group 1: group 0 landed, group 1 (newest committed) and the uncommitted copy not
+    np.testing.assert_array_equal(obs[1, 0], landed[0])
+    assert (obs[1, 1] == NAN16).all() and (obs[1, 2] == NAN16).all()
+    # (2) wait_group 0: both committed groups landed; the uncommitted copy still not
+    np.testing.assert_array_equal(obs[2, 1], landed[1])
+    assert (obs[2, 2] == NAN16).all()
+    # (3) after committing it and wait_group 0: everything
+    for g in range(3):
+        np.testing.assert_array_equal(obs[3, g], landed[g])
+
+
+def test_cp_async_issue_landing_mode_lands_at_once(emu):
+    n = 32
+    src = RNG.integers(0, 2**31, (3, n, 4)).astype(np.uint32)
+    obs = np.zeros((4, 3, n, 4), np.uint32)
+    emu.register(src=src, obs=obs)
+    emu.landing("issue")
+    emu.call("cp_async", src, n, obs)
+    zfill = np.where((np.arange(n) % 2 == 0)[:, None], src[1], 0)
+    for k in range(4):  # every observation, even before any wait, sees all three copies
+        for g, want in enumerate([src[0], zfill, src[2]]):
+            np.testing.assert_array_equal(obs[k, g], want)
+
+
+def test_shared_memory_is_nan_filled_at_every_block_start(emu):
+    blocks, n = 3, 64
+    out = np.zeros(blocks * n, np.uint32)
+    emu.register(out=out)
+    emu.lib.va_emu_set_num_workers(1)  # blocks one after another on one worker: smem buffer reused
+    emu.call("smem_peek", blocks, n, out)
+    assert (out == 0xFFFFFFFF).all()
+
+
+def test_ids_grid_and_block_dims(dev):
+    g, b = (3, 2, 2), (8, 2, 2)
+    nb, nt = int(np.prod(g)), int(np.prod(b))
+    out = np.full((nb * nt, 8), -1, np.int32)
+    dev.register(out=out)
+    dev.call("ids", *g, *b, out)
+    for bz in range(g[2]):
+        for by in range(g[1]):
+            for bx in range(g[0]):
+                for tz in range(b[2]):
+                    for ty in range(b[1]):
+                        for tx in range(b[0]):
+                            blk = bx + g[0] * (by + g[1] * bz)
+                            t = tx + b[0] * (ty + b[1] * tz)
+                            assert list(out[blk * nt + t]) == [tx, ty, tz, bx, by, bz, nb, nt]
+
+
+def test_atomic_add_across_blocks(dev):
+    blocks, n = 6, 64
+    counter = np.zeros(1, np.int32)
+    olds = np.full(blocks * n, -1, np.int32)
+    dev.register(counter=counter, olds=olds)
+    dev.call("atomic", blocks, n, counter, olds)
+    assert counter[0] == blocks * n
+    assert sorted(olds.tolist()) == list(range(blocks * n))
+
+
+def test_math_exp2_max_pack(dev):
+    n = 200
+    x = (RNG.standard_normal(n) * 20).astype(np.float32)
+    x[:4] = [-200.0, 0.0, 1.0, -126.5]  # -126.5: 2^x is subnormal -> flushed to zero (ftz)
+    y = RNG.standard_normal(n).astype(np.float32)
+    y[5] = np.nan
+    out = np.zeros((n, 4), np.float32)
+    dev.register(x=x, y=y, out=out)
+    dev.call("math", x, y, n, out)
+    want = np.exp2(x.astype(np.float64))
+    want[want < np.finfo(np.float32).tiny] = 0.0
+    # ex2.approx: max relative error 2^-22 on the hardware; the emulator uses exp2
+    np.testing.assert_allclose(out[:, 0], want, rtol=2e-7 if isinstance(dev, Emu) else 1e-6)
+    np.testing.assert_array_equal(out[:, 1], np.fmax(x, y))
+    np.testing.assert_array_equal(out[:, 2], bf16_bits_to_f32(f32_to_bf16_bits(x)))
+    ok = ~np.isnan(y)
+    np.testing.assert_array_equal(out[ok, 3], bf16_bits_to_f32(f32_to_bf16_bits(y[ok])))
+    assert np.isnan(out[5, 3])
+
+
+def test_block_reduce_and_pipeline_correct(dev):
+    blocks, n = 4, 256
+    x = RNG.integers(-50, 50, blocks * n).astype(np.float32)  # integer values: exact sums
+    out = np.zeros(blocks, np.float32)
+    dev.register(x=x, out=out)
+    dev.call("block_reduce", x, blocks, n, out)
+    np.testing.assert_array_equal(out, x.reshape(blocks, n).sum(1))
+    if isinstance(dev, Emu):
+        st = dev.stats()
+        assert st["block_syncs"] >= blocks and st["warp_collectives"] > 0
+
+    ntiles, n = 5, 64
+    src = RNG.integers(-9, 9, (ntiles, n, 4)).astype(np.float32)
+    res = np.zeros((n, 4), np.float32)
+    dev.register(src=src, res=res)
+    dev.call("pipeline", src, ntiles, n, res)
+    np.testing.assert_array_equal(res, np.roll(src, -1, axis=1).sum(0))
+
+
+# --------------------------------------------------------- strict checks ----
+
+@pytest.mark.parametrize("mode,needle", [
+    (0, "ld_global of 4 bytes"), (1, "st_global of 4 bytes"), (2, "cp.async source"),
+    (3, "not 16-byte aligned"),
+])
+def test_out_of_bounds_global_access_is_reported(emu, mode, needle):
+    n = 16
+    src = np.arange(n, dtype=np.int32)
+    out = np.zeros(n, np.int32)
+    emu.register(src=src, out=out)
+    err = emu.try_call("oob", src, n, mode, out)
+    assert err is not None, "the emulator accepted an out-of-bounds access"
+    assert needle in err and "block (0,0,0) thread (3,0,0)" in err and "api_kernels.cu:" in err, err
+    if mode != 3:
+        assert "outside every registered tensor" in err and "byte offset 64" in err, err
+
+
+def test_ldmatrix_row_outside_shared_memory_is_reported(emu):
+    out = np.zeros(32, np.uint32)
+    emu.register(out=out)
+    assert emu.try_call("ldmatrix_oob", 256, 0, out) is None
+    err = emu.try_call("ldmatrix_oob", 256, 256, out)
+    assert err is not None and "ldmatrix row" in err and "outside the block's 256 bytes" in err, err
+
+
+def test_barrier_some_threads_never_reach_is_reported(emu):
+    out = np.zeros(64, np.int32)
+    emu.register(out=out)
+    assert emu.try_call("early_exit", 64, 64, out) is None  # nobody exits early: fine
+    err = emu.try_call("early_exit", 64, 40, out)
+    assert err is not None and "deadlock" in err and "24 of 64 thread(s) exited" in err, err
+    assert "block_sync at csrc/emu/tests/api_kernels.cu:" in err, err
+
+
+def test_wild_pointer_crash_names_the_emulated_thread(emu, tmp_path):
+    # A crash cannot be caught in-process: run it in a child and read its stderr.
+    import subprocess
+    import sys
+
+    script = tmp_path / "crash.py"
+    script.write_text(f"import ctypes\nlib = ctypes.CDLL({str(emu.path)!r})\nlib.va_test_crash(16)\n")
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0
+    assert "va::emu: SIGSEGV in an emulated kernel at address 0x10: block (0,0,0) thread (5,0,0)" in r.stderr, r.stderr
+
+
+# ------------------------------------------------------- fault injection ----
+
+def test_skipped_block_sync_is_caught(emu):
+    blocks, n = 2, 256
+    x = RNG.integers(-50, 50, blocks * n).astype(np.float32)
+    out = np.zeros(blocks, np.float32)
+    emu.register(x=x, out=out)
+    emu.fault("skip_block_sync", 0)
+    err = emu.try_call("block_reduce", x, blocks, n, out)
+    assert emu.lib.va_emu_fault_hits() > 0
+    # warp 0 reads partials other warps have not written yet: NaN from the smem fill
+    assert err is not None or not np.array_equal(out, x.reshape(blocks, n).sum(1))
+    assert np.isnan(out).any()
+
+
+@pytest.mark.parametrize("fault,nth", [("skip_cp_async_wait", -1), ("skip_cp_async_wait", 2),
+                                       ("skip_block_sync", 0), ("skip_block_sync", -1)])
+def test_pipeline_fault_is_caught(emu, fault, nth):
+    ntiles, n = 5, 64
+    src = RNG.integers(-9, 9, (ntiles, n, 4)).astype(np.float32)
+    res = np.zeros((n, 4), np.float32)
+    emu.register(src=src, res=res)
+    emu.fault(fault, nth)
+    err = emu.try_call("pipeline", src, ntiles, n, res)
+    assert emu.lib.va_emu_fault_hits() > 0
+    assert err is not None or not np.array_equal(res, np.roll(src, -1, axis=1).sum(0))
+
+
+@pytest.mark.parametrize("sched,caught", [("forward", False), ("reverse", False), ("warp-ahead", True),
+                                          ("warp-ahead-reverse", True)])
+def test_warp_ahead_schedules_expose_a_race_lockstep_hides(emu, sched, caught):
+    n = 128
+    x = RNG.integers(1, 50, n).astype(np.float32)
+    out = np.zeros(n, np.float32)
+    emu.register(x=x, out=out)
+    emu.schedule(sched)
+    emu.call("lockstep_race", x, n, out)  # correct kernel: right under every schedule
+    np.testing.assert_array_equal(out, np.roll(x, -32))
+    emu.fault("skip_block_sync", 0)
+    emu.call("lockstep_race", x, n, out)
+    assert emu.lib.va_emu_fault_hits() == n
+    assert bool(np.isnan(out).any()) == caught
+
+
+@pytest.mark.parametrize("landing,caught", [("wait", False), ("issue", True)])
+def test_stage_reused_without_barrier_found_with_issue_landing(emu, landing, caught):
+    # k_pipeline's second barrier keeps a stage from being refilled while the
+    # neighbour still reads it (write-after-read). Bytes landing at the wait hide
+    # the race; landing at issue, with the last warp running ahead, exposes it.
+    ntiles, n = 5, 64
+    src = RNG.integers(1, 9, (ntiles, n, 4)).astype(np.float32)
+    res = np.zeros((n, 4), np.float32)
+    emu.register(src=src, res=res)
+    emu.schedule("warp-ahead-reverse")
+    emu.landing(landing)
+    emu.call("pipeline", src, ntiles, n, res)
+    np.testing.assert_array_equal(res, np.roll(src, -1, axis=1).sum(0))  # unbroken: right either way
+    emu.fault("skip_block_sync", 1)
+    emu.call("pipeline", src, ntiles, n, res)
+    assert emu.lib.va_emu_fault_hits() == n
+    assert (not np.array_equal(res, np.roll(src, -1, axis=1).sum(0))) == caught
+
+
+@pytest.mark.parametrize("sched", ["reverse", "random", "warp-ahead", "warp-ahead-reverse"])
+def test_other_schedules_give_same_results(emu, sched):
+    emu.schedule(sched, seed=7)
+    ntiles, n = 4, 128
+    src = RNG.integers(-9, 9, (ntiles, n, 4)).astype(np.float32)
+    res = np.zeros((n, 4), np.float32)
+    emu.register(src=src, res=res)
+    emu.call("pipeline", src, ntiles, n, res)
+    np.testing.assert_array_equal(res, np.roll(src, -1, axis=1).sum(0))
+
+
+# ------------------------------------------------------------ real side ----
+
+@pytest.mark.skipif(nvcc() is None, reason="no CUDA toolkit (nvcc)")
+def test_real_side_compiles_for_sm90a_and_sm120a(tmp_path):
+    """nvcc builds every device-API wrapper (inline PTX: mma.sync, ldmatrix,
+    cp.async, ex2.approx) for both targets, without spills; no GPU needed."""
+    import subprocess
+
+    cmd = [nvcc(), "-std=c++20", "-O2", f"-I{cuda_emu.CSRC}", "-Xptxas=-v",
+           "-gencode=arch=compute_90a,code=sm_90a", "-gencode=arch=compute_120a,code=sm_120a",
+           "-c", str(SRC), "-o", str(tmp_path / "api_kernels.o")]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-4000:]
+    assert "spill stores" in r.stderr  # the ptxas report is there...
+    assert all(" 0 bytes spill stores" in line for line in r.stderr.splitlines() if "spill stores" in line)
