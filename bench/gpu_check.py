@@ -13,11 +13,13 @@ that no longer fits the budget is skipped and said so:
              triton-serial only up to 64k (the slow baseline), time-capped
   gqa        bench.verify on one GQA preset (llama3-70b-tp8) at 16k and 185k
   tune       (--tune) python -m autotune, if the package is there
+  e2e        (--e2e) integration.bench_e2e, kimi-k2-tp8 --simulate-rank: decode step time vs context
   sanitize   (--sanitize) compute-sanitizer memcheck on one small cuda call, if the tool exists
 
 Everything lands under $OUT when set, else bench/results/gpu_check-<date>/:
 one .log per stage, JSON/CSV/PNG from the benchmark, and gpu_check.json with the
-status of every stage. The short table prints last. Without a GPU (or with
+status of every stage. Under $OUT (the device tool, which returns at most 8 files)
+everything is then packed into gpu_check_results.tar.gz. The short table prints last. Without a GPU (or with
 --dry-run) it prints the plan and exits 0.
 """
 from __future__ import annotations
@@ -106,6 +108,12 @@ def plan(out: Path, a: argparse.Namespace) -> list[Stage]:
         stages.append(Stage("tune", [PY, "-m", "autotune", *a.tune_args.split(), "--export", str(out / "tuned"),
                                      "--cache", str(out / "autotune_cache.json"), "--json", str(out / "autotune.json")],
                             cap_s=120, needs="autotune"))
+    if a.e2e:
+        # issue 9 item 6: the field report's table shape (decode step time against context), per backend
+        stages.append(Stage("e2e", [PY, "-m", "integration.bench_e2e", "--model", "kimi-k2-tp8", "--simulate-rank",
+                                    "--ctx", a.e2e_ctx, "--steps", "4", "--warmup", "1", "--simulate-accept-len", "4",
+                                    "--attn-backend", "cuda,triton-serial", "--json", str(out / "e2e.json"),
+                                    "--plot", str(out / "e2e.png")], cap_s=240, min_s=60))
     if a.sanitize:
         stages.append(Stage("sanitize", ["compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "9",
                                          PY, "-m", "bench.verify", "--ctx", "1000", "--tree", "4", "--backend", "cuda",
@@ -211,6 +219,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--tune", action="store_true", help="also run a quick `python -m autotune`")
     ap.add_argument("--tune-args", default="--backend cuda --ctx 16k,185k --tree 16",
                     help="arguments for the tune stage")
+    ap.add_argument("--e2e", action="store_true", help="also run the e2e decode sweep (kimi-k2-tp8, simulated rank)")
+    ap.add_argument("--e2e-ctx", default="1.4k,32k,185k", help="contexts for the e2e stage")
     ap.add_argument("--sanitize", action="store_true", help="compute-sanitizer memcheck on one small case")
     ap.add_argument("--only", default=None, help="comma-separated stage names to run (default: all)")
     ap.add_argument("--reps", type=int, default=30, help="timing samples per benchmark row")
