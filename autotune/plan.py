@@ -69,6 +69,7 @@ class Plan:
                         "smem_bytes": r.get("smem_bytes"), "regs_estimate": r.get("regs_estimate"),
                         "registers": r.get("registers"), "spill_stores": r.get("spill_stores"),
                         "resource_source": r.get("source"),
+                        "ctas_per_sm": _ctas_per_sm(a.name, t.candidate.config, r),
                     })
         return {
             "arch": a.name,
@@ -84,6 +85,18 @@ class Plan:
                         for b in self.buckets],
             "candidates": cands,
         }
+
+
+def _ctas_per_sm(arch: str, cfg, r: dict) -> Optional[int]:
+    """Resident CTAs per SM by the occupancy rules (verify_attn.device), from the ptxas
+    registers when the build report has them, else the estimate."""
+    from verify_attn import device as vdevice
+
+    regs = r.get("registers") or r.get("regs_estimate")
+    if regs is None or r.get("smem_bytes") is None:
+        return None
+    return vdevice.ctas_per_sm(vdevice.spec(arch), threads=cfg.num_warps * 32, regs_per_thread=int(regs),
+                               smem_bytes=int(r["smem_bytes"]))
 
 
 def make_plan(backend: str, shape: HeadShape, *, arch_name: Optional[str], ctxs: list[int], trees: list[int],

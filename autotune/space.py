@@ -59,19 +59,18 @@ def get_arch(name: str) -> ArchSpec:
 
 
 def arch_of_device(index: int = 0) -> ArchSpec:
-    """The arch spec of the GPU at hand, with its real SM count and L2 size."""
+    """The arch spec of the GPU at hand, with its real SM count, L2 and smem limit
+    (read through cuda-python by verify_attn.device)."""
     import dataclasses
 
-    import torch
+    from verify_attn import device as vdevice
 
-    major, minor = torch.cuda.get_device_capability(index)
-    base = {9: "sm_90a", 12: "sm_120a"}.get(major)
+    props = vdevice.query(index)
+    base = {"sm_90a": "sm_90a", "sm_120a": "sm_120a"}.get(props.arch)
     if base is None:
-        raise RuntimeError(f"no arch spec for compute capability {major}.{minor}; pass --arch sm_90a or sm_120a")
-    prop = torch.cuda.get_device_properties(index)
-    l2 = int(getattr(prop, "L2_cache_size", ARCHS[base].l2_bytes))
-    return dataclasses.replace(ARCHS[base], num_sms=prop.multi_processor_count, l2_bytes=l2,
-                               device_name=torch.cuda.get_device_name(index))
+        raise RuntimeError(f"no arch spec for {props.arch}; pass --arch sm_90a or sm_120a")
+    return dataclasses.replace(ARCHS[base], num_sms=props.sm_count, l2_bytes=props.l2_bytes,
+                               smem_per_block=props.smem_per_block, device_name=props.name)
 
 
 # --- default spaces (used when a backend has no config_space hook) ---------------

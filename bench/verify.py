@@ -28,6 +28,7 @@ from bench import roofline as rl
 from bench.inputs import TREE_SHAPES, make_trees
 from bench.measure import Row, Timer, run_combo, run_cpu_reference
 from bench.timing import Timing, time_cuda
+from verify_attn import device as vdevice
 from verify_attn.shapes import PRESETS, HeadShape, custom_shape, get_shape
 from verify_attn.utils import parse_ctx, parse_int_list, parse_tokens
 
@@ -127,15 +128,15 @@ def gpu_devices(measure: bool) -> tuple[list[rl.Device], Optional[str], list[str
     notes: list[str] = []
     if not torch.cuda.is_available():
         return devs, None, notes
-    name = torch.cuda.get_device_name()
-    props = torch.cuda.get_device_properties(0)
-    l2_mb = getattr(props, "L2_cache_size", 0) / 1e6 or (rl.match_reference(name).l2_mb if rl.match_reference(name) else 50.0)
+    props = vdevice.query(torch.cuda.current_device())   # cuda-python: SMs, L2
+    name = props.name
+    l2_mb = props.l2_bytes / 1e6
     primary = rl.match_reference(name).name if rl.match_reference(name) else None
     if measure:
         try:
             from bench.ceilings import get_ceilings
             c = get_ceilings()
-            dev = rl.device_from_ceilings(name, c, props.multi_processor_count, l2_mb)
+            dev = rl.device_from_ceilings(name, c, props.sm_count, l2_mb)
             devs.append(dev)
             primary = dev.name
         except Exception as e:  # a failed measurement falls back to the datasheet floor
@@ -146,8 +147,7 @@ def gpu_devices(measure: bool) -> tuple[list[rl.Device], Optional[str], list[str
 
 
 def l2_bytes() -> int:
-    props = torch.cuda.get_device_properties(0)
-    return int(getattr(props, "L2_cache_size", 0) or 50e6)
+    return vdevice.query(torch.cuda.current_device()).l2_bytes
 
 
 # ---------------------------------------------------------------- the sweep

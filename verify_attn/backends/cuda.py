@@ -23,6 +23,7 @@ from typing import Optional
 import torch
 
 from .. import build as vb
+from .. import device as vdevice
 from ..config import KernelConfig, heuristic_num_splits
 from ..shapes import HeadShape
 from . import Backend, Problem, register
@@ -77,15 +78,9 @@ def config_space(shape: HeadShape, arch: str, *, splits: tuple[int, ...] = (0,),
     return out
 
 
-@functools.lru_cache(maxsize=None)
-def _num_sms(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
 def _problem_sms(p: Problem) -> int:
-    if p.device.type == "cuda":
-        return _num_sms(p.device.index if p.device.index is not None else torch.cuda.current_device())
-    return 132  # no device to ask (config inspection on a CPU machine): an H200's count
+    # the GPU's own count (cuda-python, cached); on a CPU (config inspection) the H200's
+    return vdevice.sm_count(p.device)
 
 
 def default_config(p: Problem) -> KernelConfig:

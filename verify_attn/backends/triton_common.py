@@ -27,6 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .. import device as vdevice
 from . import Problem
 
 LOG2E = math.log2(math.e)
@@ -112,9 +113,8 @@ def arch_of(device: torch.device) -> str:
 
 
 def num_sms(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 132  # the H200 the project is validated on; only used by heuristics
-    return torch.cuda.get_device_properties(device).multi_processor_count
+    # the GPU's own count (cuda-python, cached); on a CPU the H200's, for heuristics only
+    return vdevice.sm_count(device)
 
 
 def smem_limit(arch: str) -> int:
