@@ -52,7 +52,7 @@ _BUILD_ONE = ("import sys, time; t = time.time(); from verify_attn.backends impo
 
 def build_variants(variants=BUILD_VARIANTS, timeout: float = 600) -> int:
     """Build the cuda extension variants in parallel subprocesses; 0 if all built.
-    With VERIFY_ATTN_JIT_ALL=1 (main() sets it) one build holds every instantiation
+    With VERIFY_ATTN_JIT_ALL=1 (run_stage sets it) one build holds every instantiation
     (ninja compiles them in parallel), so one variant builds it for every stage."""
     if os.environ.get("VERIFY_ATTN_JIT_ALL") == "1":
         variants = variants[:1]
@@ -170,7 +170,10 @@ def run_stage(st: Stage, out: Path, remaining: float) -> None:
     log = out / f"{st.name}.log"
     st.log = str(log)
     t0 = time.perf_counter()
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    # JIT_ALL: one module with every kernel instantiation, built once by the build stage
+    # and reused by the tests and benchmarks, instead of one serial build per
+    # (dtype, head, layout) inside the time-capped stages
+    env = {"VERIFY_ATTN_JIT_ALL": "1", **os.environ, "PYTHONUNBUFFERED": "1"}
     try:
         with open(log, "w") as f:
             f.write("$ " + " ".join(st.argv) + "\n")
@@ -234,10 +237,6 @@ def main(argv: Optional[list[str]] = None) -> int:
     if a.build_variants:
         return build_variants()
 
-    # one JIT module with every kernel instantiation, built once by the build stage and
-    # reused by the tests and the benchmarks (subprocesses inherit the variable), instead
-    # of one serial build per (dtype, head, layout) inside the time-capped stages
-    os.environ.setdefault("VERIFY_ATTN_JIT_ALL", "1")
     import torch  # after argument parsing: --help stays instant
     gpu = torch.cuda.is_available()
     out = out_dir()

@@ -72,8 +72,8 @@ def test_reference_matches_naive_sglang_semantics(spec):
     out, lse = verify_attn.tree_verify(**case.kwargs, backend="reference", return_lse=True, out=poisoned_out(case))
     want_out, want_lse = naive_sglang_verify(case)
     rel = float(((out.double() - want_out).abs() / want_out.abs().clamp_min(1e-6)).max())
-    # fp32 inputs: the reference computes in float64, so agreement is to float64
-    # rounding; 1e-4 is the bar, the observed error is ~1e-12.
+    # fp32 inputs: both compute in float64; the reference's output is rounded to
+    # float32 (q's dtype), so they agree to ~6e-8 (measured); 1e-4 is the bar.
     assert rel < 1e-4, rel
     assert float((lse.double() - want_lse).abs().max()) < 1e-4
 
