@@ -30,7 +30,8 @@ import torch
 import verify_attn
 from verify_attn.utils import parse_ctx
 
-from .decode import add_common_args, build, capacity_for, model_config, resolve, synthetic_prompt
+from .decode import (add_common_args, build, capacity_for, check_backends, cli_value, model_config, resolve,
+                     synthetic_prompt)
 from .spec import speculative_decode
 from .timing import StepTimer
 from .tp import TPGroup, launch
@@ -162,9 +163,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         os.environ.setdefault("TRITON_INTERPRET", "1")
     s = resolve(args)
     gpu = s["device"].startswith("cuda")
-    ctxs = parse_ctx(args.ctx or (GPU_CTX if gpu else CPU_CTX))
+    ctxs = cli_value(parse_ctx, args.ctx or (GPU_CTX if gpu else CPU_CTX), "--ctx")
     if args.attn_backend:
-        backends = [b.strip() for b in args.attn_backend.split(",") if b.strip()]
+        backends = check_backends([b.strip() for b in args.attn_backend.split(",") if b.strip()])
     elif gpu:
         backends = [b for b in verify_attn.available_backends() if b not in ("cuda-emu", "reference")]
     else:

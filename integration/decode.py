@@ -45,8 +45,34 @@ def add_common_args(ap: argparse.ArgumentParser) -> None:
                     help="override the preset's layer count (quick checks; drafter taps spread over the layers)")
 
 
+def cli_value(parse, text: str, flag: str):
+    """parse(text), or exit with a one-line usage error naming the flag (no traceback)."""
+    try:
+        return parse(text)
+    except ValueError as e:
+        raise SystemExit(f"error: {flag}: {e}") from None
+
+
+def check_backends(names: list[str]) -> list[str]:
+    """Exit with the list of known backends when a name is unknown (before any rank spawns)."""
+    import verify_attn
+
+    known = verify_attn.known_backends()
+    bad = [n for n in names if n != "auto" and n not in known]
+    if bad:
+        raise SystemExit(f"error: --attn-backend: unknown {', '.join(bad)}; known: auto, {', '.join(known)}")
+    return names
+
+
 def resolve(args) -> dict:
     """Plain, picklable settings from parsed args (shipped to spawned ranks)."""
+    cli_value(get_model_config, args.model, "--model")
+    if args.tp < 1:
+        raise SystemExit("--tp must be >= 1")
+    if getattr(args, "steps", 1) < 1:
+        raise SystemExit("--steps must be >= 1")
+    if args.layout == "paged" and not 1 <= args.page_size <= 128:
+        raise SystemExit("--page-size must be in 1..128")
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = args.dtype or ("bfloat16" if device.startswith("cuda") else "float32")
     if dtype not in _DTYPES:
@@ -154,8 +180,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     if not torch.cuda.is_available():  # Triton backends run on CPU tensors only under the interpreter
         os.environ.setdefault("TRITON_INTERPRET", "1")
     s = resolve(args)
-    backend = args.attn_backend or ("auto" if s["device"].startswith("cuda") else "reference")
-    ctx = parse_tokens(args.ctx)
+    backend = check_backends([args.attn_backend or ("auto" if s["device"].startswith("cuda") else "reference")])[0]
+    ctx = cli_value(parse_tokens, args.ctx, "--ctx")
     if s["device"] == "cpu":
         torch.set_num_threads(1)  # tiny matmuls: extra threads only contend (and ranks share the cores)
     desc = "simulated rank 0 of TP 8, all-reduce skipped" if s["simulate"] else f"TP {args.tp}"

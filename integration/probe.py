@@ -25,7 +25,7 @@ import verify_attn
 from verify_attn.utils import parse_tokens
 
 from .config import get_model_config
-from .decode import _DTYPES
+from .decode import _DTYPES, check_backends, cli_value
 from .model import MLATarget
 from .spec import Engine, greedy_decode, speculative_decode
 from .tp import TPGroup
@@ -151,15 +151,24 @@ def main(argv: Optional[list[str]] = None) -> int:
         os.environ.setdefault("TRITON_INTERPRET", "1")
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = args.dtype or ("bfloat16" if device.startswith("cuda") else "float32")
+    if dtype not in _DTYPES:
+        raise SystemExit(f"--dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}")
     tie = args.tie_eps if args.tie_eps is not None else (1e-3 if _DTYPES[dtype] == torch.float32 else 5e-2)
     if device == "cpu":
         torch.set_num_threads(1)
-    backends = [b.strip() for b in args.attn_backend.split(",")] if args.attn_backend else None
+    short = cli_value(parse_tokens, args.short, "--short")
+    long = cli_value(parse_tokens, args.long, "--long")
+    if long <= short:
+        raise SystemExit(f"error: --long ({long}) must be longer than --short ({short})")
+    if args.steps < 1:
+        raise SystemExit("--steps must be >= 1")
+    backends = check_backends([b.strip() for b in args.attn_backend.split(",")]) if args.attn_backend else None
     if backends is None and not default_backends():
         print("no backend other than reference is available; probing reference itself")
         backends = ["reference"]
     ps = 1 if args.layout == "page1" else args.page_size
-    res = probe(args.model, parse_tokens(args.short), parse_tokens(args.long), backends, args.steps, ps, device,
+    cli_value(get_model_config, args.model, "--model")
+    res = probe(args.model, short, long, backends, args.steps, ps, device,
                 dtype, args.seed, tie, verbose=True)
     print(f"commit-length probe: model {args.model}, ORACLE drafter (reference greedy continuation), "
           f"block {res['block']} (full acceptance = commit_len {res['block']}), layout {args.layout}, {dtype}")
