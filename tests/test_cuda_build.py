@@ -215,3 +215,15 @@ def test_backend_unavailable_without_gpu():
 
     ok, why = get_backend("cuda").available()
     assert not ok and "CUDA device" in why
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["--arch", "sm_99", "--report"], "no shared-memory limit known for \\['sm_99'\\]"),
+    ([], "nothing to do: pass --report"),
+])
+def test_build_cli_rejects_bad_arguments(argv, msg, capsys):
+    from verify_attn import build
+    with pytest.raises(SystemExit):
+        build.main(argv)
+    import re
+    assert re.search(msg, capsys.readouterr().err)

@@ -391,9 +391,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--no-cache", action="store_true", help="recompile even if a cached report matches")
     a = ap.parse_args(argv)
     if not a.report:
-        ap.print_help()
-        return 0
+        ap.error("nothing to do: pass --report to compile every instantiation and print the ptxas report")
     archs = [x.strip() for x in a.arch.split(",") if x.strip()]
+    unknown = [x for x in archs if x not in SMEM_LIMIT]
+    if not archs or unknown:
+        ap.error(f"--arch: no shared-memory limit known for {unknown or a.arch!r}; known: {', '.join(SMEM_LIMIT)}")
     files = instantiation_files()
     if a.only:
         files = [f for f in files if any(s in f.name for s in a.only.split(","))]
