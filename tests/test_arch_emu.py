@@ -37,16 +37,7 @@ class Emu:
 
     def __init__(self, path: Path):
         self.path = path
-        self.lib = ctypes.CDLL(str(path))
-        self.lib.va_emu_register_global.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
-        self.lib.va_emu_set_fault.argtypes = [ctypes.c_char_p, ctypes.c_int]
-        self.lib.va_emu_set_fault.restype = ctypes.c_char_p
-        self.lib.va_emu_set_schedule.argtypes = [ctypes.c_char_p, ctypes.c_ulonglong]
-        self.lib.va_emu_set_schedule.restype = ctypes.c_char_p
-        self.lib.va_emu_set_num_workers.restype = ctypes.c_char_p
-        self.lib.va_emu_set_cp_async_landing.argtypes = [ctypes.c_char_p]
-        self.lib.va_emu_set_cp_async_landing.restype = ctypes.c_char_p
-        self.lib.va_emu_fault_hits.restype = ctypes.c_longlong
+        self.lib = cuda_emu.load_emu_library(path)
 
     def register(self, **arrays: np.ndarray) -> None:
         self.lib.va_emu_clear_globals()

@@ -5,22 +5,11 @@
 #include <string>
 
 #include "host.h"
+#include "c_api.h"
 
 #define VA_EMU_C_API extern "C" __attribute__((visibility("default")))
 
-namespace {
-char g_err[1024];
-template <class F>
-const char* guarded(F&& f) {
-  try {
-    f();
-    return nullptr;
-  } catch (const std::exception& e) {
-    std::snprintf(g_err, sizeof(g_err), "%s", e.what());
-    return g_err;
-  }
-}
-}  // namespace
+using va::emu::guarded;
 
 VA_EMU_C_API void va_emu_register_global(const void* p, size_t bytes, const char* name) {
   va::emu::register_global(p, bytes, name);

@@ -211,6 +211,24 @@ def available() -> tuple[bool, str]:
     return True, ""
 
 
+def load_emu_library(path: Path):
+    """ctypes handle of a library built with csrc/emu/c_api.cpp, with the emulator's
+    C API typed (the kernel library below and the device-API test kernels share it)."""
+    import ctypes
+
+    lib = ctypes.CDLL(str(path))
+    lib.va_emu_register_global.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    lib.va_emu_set_fault.argtypes = [ctypes.c_char_p, ctypes.c_int]
+    lib.va_emu_set_fault.restype = ctypes.c_char_p
+    lib.va_emu_set_schedule.argtypes = [ctypes.c_char_p, ctypes.c_ulonglong]
+    lib.va_emu_set_schedule.restype = ctypes.c_char_p
+    lib.va_emu_set_num_workers.restype = ctypes.c_char_p
+    lib.va_emu_set_cp_async_landing.argtypes = [ctypes.c_char_p]
+    lib.va_emu_set_cp_async_landing.restype = ctypes.c_char_p
+    lib.va_emu_fault_hits.restype = ctypes.c_longlong
+    return lib
+
+
 class Emulator:
     """The loaded emulation build: the kernels (a ctypes library, which also
     holds the emulator's settings) and the torch binding that calls them."""
@@ -219,16 +237,8 @@ class Emulator:
         import ctypes
 
         self.path = lib_path
-        self.lib = ctypes.CDLL(str(lib_path))  # same instance the binding dlopens (same path)
-        self.lib.va_emu_set_fault.argtypes = [ctypes.c_char_p, ctypes.c_int]
-        self.lib.va_emu_set_fault.restype = ctypes.c_char_p
-        self.lib.va_emu_set_schedule.argtypes = [ctypes.c_char_p, ctypes.c_ulonglong]
-        self.lib.va_emu_set_schedule.restype = ctypes.c_char_p
-        self.lib.va_emu_set_num_workers.restype = ctypes.c_char_p
-        self.lib.va_emu_set_cp_async_landing.argtypes = [ctypes.c_char_p]
-        self.lib.va_emu_set_cp_async_landing.restype = ctypes.c_char_p
+        self.lib = load_emu_library(lib_path)  # same instance the binding dlopens (same path)
         self.lib.va_emu_set_smem_limit.argtypes = [ctypes.c_size_t]
-        self.lib.va_emu_fault_hits.restype = ctypes.c_longlong
         self.lib.va_emu_tv_built_kernels.restype = ctypes.c_char_p
         self.binding = binding
         binding.load_kernels(str(lib_path))

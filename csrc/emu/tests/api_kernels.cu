@@ -13,6 +13,7 @@
 #include <string>
 
 #include "arch/arch.cuh"
+#include "emu/c_api.h"
 
 namespace va::emu_tests {
 
@@ -267,18 +268,8 @@ __global__ void k_math(const float* x, const float* y, int n, float* out) {
 }  // namespace va::emu_tests
 
 // ---- extern "C" entry points ---------------------------------------------------
+using va::emu::guarded;
 namespace {
-char g_err[8192];
-template <class F>
-const char* guarded(F&& f) {
-  try {
-    f();
-    return nullptr;
-  } catch (const std::exception& e) {
-    std::snprintf(g_err, sizeof(g_err), "%s", e.what());
-    return g_err;
-  }
-}
 using namespace va::emu_tests;
 using va::arch::launch;
 }  // namespace
