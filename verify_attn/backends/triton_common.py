@@ -207,6 +207,20 @@ def attend_tile(acc, m_i, l_i, q1, q2, start, end, prefix,
 
 
 @triton.jit
+def load_q(q_rows, row_ok, offs_d1, offs_dpe, DQK: tl.constexpr, BLOCK_D1: tl.constexpr,
+           BLOCK_DPE: tl.constexpr):
+    """The M rows' queries as (q1 [BLOCK_M, BLOCK_D1], q2 [BLOCK_M, BLOCK_DPE]): the head split
+    into power-of-two blocks (576 = 512 + 64); q2 is q1 again when there is no second block."""
+    q1 = tl.load(q_rows + offs_d1[None, :], mask=row_ok[:, None] & (offs_d1[None, :] < DQK), other=0.0)
+    if BLOCK_DPE > 0:
+        q2 = tl.load(q_rows + BLOCK_D1 + offs_dpe[None, :],
+                     mask=row_ok[:, None] & (BLOCK_D1 + offs_dpe[None, :] < DQK), other=0.0)
+    else:
+        q2 = q1
+    return q1, q2
+
+
+@triton.jit
 def finish_rows(acc, m_i, l_i):
     """(O [BLOCK_M, BLOCK_DV] fp32, LSE log2 [BLOCK_M]); rows that saw nothing give O = 0, LSE = -inf."""
     seen = l_i > 0

@@ -74,12 +74,7 @@ def _split_fwd(
     offs_dv = tl.arange(0, BLOCK_DV)
 
     q_rows = Q + token[:, None] * stride_qt + head[:, None] * stride_qh
-    q1 = tl.load(q_rows + offs_d1[None, :], mask=row_ok[:, None] & (offs_d1[None, :] < DQK), other=0.0)
-    if BLOCK_DPE > 0:
-        q2 = tl.load(q_rows + BLOCK_D1 + offs_dpe[None, :],
-                     mask=row_ok[:, None] & (BLOCK_D1 + offs_dpe[None, :] < DQK), other=0.0)
-    else:
-        q2 = q1
+    q1, q2 = tc.load_q(q_rows, row_ok, offs_d1, offs_dpe, DQK, BLOCK_D1, BLOCK_DPE)
 
     k_base = K + kvh * stride_kh
     v_base = V + kvh * stride_vh
