@@ -2,6 +2,7 @@
 slots/pages, NaN in everything a call must not read, and the float64 reference."""
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 
 import torch
@@ -108,3 +109,16 @@ def check_against_reference(out: torch.Tensor, lse: torch.Tensor | None, case: C
         stats["lse_max_abs_err"] = lerr
         assert lerr <= max(atol, 1e-3) * 10, f"{case.spec.id}: lse max abs err {lerr}"
     return stats
+
+
+@contextlib.contextmanager
+def temporary_backend(backend):
+    """Register a test-only backend for the duration of a test only (other test modules list
+    available_backends() and must not see it)."""
+    from verify_attn.backends import _REGISTRY, register
+
+    register(backend)
+    try:
+        yield backend
+    finally:
+        _REGISTRY.pop(backend.name, None)

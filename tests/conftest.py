@@ -32,3 +32,12 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_gpu)
         if "slow" in item.keywords and not config.getoption("--runslow"):
             item.add_marker(skip_slow)
+
+
+@pytest.fixture
+def one_torch_thread():
+    """Tiny shapes: extra torch threads only contend on a shared 2-core machine."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

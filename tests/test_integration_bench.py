@@ -2,7 +2,6 @@
 Kimi K2's per-rank attention shapes (8 heads, 576/512) reach tree_verify under --simulate-rank."""
 from __future__ import annotations
 
-import contextlib
 import json
 from dataclasses import replace
 
@@ -17,30 +16,17 @@ from integration.drafter import DFlashDrafter
 from integration.model import MLATarget
 from integration.spec import Engine, speculative_decode
 from integration.tp import TPGroup
-from verify_attn.backends import _REGISTRY, Backend, register
+from verify_attn.backends import Backend
+from cases import temporary_backend
 from verify_attn.reference import _run as reference_run
 
-@contextlib.contextmanager
-def temporary_backend(backend: Backend):
-    """Register a test-only backend for the duration of a test only (other test modules list
-    available_backends() and must not see it)."""
-    register(backend)
-    try:
-        yield backend
-    finally:
-        _REGISTRY.pop(backend.name, None)
 
 
 SETTINGS = dict(model="tiny", device="cpu", dtype="float32", page_size=1, tree="ddtree", budget=8, seed=0,
                 simulate=False)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_parts_add_up_to_step_time() -> None:

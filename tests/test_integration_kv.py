@@ -16,12 +16,7 @@ from integration.tp import TPGroup
 from verify_attn import tree as vtree
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny shapes: extra threads only contend on a shared 2-core machine
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.mark.parametrize("page_size", [1, 4, 16])

@@ -18,12 +18,7 @@ from integration.spec import Engine, first_divergence, greedy_decode, speculativ
 from integration.tp import TPGroup, launch
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny shapes: extra threads only contend on a shared 2-core machine
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
@@ -118,14 +113,12 @@ def _ignore_tree_mask(p, config, out, lse) -> None:
 def test_check_catches_a_tree_mask_bug(tiny) -> None:
     """The spec == greedy check is not vacuous: a backend that ignores the tree mask (greedy's one-node
     trees are unaffected) makes the speculative tokens diverge."""
-    from verify_attn.backends import _REGISTRY, Backend, register
+    from cases import temporary_backend
+    from verify_attn.backends import Backend
     target, drafter = tiny
     prompt = synthetic_prompt(97, target.cfg.vocab, 0)
     e = Engine(target, backend="test-no-tree-mask", page_size=1, capacity=600)
-    register(Backend("test-no-tree-mask", _ignore_tree_mask))
-    try:
+    with temporary_backend(Backend("test-no-tree-mask", _ignore_tree_mask)):
         toks, _ = speculative_decode(e, drafter, prompt, 6, tree_kind="ddtree", budget=12)
         ref = greedy_decode(e, prompt, len(toks))
-    finally:
-        _REGISTRY.pop("test-no-tree-mask", None)
     assert first_divergence(toks, ref) is not None

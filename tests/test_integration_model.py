@@ -14,12 +14,7 @@ from integration.tp import TPGroup
 from verify_attn.shapes import KIMI_K2_SM_SCALE
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_kimi_sm_scale_matches_shapes_preset() -> None:

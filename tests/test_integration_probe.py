@@ -1,7 +1,6 @@
 """The commit probe passes with correct backends and FAILS on a deliberately broken one."""
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 
 import pytest
@@ -10,18 +9,14 @@ import torch
 import verify_attn
 from integration.probe import main as probe_main
 from integration.probe import probe
-from verify_attn.backends import _REGISTRY, Backend, Problem, register
+from verify_attn.backends import Backend, Problem
+from cases import temporary_backend
 from verify_attn.reference import _run as reference_run
 
 BLOCK = 8  # the tiny preset's DFlash block
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _dropping(where: str, n: int):
@@ -41,15 +36,6 @@ def _dropping(where: str, n: int):
     return run
 
 
-@contextlib.contextmanager
-def temporary_backend(backend: Backend):
-    """Register a test-only backend for the duration of a test only (other test modules list
-    available_backends() and must not see it)."""
-    register(backend)
-    try:
-        yield backend
-    finally:
-        _REGISTRY.pop(backend.name, None)
 
 
 @pytest.fixture
