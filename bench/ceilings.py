@@ -6,9 +6,12 @@ Measured once per GPU (and torch version) and cached as JSON in
 
 - copy_gbs: `dst.copy_(src)` of a buffer much larger than L2, counted as
   read + write bytes per second (the convention behind "~4.3 TB/s on an H200").
-- mma_tflops: a bf16 x bf16 -> bf16 (fp32 accumulate) 8192^3 torch.matmul, i.e.
-  cuBLAS. On Hopper that uses wgmma, so it is an upper bound on what mma.sync code
-  reaches there; it is the tensor rate the floor is measured against.
+- mma_tflops: the tensor rate the floor is measured against: the mma.sync-class
+  rate (`mma_sync_tflops`: csrc/ceilings/mma_peak.cu, register-resident bf16
+  m16n8k16 MMAs over the whole GPU, JIT-built here) when the CUDA toolkit is at
+  hand, since our kernels are built on mma.sync; else the cuBLAS rate.
+- cublas_tflops: a bf16 8192^3 torch.matmul (cuBLAS). On Hopper that uses wgmma,
+  so it is above what mma.sync code reaches there; reported beside it.
 """
 from __future__ import annotations
 
@@ -64,6 +67,28 @@ def measure_mma_tflops(n: int = 8192, reps: int = 20) -> float:
     return 2 * n**3 / (ms * 1e-3) / 1e12
 
 
+def measure_mma_sync_tflops(reps: int = 10, iters: int = 512) -> float:
+    """bf16 mma.sync m16n8k16 rate of the whole GPU (csrc/ceilings/mma_peak.cu)."""
+    from torch.utils.cpp_extension import load
+
+    from verify_attn import build as vb
+    from verify_attn import device as vdevice
+    from verify_attn.backends.cuda import jit_archs
+
+    vb.ensure_cuda_home()
+    archs = jit_archs()
+    src = vb.CSRC / "ceilings"
+    mod = load(name="va_mma_peak_" + "_".join(a.replace("sm_", "") for a in archs),
+               sources=[str(src / "mma_peak_binding.cpp"), str(src / "mma_peak.cu")],
+               extra_include_paths=[str(vb.CSRC)], extra_cuda_cflags=vb.nvcc_extension_flags(archs))
+    blocks = vdevice.query(torch.cuda.current_device()).sm_count * 8
+    out = torch.empty(blocks * mod.threads(), dtype=torch.float32, device="cuda")
+    ms = _event_median_ms(lambda: mod.mma_peak(out, blocks, iters, True), reps)
+    if not torch.isfinite(out).all():
+        raise RuntimeError("mma_peak produced non-finite sums")
+    return mod.flops(blocks, iters) / (ms * 1e-3) / 1e12
+
+
 def _load() -> dict:
     try:
         return json.loads((cache_dir() / _FILE).read_text())
@@ -87,13 +112,22 @@ def get_ceilings(refresh: bool = False) -> Optional[dict]:
     entries = _load()
     if not refresh and _key(name) in entries:
         return entries[_key(name)]
+    cublas = measure_mma_tflops()
+    try:
+        mma_sync, source = measure_mma_sync_tflops(), "mma.sync (csrc/ceilings/mma_peak.cu)"
+    except Exception as e:  # no toolkit to build it: the cuBLAS rate, and say so
+        mma_sync, source = None, f"cuBLAS (mma.sync probe unavailable: {type(e).__name__}: {e})"
     entry = {
         "device": name,
         "copy_gbs": measure_copy_gbs(),
-        "mma_tflops": measure_mma_tflops(),
+        "mma_tflops": mma_sync if mma_sync is not None else cublas,
+        "mma_source": source,
+        "mma_sync_tflops": mma_sync,
+        "cublas_tflops": cublas,
         "date": _dt.datetime.now().isoformat(timespec="seconds"),
         "torch": torch.__version__,
-        "method": "copy_: 1 GiB bf16, read+write bytes; matmul: bf16 8192^3 cuBLAS; CUDA events, median of 20",
+        "method": "copy_: 1 GiB bf16, read+write bytes; matmul: bf16 8192^3 cuBLAS; mma.sync: bf16 m16n8k16 "
+                  "register-resident, 8 chains/warp, 8 CTAs/SM; CUDA events, median",
     }
     entries = _load()  # re-read: another process may have written meanwhile
     entries[_key(name)] = entry
@@ -111,7 +145,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     if c is None:
         print("no CUDA device: nothing to measure (the benchmark then uses datasheet ceilings)")
         return 0
-    print(f"{c['device']}: copy {c['copy_gbs']:.0f} GB/s, bf16 matmul {c['mma_tflops']:.0f} TFLOP/s "
+    sync = c.get("mma_sync_tflops")
+    print(f"{c['device']}: copy {c['copy_gbs']:.0f} GB/s, bf16 mma.sync "
+          f"{'n/a' if sync is None else f'{sync:.0f}'} TFLOP/s, cuBLAS {c.get('cublas_tflops', 0):.0f} TFLOP/s; "
+          f"floor uses {c['mma_tflops']:.0f} ({c.get('mma_source', 'cuBLAS')}) "
           f"(measured {c['date']}, cache {cache_dir() / _FILE})")
     if a.json:
         Path(a.json).write_text(json.dumps(c, indent=2))

@@ -7,7 +7,7 @@ that no longer fits the budget is skipped and said so:
   build      JIT-build the cuda backend once with every kernel instantiation
              (VERIFY_ATTN_JIT_ALL=1, ninja in parallel), timed; later stages reuse it
   tests      pytest -m gpu -q (all failures listed; a collection error does not stop the rest)
-  ceilings   bench/ceilings.py: copy bandwidth and bf16 matmul rate, cached per GPU
+  ceilings   bench/ceilings.py: copy bandwidth, bf16 mma.sync and cuBLAS rates, cached per GPU
   headline   bench.verify at 185k, 16 nodes, page1: cuda, triton, triton-serial
   sweep      bench.verify ctx 4k..185k x trees 1,16,64 x page1/paged: cuda, triton;
              triton-serial only up to 64k (the slow baseline), time-capped
@@ -96,7 +96,7 @@ def plan(out: Path, a: argparse.Namespace) -> list[Stage]:
     stages = [
         Stage("build", [PY, "-m", "bench.gpu_check", "--build-variants"], cap_s=300, min_s=30),
         Stage("tests", [PY, "-m", "pytest", "-m", "gpu", "-q", "-rf", "--continue-on-collection-errors", "tests"], cap_s=120, needs="pytest"),
-        Stage("ceilings", [PY, "-m", "bench.ceilings", "--refresh", "--json", str(out / "ceilings.json")], cap_s=60),
+        Stage("ceilings", [PY, "-m", "bench.ceilings", "--refresh", "--json", str(out / "ceilings.json")], cap_s=150),
         Stage("headline", v + ["--ctx", "185k", "--tree", "16", "--layout", "page1",
                                "--backend", "cuda,triton,triton-serial", "--json", str(out / "headline.json"),
                                "--csv", str(out / "headline.csv")], cap_s=90, min_s=30),

@@ -1,0 +1,23 @@
+// torch binding of the mma.sync peak-rate kernel: the only file here that sees torch.
+#include <c10/cuda/CUDAStream.h>
+#include <torch/extension.h>
+
+#include "ceilings/mma_peak.h"
+
+namespace {
+void mma_peak(torch::Tensor out, int64_t blocks, int64_t iters, bool bf16) {
+  TORCH_CHECK(out.is_cuda() && out.scalar_type() == torch::kFloat32 && out.is_contiguous(),
+              "out must be a contiguous float32 CUDA tensor");
+  TORCH_CHECK(blocks >= 1 && iters >= 1, "blocks and iters must be >= 1");
+  TORCH_CHECK(out.numel() >= blocks * va::ceil::mma_peak_threads(), "out needs blocks * ",
+              va::ceil::mma_peak_threads(), " elements");
+  va::ceil::launch_mma_peak(bf16, static_cast<int>(blocks), static_cast<int>(iters), out.data_ptr<float>(),
+                            c10::cuda::getCurrentCUDAStream(out.get_device()).stream());
+}
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("mma_peak", &mma_peak, "run the mma.sync peak-rate kernel (out, blocks, iters, bf16)");
+  m.def("flops", &va::ceil::mma_peak_flops, "FLOPs of one launch (blocks, iters)");
+  m.def("threads", &va::ceil::mma_peak_threads, "threads per block");
+}
