@@ -377,3 +377,12 @@ def test_gpu_small_run_checks_and_times(tmp_path):
         if r["status"] == "ok":
             assert r["max_rel_err"] < 0.05 and r["median_us"] > 0 and r["timed_on"] == "cuda"
             assert r["frac_of_floor"] is None or 0 < r["frac_of_floor"] < 1.5
+
+
+def test_overhead_tool_runs_and_cleans_up(capsys):
+    from bench import overhead
+    from verify_attn.backends import known_backends
+    assert overhead.main(["--calls", "5", "--ctx", "50", "--nodes", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "validation=shapes" in out and "validation=full" in out
+    assert "noop" not in known_backends()
