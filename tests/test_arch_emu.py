@@ -32,7 +32,17 @@ C_API = Path(cuda_emu.CSRC) / "emu" / "c_api.cpp"
 
 # ----------------------------------------------------------------- harness ----
 
-class Emu:
+class _Entry:
+    """Calls the test library's `va_test_*` entry points; subclasses say how (try_call)."""
+
+    def call(self, fn: str, *args) -> None:
+        """Run an entry point; raise RuntimeError with the library's message on failure."""
+        err = self.try_call(fn, *args)
+        if err is not None:
+            raise RuntimeError(err)
+
+
+class Emu(_Entry):
     """ctypes view of the test library; every call raises on an emulator error."""
 
     def __init__(self, path: Path):
@@ -43,12 +53,6 @@ class Emu:
         self.lib.va_emu_clear_globals()
         for name, a in arrays.items():
             self.lib.va_emu_register_global(a.ctypes.data, a.nbytes, name.encode())
-
-    def call(self, fn: str, *args) -> None:
-        """Run an entry point; raise RuntimeError with the emulator's message on failure."""
-        err = self.try_call(fn, *args)
-        if err is not None:
-            raise RuntimeError(err)
 
     def try_call(self, fn: str, *args):
         f = getattr(self.lib, "va_test_" + fn)
@@ -73,7 +77,7 @@ class Emu:
         return dict(zip(keys, list(out)))
 
 
-class Gpu:
+class Gpu(_Entry):
     """The same entry points built by nvcc, on device buffers: numpy arrays are
     copied to the GPU before the call and back (in place) after it."""
 
@@ -82,11 +86,6 @@ class Gpu:
 
     def register(self, **arrays: np.ndarray) -> None:  # the hardware checks nothing
         pass
-
-    def call(self, fn: str, *args) -> None:
-        err = self.try_call(fn, *args)
-        if err is not None:
-            raise RuntimeError(err)
 
     def try_call(self, fn: str, *args):
         import torch

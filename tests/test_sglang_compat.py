@@ -447,6 +447,18 @@ def sgl_kernel():
     return _load_sglang_kernel()
 
 
+def _sglang_output(sgl_kernel, sgl: dict) -> torch.Tensor:
+    """SGLang's own extend_attention_fwd on the same inputs (positional, as SGLang calls it),
+    into a fresh output; returns that output in float64."""
+    theirs = dict(sgl)
+    theirs["o_extend"] = torch.zeros_like(sgl["o_extend"])
+    sgl_kernel.extend_attention_fwd(*[theirs[k] for k in (
+        "q_extend", "k_extend", "v_extend", "o_extend", "k_buffer", "v_buffer", "qo_indptr", "kv_indptr",
+        "kv_indices", "custom_mask", "is_causal", "mask_indptr", "max_len_extend", "k_scale", "v_scale")],
+        sm_scale=sgl["sm_scale"])
+    return theirs["o_extend"].double()
+
+
 @pytest.mark.parametrize("spec,k_scale,v_scale", [
     (CaseSpec(prefix_lens=(70, 5), tree_sizes=(7, 9), tree_kind="bushy", seed=21, **SMALL_GQA), 1.0, 1.0),
     (CaseSpec(prefix_lens=(33, 0, 2), tree_sizes=(4, 3, 6), tree_kind="deep", seed=22, **SMALL_GQA), 0.7, 1.3),
@@ -457,14 +469,8 @@ def test_matches_sglang_kernel(sgl_kernel, spec, k_scale, v_scale):
     _need_interpreter()
     sgl, _ = sglang_inputs(spec, mla_extend_view=spec.mla)
     sgl.update(k_scale=k_scale, v_scale=v_scale)
-    theirs = dict(sgl)
-    theirs["o_extend"] = torch.zeros_like(sgl["o_extend"])
-    sgl_kernel.extend_attention_fwd(*[theirs[k] for k in (
-        "q_extend", "k_extend", "v_extend", "o_extend", "k_buffer", "v_buffer", "qo_indptr", "kv_indptr",
-        "kv_indices", "custom_mask", "is_causal", "mask_indptr", "max_len_extend", "k_scale", "v_scale")],
-        sm_scale=sgl["sm_scale"])
+    want = _sglang_output(sgl_kernel, sgl)
     extend_attention_fwd(**sgl, backend="reference")
-    want = theirs["o_extend"].double()
     assert torch.isfinite(want).all()
     rel = float((sgl["o_extend"].double() - want).abs().max() / want.abs().max())
     assert rel < 1e-4, f"relative error vs SGLang's kernel {rel:.2e}"
@@ -510,13 +516,7 @@ def test_matches_sglang_kernel_on_gpu(sgl_kernel):
     spec = CaseSpec(prefix_lens=(4000, 17), tree_sizes=(16, 9), seed=32, hq=8, hkv=1, dqk=576, dv=512,
                     mla=True, dtype=torch.bfloat16)
     sgl = _to_cuda(sglang_inputs(spec, mla_extend_view=True)[0])
-    theirs = dict(sgl)
-    theirs["o_extend"] = torch.zeros_like(sgl["o_extend"])
-    sgl_kernel.extend_attention_fwd(*[theirs[k] for k in (
-        "q_extend", "k_extend", "v_extend", "o_extend", "k_buffer", "v_buffer", "qo_indptr", "kv_indptr",
-        "kv_indices", "custom_mask", "is_causal", "mask_indptr", "max_len_extend", "k_scale", "v_scale")],
-        sm_scale=sgl["sm_scale"])
+    want = _sglang_output(sgl_kernel, sgl)
     extend_attention_fwd(**sgl)
-    want = theirs["o_extend"].double()
     assert torch.isfinite(want).all()
     _assert_close(sgl["o_extend"], want, 2e-2, 2e-2, "vs SGLang kernel on GPU")
