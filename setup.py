@@ -36,6 +36,9 @@ setup(
         "rich",           # tables
         "tqdm",           # progress bars
         "matplotlib",     # plots
+        # SASS tools for the performance model (bench.model): not in the toolkit on every machine
+        "nvidia-cuda-nvdisasm; platform_system == 'Linux'",
+        "nvidia-cuda-cuobjdump; platform_system == 'Linux'",
     ],
     extras_require={"test": ["pytest>=8", "hypothesis"]},
     ext_modules=ext_modules,

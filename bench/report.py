@@ -107,6 +107,25 @@ def print_report(payload: dict, console: Optional[Console] = None) -> None:
         con.print(m)
         if any(r["timed_on"] == "cpu" for r in timed):
             con.print("  (CPU) rows are CPU wall-clock times (the float64 reference), not GPU kernel timings.")
+    model = payload.get("model") or []
+    if model:
+        mdevs = list(dict.fromkeys(d for m in model for d in m["predictions"]))
+        mt = _table("model: cuda backend predicted from its SASS (python -m bench.model), not measured")
+        for c in ("ctx", "nodes", "layout"):
+            mt.add_column(c, justify="right")
+        for d in mdevs:
+            mt.add_column(f"model us\n{d}", justify="right")
+            mt.add_column(f"% floor\n{d}", justify="right")
+        for m in model:
+            lay = m["layout"] if m["page_size"] == 1 else f"paged{m['page_size']}"
+            cells = [f"{m['ctx']:,}", str(m["tree_nodes"]), lay]
+            for d in mdevs:
+                p = m["predictions"].get(d)
+                cells += [f"{_us(p['us'])} ({p['bound']})", f"{100 * p['frac_of_floor']:.0f}%"] if p else ["-", "-"]
+            mt.add_row(*cells)
+        con.print(mt)
+        con.print("  % floor of the model's device floor (H200: at the mma.sync-class tensor rate); "
+                  "`python -m bench.model --per-tile` explains each number.")
     for n in payload.get("notes", []):
         con.print(f"  note: {n}")
 

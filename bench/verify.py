@@ -30,7 +30,7 @@ from bench.measure import Row, Timer, run_combo, run_cpu_reference
 from bench.timing import Timing, time_cuda
 from verify_attn import device as vdevice
 from verify_attn.shapes import PRESETS, HeadShape, custom_shape, get_shape
-from verify_attn.utils import parse_ctx, parse_int_list, parse_tokens
+from verify_attn.utils import parse_ctx, parse_int_list, parse_tokens, usage_error
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS_DIR = REPO / "bench" / "results"
@@ -74,7 +74,24 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--results-dir", default=str(RESULTS_DIR), help="where the run is appended (verify_runs.jsonl)")
     ap.add_argument("--no-save", action="store_true", help="do not append to the results folder")
     ap.add_argument("--quiet", action="store_true", help="no progress bar")
+    ap.add_argument("--no-model", action="store_true", help="skip the SASS-model predictions (python -m bench.model) "
+                    "of the cuda backend for the reference devices")
     return ap
+
+
+# names bench.baselines.outside_baselines() gives where the package is installed
+OUTSIDE_BASELINES = ("sglang-extend",)
+
+
+def _known_backends_only(names: list[str], outside: dict) -> list[str]:
+    """`names` if every one is a verify_attn backend or an outside baseline, else ValueError naming --backend
+    (checked with or without a GPU: a typo must not be silently ignored)."""
+    from verify_attn import known_backends
+    known = known_backends() + sorted(set(outside) | set(OUTSIDE_BASELINES))
+    unknown = [b for b in names if b not in known]
+    if unknown:
+        raise ValueError(f"--backend: unknown {', '.join(unknown)}; known: {', '.join(known)}")
+    return names
 
 
 def resolve_shape(a: argparse.Namespace) -> HeadShape:
@@ -167,27 +184,33 @@ def sweep(a: argparse.Namespace, *, kernel_device: Optional[str] = None, timer: 
     dtype = DTYPES[a.dtype]
     if a.batch < 1:
         raise ValueError(f"--batch must be >= 1, got {a.batch}")
+    if a.reps < 1:
+        raise ValueError(f"--reps must be >= 1 (timing samples per row), got {a.reps}")
+    if a.warmup < 0:
+        raise ValueError(f"--warmup must be >= 0, got {a.warmup}")
+    if not a.max_seconds > 0:
+        raise ValueError(f"--max-seconds must be > 0, got {a.max_seconds}")
+    asked = [s.strip() for s in a.backend.split(",") if s.strip()] if a.backend else []
+    if a.backend is not None and not asked:
+        raise ValueError(f"--backend names no backend: {a.backend!r}")
     gpu = torch.cuda.is_available()
     kdev = kernel_device or ("cuda" if gpu else None)
     devices, primary, notes = gpu_devices(measure=gpu and not a.no_ceilings)
     outside: dict = {}
     if kdev:
         from bench.baselines import outside_baselines
-        from verify_attn import available_backends, known_backends
+        from verify_attn import available_backends
         outside, bnotes = outside_baselines()
         notes += bnotes
-        if a.backend:  # only what was asked: importing "cuda" builds it, which takes minutes the first time
-            backends = [s.strip() for s in a.backend.split(",") if s.strip()]
-            unknown = [b for b in backends if b not in known_backends() and b not in outside]
-            if unknown:
-                raise ValueError(f"unknown backend(s) {unknown}; known: {', '.join(known_backends() + sorted(outside))}")
+        if asked:  # only what was asked: importing "cuda" builds it, which takes minutes the first time
+            backends = _known_backends_only(asked, outside)
         else:
             backends = [b for b in available_backends() if b not in NOT_TIMED_ON_GPU] + sorted(outside)
         # the baseline first, so that a time budget spent later still leaves speedups to compute
         backends.sort(key=lambda n: n != BASELINE)
     else:
         backends = ["reference"]
-        if a.backend and a.backend.strip() != "reference":
+        if asked and _known_backends_only(asked, {}) != ["reference"]:
             notes.append(f"no GPU: only the float64 reference is timed (on CPU); --backend {a.backend} ignored")
         notes.append(f"no GPU: the CPU reference is timed up to ctx {a.cpu_ctx_cap}; longer rows show the counts "
                      "and floors only")
@@ -234,13 +257,43 @@ def sweep(a: argparse.Namespace, *, kernel_device: Optional[str] = None, timer: 
                 rows.append(r)
                 tick()
     _speedups(rows)
+    model = [] if a.no_model else model_rows(shape, combos, dtype, a.batch, notes)
     return {
         "device": torch.cuda.get_device_name() if gpu else None,
         "commit": git_commit(), "date": _dt.datetime.now().isoformat(timespec="seconds"), "versions": versions(),
         "shape": shape.to_dict(), "dtype": a.dtype, "tree_shape": a.tree_shape, "batch": a.batch,
         "devices": [d.to_dict() for d in devices], "floor_device": primary, "notes": notes,
-        "argv": sys.argv[1:], "results": [r.to_dict() for r in rows],
+        "argv": sys.argv[1:], "results": [r.to_dict() for r in rows], "model": model,
     }
+
+
+def model_rows(shape: HeadShape, combos: list, dtype: torch.dtype, batch: int, notes: list[str]) -> list[dict]:
+    """The SASS model's prediction of the cuda backend's default config for every (ctx, tree, layout), on
+    each modelled device: labelled "model", never a measurement."""
+    if dtype not in (torch.bfloat16, torch.float16):
+        return []
+    try:
+        from bench.model import predict
+        from bench.model.devices import DEVICES
+    except ImportError as e:
+        notes.append(f"model predictions skipped ({e})")
+        return []
+    out = []
+    for ctx, nodes, (lay, ps) in sorted(set(combos)):
+        preds = {}
+        for dk in DEVICES:
+            try:
+                p = predict(dk, ctx=ctx, tree_nodes=nodes, shape=shape, layout=lay, page_size=ps, batch=batch,
+                            kv_dtype="bf16" if dtype == torch.bfloat16 else "fp16")
+            except RuntimeError as e:  # no toolkit or SASS tools: say so once
+                notes.append(f"model predictions skipped ({e})")
+                return out
+            if p is not None:
+                preds[dk] = {**p, "frac_of_floor": p["floor_us"] / p["us"]}
+        if preds:
+            out.append({"ctx": ctx, "tree_nodes": nodes, "layout": lay, "page_size": ps, "source": "model",
+                        "predictions": preds})
+    return out
 
 
 def _speedups(rows: list[Row]) -> None:
@@ -282,8 +335,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     a = ap.parse_args(argv)
     try:
         payload = sweep(a)
-    except ValueError as e:
-        ap.error(str(e))
+    except ValueError as e:   # one line naming the flag, argparse's status 2 (no usage block)
+        raise usage_error(f"{ap.prog}: error: {e}") from None
     from bench.report import print_report, write_csv
     print_report(payload)
     if a.json:

@@ -222,14 +222,19 @@ class KernelReport:
 _ELEM = {"13__nv_bfloat16": "bf16", "6__half": "fp16"}
 
 
+def tile_of_mangled(mangled: str) -> Tile:
+    """The tile config of a split kernel from its mangled name (TileConfig<BM, BN, WM, WN, STAGES>)."""
+    t = [int(x) for x in re.search(r"TileConfigILi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)E", mangled).groups()]
+    return Tile(t[0], t[1], t[2], t[3], t[4])
+
+
 def _describe(mangled: str) -> tuple[str, int]:
     """Readable name and dynamic smem (bytes) of a kernel from its mangled name."""
     elem = next((v for k, v in _ELEM.items() if k in mangled), "?")
     if "tree_verify_split_kernel" in mangled:
-        t = [int(x) for x in re.search(r"TileConfigILi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)E", mangled).groups()]
         dqk, dv, shared = re.search(r"HeadConfigILi(\d+)ELi(\d+)ELb([01])E", mangled).groups()
         layout = "paged" if "PagedLayout" in mangled else "page1"
-        tile = Tile(t[0], t[1], t[2], t[3], t[4])
+        tile = tile_of_mangled(mangled)
         dyn = smem_bytes(tile, int(dqk), int(dv), shared == "1")
         name = (f"split {elem} {dqk}x{dv} {layout} m{tile.block_m} n{tile.block_n} "
                 f"w{tile.num_warps} s{tile.num_stages}")
@@ -291,6 +296,26 @@ def compile_report(src: Path, archs: list[str], nvcc: str, key: str, use_cache: 
     tmp.write_text(json.dumps([asdict(x) for x in reps]))
     tmp.replace(cache)
     return reps
+
+
+def compile_cubin(src: Path, arch: str, use_cache: bool = True) -> Path:
+    """The cubin of one translation unit for one arch, built with the real build's flags
+    (NVCC_FLAGS, so -lineinfo is in), cached by a hash of the sources, flags and nvcc.
+    The SASS-level performance model (bench.model) reads these."""
+    nvcc = nvcc_path()
+    gencode_flags([arch])  # validates the name
+    key = source_hash(["cubin-v1", *NVCC_FLAGS, arch, _nvcc_version(nvcc)])
+    out = _cache_dir().parent / "cubins" / f"{src.stem}-{arch}-{key}.cubin"
+    if use_cache and out.exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(f".{os.getpid()}.tmp")
+    cmd = [nvcc, *NVCC_FLAGS, "-cubin", f"-arch={arch}", f"-I{CSRC}", str(src), "-o", str(tmp)]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"nvcc -cubin failed for {src.name} ({arch}):\n{' '.join(cmd)}\n{r.stderr[-6000:]}")
+    tmp.replace(out)
+    return out
 
 
 def build_report(archs: list[str], files: Optional[list[Path]] = None, jobs: int = 1,

@@ -48,7 +48,7 @@ __global__ void __launch_bounds__(32 * kCombineWarps) tree_verify_combine_kernel
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) acc[c][0] = acc[c][1] = 0.f;
   h::MergeState st = h::merge_init();
-  for (int s = 0; s < ns; ++s) {
+  for (int s = 0; s < ns; ++s) {  // sass-model: split-loop
     const int64_t prow = (static_cast<int64_t>(s) * p.total_q + qrow) * p.num_q_heads + head;
     float so, sn;
     h::lse_merge(st, arch::ld_global(ws_lse + prow), so, sn, Exp2Fast{});

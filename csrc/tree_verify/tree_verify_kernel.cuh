@@ -156,7 +156,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel(cons
   }
   int32_t next_id = fetch_id(STAGES - 1);  // index of the next tile to issue, loaded a tile early
 
-  for (int it = 0; it < ntiles; ++it) {
+  for (int it = 0; it < ntiles; ++it) {  // sass-model: tile-loop
     arch::cp_async_wait<STAGES - 2>();  // tile `it` (and Q) landed for this thread's copies
     arch::block_sync();                 // ... and everyone's; stage (it-1) % STAGES is free
     if (it + STAGES - 1 < ntiles) issue_kv(it + STAGES - 1, (it + STAGES - 1) % STAGES, next_id);
@@ -206,7 +206,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel(cons
       for (int e = 0; e < 4; ++e) {
         const h::RowCol rc = h::mma_c_rc(lane, e);
         float s = sacc[j][e] * scale_log2;
-        if (masked) {
+        if (masked) {  // sass-model: cold
           const int t = tok0 + wn * Tr::kNS + j * 8 + rc.col;
           const int mr = mask_row[e >> 1];
           uint32_t word = 0;

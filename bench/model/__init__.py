@@ -1,0 +1,40 @@
+"""SASS-level performance model of the CUDA tree-verify kernels (no GPU needed).
+
+`python -m bench.model --help` for the command line; `predict()` below for tools
+(the budget planner) that want one number with its provenance.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+
+def predict(device: str, *, ctx: int, tree_nodes: int, shape="kimi-k2-tp8", layout: str = "page1",
+            page_size: int = 1, kv_dtype: str = "bf16", batch: int = 1, kernel: str = "default",
+            num_splits: Optional[int] = None) -> Optional[dict]:
+    """Predicted time of one CUDA tree_verify call on `device` ("h200" | "rtx-pro-6000").
+
+    Returns {"us", "bound", "source": "sass-model", "kernel", "num_splits", "floor_us"} or None when the
+    model cannot read this kernel (no CUDA toolkit or SASS tools here, no kernel for the shape or KV dtype).
+    `shape`: a preset name or a verify_attn.shapes.HeadShape. `kernel`: "default" (the backend's default
+    tile) or a substring of a kernel name.
+    """
+    from verify_attn import build as vb
+    from verify_attn.shapes import get_shape
+
+    from . import call, devices, kernels
+
+    dev = devices.get_device(device)
+    sh = get_shape(shape) if isinstance(shape, str) else shape
+    head = vb.head_key(sh.head_dim_qk, sh.head_dim_v, sh.mla)
+    if head is None or kv_dtype not in ("bf16", "fp16") + tuple(getattr(kernels, "KV_DTYPES", ())):
+        return None
+    try:
+        ks = kernels.load(dev.arch, head, kv_dtype if kv_dtype in ("bf16", "fp16") else "bf16", layout)
+    except (RuntimeError, LookupError, FileNotFoundError):
+        return None
+    km = ks[0] if kernel == "default" else next((k for k in ks if kernel in k.name), None)
+    if km is None:
+        return None
+    p = call.predict(km, dev, call.Case(sh, ctx, tree_nodes, batch, layout, page_size), num_splits)
+    return {"us": p.total_us, "bound": p.bound, "source": "sass-model", "kernel": km.name,
+            "num_splits": p.num_splits, "floor_us": p.floor_us}

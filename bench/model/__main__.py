@@ -1,0 +1,247 @@
+"""python -m bench.model: predict each CUDA kernel's time from its SASS, without a GPU.
+
+For every compiled tile config of the head shape's kernels (cubins of the real
+build, nvcc -lineinfo, one per arch), the model reads the per-KV-tile loop from
+the SASS, counts its instruction classes, the MMA accumulator chains, shared and
+global bytes, simulates one warp scheduler over it, and predicts the call time on
+the device each arch stands for (sm_120a: RTX PRO 6000 Blackwell, sm_90a: H200),
+naming the bound. Every device constant carries its source (--constants).
+
+    python -m bench.model --arch sm_120a,sm_90a --ctx 185k --tree 16 --json model.json
+    python -m bench.model --ctx 4k..185k --tree 16,64 --layout page1,paged
+    python -m bench.model --calibrate          # predicted vs measured (bench/results/**.json)
+
+Predictions are labelled "model"; they are not measurements.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+from verify_attn import build as vb
+from verify_attn.shapes import PRESETS, get_shape
+from verify_attn.utils import parse_ctx, parse_int_list
+
+from . import call as predict, devices, kernels
+
+SCHEMA_VERSION = 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m bench.model", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--arch", default="sm_120a,sm_90a",
+                    help="cubin archs to read: sm_120a (-> RTX PRO 6000), sm_90a (-> H200); default both")
+    ap.add_argument("--ctx", default="185k", help="prefix lengths: 185k | 4k,16k,185k | 1k..256k; k = 1,000 tokens")
+    ap.add_argument("--tree", default="16", help="tree node counts, comma-separated (default 16)")
+    ap.add_argument("--shape", default="kimi-k2-tp8", help=f"head-shape preset: {', '.join(PRESETS)}")
+    ap.add_argument("--layout", default="page1", help="page1 and/or paged, comma-separated")
+    ap.add_argument("--page-size", type=int, default=64, help="page size of the paged layout (default 64)")
+    ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--kernel", default="all", help="all | default | a substring of the kernel name "
+                    "(e.g. 'm32 n16' or 'v1')")
+    ap.add_argument("--splits", default="auto", help="auto (the backend's heuristic) | N | best (the model's "
+                    "best over the autotuner's split counts)")
+    ap.add_argument("--json", metavar="PATH", help="write every prediction as JSON (schema in bench/model/README.md)")
+    ap.add_argument("--per-tile", action="store_true", help="also print the per-tile SASS reading of each kernel")
+    ap.add_argument("--constants", action="store_true", help="print the device constants with their sources and exit")
+    ap.add_argument("--calibrate", nargs="*", metavar="RESULTS.json",
+                    help="compare predictions with measured rows (default: every JSON under bench/results/)")
+    return ap
+
+
+def _head_of(shape) -> str:
+    h = vb.head_key(shape.head_dim_qk, shape.head_dim_v, shape.mla)
+    if h is None:
+        raise ValueError(f"no CUDA kernel family for head shape {shape.name}")
+    return h
+
+
+def _layouts(spec: str, page_size: int) -> list[tuple[str, int]]:
+    out = []
+    for s in [x.strip() for x in spec.split(",") if x.strip()]:
+        if s not in ("page1", "paged"):
+            raise ValueError(f"--layout: unknown layout {s!r} (page1, paged)")
+        out.append((s, 1 if s == "page1" else page_size))
+    if not out:
+        raise ValueError("--layout names no layout")
+    if any(p < 2 for l, p in out if l == "paged"):
+        raise ValueError(f"--page-size must be >= 2 for the paged layout, got {page_size}")
+    return out
+
+
+def _archs(spec: str) -> list[tuple[str, devices.DeviceModel]]:
+    out = []
+    for a in [x.strip() for x in spec.split(",") if x.strip()]:
+        devs = [d for d in devices.DEVICES.values() if d.arch == a]
+        if not devs:
+            raise ValueError(f"--arch: no device model for {a!r}; known: "
+                             f"{', '.join(sorted({d.arch for d in devices.DEVICES.values()}))}")
+        out += [(a, d) for d in devs]
+    if not out:
+        raise ValueError("--arch names no arch")
+    return out
+
+
+def _pick_kernels(ks, spec: str):
+    if spec == "all":
+        return list(ks)
+    if spec == "default":
+        return [ks[0]]
+    sel = [k for k in ks if spec in k.name]
+    if not sel:
+        raise ValueError(f"--kernel {spec!r} matches none of: {', '.join(k.name for k in ks)}")
+    return sel
+
+
+def split_candidates(km, dev, case) -> list[int]:
+    """Split counts that fill 1/2 .. 4 waves of the device, plus the heuristic's, each split >= 2 tiles."""
+    per_split = case.batch * case.shape.num_kv_heads * predict.m_tiles(case, km)
+    cap = max(1, case.kv_len // (2 * km.tile.block_n))
+    sms = int(dev.sms.value)
+    occ = max(1, predict.ctas_per_sm(km, dev))
+    waves = (0.5, 1, 1.5, 2, 3, 4)
+    c = {predict.default_splits(case, km, dev)} | {max(1, round(w * sms * occ / per_split)) for w in waves}
+    c |= {max(1, round(w * sms / per_split)) for w in waves}
+    return sorted(v for v in c if v <= cap) or [1]
+
+
+def best_splits(km, dev, case) -> predict.Prediction:
+    preds = [predict.predict(km, dev, case, s) for s in split_candidates(km, dev, case)]
+    return min(preds, key=lambda p: p.total_us)
+
+
+def run(a: argparse.Namespace) -> dict:
+    shape = get_shape(a.shape)
+    head = _head_of(shape)
+    ctxs = parse_ctx(a.ctx)
+    trees = parse_int_list(a.tree, "--tree")
+    layouts = _layouts(a.layout, a.page_size)
+    if a.batch < 1:
+        raise ValueError(f"--batch must be >= 1, got {a.batch}")
+    entries = []
+    for arch, dev in _archs(a.arch):
+        for lay, ps in layouts:
+            ks = _pick_kernels(kernels.load(arch, head, a.dtype, lay), a.kernel)
+            for km in ks:
+                for ctx in ctxs:
+                    for n in trees:
+                        case = predict.Case(shape, ctx, n, a.batch, lay, ps)
+                        if a.splits == "best":
+                            p = best_splits(km, dev, case)
+                        else:
+                            s = None if a.splits == "auto" else int(a.splits)
+                            p = predict.predict(km, dev, case, s)
+                        entries.append(_entry(km, dev, case, p))
+    return {"schema": SCHEMA_VERSION, "kind": "model", "date": _dt.datetime.now().isoformat(timespec="seconds"),
+            "commit": _commit(), "shape": shape.to_dict(), "dtype": a.dtype, "splits": a.splits,
+            "devices": {d.key: {"name": d.name, "arch": d.arch, "constants": d.constants()}
+                        for _, d in _archs(a.arch)},
+            "kernels": entries}
+
+
+def _entry(km, dev, case, p: predict.Prediction) -> dict:
+    r = km.hot_reading
+    return {
+        "arch": km.arch, "kernel": km.name, "ctx": case.ctx, "tree_nodes": case.tree_nodes, "layout": case.layout,
+        "page_size": case.page_size, "registers": km.registers, "smem_bytes": km.smem_bytes,
+        "ctas_per_sm": p.ctas_per_sm, "warps_per_scheduler": p.warps_per_scheduler, "num_splits": p.num_splits,
+        "tile": {"block_m": km.tile.block_m, "block_n": km.tile.block_n, "num_warps": km.tile.num_warps,
+                 "num_stages": km.tile.num_stages},
+        "per_tile": {"hmma": r.hmma, "hmma_chain_depth": r.hmma_chain_depth, "ldsm": r.ldsm,
+                     "smem_read_bytes": r.smem_read_bytes * km.tile.num_warps,
+                     "global_bytes": r.global_bytes * km.tile.num_warps, "barriers": r.barriers,
+                     "instructions": r.instructions, "detail": r.to_dict(km.tile.num_warps),
+                     "masked_tile_instructions": km.cold_reading.instructions},
+        "predicted_us": {dev.key: round(p.total_us, 2)}, "floor_us": {dev.key: round(p.floor_us, 2)},
+        "frac_of_floor": {dev.key: round(p.frac_of_floor, 4)}, "bound": {dev.key: p.bound},
+        "detail": {dev.key: p.to_dict()},
+    }
+
+
+def _commit() -> str:
+    import subprocess
+    try:
+        r = subprocess.run(["git", "rev-parse", "HEAD"], cwd=vb.REPO, capture_output=True, text=True, timeout=10)
+        return r.stdout.strip() or "unknown"
+    except Exception:
+        return "unknown"
+
+
+def print_table(payload: dict, per_tile: bool) -> None:
+    print(f"bench.model (predictions from SASS, not measurements): {payload['shape']['name']}, {payload['dtype']}, "
+          f"splits {payload['splits']}")
+    hdr = (f"{'device':13} {'kernel':44} {'ctx':>7} {'T':>4} {'layout':7} {'S':>4} {'cta/SM':>6} {'w/sch':>5} "
+           f"{'cyc/tile':>8} {'model us':>9} {'floor us':>8} {'%floor':>6}  bound")
+    print(hdr)
+    print("-" * len(hdr))
+    for e in payload["kernels"]:
+        for dk, d in e["detail"].items():
+            lay = e["layout"] if e["layout"] == "page1" else f"p{e['page_size']}"
+            print(f"{dk:13} {e['kernel']:44} {e['ctx']:>7} {e['tree_nodes']:>4} {lay:7} {d['num_splits']:>4} "
+                  f"{d['ctas_per_sm']:>6} {d['warps_per_scheduler']:>5} {d['cycles_per_tile']:>8.0f} "
+                  f"{d['predicted_us']:>9.1f} {d['floor_us']:>8.1f} {100 * d['frac_of_floor']:>5.0f}%  {d['bound']}")
+    if per_tile:
+        seen = set()
+        print("\nper KV tile, per warp (hot path: an unmasked prefix tile); bytes per CTA")
+        for e in payload["kernels"]:
+            key = (e["arch"], e["kernel"])
+            if key in seen:
+                continue
+            seen.add(key)
+            t = e["per_tile"]
+            det = t["detail"]
+            print(f"  {e['arch']:8} {e['kernel']}: {t['instructions']} instr, HMMA {t['hmma']} "
+                  f"(chain depth {t['hmma_chain_depth']}, {det['hmma_accumulators']} accumulators), "
+                  f"LDSM {t['ldsm']} {det['ldsm_kinds']}, LDGSTS {det['ldgsts']}, BAR {t['barriers']}, "
+                  f"FMUL {det['fmul']}, smem read {t['smem_read_bytes']} B, global {t['global_bytes']} B, "
+                  f"regs {e['registers']}, smem {e['smem_bytes']} B; classes {det['classes']}")
+
+
+def print_constants() -> None:
+    for d in devices.DEVICES.values():
+        print(f"{d.name} ({d.key}, {d.arch}):")
+        for k, c in d.constants().items():
+            print(f"  {k:30} {c['value']:>12.4g}  [{c['kind']}] {c['source']}")
+        print(f"  {'-> HMMA.16816 interval':30} {d.hmma_interval:>12.4g}  cycles per sub-partition")
+        print(f"  {'-> mma.sync-class rate':30} {d.mma_tflops:>12.4g}  TFLOP/s")
+        for n in d.notes:
+            print(f"  note: {n}")
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = build_parser()
+    a = ap.parse_args(argv)
+    if a.constants:
+        print_constants()
+        return 0
+    if a.calibrate is not None:
+        from .calibrate import calibrate
+        return calibrate([Path(p) for p in a.calibrate] or None)
+    if a.splits not in ("auto", "best"):
+        try:
+            if int(a.splits) < 1:
+                raise ValueError
+        except ValueError:
+            ap.error(f"--splits must be auto, best or an int >= 1, got {a.splits!r}")
+    try:
+        payload = run(a)
+    except (ValueError, LookupError) as e:
+        ap.error(str(e))
+    except RuntimeError as e:  # no toolkit / tools: say so in one line
+        print(f"bench.model: {e}", file=sys.stderr)
+        return 2
+    print_table(payload, a.per_tile)
+    if a.json:
+        Path(a.json).write_text(json.dumps(payload, indent=1))
+        print(f"wrote {a.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,341 @@
+"""Per-tile reading of a kernel's SASS: the loop, its hot path, class counts, MMA chains, bytes.
+
+The per-KV-tile loop is found from `-lineinfo`: the kernel source marks its tile
+loop with a comment `// sass-model: tile-loop` on the `for` line (the combine
+marks `// sass-model: split-loop`), and the loop is the one whose backward branch
+carries that source line. Blocks that run only on masked (tree / ragged) tiles
+are marked `// sass-model: cold` on their `if` line; the hot path leaves out every
+instruction whose kernel source line lies inside that braced block. Inner loops
+are expanded by their trip count, read off the induction variable
+(`IADD3 R, R, step` ... `ISETP R, bound` ... `@P BRA`).
+"""
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Optional
+
+from .sass import Function, Instr, Loop
+
+MARKER = "sass-model:"
+
+FP32_OPS = {"FADD", "FMUL", "FFMA", "FMNMX", "FSEL", "FSETP", "FCHK", "FSWZADD", "FSET", "FMNMX3", "FADD2",
+            "FMUL2", "FFMA2", "HADD2", "HMUL2", "HFMA2", "HMNMX2"}
+CVT_OPS = {"F2F", "F2FP", "I2F", "F2I", "I2FP", "F2IP", "FRND"}
+CONTROL_OPS = {"BRA", "BRX", "EXIT", "RET", "BSSY", "BSYNC", "WARPSYNC", "NOP", "DEPBAR", "LDGDEPBAR", "YIELD",
+               "CALL", "KILL", "BPT", "PREEXIT", "ACQBULK"}
+MMA_OPS = {"HMMA", "QMMA", "IMMA", "OMMA", "BMMA"}
+
+
+@dataclass(frozen=True)
+class Markers:
+    tile_loop: Optional[int]                 # source line of the marked loop
+    split_loop: Optional[int]
+    cold: tuple[tuple[int, int], ...]        # inclusive line ranges
+
+
+@lru_cache(maxsize=None)
+def read_markers(path: str) -> Markers:
+    """Marker comments of one source file (1-based lines)."""
+    lines = Path(path).read_text().splitlines()
+    tile = split = None
+    cold = []
+    for i, text in enumerate(lines, start=1):
+        if MARKER not in text:
+            continue
+        what = text.split(MARKER, 1)[1].strip().split()[0]
+        if what == "tile-loop":
+            tile = i
+        elif what == "split-loop":
+            split = i
+        elif what == "cold":  # the block's body: the `if` line itself (its branch) runs on every tile
+            cold.append((i + 1, _block_end(lines, i)))
+        else:
+            raise ValueError(f"{path}:{i}: unknown sass-model marker {what!r}")
+    return Markers(tile, split, tuple(cold))
+
+
+def _block_end(lines: list[str], start: int) -> int:
+    """Last line of the braced block that opens at or after `start` (1-based)."""
+    depth, opened = 0, False
+    for i in range(start - 1, len(lines)):
+        code = lines[i].split("//", 1)[0]
+        for ch in code:
+            if ch == "{":
+                depth += 1
+                opened = True
+            elif ch == "}":
+                depth -= 1
+                if opened and depth == 0:
+                    return i + 1
+    raise ValueError(f"no closing brace for the block at line {start}")
+
+
+# ------------------------------------------------------------------ classes
+
+def ldsm_kind(ins: Instr) -> str:
+    n = next((m for m in reversed(ins.mods) if m in ("1", "2", "4")), "1")
+    return f"x{n}" + (".trans" if "MT88" in ins.mods or "T" in ins.mods else "")
+
+
+def width_bytes(ins: Instr) -> int:
+    """Bytes per lane of a load / store / async copy."""
+    for m in ins.mods:
+        if m == "128":
+            return 16
+        if m == "64":
+            return 8
+        if m in ("U16", "S16"):
+            return 2
+        if m in ("U8", "S8"):
+            return 1
+    return 4
+
+
+def classify(ins: Instr) -> str:
+    op = ins.op
+    if op in MMA_OPS:
+        return "hmma"
+    if op == "LDSM":
+        return "ldsm"
+    if op == "LDGSTS":
+        return "ldgsts"
+    if op in ("LDG", "LD"):
+        return "ldg"
+    if op in ("STG", "ST", "RED", "REDG", "ATOMG", "ATOM"):
+        return "stg"
+    if op == "LDS":
+        return "lds"
+    if op in ("STS", "STSM"):
+        return "sts"
+    if op == "SHFL":
+        return "shfl"
+    if op == "BAR":
+        return "bar"
+    if op == "MUFU":
+        return "mufu"
+    if op in FP32_OPS:
+        return "fp32"
+    if op in CVT_OPS:
+        return "cvt"
+    if op in CONTROL_OPS:
+        return "control"
+    if op in ("LDC", "ULDC", "LDCU", "S2R", "S2UR", "CS2R", "R2UR", "VOTE", "VOTEU", "MATCH", "POPC", "FLO",
+              "BREV"):
+        return "other"
+    return "int"
+
+
+def smem_bytes(ins: Instr) -> tuple[int, int]:
+    """(shared bytes read, shared bytes written) by one warp instruction (all 32 lanes active)."""
+    c = classify(ins)
+    if c == "ldsm":
+        n = int(ldsm_kind(ins)[1])
+        return 128 * n, 0
+    if c == "lds":
+        return 32 * width_bytes(ins), 0
+    if c == "sts":
+        return 0, 32 * width_bytes(ins)
+    if c == "ldgsts":
+        return 0, 32 * width_bytes(ins)
+    return 0, 0
+
+
+def global_bytes(ins: Instr) -> int:
+    c = classify(ins)
+    if c in ("ldgsts", "ldg"):
+        return 32 * width_bytes(ins)
+    return 0
+
+
+# ------------------------------------------------------------------ loops
+
+def _immediate(s: str) -> Optional[int]:
+    s = s.strip()
+    try:
+        return int(s, 16) if s.lower().lstrip("-").startswith("0x") else int(s)
+    except ValueError:
+        return None
+
+
+def trip_count(f: Function, loop: Loop) -> Optional[int]:
+    """Trip count of a counted inner loop from its induction variable, or None."""
+    br = loop.branch
+    if not br.pred:
+        return None
+    pname = br.pred.lstrip("@!")
+    body = f.instrs[loop.start:loop.end]
+    cmp = next((i for i in reversed(body) if pname in i.regs_written() and i.op in ("ISETP", "UISETP")), None)
+    if cmp is None:
+        return None
+    ops = cmp.operands[2:]
+    reg = next((o for o in ops if re.fullmatch(r"U?R\d+", o.strip())), None)
+    bound = next((_immediate(o) for o in ops if _immediate(o) is not None), None)
+    if reg is None or bound is None:
+        return None
+    step = None
+    for i in body:
+        if reg in i.regs_written() and i.op in ("IADD3", "VIADD", "UIADD3", "IADD"):
+            srcs = [o.strip() for o in i.operands[1:]]
+            if reg in srcs:
+                imm = next((_immediate(o) for o in srcs if _immediate(o) is not None), None)
+                if imm:
+                    step = imm
+    if not step:
+        return None
+    init = 0  # a value set before the loop, else 0 (e.g. a thread's first chunk index 0..k-1)
+    for i in reversed(f.instrs[:loop.start]):
+        if reg in i.regs_written():
+            if i.op in ("MOV", "UMOV", "IMAD") and i.operands:
+                vals = [_immediate(o) for o in i.operands[1:]]
+                if i.op in ("MOV", "UMOV") and vals and vals[-1] is not None:
+                    init = vals[-1]
+                elif all(o.strip() in ("RZ", "URZ") for o in i.operands[1:]):
+                    init = 0
+            break
+    n = (bound - init + step - 1) // step if step > 0 else (init - bound + (-step) - 1) // (-step)
+    return n if n >= 1 else None
+
+
+def find_loop(f: Function, marker_line: int, marker_file: str) -> Loop:
+    cands = [lp for lp in f.loops() if lp.branch.line == marker_line and lp.branch.file and
+             Path(lp.branch.file).resolve() == Path(marker_file).resolve()]
+    if not cands:
+        raise LookupError(f"{f.name[:60]}...: no loop closes at {marker_file}:{marker_line}")
+    return max(cands, key=lambda lp: lp.end - lp.start)
+
+
+@dataclass
+class TilePath:
+    """The instructions one warp issues per loop iteration (inner loops expanded)."""
+    instrs: list[Instr]
+    inner_loops: list[tuple[int, int, int]] = field(default_factory=list)   # (start addr, end addr, trips)
+    cold_excluded: int = 0
+
+
+def tile_path(f: Function, loop: Loop, cold: tuple[tuple[int, int], ...], cold_file: str,
+              include_cold: bool = False) -> TilePath:
+    inner = [lp for lp in f.loops() if loop.contains(lp)]
+    direct = [lp for lp in inner if not any(o.contains(lp) for o in inner)]
+    out = TilePath([])
+
+    def is_cold(ins: Instr) -> bool:
+        if include_cold or ins.line is None or not ins.file:
+            return False
+        if Path(ins.file).resolve() != Path(cold_file).resolve():
+            return False
+        return any(a <= ins.line <= b for a, b in cold)
+
+    def emit(lo: int, hi: int, nested: list[Loop]) -> list[Instr]:
+        seq: list[Instr] = []
+        i = lo
+        while i <= hi:
+            lp = next((x for x in nested if x.start == i), None)
+            if lp is not None:
+                sub = [x for x in f.loops() if lp.contains(x)]
+                sub_direct = [x for x in sub if not any(o.contains(x) for o in sub)]
+                trips = trip_count(f, lp)
+                if trips is None:
+                    raise LookupError(f"trip count of the inner loop at 0x{f.instrs[lp.start].addr:x} "
+                                      f"(source line {lp.branch.line}) could not be read from its induction variable")
+                body = emit(lp.start, lp.end, sub_direct)
+                out.inner_loops.append((f.instrs[lp.start].addr, f.instrs[lp.end].addr, trips))
+                seq += body * trips
+                i = lp.end + 1
+                continue
+            ins = f.instrs[i]
+            if is_cold(ins):
+                out.cold_excluded += 1
+            else:
+                seq.append(ins)
+            i += 1
+        return seq
+
+    out.instrs = emit(loop.start, loop.end, direct)
+    return out
+
+
+# ------------------------------------------------------------------ per-tile reading
+
+def mma_chain_depth(instrs: list[Instr]) -> int:
+    """Longest chain of MMAs linked through their accumulator (C -> D) registers."""
+    depth: dict[str, int] = {}
+    best = 0
+    for ins in instrs:
+        if ins.op in MMA_OPS and len(ins.srcs) >= 3:
+            cbase, cw = ins.srcs[2]
+            from .sass import _expand
+            d = 1 + max((depth.get(r, 0) for r in _expand(cbase, cw)), default=0)
+            for r in ins.regs_written():
+                depth[r] = d
+            best = max(best, d)
+        else:
+            for r in ins.regs_written():
+                depth[r] = 0
+    return best
+
+
+def mma_independent_chains(instrs: list[Instr]) -> int:
+    """Distinct accumulators the MMAs of the path write (independent chains per tile)."""
+    return len({ins.dsts[0][0] for ins in instrs if ins.op in MMA_OPS and ins.dsts})
+
+
+@dataclass
+class TileReading:
+    instructions: int
+    classes: dict[str, int]
+    hmma: int
+    hmma_shapes: dict[str, int]
+    hmma_flops: int
+    hmma_chain_depth: int
+    hmma_accumulators: int
+    ldsm: int
+    ldsm_kinds: dict[str, int]
+    lds_sts_widths: dict[str, int]
+    ldgsts: int
+    barriers: int
+    fmul_fp32: int
+    smem_read_bytes: int        # per warp
+    smem_write_bytes: int       # per warp (STS + cp.async landing)
+    global_bytes: int           # per warp (cp.async + LDG)
+    inner_loops: list
+
+    def to_dict(self, warps: int) -> dict:
+        return {
+            "instructions": self.instructions, "classes": self.classes, "hmma": self.hmma,
+            "hmma_shapes": self.hmma_shapes, "hmma_chain_depth": self.hmma_chain_depth,
+            "hmma_accumulators": self.hmma_accumulators, "ldsm": self.ldsm, "ldsm_kinds": self.ldsm_kinds,
+            "lds_sts": self.lds_sts_widths, "ldgsts": self.ldgsts, "barriers": self.barriers,
+            "fmul": self.fmul_fp32,
+            "smem_read_bytes": self.smem_read_bytes * warps, "smem_write_bytes": self.smem_write_bytes * warps,
+            "global_bytes": self.global_bytes * warps,
+            "per_warp": {"smem_read_bytes": self.smem_read_bytes, "global_bytes": self.global_bytes},
+            "inner_loops": [{"start": f"0x{a:x}", "end": f"0x{b:x}", "trips": t} for a, b, t in self.inner_loops],
+        }
+
+
+def read_tile(path: TilePath) -> TileReading:
+    ins = path.instrs
+    classes = Counter(classify(i) for i in ins)
+    shapes = Counter(i.opcode for i in ins if i.op in MMA_OPS)
+    flops = 0
+    for i in ins:
+        if i.op in MMA_OPS:
+            shape = i.mods[0] if i.mods else "16816"
+            m, n, k = {"16816": (16, 8, 16), "1688": (16, 8, 8), "16832": (16, 8, 32)}.get(shape, (16, 8, 16))
+            flops += 2 * m * n * k
+    ldsm = Counter(ldsm_kind(i) for i in ins if i.op == "LDSM")
+    widths = Counter(f"{i.op}.{8 * width_bytes(i)}" for i in ins if classify(i) in ("lds", "sts"))
+    rd = sum(smem_bytes(i)[0] for i in ins)
+    wr = sum(smem_bytes(i)[1] for i in ins)
+    return TileReading(
+        instructions=len(ins), classes=dict(classes), hmma=classes.get("hmma", 0), hmma_shapes=dict(shapes),
+        hmma_flops=flops, hmma_chain_depth=mma_chain_depth(ins), hmma_accumulators=mma_independent_chains(ins),
+        ldsm=classes.get("ldsm", 0), ldsm_kinds=dict(ldsm), lds_sts_widths=dict(widths),
+        ldgsts=classes.get("ldgsts", 0), barriers=classes.get("bar", 0),
+        fmul_fp32=sum(1 for i in ins if i.op == "FMUL"), smem_read_bytes=rd, smem_write_bytes=wr,
+        global_bytes=sum(global_bytes(i) for i in ins), inner_loops=path.inner_loops,
+    )

@@ -1,0 +1,253 @@
+"""Whole-call prediction: waves x tiles per CTA x cycles per tile + prologue + combine + launch.
+
+Cycles per tile (one CTA, with its co-resident CTAs progressing alongside) is the
+largest of
+  - the scheduler simulation of the tile loop (`sim.simulate`): latency, issue,
+    tensor-pipe, MUFU and shared-memory limits of the warps sharing a scheduler;
+  - the SM's share of DRAM bandwidth for the tile's compulsory bytes (KV rows read
+    once per group of co-resident M tiles; more if they run in different waves and
+    the KV does not fit in L2);
+  - the SM's share of L2 bandwidth for every byte the tile's loads request;
+  - Little's law: a tile's load latency over the cp.async prefetch distance.
+The largest names the bound. The combine kernel is its split loop simulated with
+L2-latency loads, times the split count, or its bytes over L2 bandwidth.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Optional
+
+from bench import roofline as rl
+from bench.inputs import make_trees
+from verify_attn import device as vdevice
+from verify_attn.config import heuristic_num_splits
+from verify_attn.shapes import HeadShape
+
+from . import sim
+from .devices import DeviceModel
+from .kernels import KernelModel
+
+# how close (fraction) the simulated cycles must come to a throughput bound to be named by it
+_NAME_WITHIN = 0.90
+
+
+@dataclass(frozen=True)
+class Case:
+    shape: HeadShape
+    ctx: int                 # committed prefix tokens per request
+    tree_nodes: int
+    batch: int = 1
+    layout: str = "page1"
+    page_size: int = 1
+    tree_shape: str = "ddtree"
+
+    @property
+    def kv_len(self) -> int:
+        return self.ctx + self.tree_nodes
+
+
+@dataclass
+class TileCost:
+    cycles: float
+    bound: str
+    terms: dict[str, float]          # cycles per tile of every limit
+    sim: sim.SimResult
+
+
+@dataclass
+class Prediction:
+    device: str
+    kernel: str
+    num_splits: int
+    grid_ctas: int
+    ctas_per_sm: int
+    warps_per_scheduler: int
+    waves: int
+    tiles_per_cta: int
+    tile: TileCost
+    masked_tile_cycles: float
+    main_us: float
+    prologue_us: float
+    combine_us: float
+    launch_us: float
+    total_us: float
+    floor_us: float
+    floor_bound: str
+    frac_of_floor: float
+    bound: str
+    dram_bytes: float
+    l2_bytes: float
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {
+            "device": self.device, "kernel": self.kernel, "num_splits": self.num_splits,
+            "grid_ctas": self.grid_ctas, "ctas_per_sm": self.ctas_per_sm,
+            "warps_per_scheduler": self.warps_per_scheduler, "waves": self.waves,
+            "tiles_per_cta": self.tiles_per_cta, "cycles_per_tile": round(self.tile.cycles, 1),
+            "masked_tile_cycles": round(self.masked_tile_cycles, 1), "tile_bound": self.tile.bound,
+            "tile_terms": {k: round(v, 1) for k, v in self.tile.terms.items()},
+            "tensor_util_in_tile": round(self.tile.sim.utilization("tensor"), 3),
+            "main_us": round(self.main_us, 2), "prologue_us": round(self.prologue_us, 2),
+            "combine_us": round(self.combine_us, 2), "launch_us": round(self.launch_us, 2),
+            "predicted_us": round(self.total_us, 2), "floor_us": round(self.floor_us, 2),
+            "floor_bound": self.floor_bound, "frac_of_floor": round(self.frac_of_floor, 3), "bound": self.bound,
+            "dram_bytes": int(self.dram_bytes), "l2_bytes": int(self.l2_bytes), "notes": self.notes,
+        }
+
+
+def counts(case: Case, elem_bytes: int = 2) -> rl.Counts:
+    trees = make_trees(case.tree_nodes, case.tree_shape, case.batch)
+    return rl.count_shape(case.shape, [case.ctx] * case.batch, trees, elem_bytes=elem_bytes,
+                          page_size=case.page_size)
+
+
+def floor(c: rl.Counts, dev: DeviceModel) -> rl.Floor:
+    """The roofline floor the model's predictions are judged against: datasheet bandwidth and the
+    device's mma.sync-class tensor rate (for sm_120 that is the datasheet rate; for sm_90 it is the
+    sourced mma.sync fraction of the wgmma rate: our kernels cannot use wgmma)."""
+    d = rl.Device(name=dev.name, sms=int(dev.sms.value), mem_bw_gbs=dev.dram_gbs.value,
+                  mma_tflops=dev.mma_tflops, l2_mb=0.0, source="bench.model device model")
+    return rl.floor(c, d)
+
+
+def _props(dev: DeviceModel) -> vdevice.DeviceProps:
+    return vdevice.spec(dev.arch)
+
+
+def ctas_per_sm(km: KernelModel, dev: DeviceModel) -> int:
+    return vdevice.ctas_per_sm(_props(dev), threads=km.threads, regs_per_thread=km.registers,
+                               smem_bytes=km.smem_bytes)
+
+
+def m_tiles(case: Case, km: KernelModel) -> int:
+    return -(-(case.tree_nodes * case.shape.group) // km.tile.block_m)
+
+
+def default_splits(case: Case, km: KernelModel, dev: DeviceModel) -> int:
+    """The split count the backend's heuristic picks for this call on this device."""
+    return heuristic_num_splits(batch=case.batch, num_kv_heads=case.shape.num_kv_heads, m_tiles=m_tiles(case, km),
+                                avg_kv_len=case.kv_len, num_sms=int(dev.sms.value), block_n=km.tile.block_n)
+
+
+def _row_bytes(case: Case, elem: int = 2) -> int:
+    s = case.shape
+    return (s.head_dim_qk if s.mla else s.head_dim_qk + s.head_dim_v) * elem
+
+
+def tile_cost(km: KernelModel, dev: DeviceModel, *, path: str, resident_ctas: int, active_sms: int,
+              dram_sharers: float, case: Case) -> TileCost:
+    """Cycles for one CTA to finish one KV tile, with `resident_ctas` CTAs on its SM."""
+    reading = km.hot_reading if path == "hot" else km.cold_reading
+    instrs = km.hot.instrs if path == "hot" else km.cold.instrs
+    warps = km.tile.num_warps
+    per_sched = max(1, resident_ctas * warps // dev.schedulers)
+    group = max(1, warps // dev.schedulers)
+    s = sim.simulate(instrs, dev, warps=per_sched, warps_per_barrier_group=group)
+    # throughput limits of the scheduler (for naming the bound the simulation hit)
+    terms = {
+        "issue": per_sched * reading.instructions,
+        "tensor": s.pipe_busy.get("tensor", 0.0),
+        "smem": s.pipe_busy.get("mio", 0.0),
+        "mufu": s.pipe_busy.get("mufu", 0.0),
+        "alu": s.pipe_busy.get("alu", 0.0),
+    }
+    sim_cycles = s.cycles_per_iter
+    # memory: the SM's share of DRAM / L2 bandwidth, for all its resident CTAs' tiles
+    l2_per_cta = reading.global_bytes * warps
+    kv_tile = km.tile.block_n * _row_bytes(case) + 4 * km.tile.block_n
+    dram_per_cta = kv_tile / max(1.0, dram_sharers)
+    dram = resident_ctas * dram_per_cta / (dev.dram_bytes_per_clk / active_sms)
+    l2 = resident_ctas * l2_per_cta / (dev.l2_bytes_per_clk / active_sms)
+    little = dev.dram_latency_cycles / max(1, km.tile.num_stages - 1)
+    cyc = max(sim_cycles, dram, l2, little)
+    allterms = {"simulated": sim_cycles, **terms, "dram": dram, "l2": l2, "latency_littles_law": little}
+    if cyc == sim_cycles:
+        name, val = max(terms.items(), key=lambda kv: kv[1])
+        bound = name if val >= _NAME_WITHIN * sim_cycles else "latency"
+    else:
+        bound = {dram: "dram", l2: "l2", little: "latency_littles_law"}[cyc]
+    return TileCost(cyc, bound, allterms, s)
+
+
+def combine_us(km: KernelModel, dev: DeviceModel, case: Case, splits: int) -> float:
+    if splits <= 1 or km.combine is None:
+        return 0.0
+    pairs = case.tree_nodes * case.batch * case.shape.num_q_heads
+    combine_warps_per_cta = 4
+    ctas = -(-pairs // combine_warps_per_cta)
+    per_sm = -(-ctas // int(dev.sms.value))
+    per_sched = max(1, per_sm * combine_warps_per_cta // dev.schedulers)
+    s = sim.simulate(km.combine.instrs, dev, warps=per_sched, warps_per_barrier_group=1,
+                     ldg_latency=dev.l2_latency_cycles.value)
+    chain = (splits * s.cycles_per_iter + 4 * dev.l2_latency_cycles.value) / dev.clock_hz * 1e6
+    partial_bytes = splits * pairs * (case.shape.head_dim_v + 1) * 4
+    bw = partial_bytes / (dev.l2_gbs.value * 1e9) * 1e6
+    return max(chain, bw)
+
+
+def predict(km: KernelModel, dev: DeviceModel, case: Case, num_splits: Optional[int] = None) -> Prediction:
+    if km.arch != dev.arch:
+        raise ValueError(f"kernel built for {km.arch}, device {dev.key} runs {dev.arch}")
+    notes: list[str] = []
+    S = num_splits or default_splits(case, km, dev)
+    mt = m_tiles(case, km)
+    ctas = S * mt * case.shape.num_kv_heads * case.batch
+    occ = ctas_per_sm(km, dev)
+    if occ < 1:
+        raise ValueError(f"{km.name} cannot launch on {dev.name} (registers {km.registers}, smem {km.smem_bytes} B)")
+    sms = int(dev.sms.value)
+    slots = sms * occ
+    waves = -(-ctas // slots)
+    kv_len = case.kv_len
+    chunk = math.ceil(max(kv_len, 1) / S / km.tile.block_n) * km.tile.block_n
+    tiles = -(-min(chunk, kv_len) // km.tile.block_n)
+    masked = min(tiles, -(-case.tree_nodes // km.tile.block_n) + 1)
+    # The M tiles of one split are launched S CTAs apart (grid x = split, fastest): the ones in the same
+    # wave share each KV tile through L2; a split whose M tiles span several waves re-reads its KV from
+    # DRAM once per wave unless the whole KV fits in L2.
+    kv_total = kv_len * _row_bytes(case) * case.shape.num_kv_heads * case.batch
+    fits_l2 = kv_total <= 0.5 * vdevice.spec(dev.arch).l2_bytes
+    reads = 1.0 if fits_l2 else sum(len({(s + k * S) // slots for k in range(mt)}) for s in range(S)) / S
+    sharers = mt / reads
+    if reads > 1:
+        notes.append(f"the M tiles of a split span {reads:.2f} waves on average and the KV ({kv_total / 1e6:.0f} MB) "
+                     "exceeds L2: each wave re-reads it from DRAM")
+    main_cycles = 0.0
+    first: Optional[TileCost] = None
+    masked_cycles = 0.0
+    left = ctas
+    for _ in range(waves):
+        in_wave = min(left, slots)
+        left -= in_wave
+        active = min(sms, in_wave)
+        resident = -(-in_wave // active)
+        hot = tile_cost(km, dev, path="hot", resident_ctas=resident, active_sms=active, dram_sharers=sharers, case=case)
+        cold = tile_cost(km, dev, path="cold", resident_ctas=resident, active_sms=active, dram_sharers=sharers,
+                         case=case)
+        first = first or hot
+        masked_cycles = masked_cycles or cold.cycles
+        main_cycles += (tiles - masked) * hot.cycles + masked * cold.cycles
+    assert first is not None
+    # prologue per wave: kv_indices -> KV rows (two dependent DRAM round trips) + the Q tile; epilogue:
+    # the fp32 partial (or bf16 output) rows of the CTA written once
+    q_bytes = km.tile.block_m * case.shape.head_dim_qk * 2
+    out_bytes = km.tile.block_m * case.shape.head_dim_v * (4 if S > 1 else 2)
+    per_sm_bw = dev.dram_bytes_per_clk / sms
+    pro_cycles = 2 * dev.dram_latency_cycles + (q_bytes + out_bytes) * occ / per_sm_bw
+    prologue = waves * pro_cycles / dev.clock_hz * 1e6
+    main = main_cycles / dev.clock_hz * 1e6
+    comb = combine_us(km, dev, case, S)
+    launch = dev.launch_us.value * (2 if S > 1 else 1)
+    total = main + prologue + comb + launch
+    c = counts(case)
+    fl = floor(c, dev)
+    l2_bytes = ctas * tiles * km.hot_reading.global_bytes * km.tile.num_warps
+    dram_bytes = kv_total * (mt / sharers)
+    parts = {"main loop": main, "prologue": prologue, "combine": comb, "launch": launch}
+    bound = first.bound if max(parts, key=parts.get) == "main loop" else max(parts, key=parts.get)
+    return Prediction(dev.key, km.name, S, ctas, occ, max(1, min(occ, -(-ctas // sms)) * km.tile.num_warps //
+                                                            dev.schedulers),
+                      waves, tiles, first, masked_cycles, main, prologue, comb, launch, total, fl.us, fl.bound,
+                      fl.us / total, bound, dram_bytes, l2_bytes, notes)

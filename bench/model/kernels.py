@@ -1,0 +1,120 @@
+"""The compiled kernels the model reads: cubins of the real build, parsed once per source hash.
+
+One `KernelModel` is a split kernel of one tile config on one arch, with its
+per-tile paths (hot = unmasked prefix tile, cold = tile that needs the tree
+mask), its resources (registers from the cubin, dynamic shared memory from the
+build's SharedMemoryPlan mirror), and the combine kernel's split loop.
+"""
+from __future__ import annotations
+
+import functools
+import re
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from verify_attn import build as vb
+
+from . import analysis, sass
+
+
+@dataclass
+class KernelModel:
+    arch: str
+    name: str                     # readable: "split bf16 576x512 page1 m32 n16 w4 s3"
+    mangled: str
+    tile: vb.Tile
+    head: str
+    dtype: str
+    layout: str
+    registers: int
+    smem_bytes: int               # dynamic shared memory per CTA
+    hot: analysis.TilePath
+    cold: analysis.TilePath
+    hot_reading: analysis.TileReading
+    cold_reading: analysis.TileReading
+    combine: Optional[analysis.TilePath]
+    combine_registers: int
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.tile.num_warps
+
+
+def _resource_usage(cubin: Path) -> dict[str, int]:
+    tool = sass.find_tool("cuobjdump")
+    if tool is None:
+        raise RuntimeError("cuobjdump not found: `pip install nvidia-cuda-cuobjdump` (the project's setup.py "
+                           "installs it) or put the CUDA toolkit's cuobjdump on PATH")
+    r = subprocess.run([tool, "-res-usage", str(cubin)], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"cuobjdump -res-usage failed on {cubin}: {r.stderr[-2000:]}")
+    regs, cur = {}, None
+    for line in r.stdout.splitlines():
+        m = re.match(r"\s*Function (\S+):", line)
+        if m:
+            cur = m.group(1)
+            continue
+        m = re.search(r"REG:(\d+)", line)
+        if m and cur:
+            regs[cur] = int(m.group(1))
+    return regs
+
+
+def _source_of(f: sass.Function, marker: str) -> str:
+    """The kernel source file whose markers apply: the file of the function's first marked loop."""
+    files = {i.file for i in f.instrs if i.file}
+    for fl in sorted(files):
+        if not Path(fl).exists():
+            continue
+        mk = analysis.read_markers(fl)
+        if getattr(mk, marker) is not None:
+            return fl
+    raise LookupError(f"{f.name[:70]}...: no source file with a `sass-model: {marker.replace('_', '-')}` marker")
+
+
+@functools.lru_cache(maxsize=None)
+def load(arch: str, head: str, dtype: str, layout: str) -> tuple[KernelModel, ...]:
+    """Every split kernel (tile config) of one instantiation file, read from its cubin."""
+    src = vb.instantiation_file(dtype, head, layout)
+    cubin = vb.compile_cubin(src, arch)
+    funcs = sass.parse(sass.disassemble(cubin))
+    regs = _resource_usage(cubin)
+    comb_fn = next((f for n, f in funcs.items() if "tree_verify_combine_kernel" in n), None)
+    comb_path, comb_regs = None, 0
+    if comb_fn is not None:
+        cfile = _source_of(comb_fn, "split_loop")
+        mk = analysis.read_markers(cfile)
+        lp = analysis.find_loop(comb_fn, mk.split_loop, cfile)
+        comb_path = analysis.tile_path(comb_fn, lp, mk.cold, cfile)
+        comb_regs = regs.get(comb_fn.name, 0)
+    dqk, dv, shared = vb.HEADS[head]
+    out = []
+    for name, f in funcs.items():
+        if "tree_verify_split_kernel" not in name:
+            continue
+        readable, dyn = vb._describe(name)
+        tile = vb.tile_of_mangled(name)
+        kfile = _source_of(f, "tile_loop")
+        mk = analysis.read_markers(kfile)
+        lp = analysis.find_loop(f, mk.tile_loop, kfile)
+        hot = analysis.tile_path(f, lp, mk.cold, kfile)
+        cold = analysis.tile_path(f, lp, mk.cold, kfile, include_cold=True)
+        out.append(KernelModel(arch, readable, name, tile, head, dtype, layout, regs.get(name, 0),
+                               vb.smem_bytes(tile, dqk, dv, shared), hot, cold, analysis.read_tile(hot),
+                               analysis.read_tile(cold), comb_path, comb_regs))
+    if not out:
+        raise LookupError(f"no split kernels in {cubin}")
+    order = {t: i for i, t in enumerate(vb.TILES[head])}
+    return tuple(sorted(out, key=lambda k: order.get(k.tile, 99)))
+
+
+def find(arch: str, head: str, dtype: str, layout: str, tile: Optional[vb.Tile] = None) -> KernelModel:
+    ks = load(arch, head, dtype, layout)
+    if tile is None:
+        return ks[0]  # the default tile config (first in TILES)
+    for k in ks:
+        if k.tile == tile:
+            return k
+    raise LookupError(f"tile {tile} is not compiled for {head}; compiled: {[k.tile for k in ks]}")

@@ -1,0 +1,172 @@
+"""One SM sub-partition (warp scheduler) issuing a loop body for its resident warps.
+
+Each warp runs the same instruction sequence (one loop iteration, inner loops
+expanded) several times; the scheduler issues at most one instruction per cycle,
+in order per warp, greedy-then-oldest across warps. An instruction issues when
+its source registers are ready (a scoreboard of producer latencies), its pipe is
+free (pipe occupancy = cycles per warp instruction at the pipe's throughput), and
+its warp is not held at a barrier. A CTA barrier releases the warps of one CTA
+on this scheduler after the last of them arrives (warps of a CTA on the other
+three schedulers run the same code at the same pace). Shared memory is one SM
+resource; each scheduler gets a quarter of its bytes per clock.
+
+Memory is not simulated here: cp.async data is taken as landed at its wait
+(`predict` bounds the tile by DRAM / L2 bandwidth and Little's law instead),
+and LDG results arrive after a fixed latency.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from .analysis import classify, smem_bytes
+from .devices import HMMA_FLOP, DeviceModel
+from .sass import Instr
+
+
+@dataclass(frozen=True)
+class Timing:
+    pipe: str
+    interval: float   # cycles the pipe is busy
+    latency: float    # cycles until the destination registers are readable
+
+
+def instr_timing(ins: Instr, dev: DeviceModel, ldg_latency: float) -> Timing:
+    c = classify(ins)
+    op = ins.op
+    if c == "hmma":
+        shape = ins.mods[0] if ins.mods else "16816"
+        flops = {"16816": HMMA_FLOP, "1688": HMMA_FLOP // 2, "16832": HMMA_FLOP * 2}.get(shape, HMMA_FLOP)
+        if op == "QMMA":  # fp8 m16n8k32 runs at twice the 16-bit rate per instruction on sm_89+ / sm_120
+            flops //= 2
+        return Timing("tensor", dev.hmma_interval * flops / HMMA_FLOP, dev.hmma_latency.value)
+    if c in ("ldsm", "lds", "sts", "ldgsts"):
+        rd, wr = smem_bytes(ins)
+        share = dev.smem_bytes_per_clk_sm.value / dev.schedulers
+        return Timing("mio", max(1.0, (rd + wr) / share), dev.smem_latency.value)
+    if c == "ldg":
+        return Timing("lsu", 1.0, ldg_latency)
+    if c == "stg":
+        return Timing("lsu", 1.0, 0.0)
+    if c == "mufu":
+        return Timing("mufu", dev.pipe_cycles(dev.mufu_per_clk_sm.value), dev.mufu_latency.value)
+    if c == "shfl":
+        return Timing("shfl", dev.pipe_cycles(dev.shfl_per_clk_sm.value), dev.shfl_latency.value)
+    if c == "cvt":
+        return Timing("cvt", dev.pipe_cycles(dev.cvt_per_clk_sm.value), dev.alu_latency.value + 2)
+    if c == "fp32":
+        if op in ("FADD", "FMUL", "FFMA", "FADD2", "FMUL2", "FFMA2", "HADD2", "HMUL2", "HFMA2"):
+            return Timing("fma", dev.pipe_cycles(dev.fp32_per_clk_sm.value), dev.alu_latency.value)
+        return Timing("alu", dev.pipe_cycles(dev.int_per_clk_sm.value), dev.alu_latency.value)
+    if c == "int":
+        if op.startswith("U"):  # uniform datapath: one per warp, its own pipe
+            return Timing("uniform", 1.0, 2.0)
+        return Timing("alu", dev.pipe_cycles(dev.int_per_clk_sm.value), dev.alu_latency.value)
+    if c == "other":
+        if op in ("S2R", "S2UR"):
+            return Timing("alu", 1.0, 20.0)
+        if op in ("LDC", "LDCU", "ULDC"):
+            return Timing("lsu", 1.0, 12.0)
+        return Timing("alu", dev.pipe_cycles(dev.int_per_clk_sm.value), dev.alu_latency.value)
+    return Timing("branch", 1.0, 0.0)  # control, barriers (handled by the simulator)
+
+
+@dataclass
+class SimResult:
+    cycles_per_iter: float          # steady-state cycles for every warp of the scheduler to finish one iteration
+    issued_per_iter: float          # instructions per iteration per warp
+    pipe_busy: dict[str, float]     # cycles per iteration each pipe is busy (all warps)
+    warps: int
+    iters: int
+    trace_end: float = 0.0
+    per_warp_finish: list[list[float]] = field(default_factory=list)
+
+    def utilization(self, pipe: str) -> float:
+        return self.pipe_busy.get(pipe, 0.0) / self.cycles_per_iter if self.cycles_per_iter else 0.0
+
+
+def simulate(body: list[Instr], dev: DeviceModel, *, warps: int, warps_per_barrier_group: int,
+             iters: int = 4, ldg_latency: float | None = None,
+             timing: Callable[[Instr, DeviceModel, float], Timing] = instr_timing) -> SimResult:
+    """Cycles per loop iteration of `warps` warps sharing one scheduler (steady state)."""
+    if warps < 1 or not body:
+        raise ValueError("simulate: needs >= 1 warp and a non-empty loop body")
+    ldg_lat = dev.dram_latency_cycles if ldg_latency is None else ldg_latency
+    tim = [timing(i, dev, ldg_lat) for i in body]
+    reads = [i.regs_read() for i in body]
+    writes = [i.regs_written() for i in body]
+    is_bar = [i.op == "BAR" for i in body]
+    n = len(body)
+    group_of = [w // max(1, warps_per_barrier_group) for w in range(warps)]
+
+    pc = [0] * warps                       # index into the unrolled stream (iteration * n + i)
+    ready: list[dict[str, float]] = [dict() for _ in range(warps)]
+    held_until = [0.0] * warps             # barrier release
+    waiting_bar = [False] * warps
+    bar_arrivals: dict[tuple[int, int], list[float]] = {}
+    pipe_free: dict[str, float] = {}
+    pipe_busy: dict[str, float] = {}
+    finish = [[0.0] * iters for _ in range(warps)]
+    total = n * iters
+    t = 0.0
+    last = 0
+
+    def earliest(w: int) -> float:
+        if pc[w] >= total or waiting_bar[w]:
+            return float("inf")
+        i = pc[w] % n
+        e = max(t, held_until[w], pipe_free.get(tim[i].pipe, 0.0))
+        rw = ready[w]
+        for r in reads[i]:
+            v = rw.get(r)
+            if v is not None and v > e:
+                e = v
+        return e
+
+    while any(pc[w] < total for w in range(warps)):
+        # greedy: keep issuing the last warp while it can; else the oldest ready warp
+        order = [last] + [w for w in range(warps) if w != last]
+        best_w, best_t = -1, float("inf")
+        for w in order:
+            e = earliest(w)
+            if e <= t:
+                best_w, best_t = w, t
+                break
+            if e < best_t:
+                best_w, best_t = w, e
+        if best_w < 0:
+            raise RuntimeError("simulate: every warp is blocked (barrier deadlock in the loop body?)")
+        t = max(t, best_t)
+        w = best_w
+        i = pc[w] % n
+        tm = tim[i]
+        pipe_free[tm.pipe] = t + tm.interval
+        pipe_busy[tm.pipe] = pipe_busy.get(tm.pipe, 0.0) + tm.interval
+        for r in writes[i]:
+            ready[w][r] = t + tm.latency
+        it = pc[w] // n
+        pc[w] += 1
+        last = w
+        if is_bar[i]:
+            key = (group_of[w], pc[w])
+            arr = bar_arrivals.setdefault(key, [])
+            arr.append(t)
+            members = [x for x in range(warps) if group_of[x] == group_of[w]]
+            if len(arr) == len(members):
+                rel = max(arr) + dev.bar_latency.value
+                for x in members:
+                    held_until[x] = rel
+                    waiting_bar[x] = False
+                del bar_arrivals[key]
+            else:
+                waiting_bar[w] = True
+        if pc[w] % n == 0:
+            finish[w][it] = t + 1
+        t += 1  # one issue per cycle per scheduler
+
+    # steady state: the later half of the iterations
+    k0 = max(1, iters // 2)
+    ends = [max(finish[w][k] for w in range(warps)) for k in range(iters)]
+    per_iter = (ends[-1] - ends[k0 - 1]) / (iters - k0)
+    busy = {p: v / iters for p, v in pipe_busy.items()}
+    return SimResult(per_iter, float(n), busy, warps, iters, ends[-1], finish)
