@@ -17,7 +17,7 @@ from typing import Optional
 
 import torch
 
-from verify_attn.utils import parse_tokens
+from verify_attn.utils import parse_tokens, usage_error
 
 from .config import ModelConfig, get_model_config
 from .drafter import DFlashDrafter
@@ -46,11 +46,19 @@ def add_common_args(ap: argparse.ArgumentParser) -> None:
 
 
 def cli_value(parse, text: str, flag: str):
-    """parse(text), or exit with a one-line usage error naming the flag (no traceback)."""
+    """parse(text), or exit 2 with a one-line usage error naming the flag (no traceback)."""
     try:
         return parse(text)
     except ValueError as e:
-        raise SystemExit(f"error: {flag}: {e}") from None
+        raise usage_error(f"error: {flag}: {e}") from None
+
+
+def positive_tokens(text: str, flag: str) -> int:
+    """A token count >= 1 (a context of 0 tokens has no last token to decode from), or exit 2."""
+    n = cli_value(parse_tokens, text, flag)
+    if n < 1:
+        raise usage_error(f"error: {flag} must be >= 1 token, got {text!r}")
+    return n
 
 
 def check_backends(names: list[str]) -> list[str]:
@@ -60,29 +68,32 @@ def check_backends(names: list[str]) -> list[str]:
     known = verify_attn.known_backends()
     bad = [n for n in names if n != "auto" and n not in known]
     if bad:
-        raise SystemExit(f"error: --attn-backend: unknown {', '.join(bad)}; known: auto, {', '.join(known)}")
+        raise usage_error(f"error: --attn-backend: unknown {', '.join(bad)}; known: auto, {', '.join(known)}")
     return names
 
 
 def resolve(args) -> dict:
     """Plain, picklable settings from parsed args (shipped to spawned ranks)."""
-    cli_value(get_model_config, args.model, "--model")
+    cfg = cli_value(get_model_config, args.model, "--model")
     if args.tp < 1:
-        raise SystemExit("--tp must be >= 1")
+        raise usage_error("error: --tp must be >= 1")
+    for what, n in (("attention heads", cfg.num_heads), ("MLP width", cfg.ffn), ("vocab", cfg.vocab)):
+        if n % args.tp:   # the dims tensor parallelism splits (integration/model.py)
+            raise usage_error(f"error: --tp {args.tp} does not divide the {what} of model {args.model} ({n})")
     if getattr(args, "steps", 1) < 1:
-        raise SystemExit("--steps must be >= 1")
+        raise usage_error("error: --steps must be >= 1")
     if args.layout == "paged" and not 1 <= args.page_size <= 128:
-        raise SystemExit("--page-size must be in 1..128")
+        raise usage_error("error: --page-size must be in 1..128")
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = args.dtype or ("bfloat16" if device.startswith("cuda") else "float32")
     if dtype not in _DTYPES:
-        raise SystemExit(f"--dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}")
+        raise usage_error(f"error: --dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}")
     if args.simulate_rank and args.tp != 1:
-        raise SystemExit("--simulate-rank runs one process: leave --tp at 1")
+        raise usage_error("error: --simulate-rank runs one process: leave --tp at 1")
     if args.tree_budget < 1:
-        raise SystemExit("--tree-budget must be >= 1")
+        raise usage_error("error: --tree-budget must be >= 1")
     if args.layers is not None and args.layers < 1:
-        raise SystemExit("--layers must be >= 1")
+        raise usage_error("error: --layers must be >= 1")
     return dict(model=args.model, layers=args.layers, device=device, dtype=dtype,
                 page_size=1 if args.layout == "page1" else args.page_size, tree=args.tree, budget=args.tree_budget,
                 seed=args.seed, simulate=args.simulate_rank)
@@ -181,7 +192,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         os.environ.setdefault("TRITON_INTERPRET", "1")
     s = resolve(args)
     backend = check_backends([args.attn_backend or ("auto" if s["device"].startswith("cuda") else "reference")])[0]
-    ctx = cli_value(parse_tokens, args.ctx, "--ctx")
+    ctx = positive_tokens(args.ctx, "--ctx")
     if s["device"] == "cpu":
         torch.set_num_threads(1)  # tiny matmuls: extra threads only contend (and ranks share the cores)
     desc = "simulated rank 0 of TP 8, all-reduce skipped" if s["simulate"] else f"TP {args.tp}"

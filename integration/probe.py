@@ -22,10 +22,9 @@ from typing import Optional
 import torch
 
 import verify_attn
-from verify_attn.utils import parse_tokens
 
 from .config import get_model_config
-from .decode import _DTYPES, check_backends, cli_value
+from .decode import _DTYPES, check_backends, cli_value, positive_tokens
 from .model import MLATarget
 from .spec import Engine, greedy_decode, speculative_decode
 from .tp import TPGroup
@@ -156,8 +155,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     tie = args.tie_eps if args.tie_eps is not None else (1e-3 if _DTYPES[dtype] == torch.float32 else 5e-2)
     if device == "cpu":
         torch.set_num_threads(1)
-    short = cli_value(parse_tokens, args.short, "--short")
-    long = cli_value(parse_tokens, args.long, "--long")
+    short = positive_tokens(args.short, "--short")
+    long = positive_tokens(args.long, "--long")
     if long <= short:
         raise SystemExit(f"error: --long ({long}) must be longer than --short ({short})")
     if args.steps < 1:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 
 _NUM = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmM]?)\s*$")
 
@@ -59,3 +60,14 @@ def parse_int_list(spec: str, name: str = "list") -> list[int]:
     if not vals or min(vals) < 1:
         raise ValueError(f"{name} must be positive integers, got {spec!r}")
     return vals
+
+
+def usage_error(msg: str) -> SystemExit:
+    """A bad command-line value: print `msg` (one line naming the flag) on stderr and
+    return a SystemExit with argparse's usage-error status 2 (raise it). str() of the
+    exception is the message, so callers and tests can match it."""
+    line = " ".join(str(msg).split())
+    print(line, file=sys.stderr)
+    e = SystemExit(line)
+    e.code = 2
+    return e
