@@ -14,6 +14,16 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 
+# Upper bounds on every config field. A split count sizes the fp32 workspace
+# (splits x rows x Dv x 4 bytes) and the grid; 1024 is 4x the most a 185k call on
+# a 188-SM GPU wants (MIN_TOKENS_PER_SPLIT 256 -> ~720) and keeps a bad tuned file
+# (num_splits 10**9) from asking for terabytes. Tiles: the largest any backend
+# compiles is 256 tokens x 512 rows; CUDA allows 32 warps per block.
+MAX_SPLITS = 1024
+CONFIG_CAPS: dict[str, int] = {"num_splits": MAX_SPLITS, "block_n": 256, "block_m": 512, "num_warps": 32,
+                               "num_stages": 8}
+
+
 @dataclass(frozen=True)
 class KernelConfig:
     num_splits: int = 0   # KV splits per (request, kv head, M tile); 0 = heuristic
@@ -37,6 +47,10 @@ class KernelConfig:
             v = getattr(self, name)
             if v & (v - 1):
                 raise ValueError(f"KernelConfig.{name} must be a power of two, got {v}")
+        for name, cap in CONFIG_CAPS.items():
+            v = getattr(self, name)
+            if v > cap:
+                raise ValueError(f"KernelConfig.{name} must be <= {cap}, got {v}")
 
     def to_dict(self) -> dict[str, int]:
         return dataclasses.asdict(self)
@@ -49,7 +63,8 @@ class KernelConfig:
         unknown = set(d) - known
         if unknown:
             raise ValueError(f"unknown KernelConfig fields {sorted(unknown)}; known: {sorted(known)}")
-        return cls(**{k: int(v) for k, v in d.items()})
+        # exact ints only: "16", 16.9 and True are data errors, not values to coerce
+        return cls(**dict(d))
 
     def replace(self, **kw: int) -> "KernelConfig":
         return dataclasses.replace(self, **kw)
@@ -62,6 +77,21 @@ def as_config(config: "KernelConfig | Mapping[str, Any] | None") -> KernelConfig
     if isinstance(config, Mapping):
         return KernelConfig.from_dict(config)
     raise TypeError(f"config must be a KernelConfig, a dict or None, got {type(config).__name__}")
+
+
+def heuristic_kv_len(*, index_capacity: int, page_size: int, batch: int, max_kv_len: int | None = None) -> int:
+    """KV tokens per request that the split heuristic and the tuned-config lookup plan for.
+
+    The caller's `max_kv_len` hint when given (an engine that captures CUDA graphs
+    knows its longest context; kv_lens live on the device and are never read
+    for planning). Without it, an estimate from static sizes: the index capacity
+    per request (`kv_indices.numel() * page_size / batch`), which is exact for a
+    packed index array and overshoots on an engine's preallocated buffer (SGLang's
+    graph buffer holds max_tokens x max_context entries), hence the hint.
+    """
+    if max_kv_len is not None:
+        return max(1, int(max_kv_len))
+    return max(1, index_capacity * page_size // max(1, batch))
 
 
 # Minimum KV tokens a split should own: below this the fixed cost of a split
@@ -79,7 +109,7 @@ def heuristic_num_splits(
     block_n: int = 32,
     waves: float = 1.0,
     min_tokens_per_split: int = MIN_TOKENS_PER_SPLIT,
-    max_splits: int = 1024,
+    max_splits: int = MAX_SPLITS,
 ) -> int:
     """Split count that fills about `waves` waves of the GPU from static shapes only.
 

@@ -19,7 +19,11 @@ When the call's batch differs from the batch the table was tuned at, num_splits
 is scaled by tuned_batch / batch so the grid keeps the CTA count that won.
 
 A malformed file, or one whose contents contradict its name, gives one warning
-and is skipped, never an exception; so does a bucket naming a tile config the
+and is skipped, never an exception. Malformed includes a value of the wrong JSON
+type (the strings "16", the float 16.9 and true are not ints: nothing is coerced)
+and a value past its cap (config.CONFIG_CAPS, e.g. num_splits <= 1024; batch <=
+MAX_BATCH; ctx <= MAX_CTX; tree_nodes <= MAX_TREE_NODES), since a file is data a
+user may have edited or another tool written; so does a bucket naming a tile config the
 backend's `config_space` does not offer on this GPU's arch (a stale file). The
 table chosen for a shape key is cached, so a call costs a dict lookup and two
 bisections (~2 us on the CPU).
@@ -37,7 +41,7 @@ from typing import Any, Mapping, Optional
 
 import torch
 
-from .config import KernelConfig
+from .config import MAX_SPLITS, KernelConfig
 
 FORMAT = "verify_attn.tuned_configs"
 FORMAT_VERSION = 1
@@ -45,6 +49,21 @@ ENV_FILE = "VERIFY_ATTN_CONFIG_FILE"
 BUNDLED_DIR = Path(__file__).resolve().parent.parent / "autotune" / "configs"
 
 _DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+
+# Caps on a file's values (beyond them a file is malformed): batch scales num_splits by
+# tuned_batch / batch, so 10**6 would ask for a million splits; contexts fit kv_lens (int32).
+MAX_BATCH = 4096
+MAX_CTX = 2**31 - 1
+MAX_TREE_NODES = 65536
+
+
+def _int_field(where: str, name: str, v: Any, lo: int, hi: int) -> int:
+    """v itself if it is an int (not a bool) in [lo, hi], else TableError naming the field."""
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise TableError(f"{where}: {name} must be an int, got {type(v).__name__} {v!r}")
+    if not lo <= v <= hi:
+        raise TableError(f"{where}: {name} must be in [{lo}, {hi}], got {v}")
+    return v
 
 
 class TableError(ValueError):
@@ -94,8 +113,14 @@ class TableKey:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "TableKey":
         try:
-            key = cls(str(d["device_name"]), str(d["backend"]), int(d["hq"]), int(d["hkv"]), int(d["dqk"]),
-                      int(d["dv"]), str(d["dtype"]), int(d["page_size"]), bool(d.get("mla", False)))
+            strs = [d[k] for k in ("device_name", "backend", "dtype")]
+            if not all(isinstance(x, str) for x in strs):
+                raise TypeError("device_name, backend and dtype must be strings")
+            ints = [_int_field("key", k, d[k], 1, 1 << 20) for k in ("hq", "hkv", "dqk", "dv", "page_size")]
+            mla = d.get("mla", False)
+            if not isinstance(mla, bool):
+                raise TypeError(f"mla must be true or false, got {mla!r}")
+            key = cls(strs[0], strs[1], *ints[:4], strs[2], ints[4], mla)
         except (KeyError, TypeError, ValueError) as e:
             raise TableError(f"bad key {dict(d) if isinstance(d, Mapping) else d!r}: {e}") from None
         if "layout" in d and d["layout"] != key.layout:
@@ -134,7 +159,7 @@ class ConfigTable:
         c = pick_bucket(self._ctx, ctx)
         cfg = self.entries[(c, pick_bucket(self._trees[c], tree_nodes))]
         if batch != self.batch and cfg.num_splits > 0:
-            cfg = cfg.replace(num_splits=max(1, round(cfg.num_splits * self.batch / batch)))
+            cfg = cfg.replace(num_splits=min(MAX_SPLITS, max(1, round(cfg.num_splits * self.batch / batch))))
         return cfg
 
 
@@ -165,17 +190,15 @@ def table_from_json(doc: Any, source: str = "<json>") -> ConfigTable:
     entries: dict[tuple[int, int], KernelConfig] = {}
     for i, r in enumerate(rows):
         try:
-            c, t = int(r["ctx"]), int(r["tree_nodes"])
-            if c < 1 or t < 1:
-                raise ValueError("ctx and tree_nodes must be >= 1")
+            if not isinstance(r, Mapping):
+                raise TypeError(f"a bucket must be an object, got {type(r).__name__}")
+            c = _int_field("", "ctx", r["ctx"], 1, MAX_CTX)
+            t = _int_field("", "tree_nodes", r["tree_nodes"], 1, MAX_TREE_NODES)
             entries[(c, t)] = KernelConfig.from_dict(r["config"])
-        except (KeyError, TypeError, ValueError) as e:
-            raise TableError(f"{source}: bucket {i} is malformed: {e}") from None
+        except (KeyError, TypeError, ValueError) as e:   # TableError is a ValueError
+            raise TableError(f"{source}: bucket {i} is malformed: {str(e).removeprefix(': ')}") from None
     meta = {k: v for k, v in doc.items() if k not in ("format", "version", "key", "batch", "buckets")}
-    try:
-        batch = int(doc.get("batch", 1))
-    except (TypeError, ValueError):
-        raise TableError(f"{source}: batch must be an int") from None
+    batch = _int_field(source, "batch", doc.get("batch", 1), 1, MAX_BATCH)
     return ConfigTable(key, entries, batch, source, meta)
 
 
