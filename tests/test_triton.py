@@ -92,6 +92,18 @@ def test_wide_tree(backend, dtype):
     check_against_reference(out, lse, case)
 
 
+@pytest.mark.parametrize("page_size", [3, 5, 7])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_paged_page_sizes_not_powers_of_two(backend, page_size):
+    """Row t of a paged request is in page kv_indices[t // P] at offset t % P: with P = 3, 5, 7
+    a kernel that computes t & (P - 1) (right for powers of two only) reads the wrong rows.
+    Prefixes and trees cross page boundaries; an empty prefix starts a request at a page start."""
+    case = make_case(CaseSpec(prefix_lens=(23, 0, 8), tree_sizes=(5, 4, 9), tree_kind="bushy",
+                              page_size=page_size, seed=60 + page_size, **HEADS["gqa-d64"]), device=DEVICE)
+    out, lse = _run(case, backend, SMALL)
+    check_against_reference(out, lse, case)
+
+
 @pytest.mark.parametrize("splits", [1, 2, 5, 16])
 def test_split_counts(splits):
     # n_kv = 59 and 1, block_n 16: at 16 splits only 4 (request 0) and 1 (request 1) hold tokens

@@ -7,18 +7,47 @@ node sees itself) read the index tensors on the host; they are skipped while a
 CUDA graph is being captured (a host read would break capture) and can be
 turned off for a hot path with `set_validation("shapes")` or the environment
 variable VERIFY_ATTN_VALIDATE=shapes.
+
+What the caller guarantees when value checks are off (shapes mode, graph capture):
+everything the value checks would have checked; in particular every request's tree
+fits its mask rows (T_b <= 32 * W, with W = tree_mask.shape[1]) and every index is in
+range. The backends size their grids from static shapes (M tiles from
+min(32 * W, total_q) nodes per request), so a request with more nodes than that is
+not covered. The Triton kernels read the mask only inside its W words and write NaN
+to every row of that request they reach; the reference (a host computation)
+raises; the CUDA kernels are to guard it on the device (csrc/tree_verify, owned
+there). Never rely on any of these: check in full mode while developing.
+
+Non-finite values: q, k_cache and v_cache are never checked for NaN or inf (that
+would read the whole cache on the host, 213 MB per layer at 185k). They propagate:
+a non-finite value in q[i, h] reaches out[i, h] and lse[i, h]; one in a KV row that
+request b addresses (any of its kv_lens[b] entries; a masked tree entry still
+enters the PV product as 0 x value) reaches rows of request b. The reference and
+the Triton backends give out NaN and lse NaN (or +inf) there, never a plausible
+number; other requests, and KV rows a call does not address, are never affected
+(tests fill unaddressed rows with NaN). The CUDA kernels (csrc v0) mark such rows
+with lse -inf and, with more than one split, out 0: check lse, or run with one of
+the other backends, when hunting a NaN (tests/test_hardening.py pins both).
+
+Index dtypes: qo_indptr, kv_indptr and kv_indices may be int32 or int64 (SGLang keeps
+int64 indices) and are read as given, without a copy (until csrc reads int64, the
+cuda and cuda-emu backends get int32 copies: `_int32_for_legacy_backends`); kv_lens
+and tree_mask are int32.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Optional
 
 import torch
 
 from .backends import Problem, available_backends, get_backend, known_backends
-from .config import KernelConfig, as_config
+from .config import KernelConfig, as_config, heuristic_kv_len
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_INDEX_DTYPES = (torch.int32, torch.int64)   # qo_indptr, kv_indptr, kv_indices
+_INT32_MAX = 2**31 - 1
 _VALIDATION = os.environ.get("VERIFY_ATTN_VALIDATE", "full")
 
 
@@ -51,7 +80,7 @@ def _shares_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def build_problem(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_lens, tree_mask,
-                  sm_scale, page_size) -> Problem:
+                  sm_scale, page_size, *, max_kv_len: Optional[int] = None) -> Problem:
     # -- dtypes, device, rank ------------------------------------------------
     _check_tensor("q", q, dtypes=_FLOAT_DTYPES, ndim=3)
     dev = q.device
@@ -60,14 +89,21 @@ def build_problem(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_lens
     cache_ndim = 3 if page_size == 1 else 4
     _check_tensor("k_cache", k_cache, dtypes=(q.dtype,), ndim=cache_ndim, device=dev)
     _check_tensor("v_cache", v_cache, dtypes=(q.dtype,), ndim=cache_ndim, device=dev)
-    for name, t, nd in (("qo_indptr", qo_indptr, 1), ("kv_indptr", kv_indptr, 1), ("kv_indices", kv_indices, 1),
-                        ("kv_lens", kv_lens, 1), ("tree_mask", tree_mask, 2)):
-        _check_tensor(name, t, dtypes=(torch.int32,), ndim=nd, device=dev)
+    for name, t in (("qo_indptr", qo_indptr), ("kv_indptr", kv_indptr), ("kv_indices", kv_indices)):
+        _check_tensor(name, t, dtypes=_INDEX_DTYPES, ndim=1, device=dev)
+    _check_tensor("kv_lens", kv_lens, dtypes=(torch.int32,), ndim=1, device=dev)
+    if tree_mask is not None:   # None: a prefix-only call (no tree block)
+        _check_tensor("tree_mask", tree_mask, dtypes=(torch.int32,), ndim=2, device=dev)
     if isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)):
         raise TypeError(f"sm_scale must be a float, got {type(sm_scale).__name__}")
     sm_scale = float(sm_scale)
     if not (sm_scale > 0 and sm_scale < float("inf")):
         raise ValueError(f"sm_scale must be a finite positive float, got {sm_scale}")
+    if max_kv_len is not None:
+        if isinstance(max_kv_len, bool) or not isinstance(max_kv_len, int):
+            raise TypeError(f"max_kv_len must be an int or None, got {type(max_kv_len).__name__}")
+        if max_kv_len < 1:
+            raise ValueError(f"max_kv_len must be >= 1 (the longest kv_lens[b] the call may see), got {max_kv_len}")
 
     # -- shapes -------------------------------------------------------------
     total_q, hq, dqk = q.shape
@@ -102,16 +138,19 @@ def build_problem(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_lens
         raise ValueError(f"kv_indptr must have B+1={batch + 1} entries (like qo_indptr), got {kv_indptr.numel()}")
     if kv_lens.numel() != batch:
         raise ValueError(f"kv_lens must have B={batch} entries, got {kv_lens.numel()}")
-    if tree_mask.shape[0] != total_q:
-        raise ValueError(f"tree_mask must have total_q={total_q} rows, got {tree_mask.shape[0]}")
-    w = tree_mask.shape[1]
-    if w < 1:
-        raise ValueError("tree_mask must have at least one 32-bit word per row")
+    if tree_mask is not None:
+        if tree_mask.shape[0] != total_q:
+            raise ValueError(f"tree_mask must have total_q={total_q} rows, got {tree_mask.shape[0]}")
+        w = tree_mask.shape[1]
+        if w < 1:
+            raise ValueError("tree_mask must have at least one 32-bit word per row")
+    else:
+        w = 0
     if total_q < 1:
         raise ValueError("q must have at least one row (every request has a root node)")
     for name, t in (("qo_indptr", qo_indptr), ("kv_indptr", kv_indptr), ("kv_indices", kv_indices),
                     ("kv_lens", kv_lens), ("tree_mask", tree_mask)):
-        if not t.is_contiguous():
+        if t is not None and not t.is_contiguous():
             raise ValueError(f"{name} must be contiguous")
 
     num_blocks = k_cache.shape[0]  # slots (page_size 1) or pages
@@ -119,8 +158,11 @@ def build_problem(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_lens
         q=q, k_cache=k_cache, v_cache=v_cache, qo_indptr=qo_indptr, kv_indptr=kv_indptr,
         kv_indices=kv_indices, kv_lens=kv_lens, tree_mask=tree_mask, sm_scale=sm_scale, page_size=page_size,
         batch=batch, total_q=total_q, num_q_heads=hq, num_kv_heads=hkv, head_dim_qk=dqk, head_dim_v=dv,
-        mask_words=w, max_tree_nodes=min(32 * w, total_q), mla_shared_kv=mla_shared,
-        avg_kv_len=max(1, kv_indices.numel() * page_size // batch),
+        mask_words=w, max_tree_nodes=min(32 * w, total_q) if tree_mask is not None else total_q,
+        mla_shared_kv=mla_shared,
+        avg_kv_len=heuristic_kv_len(index_capacity=kv_indices.numel(), page_size=page_size, batch=batch,
+                                    max_kv_len=max_kv_len),
+        max_kv_len=max_kv_len,
     )
 
     # -- values (host reads; skipped under graph capture or when disabled) ---
@@ -146,9 +188,15 @@ def _check_values(p: Problem, num_blocks: int) -> None:
         raise ValueError("kv_indptr must be non-decreasing")
     if int(kvp[-1]) > p.kv_indices.numel():
         raise ValueError(f"kv_indptr[-1]={int(kvp[-1])} exceeds kv_indices.numel()={p.kv_indices.numel()}")
-    if (lens < t).any():
+    if (lens < 0).any():
+        b = int(torch.nonzero(lens < 0)[0])
+        raise ValueError(f"kv_lens[{b}]={int(lens[b])} is negative")
+    if not p.prefix_only and (lens < t).any():
         b = int(torch.nonzero(lens < t)[0])
         raise ValueError(f"kv_lens[{b}]={int(lens[b])} is smaller than the request's tree size T_b={int(t[b])}")
+    if p.max_kv_len is not None and lens.numel() and int(lens.max()) > p.max_kv_len:
+        b = int(torch.argmax(lens))
+        raise ValueError(f"kv_lens[{b}]={int(lens[b])} exceeds the max_kv_len hint {p.max_kv_len}")
     need = (lens + p.page_size - 1) // p.page_size
     if (nidx < need).any():
         b = int(torch.nonzero(nidx < need)[0])
@@ -160,6 +208,8 @@ def _check_values(p: Problem, num_blocks: int) -> None:
         what = "slot" if p.page_size == 1 else "page"
         raise ValueError(f"kv_indices holds {what} ids out of range [0, {num_blocks}): "
                          f"min {int(used.min())}, max {int(used.max())}")
+    if p.prefix_only:
+        return
     maxt = int(t.max())
     if p.mask_words * 32 < maxt:
         raise ValueError(f"tree_mask needs W >= ceil(max T_b / 32) = {(maxt + 31) // 32} words, got {p.mask_words}")
@@ -184,33 +234,77 @@ def _pick_auto(p: Problem) -> str:
     order = ["cuda", "triton", "reference"] if p.device.type == "cuda" else ["reference"]
     for name in order:
         b = get_backend(name)
-        if b.available()[0] and b.supports(p) is None:
+        if p.prefix_only and not b.prefix_only:
+            continue
+        if b.available()[0] and b.supports(_int32_for_legacy_backends(p, name)) is None:
             return name
     return "reference"
+
+
+# The backends whose op bindings (csrc/bindings) take int32 index tensors only.
+_LEGACY_INT32_BACKENDS = ("cuda", "cuda-emu")
+
+
+def _int32_for_legacy_backends(p: Problem, name: str) -> Problem:
+    """TEMPORARY, delete when csrc reads int64 indices: int64 qo_indptr/kv_indptr/kv_indices
+    become int32 copies for the `cuda` and `cuda-emu` backends only (their bindings check
+    for int32). Every other backend reads int64 as given, without a copy.
+
+    The copy is a device op (CUDA-graph safe: no host read) of the WHOLE tensor, so an
+    engine's preallocated int64 index buffer costs a copy of that buffer per call on these
+    two backends until then. Values fit int32 by static bounds: slot/page ids are below
+    k_cache.shape[0] and indptr entries at most kv_indices.numel() (value checks confirm
+    both in full validation mode).
+    """
+    if name not in _LEGACY_INT32_BACKENDS:
+        return p
+    wide = {f: getattr(p, f) for f in ("qo_indptr", "kv_indptr", "kv_indices") if getattr(p, f).dtype == torch.int64}
+    if not wide:
+        return p
+    if p.k_cache.shape[0] > _INT32_MAX or p.kv_indices.numel() > _INT32_MAX:
+        raise ValueError(f"backend {name!r} reads int32 indices: k_cache.shape[0]={p.k_cache.shape[0]} and "
+                         f"kv_indices.numel()={p.kv_indices.numel()} must be < 2**31")
+    return dataclasses.replace(p, **{f: t.to(torch.int32) for f, t in wide.items()})
 
 
 def tree_verify(
     q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_lens, tree_mask,
     *, sm_scale: float, page_size: int = 1, backend: str = "auto",
     config=None, out: Optional[torch.Tensor] = None, return_lse: bool = False,
+    max_kv_len: Optional[int] = None,
 ):
     """Tree-verify attention; see README.md and DESIGN.md section 3 for the contract.
 
     Returns out [total_q, Hq, Dv] in q's dtype, or (out, lse) with lse
     [total_q, Hq] float32 (natural log) when return_lse is True.
+
+    max_kv_len: optional hint, an upper bound on every kv_lens[b]. The split
+    heuristic and the tuned-config lookup plan for it instead of estimating the
+    context from kv_indices.numel() (which overshoots on a preallocated index
+    buffer); pass it when capturing CUDA graphs. Full validation checks it.
+
+    tree_mask=None makes a prefix-only call: no tree block, every q row of
+    request b sees all kv_lens[b] entries (kv_lens[b] may be 0: then out is 0 and
+    lse -inf). With return_lse it is one half of a cascade whose other half (a
+    tree call) is merged by LSE; integration/sglang_compat.py does exactly that.
     """
     if not isinstance(backend, str):
         raise TypeError(f"backend must be a str, got {type(backend).__name__}")
     if backend != "auto" and backend not in known_backends():
         raise ValueError(f"unknown backend {backend!r}; available: {', '.join(['auto'] + available_backends())}")
     cfg = as_config(config)
-    p = build_problem(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_lens, tree_mask, sm_scale, page_size)
+    p = build_problem(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_lens, tree_mask, sm_scale, page_size,
+                      max_kv_len=max_kv_len)
     name = _pick_auto(p) if backend == "auto" else backend
     b = get_backend(name)
     ok, why = b.available()
     if not ok:
         raise ValueError(f"backend {name!r} is not available here ({why}); available: "
                          f"{', '.join(['auto'] + available_backends())}")
+    if p.prefix_only and not b.prefix_only:
+        raise ValueError(f"backend {name!r} does not support prefix-only calls (tree_mask=None); "
+                         f"use backend='auto' or one of: {', '.join(_prefix_only_backends())}")
+    p = _int32_for_legacy_backends(p, name)
     why = b.supports(p)
     if why is not None:
         raise ValueError(f"backend {name!r} does not support this call: {why}")
@@ -229,6 +323,10 @@ def tree_verify(
         cfg = resolve_config(p, name)
     b.run(p, cfg, out, lse)
     return (out, lse) if return_lse else out
+
+
+def _prefix_only_backends() -> list[str]:
+    return [n for n in available_backends() if get_backend(n).prefix_only]
 
 
 def resolve_config(p: Problem, name: str) -> Optional[KernelConfig]:

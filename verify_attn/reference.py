@@ -6,6 +6,14 @@ Per request b, node i, query head h (KV head h // group):
     out[i, h] = sum_j softmax(s)_j v[j],  lse[i, h] = log sum_j exp(s_j)
 The KV is processed in chunks with an online softmax, so 185k tokens fit in a
 few hundred MB; nothing [T, H, ctx] is materialised for the whole batch.
+
+A prefix-only call (tree_mask None) has no tree block: every row sees all n
+entries, and n = 0 gives out 0, lse -inf.
+
+The reference reads every index on the host anyway, so it checks what it reads
+even when the api's value checks are off (`set_validation("shapes")`): an id
+outside [0, k_cache.shape[0]) or a request with fewer ids than its kv_lens raises
+ValueError instead of wrapping around (torch indexing takes -1 as the last slot).
 """
 from __future__ import annotations
 
@@ -22,9 +30,25 @@ CHUNK = 8192  # KV tokens per chunk: [rows, CHUNK] float64 scores stay small
 
 
 def _request_rows(p: Problem, b: int, qo: list[int], kvp: list[int], lens: list[int]):
+    """(T_b, kv_len, the request's ids actually addressed), checked: never a silent wrap-around."""
     t = qo[b + 1] - qo[b]
     n = lens[b]
-    idx = p.kv_indices[kvp[b]: kvp[b + 1]]
+    if t < 1 or n < 0 or (not p.prefix_only and n < t):
+        raise ValueError(f"reference: request {b} has T_b={t} q rows and kv_lens={n} "
+                         f"(need T_b >= 1 and kv_lens >= {0 if p.prefix_only else 'T_b'})")
+    need = -(-n // p.page_size)
+    lo, hi = kvp[b], kvp[b + 1]
+    if lo < 0 or hi - lo < need or lo + need > p.kv_indices.numel():
+        raise ValueError(f"reference: kv_indices of request {b} ([{lo}, {hi}) of {p.kv_indices.numel()}) "
+                         f"hold fewer than the {need} ids kv_lens={n} needs")
+    idx = p.kv_indices[lo: lo + need]
+    if need:
+        nb = p.k_cache.shape[0]
+        lo_id, hi_id = int(idx.min()), int(idx.max())
+        if lo_id < 0 or hi_id >= nb:
+            what = "slot" if p.page_size == 1 else "page"
+            raise ValueError(f"reference: kv_indices of request {b} hold {what} ids out of range [0, {nb}): "
+                             f"min {lo_id}, max {hi_id}")
     return t, n, idx
 
 
@@ -39,13 +63,13 @@ def reference_verify(p: Problem, dtype: torch.dtype = torch.float64) -> tuple[to
     lse = torch.empty(p.total_q, hq, dtype=dtype, device=dev)
     for b in range(p.batch):
         t, n, idx = _request_rows(p, b, qo, kvp, lens)
-        prefix = n - t
+        prefix = n if p.prefix_only else n - t
         # [Hkv, g*T, Dqk]: rows of one KV head are its g query heads x T nodes (head-major)
         q = p.q[qo[b]: qo[b + 1]].to(dtype).view(t, hkv, g, -1).permute(1, 2, 0, 3).reshape(hkv, g * t, -1)
         m = torch.full((hkv, g * t), float("-inf"), dtype=dtype, device=dev)
         s_sum = torch.zeros(hkv, g * t, dtype=dtype, device=dev)
         acc = torch.zeros(hkv, g * t, dv, dtype=dtype, device=dev)
-        visible_tree = unpack_mask(p.tree_mask[qo[b]: qo[b + 1]].cpu(), t).to(dev)      # [T, T]
+        visible_tree = None if p.prefix_only else unpack_mask(p.tree_mask[qo[b]: qo[b + 1]].cpu(), t).to(dev)  # [T, T]
         for start in range(0, n, CHUNK):
             cnt = min(CHUNK, n - start)
             k = gather_rows(p.k_cache, idx, p.page_size, start, cnt).to(dtype).transpose(0, 1)  # [Hkv, cnt, Dqk]
@@ -62,8 +86,11 @@ def reference_verify(p: Problem, dtype: torch.dtype = torch.float64) -> tuple[to
             s_sum = s_sum * alpha + e.sum(-1)
             acc = acc * alpha.unsqueeze(-1) + torch.matmul(e, v)
             m = m_new
-        o = acc / s_sum.unsqueeze(-1)                                                       # [Hkv, g*T, Dv]
-        l = m + torch.log(s_sum)
+        if n == 0:   # prefix-only call of an empty request: nothing to see
+            o, l = acc, m                                                                   # 0 and -inf
+        else:
+            o = acc / s_sum.unsqueeze(-1)                                                   # [Hkv, g*T, Dv]
+            l = m + torch.log(s_sum)
         out[qo[b]: qo[b + 1]] = o.view(hkv, g, t, dv).permute(2, 0, 1, 3).reshape(t, hq, dv)
         lse[qo[b]: qo[b + 1]] = l.view(hkv, g, t).permute(2, 0, 1).reshape(t, hq)
     return out, lse
@@ -76,4 +103,4 @@ def _run(p: Problem, config: Optional[KernelConfig], out: torch.Tensor, lse: Opt
         lse.copy_(l.to(torch.float32))
 
 
-register(Backend("reference", _run, meta={"precision": "float64"}))
+register(Backend("reference", _run, prefix_only=True, meta={"precision": "float64"}))

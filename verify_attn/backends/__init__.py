@@ -28,11 +28,11 @@ class Problem:
     q: torch.Tensor            # [total_q, Hq, Dqk]
     k_cache: torch.Tensor      # [num_slots, Hkv, Dqk] (page_size 1) or [num_pages, P, Hkv, Dqk]
     v_cache: torch.Tensor      # same leading dims, last dim Dv
-    qo_indptr: torch.Tensor    # [B+1] int32
-    kv_indptr: torch.Tensor    # [B+1] int32
-    kv_indices: torch.Tensor   # [nnz] int32 slot ids or page ids
-    kv_lens: torch.Tensor      # [B] int32, L_b + T_b
-    tree_mask: torch.Tensor    # [total_q, W] int32 packed
+    qo_indptr: torch.Tensor    # [B+1] int32 or int64
+    kv_indptr: torch.Tensor    # [B+1] int32 or int64
+    kv_indices: torch.Tensor   # [nnz] int32 or int64 slot ids or page ids (the caller's buffer, may be longer)
+    kv_lens: torch.Tensor      # [B] int32, L_b + T_b (prefix-only call: L_b, may be 0)
+    tree_mask: Optional[torch.Tensor]  # [total_q, W] int32 packed; None = prefix-only call (no tree block)
     sm_scale: float
     page_size: int
     # static facts derived from shapes only (no device data read)
@@ -42,10 +42,18 @@ class Problem:
     num_kv_heads: int
     head_dim_qk: int
     head_dim_v: int
-    mask_words: int            # W
-    max_tree_nodes: int        # upper bound on T_b: min(32 * W, total_q)
+    mask_words: int            # W (0 for a prefix-only call)
+    max_tree_nodes: int        # upper bound on T_b (q rows per request): min(32 * W, total_q); total_q if prefix-only
     mla_shared_kv: bool        # v_cache aliases k_cache[..., :Dv] (same storage and strides)
-    avg_kv_len: int            # kv tokens per request estimated from tensor sizes (heuristics only)
+    # KV tokens per request that split heuristics and tuned-config lookups plan for: the caller's
+    # max_kv_len hint when given, else kv_indices.numel() * page_size // batch (config.heuristic_kv_len)
+    avg_kv_len: int
+    max_kv_len: Optional[int] = None  # the caller's hint: every kv_lens[b] <= max_kv_len (None: not given)
+
+    @property
+    def prefix_only(self) -> bool:
+        """No tree block: every q row of request b sees all kv_lens[b] entries (cascade / LSE-merge use)."""
+        return self.tree_mask is None
 
     @property
     def group(self) -> int:
@@ -86,6 +94,8 @@ class Backend:
     resources: Optional[Callable[..., dict]] = None                       # (config, shape: HeadShape, arch: str, **kw)
     default_config: Optional[Callable[[Problem], KernelConfig]] = None
     tunable: bool = False
+    # runs prefix-only calls (Problem.tree_mask None: no tree block, kv_lens[b] may be 0)
+    prefix_only: bool = False
     meta: dict = field(default_factory=dict)
 
 

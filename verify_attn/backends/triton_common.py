@@ -190,8 +190,10 @@ def attend_tile(acc, m_i, l_i, q1, q2, start, end, prefix,
     s = s * qk_scale
     if TREE:
         j = t - prefix
+        # words past the row's MASK_WORDS (a tree larger than the mask, unchecked in shapes mode)
+        # are not read: the kernels poison such requests instead (see `too_many_nodes`)
         words = tl.load(mask_ptr + token[:, None].to(tl.int64) * MASK_WORDS + (j // 32)[None, :],
-                        mask=row_ok[:, None] & t_ok[None, :], other=0)
+                        mask=row_ok[:, None] & t_ok[None, :] & ((j // 32) < MASK_WORDS)[None, :], other=0)
         vis = ((words >> (j % 32)[None, :]) & 1) != 0
         s = tl.where(vis & t_ok[None, :], s, float("-inf"))
     else:
@@ -221,9 +223,20 @@ def load_q(q_rows, row_ok, offs_d1, offs_dpe, DQK: tl.constexpr, BLOCK_D1: tl.co
 
 
 @triton.jit
+def poison_rows(o, lse2, bad):
+    """NaN in every output of the program when `bad` (a request the launch cannot serve
+    correctly, e.g. more tree nodes than its mask words hold): loud, never silently partial."""
+    nan = float("nan")
+    return tl.where(bad, nan, o), tl.where(bad, nan, lse2)
+
+
+@triton.jit
 def finish_rows(acc, m_i, l_i):
-    """(O [BLOCK_M, BLOCK_DV] fp32, LSE log2 [BLOCK_M]); rows that saw nothing give O = 0, LSE = -inf."""
-    seen = l_i > 0
+    """(O [BLOCK_M, BLOCK_DV] fp32, LSE log2 [BLOCK_M]); rows that saw nothing give O = 0, LSE = -inf.
+
+    `l_i != 0`, not `l_i > 0`: a NaN sum (a NaN or inf in q or a KV row) must come out as
+    NaN in both O and LSE, not as an empty row (api.py: non-finite inputs propagate)."""
+    seen = l_i != 0
     o = acc / tl.where(seen, l_i, 1.0)[:, None]
     lse2 = tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
     return o, lse2

@@ -41,7 +41,7 @@ def _serial_fwd(
     GROUP: tl.constexpr, DQK: tl.constexpr, DV: tl.constexpr,
     BLOCK_D1: tl.constexpr, BLOCK_DPE: tl.constexpr, BLOCK_DV: tl.constexpr, V_FROM_K: tl.constexpr,
     PAGE_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    HAS_LSE: tl.constexpr, DOT_PREC: tl.constexpr,
+    HAS_LSE: tl.constexpr, DOT_PREC: tl.constexpr, TREE_BLOCK: tl.constexpr,
 ):
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -53,7 +53,12 @@ def _serial_fwd(
     if mt * BLOCK_M >= n_tree:
         return
     n_kv = tl.load(KV_LENS + b)
-    prefix = n_kv - n_tree
+    if TREE_BLOCK:
+        prefix = n_kv - n_tree
+        too_many_nodes = n_tree > 32 * MASK_WORDS       # only possible with value checks off
+    else:                                               # prefix-only call: every entry is prefix
+        prefix = n_kv
+        too_many_nodes = n_tree < 0
     kv_start = tl.load(KV_INDPTR + b)
 
     node = mt * BLOCK_M + tl.arange(0, BLOCK_M)             # [BLOCK_M] tree nodes of this block
@@ -88,6 +93,7 @@ def _serial_fwd(
             DQK, DV, BLOCK_D1, BLOCK_DPE, BLOCK_DV, V_FROM_K, PAGE_SIZE, True, DOT_PREC)
 
     o, lse2 = tc.finish_rows(acc, m_i, l_i)
+    o, lse2 = tc.poison_rows(o, lse2, too_many_nodes)
     o_ptrs = OUT + token[:, None] * stride_ot + h * stride_oh + offs_dv[None, :]
     tl.store(o_ptrs, o.to(OUT.dtype.element_ty), mask=row_ok[:, None] & (offs_dv[None, :] < DV))
     if HAS_LSE:
@@ -133,8 +139,9 @@ def _run(p: Problem, config: Optional[KernelConfig], out: torch.Tensor, lse: Opt
     svp, svpos, svh = tc.cache_strides(p.v_cache, p.page_size)
     grid = (p.batch, p.num_q_heads, triton.cdiv(p.max_tree_nodes, cfg.block_m))
     lse_arg = lse if lse is not None else out  # never written when HAS_LSE is False
+    mask_arg = p.tree_mask if p.tree_mask is not None else p.kv_lens  # prefix-only: never read
     _serial_fwd[grid](
-        p.q, p.k_cache, p.v_cache, p.qo_indptr, p.kv_indptr, p.kv_indices, p.kv_lens, p.tree_mask, out, lse_arg,
+        p.q, p.k_cache, p.v_cache, p.qo_indptr, p.kv_indptr, p.kv_indices, p.kv_lens, mask_arg, out, lse_arg,
         p.sm_scale * tc.LOG2E,
         p.q.stride(0), p.q.stride(1),
         skp, skpos, skh, svp, svpos, svh,
@@ -143,7 +150,7 @@ def _run(p: Problem, config: Optional[KernelConfig], out: torch.Tensor, lse: Opt
         GROUP=p.group, DQK=p.head_dim_qk, DV=p.head_dim_v,
         BLOCK_D1=hb.block_d1, BLOCK_DPE=hb.block_dpe, BLOCK_DV=hb.block_dv, V_FROM_K=hb.v_from_k,
         PAGE_SIZE=p.page_size, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        HAS_LSE=lse is not None, DOT_PREC=tc.dot_precision(p.dtype),
+        HAS_LSE=lse is not None, DOT_PREC=tc.dot_precision(p.dtype), TREE_BLOCK=not p.prefix_only,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
 
@@ -155,7 +162,7 @@ def compile_report(shape: HeadShape, config: KernelConfig, arch: str, *, dtype: 
     consts = dict(GROUP=shape.group, DQK=shape.head_dim_qk, DV=shape.head_dim_v, BLOCK_D1=hb.block_d1,
                   BLOCK_DPE=hb.block_dpe, BLOCK_DV=hb.block_dv, V_FROM_K=hb.v_from_k, PAGE_SIZE=page_size,
                   BLOCK_M=config.block_m, BLOCK_N=config.block_n, HAS_LSE=return_lse,
-                  DOT_PREC=tc.dot_precision(dtype))
+                  DOT_PREC=tc.dot_precision(dtype), TREE_BLOCK=True)
     t = tc.TRITON_DTYPE[dtype]
     ptrs = {n: "*i32" for n in ("QO_INDPTR", "KV_INDPTR", "KV_INDICES", "KV_LENS", "MASK")}
     ptrs.update({n: f"*{t}" for n in ("Q", "K", "V", "OUT")})
@@ -167,5 +174,5 @@ def compile_report(shape: HeadShape, config: KernelConfig, arch: str, *, dtype: 
 
 register(Backend(
     "triton-serial", _run, available=tc.available, supports=tc.supports, default_config=default_config,
-    tunable=False, meta={"kind": "baseline", "grid": "(request, query head, tree-row block)"},
+    tunable=False, prefix_only=True, meta={"kind": "baseline", "grid": "(request, query head, tree-row block)"},
 ))

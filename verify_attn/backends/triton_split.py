@@ -44,7 +44,7 @@ def _split_fwd(
     GROUP: tl.constexpr, DQK: tl.constexpr, DV: tl.constexpr,
     BLOCK_D1: tl.constexpr, BLOCK_DPE: tl.constexpr, BLOCK_DV: tl.constexpr, V_FROM_K: tl.constexpr,
     PAGE_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    DIRECT: tl.constexpr, HAS_LSE: tl.constexpr, DOT_PREC: tl.constexpr,
+    DIRECT: tl.constexpr, HAS_LSE: tl.constexpr, DOT_PREC: tl.constexpr, TREE_BLOCK: tl.constexpr,
 ):
     mt = tl.program_id(0)
     split = tl.program_id(1)
@@ -58,10 +58,16 @@ def _split_fwd(
     n_kv = tl.load(KV_LENS + b)
     span = tc.split_span(n_kv, NUM_SPLITS, BLOCK_N)
     lo = split * span
-    if (mt * BLOCK_M >= n_rows) | (lo >= n_kv):
+    # an empty request (prefix-only call, n_kv = 0) still has split 0 write out = 0, lse = -inf
+    if (mt * BLOCK_M >= n_rows) | ((lo >= n_kv) & ((split > 0) | (n_kv > 0))):
         return
     hi = tl.minimum(lo + span, n_kv)
-    prefix = n_kv - n_tree
+    if TREE_BLOCK:
+        prefix = n_kv - n_tree
+        too_many_nodes = n_tree > 32 * MASK_WORDS       # only possible with value checks off
+    else:                                               # prefix-only call: every entry is prefix
+        prefix = n_kv
+        too_many_nodes = n_tree < 0
     kv_start = tl.load(KV_INDPTR + b)
 
     r = mt * BLOCK_M + tl.arange(0, BLOCK_M)                 # [BLOCK_M] rows: node-major, head-minor
@@ -98,6 +104,7 @@ def _split_fwd(
             DQK, DV, BLOCK_D1, BLOCK_DPE, BLOCK_DV, V_FROM_K, PAGE_SIZE, True, DOT_PREC)
 
     o, lse2 = tc.finish_rows(acc, m_i, l_i)
+    o, lse2 = tc.poison_rows(o, lse2, too_many_nodes)
     dv_ok = offs_dv[None, :] < DV
     if DIRECT:
         o_ptrs = OUT + token[:, None] * stride_ot + head[:, None] * stride_oh + offs_dv[None, :]
@@ -126,7 +133,7 @@ def _combine(
         return
     n_kv = tl.load(KV_LENS + b)
     span = tc.split_span(n_kv, NUM_SPLITS, BLOCK_N)
-    n_used = tl.cdiv(n_kv, span)                              # splits with at least one token
+    n_used = tl.cdiv(n_kv, tl.maximum(span, 1))               # splits with at least one token (0 if n_kv = 0)
 
     rows = row_lo + rb * BLOCK_R + tl.arange(0, BLOCK_R)      # [BLOCK_R] rows token * Hq + head
     row_ok = rows < row_hi
@@ -149,7 +156,7 @@ def _combine(
         acc = acc * alpha[:, None] + o * w[:, None]
         l = l * alpha + w
         m = m_new
-    l_safe = tl.where(l > 0, l, 1.0)
+    l_safe = tl.where(l != 0, l, 1.0)                         # a NaN l stays NaN: propagates to lse
     out = acc / l_safe[:, None]
     tl.store(OUT + rows[:, None] * DV + offs_dv[None, :], out.to(OUT.dtype.element_ty), mask=ok2)
     if HAS_LSE:
@@ -302,10 +309,11 @@ def _run(p: Problem, config: Optional[KernelConfig], out: torch.Tensor, lse: Opt
     else:
         part_o, part_lse = _workspace(splits, total_rows, hb.block_dv, p.device)
     lse_arg = lse if lse is not None else out
+    mask_arg = p.tree_mask if p.tree_mask is not None else p.kv_lens  # prefix-only: never read
     m_tiles = triton.cdiv(p.max_tree_nodes * p.group, cfg.block_m)
     grid = (m_tiles, splits, p.batch * p.num_kv_heads)
     _split_fwd[grid](
-        p.q, p.k_cache, p.v_cache, p.qo_indptr, p.kv_indptr, p.kv_indices, p.kv_lens, p.tree_mask,
+        p.q, p.k_cache, p.v_cache, p.qo_indptr, p.kv_indptr, p.kv_indices, p.kv_lens, mask_arg,
         out, lse_arg, part_o, part_lse,
         p.sm_scale * tc.LOG2E,
         p.q.stride(0), p.q.stride(1),
@@ -316,6 +324,7 @@ def _run(p: Problem, config: Optional[KernelConfig], out: torch.Tensor, lse: Opt
         BLOCK_D1=hb.block_d1, BLOCK_DPE=hb.block_dpe, BLOCK_DV=hb.block_dv, V_FROM_K=hb.v_from_k,
         PAGE_SIZE=p.page_size, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         DIRECT=direct, HAS_LSE=lse is not None, DOT_PREC=tc.dot_precision(p.dtype),
+        TREE_BLOCK=not p.prefix_only,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if direct:
@@ -342,7 +351,7 @@ def compile_report(shape: HeadShape, config: KernelConfig, arch: str, *, dtype: 
     consts = dict(GROUP=shape.group, DQK=shape.head_dim_qk, DV=shape.head_dim_v, BLOCK_D1=hb.block_d1,
                   BLOCK_DPE=hb.block_dpe, BLOCK_DV=hb.block_dv, V_FROM_K=hb.v_from_k, PAGE_SIZE=page_size,
                   BLOCK_M=config.block_m, BLOCK_N=config.block_n, DIRECT=direct, HAS_LSE=return_lse,
-                  DOT_PREC=tc.dot_precision(dtype))
+                  DOT_PREC=tc.dot_precision(dtype), TREE_BLOCK=True)
     t = tc.TRITON_DTYPE[dtype]
     ptrs = {n: "*i32" for n in ("QO_INDPTR", "KV_INDPTR", "KV_INDICES", "KV_LENS", "MASK")}
     ptrs.update({n: f"*{t}" for n in ("Q", "K", "V", "OUT")})
@@ -355,6 +364,6 @@ def compile_report(shape: HeadShape, config: KernelConfig, arch: str, *, dtype: 
 
 register(Backend(
     "triton", _run, available=tc.available, supports=tc.supports, config_space=config_space,
-    resources=resources, default_config=default_config, tunable=True,
+    resources=resources, default_config=default_config, tunable=True, prefix_only=True,
     meta={"kind": "split-kv", "grid": "(M tile, KV split, request x KV head) + combine"},
 ))
