@@ -20,33 +20,46 @@ Semantics matched (read from the SGLang source, not copied):
   * lse_extend (optional, float32 [total_q, Hq]) receives the natural-log LSE;
     skip_prefix / skip_extend drop one of the two parts (as SGLang's DCP path uses).
 
-How it is computed (no copy of k_buffer, ever): attention over (prefix + tree) is
-split into two tree_verify calls whose softmax states merge exactly by LSE:
-  A. the prefix, over the caller's k_buffer/v_buffer with sm_scale*k_scale. Our
-     contract treats the last T_b KV entries of a request as the tree block and
-     every node must see its own entry, so: if L_b >= T_b the tree block is the
-     last T_b prefix rows with an all-ones mask; if 0 < L_b < T_b the sequence is
-     padded to T_b entries with copies of prefix row 0, and a node n >= L_b sees
-     its own (duplicate) entry n in place of entry 0, so each prefix row counts
-     exactly once; if L_b = 0 slot 0 is read for form's sake and the part is
-     dropped by a where() on L_b (never multiplied, so a NaN slot cannot leak).
-  B. the tree, over a pool made of k_extend/v_extend themselves (T rows per
-     request, no copy unless v_extend aliases k_extend at an offset, which our
-     contract rejects; then only the small extend rows are cloned), with the
-     packed tree mask taken from custom_mask.
-The merge is done in fp32; for 16-bit inputs the two partial outputs are
-rounded to the input dtype before it (one extra rounding; within bf16 tolerance).
-Index/mask preparation is device-side torch ops with static shapes. When not under
-CUDA-graph capture the host reads kv_indptr[-1] and one bool (any L_b < T_b) and
-skips the index rebuild in the common case (prefix longer than the tree): call A
-then uses the caller's kv_indptr and the used part of kv_indices as they are
-(converted to int32 if int64: 12 bytes per token against 1152 bytes of MLA KV).
-Under capture nothing is read on the host, so the padded index array is always
-rebuilt over the whole kv_indices buffer (static size). CAVEAT: SGLang's graph
-buffer is max_num_tokens * max_context_len int64 entries, so inside SGLang's CUDA
-graphs this rebuild costs O(that buffer) per layer; the fix belongs in the kernel
-contract (int64 kv_indices and a prefix-only call with no tree block), which
-is proposed for verify_attn.api and not there yet. Eager use has no such cost.
+How it is computed: attention over (prefix + tree) is split into two tree_verify
+calls whose softmax states merge exactly by LSE, and nothing is rebuilt from the
+caller's buffers (no copy of k_buffer, kv_indices or kv_indptr, ever):
+  A. the prefix: a prefix-only call (tree_mask=None: every row of request b sees
+     all L_b entries, L_b = 0 gives out 0 and lse -inf, so it weighs nothing in
+     the merge) over the caller's own k_buffer/v_buffer, qo_indptr, kv_indptr and
+     kv_indices, int32 or int64 as given, with sm_scale*k_scale. Only kv_lens = L_b
+     ([B] int32, from kv_indptr on the device) is new.
+  B. the tree: a tree call over a pool made of k_extend/v_extend themselves (T rows
+     per request, no copy unless v_extend aliases k_extend at an offset, which our
+     contract rejects; then only the small extend rows are cloned), with the packed
+     tree mask taken from custom_mask.
+  C. the merge, in fp32; for 16-bit inputs the two partial outputs are rounded to
+     the input dtype before it (one extra rounding; within bf16 tolerance).
+
+Cost per layer besides the two kernels (identical with or without CUDA-graph
+capture; no host reads unless a check below asks for one off capture): 48
+small device ops (tests/test_sglang_compat.py counts them) touching
+O(B + total_q * 32W + total_q * Hq * Dv) elements, W = ceil(max_len_extend / 32):
+the row->request map, the packed tree mask, kv_lens, the [total_q] extend index
+list and the LSE merge of two [total_q, Hq, Dv] partials. Nothing scales with
+SGLang's graph index buffer (max_num_tokens x max_context_len int64 entries) or
+with the context: test_adapter_work_does_not_scale_with_index_buffer checks that
+the ops and elements are the same for a 10x larger buffer and a 10x longer
+context. Against the kernel: Kimi K2 at TP8 with a 16-node tree reads 213 MB of
+KV per layer at 185k (119 us floor on an RTX PRO 6000); the adapter moves ~1.6 MB
+(16 x 8 x 512 fp32 partials, a few passes), so its cost is the 48 launches: at an
+assumed 1.5-3 us per tiny kernel inside a CUDA graph (not measured here: no GPU)
+that is ~70-150 us per layer, the same order as the kernel at 185k and dominant at
+short context. Fusing the glue (mask packing: ~25 ops, merge: ~10) into two small
+kernels is the next step; the count test above bounds it meanwhile.
+Pass `max_kv_len` (the longest prefix this graph serves) so that call A's split
+count is planned for the real context, not for the index buffer's capacity.
+Serving should also run `verify_attn.set_validation("shapes")`: full validation
+reads the used indices on the host on every call (graph capture skips it anyway).
+
+Until the CUDA kernels run prefix-only calls (their Backend.prefix_only flag), a
+`backend` without them (cuda, cuda-emu) runs call B only; call A then goes to
+backend="auto", which picks the fastest backend that has them (triton on a GPU,
+the reference on a CPU), with one log line.
 
 Unsupported options raise NotImplementedError naming the option: logit_cap != 0,
 sliding_window_size > 0, window_kv_offsets, sinks, xai_temperature_len > 0,
@@ -73,7 +86,7 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 
@@ -179,33 +192,20 @@ def _check_prefix_mask(custom_mask, mask_indptr, plen, tlen) -> None:
                                   "tree verify always sees the whole prefix")
 
 
-def _prefix_call_args(kv_indptr, kv_indices, plen, tlen, req, node, words: int, dev):
-    """Index tensors and packed all-prefix mask for call A (see the module docstring)."""
-    n_seq = torch.maximum(plen, tlen)                                             # [B] entries per request
-    kv_lens_a = n_seq.to(torch.int32)
-    capturing = _capturing(dev)
-    if not capturing:   # SGLang over-allocates kv_indices: touch only the used part
-        kv_indices = kv_indices[: int(kv_indptr[-1])]
-    if capturing or bool((plen < tlen).any()):
-        ind_a = torch.zeros(plen.numel() + 1, dtype=torch.int64, device=dev)
-        ind_a[1:] = torch.cumsum(n_seq, 0)
-        # static bound under capture (sum max(L,T) <= sum L + sum T); exact size otherwise
-        cap = kv_indices.numel() + req.numel() if capturing else int(ind_a[-1])
-        pos = torch.arange(cap, device=dev, dtype=torch.int64)
-        b = torch.searchsorted(ind_a[1:], pos, right=True).clamp_(max=plen.numel() - 1)
-        k = pos - ind_a[b]
-        src = kv_indptr.to(torch.int64)[b] + torch.where(k < plen[b], k, torch.zeros_like(k))
-        src = src.clamp_(0, max(kv_indices.numel() - 1, 0))
-        slots = kv_indices[src].to(torch.int64) if kv_indices.numel() else torch.zeros_like(src)
-        slots = torch.where(plen[b] > 0, slots, torch.zeros_like(slots))           # L_b = 0: any valid slot
-        kv_indptr_a, kv_indices_a = ind_a.to(torch.int32), slots.to(torch.int32)
-    else:   # every L_b >= T_b: the caller's indices as they are (int32 view or an int64->int32 copy)
-        kv_indptr_a, kv_indices_a = kv_indptr.to(torch.int32), kv_indices.to(torch.int32)
-    j = torch.arange(32 * words, device=dev, dtype=torch.int64).unsqueeze(0)
-    l_r, t_r, n_r = plen[req].unsqueeze(1), tlen[req].unsqueeze(1), node.unsqueeze(1)
-    # entries j < L_b are prefix rows; entries L_b <= j < T_b duplicate prefix row 0
-    vis = (j < t_r) & ((l_r >= t_r) | ((j < l_r) & ~((j == 0) & (n_r >= l_r))) | (j == n_r))
-    return kv_indptr_a, kv_indices_a, kv_lens_a, _pack_bits(vis)
+_IDENTITY: dict[tuple, torch.Tensor] = {}   # (device, n) -> arange(n) int32, made off capture
+
+
+def _identity_indices(n: int, dev: torch.device) -> torch.Tensor:
+    """arange(n) int32 slot ids for identity_kv_indices: cached (made once per pool size, off
+    capture), so a layer does not allocate O(pool). Under capture without a cached copy a
+    fresh one is recorded into the graph (its values exist only once the graph replays)."""
+    key = (dev, n)
+    t = _IDENTITY.get(key)
+    if t is None:
+        t = torch.arange(n, device=dev, dtype=torch.int32)
+        if not _capturing(dev):
+            _IDENTITY[key] = t
+    return t
 
 
 def _pool_view(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -224,13 +224,14 @@ def extend_attention_fwd(
     skip_prefix_custom_mask=True, sliding_window_size=-1, sinks=None, window_kv_offsets=None,
     xai_temperature_len=-1, lse_extend=None, skip_prefix=False, skip_extend=False, page_size: int = 1,
     score_mod=None, aux_tensors=None, extend_seq_lens_cpu=None, identity_kv_indices: bool = False,
-    *, backend: str = "auto", config=None,
+    *, backend: str = "auto", config=None, max_kv_len: Optional[int] = None,
 ):
     """SGLang's extend_attention_fwd signature; writes o_extend [total_q, Hq, Dv] (and lse_extend).
 
     q_extend [total_q, Hq, Dqk]; k_extend [total_q, Hkv, Dqk]; v_extend [total_q, Hkv, Dv];
     k_buffer [num_slots, Hkv, Dqk]; v_buffer [num_slots, Hkv, Dv] (may be k_buffer[..., :Dv]).
     extend_seq_lens_cpu is a launch-grid hint in SGLang and is ignored here.
+    max_kv_len (ours): the longest prefix L_b this call may see, tree_verify's planning hint.
     """
     _reject_unsupported(logit_cap=logit_cap, sliding_window_size=sliding_window_size, sinks=sinks,
                         window_kv_offsets=window_kv_offsets, xai_temperature_len=xai_temperature_len,
@@ -256,11 +257,10 @@ def extend_attention_fwd(
     bsz = qo_indptr.numel() - 1
     if total_q == 0 or bsz < 1:
         return o_extend
-    qo32 = qo_indptr.to(torch.int32)
     tlen = (qo_indptr[1:] - qo_indptr[:-1]).to(torch.int64)                          # [B] T_b
     plen = (kv_indptr[1:] - kv_indptr[:-1]).to(torch.int64)                          # [B] L_b
     if identity_kv_indices:  # SGLang then addresses slot kv_indptr[b] + t directly
-        kv_indices = torch.arange(k_buffer.shape[0], device=dev, dtype=torch.int32)
+        kv_indices = _identity_indices(k_buffer.shape[0], dev)
     req, node = _row_info(qo_indptr, total_q)
     words = max(1, -(-int(max_len_extend) // 32))
     if custom_mask is not None and not skip_prefix_custom_mask and not skip_prefix:
@@ -269,19 +269,22 @@ def extend_attention_fwd(
     # the tree mask first: its checks raise before any kernel runs
     vis = None if skip_extend else _tree_visibility(custom_mask, mask_indptr, bool(is_causal), req, node, plen,
                                                     tlen, 32 * words)
-    parts = []   # (out [total_q, Hq, Dv] in q dtype, lse float32 [total_q, Hq], value scale, row mask or None)
+    parts = []   # (out [total_q, Hq, Dv] in q dtype, lse float32 [total_q, Hq], value scale)
     if not skip_prefix and k_buffer.shape[0] > 0:
-        ind_a, idx_a, lens_a, mask_a = _prefix_call_args(kv_indptr, kv_indices, plen, tlen, req, node, words, dev)
-        out_a, lse_a = tree_verify(q_extend, k_buffer, v_buffer, qo32, ind_a, idx_a, lens_a, mask_a,
-                                   sm_scale=sm * k_scale_f, backend=backend, config=config, return_lse=True)
-        parts.append((out_a, lse_a, v_scale_f, (plen > 0)[req]))
+        # A: prefix-only over the caller's own buffers (indices int32 or int64, no copy)
+        out_a, lse_a = tree_verify(q_extend, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices,
+                                   plen.to(torch.int32), None, sm_scale=sm * k_scale_f,
+                                   backend=_prefix_backend(backend), config=config, return_lse=True,
+                                   max_kv_len=max_kv_len)
+        parts.append((out_a, lse_a, v_scale_f))
     if not skip_extend:
+        # B: the tree over the extend rows themselves
         kx, vx = _pool_view(k_extend, v_extend)
-        lens_b = tlen.to(torch.int32)
         idx_b = torch.arange(kx.shape[0], device=dev, dtype=torch.int32)
-        out_b, lse_b = tree_verify(q_extend, kx, vx, qo32, qo32, idx_b, lens_b, _pack_bits(vis),
-                                   sm_scale=sm, backend=backend, config=config, return_lse=True)
-        parts.append((out_b, lse_b, 1.0, None))
+        out_b, lse_b = tree_verify(q_extend, kx, vx, qo_indptr, qo_indptr, idx_b, tlen.to(torch.int32),
+                                   _pack_bits(vis), sm_scale=sm, backend=backend, config=config, return_lse=True,
+                                   max_kv_len=max(1, int(max_len_extend)))
+        parts.append((out_b, lse_b, 1.0))
 
     out, lse = _merge(parts, total_q, hq, o_extend.shape[-1], dev)
     o_extend.copy_(out.to(o_extend.dtype))
@@ -290,34 +293,49 @@ def extend_attention_fwd(
     return o_extend
 
 
+_warned_prefix: set[str] = set()
+
+
+def _prefix_backend(backend: str) -> str:
+    """`backend` if it runs prefix-only calls, else "auto" (logged once per backend name)."""
+    if backend == "auto":
+        return backend
+    from verify_attn.backends import get_backend
+    if get_backend(backend).prefix_only:
+        return backend
+    if backend not in _warned_prefix:
+        _warned_prefix.add(backend)
+        _log.warning("verify_attn: backend %r has no prefix-only calls yet; the prefix part of tree verify "
+                     "runs on backend='auto'", backend)
+    return "auto"
+
+
 def _merge(parts, total_q: int, hq: int, dv: int, dev) -> tuple[torch.Tensor, torch.Tensor]:
-    """Exact softmax-state merge by LSE in fp32; a part whose row mask is False contributes nothing."""
-    lses, outs = [], []
-    for out, lse, vscale, rows in parts:
-        lse = lse.float()
-        o = out.float() * vscale
-        if rows is not None:   # where(), not a multiply: a dropped part may hold NaN
-            lse = torch.where(rows.unsqueeze(1), lse, torch.full_like(lse, float("-inf")))
-            o = torch.where(rows.view(-1, 1, 1), o, torch.zeros_like(o))
-        lses.append(lse)
-        outs.append(o)
-    if not lses:
+    """Exact softmax-state merge by LSE in fp32. A part with lse -inf for a row (an empty
+    prefix) weighs exactly 0 there; its out is 0 by the prefix-only contract."""
+    if not parts:
         return (torch.zeros(total_q, hq, dv, device=dev), torch.full((total_q, hq), float("-inf"), device=dev))
-    stack = torch.stack(lses)                                                        # [P, total_q, Hq]
-    m = stack.amax(0)
-    m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))                 # rows that see nothing
-    w = torch.exp(stack - m_safe)                                                    # [P, total_q, Hq]
-    den = w.sum(0)
-    num = sum(wi.unsqueeze(-1) * oi for wi, oi in zip(w, outs))
-    out = num / torch.where(den > 0, den, torch.ones_like(den)).unsqueeze(-1)
-    lse = torch.where(den > 0, m_safe + torch.log(den), torch.full_like(den, float("-inf")))
+    if len(parts) == 1:
+        out, lse, vscale = parts[0]
+        return out.float() * vscale, lse.float()
+    (oa, la, sa), (ob, lb, sb) = parts
+    lse = torch.logaddexp(la, lb)                                                    # [total_q, Hq]
+    ref = torch.where(lse == float("-inf"), torch.zeros_like(lse), lse)              # rows that see nothing
+    wa, wb = torch.exp(la - ref), torch.exp(lb - ref)                                # weights, sum 1 (or 0)
+    if sa != 1.0:
+        wa = wa * sa
+    if sb != 1.0:
+        wb = wb * sb
+    out = oa.float() * wa.unsqueeze(-1) + ob.float() * wb.unsqueeze(-1)
     return out, lse
 
 
-def verify_only(original: Callable, *, backend: str = "auto", config=None) -> Callable:
+def verify_only(original: Callable, *, backend: str = "auto", config=None,
+                max_kv_len: Optional[int] = None) -> Callable:
     """Wrap SGLang's extend_attention_fwd: tree-verify calls (custom_mask given) run on our
     backends; all other calls, and calls with options we do not support (NotImplementedError,
-    raised before o_extend is written), run `original` with the same arguments."""
+    raised before o_extend is written), run `original` with the same arguments.
+    max_kv_len: the server's longest context (planning hint for the prefix call)."""
     warned: set[str] = set()
 
     def fwd(*args, **kwargs):
@@ -325,7 +343,7 @@ def verify_only(original: Callable, *, backend: str = "auto", config=None) -> Ca
         if custom_mask is None:
             return original(*args, **kwargs)
         try:
-            return extend_attention_fwd(*args, **kwargs, backend=backend, config=config)
+            return extend_attention_fwd(*args, **kwargs, backend=backend, config=config, max_kv_len=max_kv_len)
         except NotImplementedError as e:
             if str(e) not in warned:
                 warned.add(str(e))

@@ -257,6 +257,96 @@ def test_the_merge_never_copies_the_pool(monkeypatch):
     assert seen[1][2] == sgl["q_extend"].shape[0]     # call B's pool is the T extend rows
 
 
+class _CountOps:
+    """Every aten op dispatched inside the block, with the elements it touches: its tensor
+    inputs and outputs; a view touches none, a gather (index) only what it reads (its
+    output and its index tensors, not the whole source)."""
+
+    VIEWS = {"aten.slice", "aten.unsqueeze", "aten.view", "aten.select", "aten.expand", "aten.empty",
+             "aten.alias", "aten.detach", "aten.reshape", "aten._reshape_alias", "aten.as_strided"}
+    GATHERS = {"aten.index", "aten.gather", "aten.index_select", "aten.take"}
+
+    def __init__(self):
+        from torch.utils._python_dispatch import TorchDispatchMode
+        from torch.utils import _pytree as pytree
+        ops = self.ops = []
+        views, gathers = self.VIEWS, self.GATHERS
+
+        def numel(tree):
+            return sum(t.numel() for t in pytree.tree_leaves(tree) if isinstance(t, torch.Tensor))
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                name = str(func.overloadpacket)
+                if name in views:
+                    n = 0
+                elif name in gathers:
+                    n = numel(out) + numel((args[1:], kwargs))
+                else:
+                    n = numel((args, kwargs, out))
+                ops.append((name, n))
+                return out
+        self.mode = Mode()
+
+    def __enter__(self):
+        self.mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.mode.__exit__(*exc)
+
+    def kernels(self) -> list:
+        """Ops that launch device work (views and allocations excluded)."""
+        return [o for o in self.ops if o[0] not in self.VIEWS]
+
+
+def test_adapter_work_does_not_scale_with_index_buffer(monkeypatch):
+    """Inside SGLang's CUDA graphs kv_indices is a max_tokens x max_context int64 buffer.
+    The adapter's own work per layer (every aten op it dispatches, with the elements each
+    touches; the two kernels are a spy backend here) must be the same for a 10,000x larger
+    index buffer and a 100x longer context, and call A must get the caller's kv_indptr,
+    kv_indices and qo_indptr objects themselves (int64 kept, no copy, no rebuild)."""
+    import integration.sglang_compat as mod
+    from cases import temporary_backend
+    from verify_attn.backends import Backend
+    import verify_attn
+
+    monkeypatch.setattr(mod, "_capturing", lambda dev: True)   # the graph path: no host reads in the adapter
+    seen = []
+
+    def spy(p, cfg, out, lse):
+        seen.append(p)
+        out.zero_()
+        lse.zero_()
+
+    runs = []
+    verify_attn.set_validation("shapes")   # as under capture (full checks would read the indices on the host)
+    try:
+        with temporary_backend(Backend("spy-kernels", spy, prefix_only=True)):
+            for prefix_lens, pad in (((30, 0, 5), 7), ((30, 0, 5), 70_000), ((3000, 0, 500), 7)):
+                sgl, _ = sglang_inputs(CaseSpec(prefix_lens=prefix_lens, tree_sizes=(6, 3, 9), seed=16, **SMALL_GQA))
+                sgl["kv_indices"] = torch.cat([sgl["kv_indices"], torch.full((pad,), -1, dtype=torch.int64)])
+                sgl["qo_indptr"] = sgl["qo_indptr"].long()
+                seen.clear()
+                with _CountOps() as c:
+                    extend_attention_fwd(**sgl, backend="spy-kernels")
+                runs.append((c, seen[0], sgl))
+    finally:
+        verify_attn.set_validation("full")
+    assert runs[1][0].ops == runs[0][0].ops, "adapter work grows with the index buffer"
+    assert runs[2][0].ops == runs[0][0].ops, "adapter work grows with the context length"
+    for _, a, sgl in runs:   # call A: the caller's own index tensors
+        assert a.prefix_only and a.kv_indices is sgl["kv_indices"] and a.kv_indptr is sgl["kv_indptr"]
+        assert a.qo_indptr is sgl["qo_indptr"] and a.kv_indices.dtype == torch.int64
+    runs = [r[0] for r in runs]
+    biggest = max(n for _, n in runs[0].ops)
+    assert biggest < 10_000, f"an op touches {biggest} elements"
+    # the documented cost (module docstring: ~48 small kernels per layer besides the two attention calls;
+    # the spy's 4 fills stand in for those): a guard against the glue growing unnoticed
+    assert len(runs[0].kernels()) <= 4 + 50, [o for o, _ in runs[0].kernels()]
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_precision_merge(dtype):
     """16-bit inputs: the two partial outputs are rounded to the dtype before the fp32
