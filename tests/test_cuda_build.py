@@ -73,11 +73,25 @@ def test_parse_ptxas_and_budget_rule():
     assert big.problems() and not vb.KernelReport(**{**big.__dict__, "arch": "sm_90a"}).problems()
 
 
-def test_every_tile_config_fits_sm120():
+def test_every_tile_config_fits_the_archs_it_targets():
     for head, tiles in vb.TILES.items():
         dqk, dv, shared = vb.HEADS[head]
+        assert any(t.targets("sm_120a") for t in tiles) and any(t.targets("sm_90a") for t in tiles), head
         for t in tiles:
-            assert vb.smem_bytes(t, dqk, dv, shared) <= vb.SMEM_LIMIT["sm_120a"], (head, t)
+            assert t.archs, (head, t)
+            for arch in t.archs:
+                assert vb.smem_bytes(t, dqk, dv, shared) <= vb.SMEM_LIMIT[arch], (head, t, arch)
+        for arch in ("sm_90a", "sm_120a"):  # the default of every arch runs on it
+            d = vb.default_tile(head, arch)
+            assert d in tiles and d.targets(arch), (head, arch, d)
+
+
+def test_sm90_only_tile_is_not_checked_against_sm120_smem():
+    t = vb.TILES["mla576"][2]
+    assert t.archs == ("sm_90a",) and vb.smem_bytes(t, 576, 512, True) > vb.SMEM_LIMIT["sm_120a"]
+    rep = vb.KernelReport("k", "sm_120a", 100, 180 * 1024, 0, 180 * 1024, 0, 0, 0, "x.cu", "k", targets_arch=False)
+    assert rep.problems() == []
+    assert vb.KernelReport(**{**rep.__dict__, "targets_arch": True}).problems()
 
 
 def test_instantiation_files_exist():
@@ -190,7 +204,8 @@ def test_backend_config_hooks():
     p = _cpu_problem(prefix_lens=(300, 40), tree_sizes=(9, 4), hq=8, hkv=1, dqk=576, dv=512, mla=True,
                      dtype=torch.bfloat16)
     cfg = cuda.default_config(p)
-    t = vb.TILES["mla576"][0]
+    from verify_attn import device as vdevice
+    t = vb.default_tile("mla576", vdevice.props_for(p.device).arch)  # CPU tensors: the planning arch
     assert (cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages) == (t.block_m, t.block_n, t.num_warps,
                                                                           t.num_stages)
     assert cfg.num_splits >= 1
@@ -199,7 +214,8 @@ def test_backend_config_hooks():
     with pytest.raises(ValueError, match="not compiled"):
         cuda.resolve_config(p, KernelConfig(num_splits=2, block_m=64, block_n=64, num_warps=4, num_stages=2))
     space = cuda.config_space(get_shape("kimi-k2-tp8"), "sm_120a", splits=(0, 8))
-    assert len(space) == 2 * len(vb.TILES["mla576"])
+    assert len(space) == 2 * sum(1 for x in vb.TILES["mla576"] if x.targets("sm_120a"))
+    assert len(cuda.config_space(get_shape("kimi-k2-tp8"), "sm_90a", splits=(0,))) == len(vb.TILES["mla576"])
     for c in space:
         r = cuda.resources(c, get_shape("kimi-k2-tp8"), "sm_120a")
         assert r["fits"] and r["compiled"] and r["smem_bytes"] <= 99 * 1024

@@ -196,7 +196,7 @@ def test_cli_json_schema_and_v0_prediction_ranges(tmp_path):
     _tools_or_skip()
     from bench.model.__main__ import main
     out = tmp_path / "model.json"
-    assert main(["--arch", "sm_120a,sm_90a", "--ctx", "185k", "--tree", "16", "--kernel", "m32 n16",
+    assert main(["--arch", "sm_120a,sm_90a", "--ctx", "185k", "--tree", "16", "--kernel", "m32 n16 w4",
                  "--json", str(out)]) == 0
     d = json.loads(out.read_text())
     assert d["kind"] == "model" and len(d["kernels"]) == 2

@@ -50,24 +50,62 @@ HEADS: dict[str, tuple[int, int, bool]] = {
 
 @dataclass(frozen=True)
 class Tile:
-    block_m: int     # BM rows per CTA (16 per M warp)
+    block_m: int     # BM rows per CTA
     block_n: int     # BN KV tokens per tile
-    warps_m: int     # WM
-    warps_n: int     # WN warps sharing 16 rows (split tokens for S, Dv for O)
+    warps_m: int     # WM: v0, warps along M (16 rows each); v1, warps splitting the m tiles in S
+    warps_n: int     # WN: v0, warps sharing 16 rows (tokens for S, Dv for O); v1, KSPLIT (Dqk split for S)
     num_stages: int  # cp.async stages
+    version: int = 0  # 0: tree_verify_kernel.cuh (TileConfig), 1: tree_verify_kernel_v1.cuh (TileConfigV1)
+    sn: int = 1       # v1: warps splitting the tile's tokens in S (SN)
+    archs: tuple[str, ...] = ("sm_90a", "sm_120a")  # the archs whose per-block shared memory it fits
+
+    def targets(self, arch: str) -> bool:
+        return normalize_arch(arch) in self.archs
 
     @property
     def num_warps(self) -> int:
         return self.warps_m * self.warps_n
 
+    @property
+    def ksplit(self) -> int:
+        return self.warps_n if self.version == 1 else 1
 
-# head key -> compiled tile configs, default first (TilesFor<...> in config.h)
+    def label(self) -> str:
+        base = f"m{self.block_m} n{self.block_n} w{self.num_warps} s{self.num_stages}"
+        return f"v1 {base} k{self.ksplit} sn{self.sn}" if self.version == 1 else base
+
+
+# head key -> compiled tile configs, default first (TilesFor<...> in config.h). A config is
+# selected by (block_m, block_n, num_warps, num_stages), unique across kernel versions: v0's
+# MLA tiles (32x16 w4 s3, 16x32 w4 s2) stay selectable next to v1's.
 TILES: dict[str, list[Tile]] = {
-    "mla576": [Tile(32, 16, 2, 2, 3), Tile(16, 32, 1, 4, 2)],
+    "mla576": [Tile(32, 16, 2, 4, 4, version=1), Tile(32, 16, 2, 4, 3, version=1, sn=2),
+               Tile(32, 32, 2, 4, 4, version=1, sn=2, archs=("sm_90a",)),
+               Tile(32, 16, 2, 2, 3), Tile(16, 32, 1, 4, 2)],
     "gqa64": [Tile(64, 64, 4, 1, 2)],
     "gqa128": [Tile(64, 32, 4, 1, 2), Tile(128, 32, 8, 1, 2)],
     "gqa256": [Tile(32, 32, 2, 2, 2)],
 }
+# The default tile per (head, arch): the first compiled tile the arch can run, unless named here
+# (python -m bench.model reads both archs' SASS to choose; the autotuner refines per context).
+DEFAULT_TILE: dict[tuple[str, str], Tile] = {
+    ("mla576", "sm_90a"): Tile(32, 32, 2, 4, 4, version=1, sn=2, archs=("sm_90a",)),
+}
+
+
+def normalize_arch(arch: str) -> str:
+    return {"sm_90": "sm_90a", "sm_120": "sm_120a"}.get(arch, arch)
+
+
+def default_tile(head: str, arch: str) -> Tile:
+    """The tile a call uses when nothing is tuned: DEFAULT_TILE, else the first TILES entry for the arch."""
+    arch = normalize_arch(arch)
+    t = DEFAULT_TILE.get((head, arch))
+    if t is not None:
+        return t
+    return next((t for t in TILES[head] if t.targets(arch)), TILES[head][0])
+
+
 DTYPES = ("bf16", "fp16")
 LAYOUTS = ("page1", "paged")
 SMEM_LIMIT = {"sm_90": 227 * 1024, "sm_90a": 227 * 1024, "sm_120": 99 * 1024, "sm_120a": 99 * 1024}
@@ -81,8 +119,14 @@ def head_key(dqk: int, dv: int, shared_kv: bool) -> Optional[str]:
 
 
 def smem_bytes(tile: Tile, dqk: int, dv: int, shared_kv: bool) -> int:
-    """Dynamic shared memory of the split kernel (SharedMemoryPlan in traits.h)."""
+    """Dynamic shared memory of the split kernel (SharedMemoryPlan / SharedMemoryPlanV1 in traits.h)."""
     pad, elem = 8, 2
+    if tile.version == 1:
+        stage = tile.block_n * (dqk + pad) + (0 if shared_kv else tile.block_n * (dv + pad))
+        part = tile.ksplit * tile.block_m * (tile.block_n + 8) * 4
+        p = 2 * tile.block_m * (tile.block_n + pad) * elem
+        idx_ring = tile.num_stages * 32 * tile.num_warps * 4  # kv_indices ring: a slot per stage and thread
+        return tile.num_stages * stage * elem + part + p + 4 * tile.block_m * 4 + idx_ring
     q = tile.block_m * (dqk + pad) * elem
     k = tile.num_stages * tile.block_n * (dqk + pad) * elem
     v = 0 if shared_kv else tile.num_stages * tile.block_n * (dv + pad) * elem
@@ -206,6 +250,7 @@ class KernelReport:
     local_bytes: int    # stack frame (local memory per thread)
     source: str
     mangled: str
+    targets_arch: bool = True  # False: a tile meant for other archs only (its smem is not checked here)
 
     def problems(self) -> list[str]:
         out = []
@@ -214,7 +259,7 @@ class KernelReport:
         if self.local_bytes:
             out.append(f"{self.local_bytes} B local memory")
         lim = SMEM_LIMIT.get(self.arch)
-        if lim is not None and self.smem_bytes > lim:
+        if self.targets_arch and lim is not None and self.smem_bytes > lim:
             out.append(f"shared memory {self.smem_bytes} B > {lim} B limit")
         return out
 
@@ -223,9 +268,25 @@ _ELEM = {"13__nv_bfloat16": "bf16", "6__half": "fp16"}
 
 
 def tile_of_mangled(mangled: str) -> Tile:
-    """The tile config of a split kernel from its mangled name (TileConfig<BM, BN, WM, WN, STAGES>)."""
+    """The tile config of a split kernel from its mangled name: TileConfig<BM, BN, WM, WN, STAGES> (v0)
+    or TileConfigV1<BM, BN, W, STAGES, KSPLIT, SN> (v1)."""
+    m = re.search(r"TileConfigV1ILi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)E", mangled)
+    if m:
+        bm, bn, w, st, ks, sn = map(int, m.groups())
+        return Tile(bm, bn, w // ks, ks, st, version=1, sn=sn)
     t = [int(x) for x in re.search(r"TileConfigILi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)E", mangled).groups()]
     return Tile(t[0], t[1], t[2], t[3], t[4])
+
+
+def _compiled_tile(mangled: str) -> Tile:
+    """The TILES entry (with its target archs) of a split kernel's mangled name."""
+    t = tile_of_mangled(mangled)
+    for tiles in TILES.values():
+        for x in tiles:
+            if (x.block_m, x.block_n, x.warps_m, x.warps_n, x.num_stages, x.version, x.sn) == \
+                    (t.block_m, t.block_n, t.warps_m, t.warps_n, t.num_stages, t.version, t.sn):
+                return x
+    return t
 
 
 def _describe(mangled: str) -> tuple[str, int]:
@@ -236,12 +297,12 @@ def _describe(mangled: str) -> tuple[str, int]:
         layout = "paged" if "PagedLayout" in mangled else "page1"
         tile = tile_of_mangled(mangled)
         dyn = smem_bytes(tile, int(dqk), int(dv), shared == "1")
-        name = (f"split {elem} {dqk}x{dv} {layout} m{tile.block_m} n{tile.block_n} "
-                f"w{tile.num_warps} s{tile.num_stages}")
+        name = f"split {elem} {dqk}x{dv} {layout} {tile.label()}"
         return name, dyn
     if "tree_verify_combine_kernel" in mangled:
         dv = re.search(r"Li(\d+)EEEv", mangled)
-        return f"combine {elem} dv{dv.group(1) if dv else '?'}", 0
+        version = " v1" if "combine_kernel_v1" in mangled else ""
+        return f"combine{version} {elem} dv{dv.group(1) if dv else '?'}", 0
     return mangled, 0
 
 
@@ -265,8 +326,10 @@ def parse_ptxas(text: str, source: str) -> list[KernelReport]:
             s = re.search(r"(\d+) bytes smem", line)
             cur["smem"] = int(s.group(1)) if s else 0
             name, dyn = _describe(cur["mangled"])
+            targets = ("tree_verify_split_kernel" not in cur["mangled"] or
+                       _compiled_tile(cur["mangled"]).targets(cur["arch"]))
             out.append(KernelReport(name, cur["arch"], cur["regs"], cur["smem"] + dyn, cur["smem"], dyn,
-                                    cur["ss"], cur["sl"], cur["stack"], source, cur["mangled"]))
+                                    cur["ss"], cur["sl"], cur["stack"], source, cur["mangled"], targets))
             cur = None
     return out
 
@@ -322,7 +385,7 @@ def build_report(archs: list[str], files: Optional[list[Path]] = None, jobs: int
                  use_cache: bool = True, log=print) -> list[KernelReport]:
     nvcc = nvcc_path()
     files = files if files is not None else instantiation_files()
-    key = source_hash(["report-v2", *NVCC_FLAGS, *archs, _nvcc_version(nvcc)])
+    key = source_hash(["report-v3", *NVCC_FLAGS, *archs, _nvcc_version(nvcc)])
     reps: list[KernelReport] = []
 
     def one(f: Path) -> list[KernelReport]:
@@ -346,8 +409,9 @@ def format_table(reps: list[KernelReport]) -> str:
     lines = [hdr, "-" * len(hdr)]
     for r in reps:
         pr = r.problems()
+        status = ('FAIL: ' + '; '.join(pr)) if pr else ('ok' if r.targets_arch else 'ok (not a tile for this arch)')
         lines.append(f"{r.name:48} {r.arch:8} {r.registers:5d} {r.smem_bytes:8d} {r.spill_stores:9d} "
-                     f"{r.spill_loads:9d} {r.local_bytes:8d}  {'FAIL: ' + '; '.join(pr) if pr else 'ok'}")
+                     f"{r.spill_loads:9d} {r.local_bytes:8d}  {status}")
     return "\n".join(lines)
 
 

@@ -32,37 +32,53 @@ MMA_OPS = {"HMMA", "QMMA", "IMMA", "OMMA", "BMMA"}
 
 @dataclass(frozen=True)
 class Markers:
-    tile_loop: Optional[int]                 # source line of the marked loop
-    split_loop: Optional[int]
+    tile_loops: tuple[int, ...]              # source lines of marked loops (one per kernel in the file)
+    split_loops: tuple[int, ...]
     cold: tuple[tuple[int, int], ...]        # inclusive line ranges
+    per_iter: dict                           # marker line -> work items (tiles, splits) per loop iteration
+
+    @property
+    def tile_loop(self) -> Optional[int]:
+        return self.tile_loops[0] if self.tile_loops else None
+
+    @property
+    def split_loop(self) -> Optional[int]:
+        return self.split_loops[0] if self.split_loops else None
 
 
 @lru_cache(maxsize=None)
 def read_markers(path: str) -> Markers:
-    """Marker comments of one source file (1-based lines)."""
+    """Marker comments of one source file (1-based lines). `// sass-model: split-loop splits=4`
+    says one iteration of that loop covers 4 splits (`tiles=N` likewise for a tile loop)."""
     lines = Path(path).read_text().splitlines()
-    tile = split = None
-    cold = []
+    tiles, splits, cold, per = [], [], [], {}
     for i, text in enumerate(lines, start=1):
         if MARKER not in text:
             continue
-        what = text.split(MARKER, 1)[1].strip().split()[0]
+        words = text.split(MARKER, 1)[1].strip().split()
+        what = words[0]
+        for w in words[1:]:
+            if "=" in w:
+                per[i] = int(w.split("=", 1)[1])
         if what == "tile-loop":
-            tile = i
+            tiles.append(i)
         elif what == "split-loop":
-            split = i
+            splits.append(i)
         elif what == "cold":  # the block's body: the `if` line itself (its branch) runs on every tile
             cold.append((i + 1, _block_end(lines, i)))
         else:
             raise ValueError(f"{path}:{i}: unknown sass-model marker {what!r}")
-    return Markers(tile, split, tuple(cold))
+    return Markers(tuple(tiles), tuple(splits), tuple(cold), per)
 
 
 def _block_end(lines: list[str], start: int) -> int:
-    """Last line of the braced block that opens at or after `start` (1-based)."""
+    """Last line of the braced block that opens at or after `start` (1-based). On the marker's own
+    line the block is the one its last `{` opens (so `} else if (x) {  // marker` works)."""
     depth, opened = 0, False
     for i in range(start - 1, len(lines)):
         code = lines[i].split("//", 1)[0]
+        if i == start - 1 and "{" in code:
+            code = code[code.rindex("{"):]
         for ch in code:
             if ch == "{":
                 depth += 1
@@ -200,11 +216,13 @@ def trip_count(f: Function, loop: Loop) -> Optional[int]:
     return n if n >= 1 else None
 
 
-def find_loop(f: Function, marker_line: int, marker_file: str) -> Loop:
-    cands = [lp for lp in f.loops() if lp.branch.line == marker_line and lp.branch.file and
+def find_loop(f: Function, marker_lines, marker_file: str) -> Loop:
+    """The function's loop whose backward branch sits on one of the marker lines (the largest)."""
+    lines = (marker_lines,) if isinstance(marker_lines, int) else tuple(marker_lines)
+    cands = [lp for lp in f.loops() if lp.branch.line in lines and lp.branch.file and
              Path(lp.branch.file).resolve() == Path(marker_file).resolve()]
     if not cands:
-        raise LookupError(f"{f.name[:60]}...: no loop closes at {marker_file}:{marker_line}")
+        raise LookupError(f"{f.name[:60]}...: no loop closes at {marker_file}:{list(lines)}")
     return max(cands, key=lambda lp: lp.end - lp.start)
 
 

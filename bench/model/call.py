@@ -149,14 +149,17 @@ def tile_cost(km: KernelModel, dev: DeviceModel, *, path: str, resident_ctas: in
     terms = {
         "issue": per_sched * reading.instructions,
         "tensor": s.pipe_busy.get("tensor", 0.0),
-        "smem": s.pipe_busy.get("mio", 0.0),
+        "smem": s.pipe_busy.get("mio", 0.0) + s.pipe_busy.get("smem_async", 0.0),
         "mufu": s.pipe_busy.get("mufu", 0.0),
         "alu": s.pipe_busy.get("alu", 0.0),
     }
     sim_cycles = s.cycles_per_iter
-    # memory: the SM's share of DRAM / L2 bandwidth, for all its resident CTAs' tiles
-    l2_per_cta = reading.global_bytes * warps
+    # memory: the SM's share of DRAM / L2 bandwidth, for all its resident CTAs' tiles. A CTA reads
+    # each KV row (and its index) of its tile once from L2; the SASS count (reading.global_bytes)
+    # assumes every lane of every warp loads, which a kernel whose loader uses some threads
+    # overstates, so the tile geometry gives the bytes.
     kv_tile = km.tile.block_n * _row_bytes(case) + 4 * km.tile.block_n
+    l2_per_cta = kv_tile
     dram_per_cta = kv_tile / max(1.0, dram_sharers)
     dram = resident_ctas * dram_per_cta / (dev.dram_bytes_per_clk / active_sms)
     l2 = resident_ctas * l2_per_cta / (dev.l2_bytes_per_clk / active_sms)
@@ -181,7 +184,8 @@ def combine_us(km: KernelModel, dev: DeviceModel, case: Case, splits: int) -> fl
     per_sched = max(1, per_sm * combine_warps_per_cta // dev.schedulers)
     s = sim.simulate(km.combine.instrs, dev, warps=per_sched, warps_per_barrier_group=1,
                      ldg_latency=dev.l2_latency_cycles.value)
-    chain = (splits * s.cycles_per_iter + 4 * dev.l2_latency_cycles.value) / dev.clock_hz * 1e6
+    iters = -(-splits // km.combine_splits_per_iter)
+    chain = (iters * s.cycles_per_iter + 4 * dev.l2_latency_cycles.value) / dev.clock_hz * 1e6
     partial_bytes = splits * pairs * (case.shape.head_dim_v + 1) * 4
     bw = partial_bytes / (dev.l2_gbs.value * 1e9) * 1e6
     return max(chain, bw)
@@ -231,19 +235,24 @@ def predict(km: KernelModel, dev: DeviceModel, case: Case, num_splits: Optional[
         main_cycles += (tiles - masked) * hot.cycles + masked * cold.cycles
     assert first is not None
     # prologue per wave: kv_indices -> KV rows (two dependent DRAM round trips) + the Q tile; epilogue:
-    # the fp32 partial (or bf16 output) rows of the CTA written once
+    # the fp32 partial (or 16-bit output) rows of the CTA written once. Q (read by every split) and the
+    # partials (read back by the combine) stay in L2 when they fit: they move at L2 bandwidth.
     q_bytes = km.tile.block_m * case.shape.head_dim_qk * 2
     out_bytes = km.tile.block_m * case.shape.head_dim_v * (4 if S > 1 else 2)
-    per_sm_bw = dev.dram_bytes_per_clk / sms
+    partials = S * case.tree_nodes * case.batch * case.shape.num_q_heads * case.shape.head_dim_v * 4
+    in_l2 = partials + q_bytes * mt <= 0.5 * vdevice.spec(dev.arch).l2_bytes
+    per_sm_bw = (dev.l2_bytes_per_clk if in_l2 else dev.dram_bytes_per_clk) / sms
     pro_cycles = 2 * dev.dram_latency_cycles + (q_bytes + out_bytes) * occ / per_sm_bw
     prologue = waves * pro_cycles / dev.clock_hz * 1e6
     main = main_cycles / dev.clock_hz * 1e6
     comb = combine_us(km, dev, case, S)
-    launch = dev.launch_us.value * (2 if S > 1 else 1)
+    # v1 launches its combine with programmatic dependent launch (launch_shape.cuh)
+    launch = dev.launch_us.value + ((dev.pdl_launch_us.value if km.tile.version == 1 else dev.launch_us.value)
+                                    if S > 1 else 0.0)
     total = main + prologue + comb + launch
     c = counts(case)
     fl = floor(c, dev)
-    l2_bytes = ctas * tiles * km.hot_reading.global_bytes * km.tile.num_warps
+    l2_bytes = ctas * tiles * (km.tile.block_n * _row_bytes(case) + 4 * km.tile.block_n)
     dram_bytes = kv_total * (mt / sharers)
     parts = {"main loop": main, "prologue": prologue, "combine": comb, "launch": launch}
     bound = first.bound if max(parts, key=parts.get) == "main loop" else max(parts, key=parts.get)

@@ -64,6 +64,7 @@ class DeviceModel:
     shfl_latency: Const
     bar_latency: Const
     launch_us: Const         # per dependent kernel boundary in a captured graph
+    pdl_launch_us: Const     # the same with programmatic dependent launch (the dependent's launch overlaps)
     schedulers: int = 4
     notes: tuple[str, ...] = field(default_factory=tuple)
 
@@ -121,6 +122,8 @@ _SHFL_LAT = Const(24, "assumed", "SHFL ~ 23-33 cycles in published instruction-l
 _BAR_LAT = Const(24, "assumed", "CTA barrier release after the last arrival, ~20-30 cycles")
 _LAUNCH = Const(2.0, "assumed", "gap per dependent kernel in a replayed CUDA graph (~1-3 us is typical); "
                                 "measured per device by bench.gpu_check's model stage")
+_PDL = Const(0.7, "assumed", "with programmatic dependent launch the dependent grid is launched while the "
+                             "primary drains; what remains is its grid_dependency_wait (a memory flush) and ramp")
 
 H200 = DeviceModel(
     key="h200", name="H200", arch="sm_90a",
@@ -140,7 +143,7 @@ H200 = DeviceModel(
     datasheet_mma_flop_per_clk_sm=Const(4096, "published", CUDNN_FE),
     hmma_latency=_HMMA_LAT, smem_bytes_per_clk_sm=_SMEM, smem_latency=_SMEM_LAT, fp32_per_clk_sm=_FP32,
     int_per_clk_sm=_INT, mufu_per_clk_sm=_MUFU, shfl_per_clk_sm=_SHFL, cvt_per_clk_sm=_CVT, alu_latency=_ALU_LAT,
-    mufu_latency=_MUFU_LAT, shfl_latency=_SHFL_LAT, bar_latency=_BAR_LAT, launch_us=_LAUNCH,
+    mufu_latency=_MUFU_LAT, shfl_latency=_SHFL_LAT, bar_latency=_BAR_LAT, launch_us=_LAUNCH, pdl_launch_us=_PDL,
 )
 
 RTX_PRO_6000 = DeviceModel(
@@ -159,7 +162,7 @@ RTX_PRO_6000 = DeviceModel(
     datasheet_mma_flop_per_clk_sm=Const(1024, "published", CUDNN_FE),
     hmma_latency=_HMMA_LAT, smem_bytes_per_clk_sm=_SMEM, smem_latency=_SMEM_LAT, fp32_per_clk_sm=_FP32,
     int_per_clk_sm=_INT, mufu_per_clk_sm=_MUFU, shfl_per_clk_sm=_SHFL, cvt_per_clk_sm=_CVT, alu_latency=_ALU_LAT,
-    mufu_latency=_MUFU_LAT, shfl_latency=_SHFL_LAT, bar_latency=_BAR_LAT, launch_us=_LAUNCH,
+    mufu_latency=_MUFU_LAT, shfl_latency=_SHFL_LAT, bar_latency=_BAR_LAT, launch_us=_LAUNCH, pdl_launch_us=_PDL,
     notes=("A public hand-written mma.sync GEMM reached 243 TFLOP/s on the 300 W Max-Q part "
            "(DESIGN.md section 5): the workstation card's sustained clock under tensor load may sit below 2.617 GHz.",),
 )

@@ -36,6 +36,7 @@ class KernelModel:
     cold_reading: analysis.TileReading
     combine: Optional[analysis.TilePath]
     combine_registers: int
+    combine_splits_per_iter: int = 1
 
     @property
     def threads(self) -> int:
@@ -62,16 +63,21 @@ def _resource_usage(cubin: Path) -> dict[str, int]:
     return regs
 
 
-def _source_of(f: sass.Function, marker: str) -> str:
-    """The kernel source file whose markers apply: the file of the function's first marked loop."""
-    files = {i.file for i in f.instrs if i.file}
-    for fl in sorted(files):
+def _marked_loop(f: sass.Function, marker: str) -> tuple[str, "analysis.Markers", "sass.Loop"]:
+    """(source file, its markers, the loop) of the function's loop marked `marker` (tile_loops / split_loops)."""
+    files = sorted({i.file for i in f.instrs if i.file})
+    for fl in files:
         if not Path(fl).exists():
             continue
         mk = analysis.read_markers(fl)
-        if getattr(mk, marker) is not None:
-            return fl
-    raise LookupError(f"{f.name[:70]}...: no source file with a `sass-model: {marker.replace('_', '-')}` marker")
+        lines = getattr(mk, marker)
+        if not lines:
+            continue
+        try:
+            return fl, mk, analysis.find_loop(f, lines, fl)
+        except LookupError:
+            continue
+    raise LookupError(f"{f.name[:70]}...: no loop marked `sass-model: {marker[:-1].replace('_', '-')}`")
 
 
 @functools.lru_cache(maxsize=None)
@@ -81,14 +87,13 @@ def load(arch: str, head: str, dtype: str, layout: str) -> tuple[KernelModel, ..
     cubin = vb.compile_cubin(src, arch)
     funcs = sass.parse(sass.disassemble(cubin))
     regs = _resource_usage(cubin)
-    comb_fn = next((f for n, f in funcs.items() if "tree_verify_combine_kernel" in n), None)
-    comb_path, comb_regs = None, 0
-    if comb_fn is not None:
-        cfile = _source_of(comb_fn, "split_loop")
-        mk = analysis.read_markers(cfile)
-        lp = analysis.find_loop(comb_fn, mk.split_loop, cfile)
-        comb_path = analysis.tile_path(comb_fn, lp, mk.cold, cfile)
-        comb_regs = regs.get(comb_fn.name, 0)
+    combines = {}  # kernel version -> (path, registers, splits per iteration)
+    for n, f in funcs.items():
+        if "tree_verify_combine_kernel" not in n:
+            continue
+        cfile, mk, lp = _marked_loop(f, "split_loops")
+        combines[1 if "combine_kernel_v1" in n else 0] = (analysis.tile_path(f, lp, mk.cold, cfile),
+                                                           regs.get(n, 0), mk.per_iter.get(lp.branch.line, 1))
     dqk, dv, shared = vb.HEADS[head]
     out = []
     for name, f in funcs.items():
@@ -96,14 +101,13 @@ def load(arch: str, head: str, dtype: str, layout: str) -> tuple[KernelModel, ..
             continue
         readable, dyn = vb._describe(name)
         tile = vb.tile_of_mangled(name)
-        kfile = _source_of(f, "tile_loop")
-        mk = analysis.read_markers(kfile)
-        lp = analysis.find_loop(f, mk.tile_loop, kfile)
+        kfile, mk, lp = _marked_loop(f, "tile_loops")
         hot = analysis.tile_path(f, lp, mk.cold, kfile)
         cold = analysis.tile_path(f, lp, mk.cold, kfile, include_cold=True)
+        comb_path, comb_regs, comb_per = combines.get(tile.version, (None, 0, 1))
         out.append(KernelModel(arch, readable, name, tile, head, dtype, layout, regs.get(name, 0),
                                vb.smem_bytes(tile, dqk, dv, shared), hot, cold, analysis.read_tile(hot),
-                               analysis.read_tile(cold), comb_path, comb_regs))
+                               analysis.read_tile(cold), comb_path, comb_regs, comb_per))
     if not out:
         raise LookupError(f"no split kernels in {cubin}")
     order = {t: i for i, t in enumerate(vb.TILES[head])}

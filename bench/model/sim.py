@@ -29,18 +29,27 @@ class Timing:
     pipe: str
     interval: float   # cycles the pipe is busy
     latency: float    # cycles until the destination registers are readable
+    async_smem: float = 0.0  # shared-memory cycles consumed later, off the issue path (cp.async landing)
 
 
 def instr_timing(ins: Instr, dev: DeviceModel, ldg_latency: float) -> Timing:
     c = classify(ins)
     op = ins.op
+    if ins.pred == "@!PT":  # never executes (the compiler's scoreboard padding): an issue slot only
+        return Timing("branch", 1.0, 0.0)
     if c == "hmma":
         shape = ins.mods[0] if ins.mods else "16816"
         flops = {"16816": HMMA_FLOP, "1688": HMMA_FLOP // 2, "16832": HMMA_FLOP * 2}.get(shape, HMMA_FLOP)
         if op == "QMMA":  # fp8 m16n8k32 runs at twice the 16-bit rate per instruction on sm_89+ / sm_120
             flops //= 2
         return Timing("tensor", dev.hmma_interval * flops / HMMA_FLOP, dev.hmma_latency.value)
-    if c in ("ldsm", "lds", "sts", "ldgsts"):
+    if c == "ldgsts":
+        # cp.async: issued through the LSU; its shared-memory write happens when the data arrives,
+        # long after issue, so its bytes are charged to the smem bandwidth bound ("smem_async"),
+        # not to the issue-time occupancy of the shared-memory pipe
+        rd, wr = smem_bytes(ins)
+        return Timing("lsu", 1.0, 0.0, async_smem=wr / (dev.smem_bytes_per_clk_sm.value / dev.schedulers))
+    if c in ("ldsm", "lds", "sts"):
         rd, wr = smem_bytes(ins)
         share = dev.smem_bytes_per_clk_sm.value / dev.schedulers
         return Timing("mio", max(1.0, (rd + wr) / share), dev.smem_latency.value)
@@ -80,6 +89,10 @@ class SimResult:
     iters: int
     trace_end: float = 0.0
     per_warp_finish: list[list[float]] = field(default_factory=list)
+    # (issue cycle, stall before it, instruction index) of warp 0 in the last iteration
+    trace: list[tuple[float, float, int]] = field(default_factory=list)
+    # (issue cycle, warp, instruction index) of every warp in the last iteration
+    full_trace: list[tuple[float, int, int]] = field(default_factory=list)
 
     def utilization(self, pipe: str) -> float:
         return self.pipe_busy.get(pipe, 0.0) / self.cycles_per_iter if self.cycles_per_iter else 0.0
@@ -110,6 +123,9 @@ def simulate(body: list[Instr], dev: DeviceModel, *, warps: int, warps_per_barri
     total = n * iters
     t = 0.0
     last = 0
+    trace: list[tuple[float, float, int]] = []
+    full_trace: list[tuple[float, int, int]] = []
+    prev_issue = 0.0
 
     def earliest(w: int) -> float:
         if pc[w] >= total or waiting_bar[w]:
@@ -142,9 +158,17 @@ def simulate(body: list[Instr], dev: DeviceModel, *, warps: int, warps_per_barri
         tm = tim[i]
         pipe_free[tm.pipe] = t + tm.interval
         pipe_busy[tm.pipe] = pipe_busy.get(tm.pipe, 0.0) + tm.interval
+        if tm.async_smem:
+            pipe_busy["smem_async"] = pipe_busy.get("smem_async", 0.0) + tm.async_smem
         for r in writes[i]:
             ready[w][r] = t + tm.latency
         it = pc[w] // n
+        if w == 0 and it == iters - 1:
+            trace.append((t, t - prev_issue, i))
+        if it == iters - 1:
+            full_trace.append((t, w, i))
+        if w == 0:
+            prev_issue = t
         pc[w] += 1
         last = w
         if is_bar[i]:
@@ -169,4 +193,33 @@ def simulate(body: list[Instr], dev: DeviceModel, *, warps: int, warps_per_barri
     ends = [max(finish[w][k] for w in range(warps)) for k in range(iters)]
     per_iter = (ends[-1] - ends[k0 - 1]) / (iters - k0)
     busy = {p: v / iters for p, v in pipe_busy.items()}
-    return SimResult(per_iter, float(n), busy, warps, iters, ends[-1], finish)
+    return SimResult(per_iter, float(n), busy, warps, iters, ends[-1], finish, trace, full_trace)
+
+
+def pipe_gaps(body: list[Instr], res: SimResult, pipe: str, dev: DeviceModel, min_gap: float = 40.0) -> list[str]:
+    """Stretches of the last iteration in which `pipe` sat idle, with the instructions issued meanwhile."""
+    busy_until = None
+    out = []
+    issued_between: list[str] = []
+    for t, w, i in res.full_trace:
+        tm = instr_timing(body[i], dev, dev.dram_latency_cycles)
+        if tm.pipe == pipe:
+            if busy_until is not None and t - busy_until >= min_gap:
+                out.append(f"  {pipe} idle {t - busy_until:5.0f} cyc before {t:8.0f}: " + "; ".join(issued_between[-6:]))
+            busy_until = t + tm.interval if busy_until is None else max(busy_until, t) + tm.interval
+            issued_between = []
+        else:
+            issued_between.append(f"w{w} L{body[i].line} {body[i].opcode}")
+    return out
+
+
+def explain(body: list[Instr], res: SimResult, min_stall: float = 20.0) -> list[str]:
+    """Warp 0's stalls of `min_stall` cycles or more in the last simulated iteration, with the
+    instruction that waited and its source line: where a tile's cycles go."""
+    out = []
+    for t, stall, i in res.trace:
+        if stall >= min_stall:
+            ins = body[i]
+            out.append(f"  +{stall:6.0f} cyc @ {t:8.0f}  line {ins.line or '?':>4}  {ins.pred or '':5} {ins.opcode} "
+                       f"{', '.join(ins.operands)[:60]}")
+    return out

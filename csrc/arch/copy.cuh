@@ -107,6 +107,12 @@ VA_DEVICE void cp_async_16_zfill(void* smem_dst, const void* gmem_src, bool vali
                                  std::source_location loc = std::source_location::current()) {
   ::va::emu::cp_async_16(smem_dst, gmem_src, valid, loc);
 }
+// 4 bytes global -> shared through L1 (.ca; cp-size 4 exists only with .ca), both
+// addresses 4-byte aligned; !valid: 4 zero bytes land, the source is not read.
+VA_DEVICE void cp_async_4_zfill(void* smem_dst, const void* gmem_src, bool valid,
+                                std::source_location loc = std::source_location::current()) {
+  ::va::emu::cp_async(smem_dst, gmem_src, 4, valid, loc);
+}
 VA_DEVICE void cp_async_commit() { ::va::emu::cp_async_commit(); }
 // cp.async.wait_group N: all but the newest N committed groups have landed.
 template <int N>
@@ -125,6 +131,15 @@ VA_DEVICE void cp_async_16(void* smem_dst, const void* gmem_src) {
 VA_DEVICE void cp_async_16_zfill(void* smem_dst, const void* gmem_src, bool valid) {
   const int src_size = valid ? 16 : 0;
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
+               :
+               : "r"(detail::smem_u32(smem_dst)), "l"(gmem_src), "r"(src_size)
+               : "memory");
+}
+// 4 bytes global -> shared through L1 (.ca; cp-size 4 exists only with .ca), both
+// addresses 4-byte aligned; !valid: 4 zero bytes land, the source is not read.
+VA_DEVICE void cp_async_4_zfill(void* smem_dst, const void* gmem_src, bool valid) {
+  const int src_size = valid ? 4 : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n"
                :
                : "r"(detail::smem_u32(smem_dst)), "l"(gmem_src), "r"(src_size)
                : "memory");

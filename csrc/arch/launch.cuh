@@ -49,4 +49,37 @@ void launch(Kernel kernel, dim3 grid, dim3 block, size_t dyn_smem_bytes, cudaStr
 #endif
 }
 
+// Launches a kernel that may start before the previous kernel on the stream has
+// finished (programmatic dependent launch, sm_90+): it must call
+// grid_dependency_wait() before reading anything the previous kernel wrote, and
+// the previous kernel may call launch_dependents() once its CTAs are past the
+// point where the dependent's launch can overlap them. CUDA-graph safe (the
+// attribute becomes a programmatic edge when captured). Emulation: a plain launch
+// (kernels run one after the other).
+template <class Kernel, class... Args>
+void launch_dependent(Kernel kernel, dim3 grid, dim3 block, size_t dyn_smem_bytes, cudaStream_t stream,
+                      Args... args) {
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0) return;
+#if VA_EMULATION
+  launch(kernel, grid, block, dyn_smem_bytes, stream, args...);
+#else
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = dyn_smem_bytes;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, args...);
+  if (e != cudaSuccess) {
+    throw std::runtime_error(std::string("va::arch::launch_dependent: kernel launch (grid ") +
+                             std::to_string(grid.x) + "x" + std::to_string(grid.y) + "x" +
+                             std::to_string(grid.z) + ") failed: " + cudaGetErrorString(e));
+  }
+#endif
+}
+
 }  // namespace va::arch

@@ -21,7 +21,25 @@ VA_DEVICE void threadfence() { ::va::emu::threadfence(); }
 VA_DEVICE int atomic_add(int* p, int v, std::source_location loc = std::source_location::current()) {
   return ::va::emu::atomic_add(p, v, loc);
 }
+// Programmatic dependent launch (PTX griddepcontrol, sm_90+):
+// https://docs.nvidia.com/cuda/parallel-thread-execution/#parallel-synchronization-and-communication-instructions-griddepcontrol
+// grid_dependency_wait: block until the kernel this one depends on has completed and its memory
+// is visible (a no-op when the launch had no programmatic dependency).
+// launch_dependents: let the dependent kernel's CTAs start launching.
+// The emulator runs kernels one after the other, so both are no-ops there.
+VA_DEVICE void grid_dependency_wait() {}
+VA_DEVICE void launch_dependents() {}
 #else
+VA_DEVICE void grid_dependency_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+VA_DEVICE void launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
 VA_DEVICE void block_sync() { __syncthreads(); }
 VA_DEVICE void threadfence() { __threadfence(); }
 // atomicAdd on a global int; returns the old value.

@@ -53,6 +53,7 @@ void st_global(void* dst, const void* src, size_t bytes, std::source_location lo
 
 // ---- cp.async: the source is read at issue, the bytes land in shared memory
 // only when a wait_group covering their commit group is executed -------------
+void cp_async(void* smem_dst, const void* gmem_src, int bytes, bool valid, std::source_location loc);
 void cp_async_16(void* smem_dst, const void* gmem_src, bool valid, std::source_location loc);
 void cp_async_commit();
 void cp_async_wait(int n, std::source_location loc);

@@ -128,6 +128,7 @@ enum class WaitKind { kNone, kBarrier, kWarp };
 struct PendingCopy {
   unsigned char* dst;
   unsigned char data[16];
+  int bytes = 16;  // 4, 8 or 16 (cp.async cp-size)
 };
 
 struct Fiber {
@@ -270,8 +271,12 @@ bool check_smem(Fiber* f, const void* p, size_t bytes, const char* what, std::so
   const Block& b = *f->block;
   const auto a = reinterpret_cast<uintptr_t>(p);
   const auto lo = reinterpret_cast<uintptr_t>(b.smem);
-  if (a % 16 != 0) {
-    report(b, f, std::string(what) + " shared address " + hexaddr(p) + " is not 16-byte aligned", loc);
+  const size_t align = bytes < 16 ? bytes : 16;  // ldmatrix rows and 16-byte copies: 16; smaller copies: their size
+  if (a % align != 0) {
+    report(b, f,
+           std::string(what) + " shared address " + hexaddr(p) + " is not " + std::to_string(align) +
+               "-byte aligned",
+           loc);
     return false;
   }
   if (a < lo || a + bytes > lo + b.smem_bytes) {
@@ -750,23 +755,32 @@ void st_global(void* dst, const void* src, size_t bytes, std::source_location lo
   if (check_global(cur_fiber(), dst, bytes, "st_global", loc)) std::memcpy(dst, src, bytes);
 }
 
-void cp_async_16(void* smem_dst, const void* gmem_src, bool valid, std::source_location loc) {
+void cp_async(void* smem_dst, const void* gmem_src, int bytes, bool valid, std::source_location loc) {
   Fiber* f = cur_fiber();
-  if (!check_smem(f, smem_dst, 16, "cp.async destination", loc)) return;
+  if (bytes != 4 && bytes != 8 && bytes != 16) {
+    report(*f->block, f, "cp.async of " + std::to_string(bytes) + " bytes (cp-size must be 4, 8 or 16)", loc);
+    return;
+  }
+  if (!check_smem(f, smem_dst, bytes, "cp.async destination", loc)) return;
   PendingCopy c;
   c.dst = static_cast<unsigned char*>(smem_dst);
-  if (!valid) std::memset(c.data, 0, 16);
-  else if (check_global(f, gmem_src, 16, "cp.async source", loc)) std::memcpy(c.data, gmem_src, 16);
-  else std::memset(c.data, 0xFF, 16);
+  c.bytes = bytes;
+  if (!valid) std::memset(c.data, 0, bytes);
+  else if (check_global(f, gmem_src, bytes, "cp.async source", loc)) std::memcpy(c.data, gmem_src, bytes);
+  else std::memset(c.data, 0xFF, bytes);
   if (settings().cp_async_at_issue) {
     // the earliest moment the hardware may write the destination: exposes a
     // buffer overwritten while other threads still read it (a missing barrier
     // before reusing a pipeline stage)
-    std::memcpy(c.dst, c.data, 16);
-    f->block->cp_bytes += 16;
+    std::memcpy(c.dst, c.data, bytes);
+    f->block->cp_bytes += bytes;
     return;
   }
   f->open_group.push_back(c);
+}
+
+void cp_async_16(void* smem_dst, const void* gmem_src, bool valid, std::source_location loc) {
+  cp_async(smem_dst, gmem_src, 16, valid, loc);
 }
 
 void cp_async_commit() {
@@ -784,8 +798,10 @@ void cp_async_wait(int n, std::source_location) {
     return;
   }
   while (f->committed.size() > static_cast<size_t>(n)) {
-    for (const PendingCopy& c : f->committed.front()) std::memcpy(c.dst, c.data, 16);
-    f->block->cp_bytes += 16 * static_cast<long long>(f->committed.front().size());
+    for (const PendingCopy& c : f->committed.front()) {
+      std::memcpy(c.dst, c.data, c.bytes);
+      f->block->cp_bytes += c.bytes;
+    }
     f->committed.pop_front();
   }
 }

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "host/host_math.h"
@@ -30,7 +31,8 @@ std::tuple<int, int> rc(RowCol x) { return {x.row, x.col}; }
 
 template <class Head, class Tile>
 py::dict tile_dict(const char* head) {
-  using Tr = va::tv::KernelTraits<uint16_t, Head, Page1Layout, Tile>;
+  using Tr = std::conditional_t<Tile::kVersion == 1, va::tv::KernelTraitsV1<uint16_t, Head, Page1Layout, Tile>,
+                                va::tv::KernelTraits<uint16_t, Head, Page1Layout, Tile>>;
   py::dict d;
   d["head"] = head;
   d["dqk"] = Head::DQK;
@@ -42,6 +44,8 @@ py::dict tile_dict(const char* head) {
   d["warps_n"] = Tile::WN;
   d["num_warps"] = Tile::kWarps;
   d["num_stages"] = Tile::STAGES;
+  d["version"] = Tile::kVersion;
+  if constexpr (Tile::kVersion == 1) d["sn"] = Tile::SN; else d["sn"] = 1;
   d["smem_bytes"] = Tr::smem_bytes();
   return d;
 }

@@ -24,10 +24,40 @@ struct TileConfig {
   static constexpr int kWarps = WM * WN;
   static constexpr int kThreads = 32 * kWarps;
 
+  static constexpr int kVersion = 0;       // the v0 kernel (tree_verify_kernel.cuh)
   static_assert(BM == 16 * WM, "BM must be 16 rows per M warp");
   static_assert(BN % (8 * WN) == 0, "each of the WN warps needs whole n8 tiles of the KV tile");
   static_assert(BN % 16 == 0, "BN is the K dim of P V: multiple of 16");
   static_assert(STAGES >= 2 && STAGES <= 8, "2..8 pipeline stages");
+  static_assert(kThreads % BN == 0, "the KV loader gives each tile row kThreads / BN threads");
+};
+
+// Tile of the v1 kernel (tree_verify_kernel_v1.cuh): BM rows (16 per m tile), BN
+// KV tokens per tile, W warps, STAGES cp.async stages (>= 3: the pipeline reads
+// tiles i and i+1 while later ones load), and the warp grid of S = Q K^T:
+// KSPLIT warps split Dqk (each keeps Q for its dims in registers), SN warps split
+// the tile's tokens, W / (KSPLIT * SN) warps split the m tiles. For O += P V
+// every warp owns Dv / W columns of all rows.
+template <int BM_, int BN_, int W_, int STAGES_, int KSPLIT_, int SN_>
+struct TileConfigV1 {
+  static constexpr int BM = BM_;
+  static constexpr int BN = BN_;
+  static constexpr int STAGES = STAGES_;
+  static constexpr int KSPLIT = KSPLIT_;
+  static constexpr int SN = SN_;
+  static constexpr int kWarps = W_;
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kVersion = 1;
+  // the tile as the host-side tables spell it: WM x WN warps = (W / KSPLIT) x KSPLIT
+  static constexpr int WM = W_ / KSPLIT_;
+  static constexpr int WN = KSPLIT_;
+
+  static_assert(BM % 16 == 0, "BM: whole m16 tiles");
+  static_assert(kWarps % (KSPLIT * SN) == 0 && (BM / 16) % (kWarps / (KSPLIT * SN)) == 0,
+                "the W / (KSPLIT * SN) warps along M must split the BM / 16 m tiles evenly");
+  static_assert(BN % (8 * SN) == 0, "each S warp's tokens must be whole n8 tiles");
+  static_assert((BM * BN) % (32 * kWarps) == 0, "the softmax gives every lane the same number of scores");
+  static_assert(STAGES >= 3 && STAGES <= 8, "3..8 pipeline stages");
   static_assert(kThreads % BN == 0, "the KV loader gives each tile row kThreads / BN threads");
 };
 
@@ -57,8 +87,16 @@ struct TileList {};
 //       16 rows x 32 tokens x 2 stages: Q 18 KB + KV 73 KB; 4 warps split Dv 4 ways.
 //  GQA: one warp per 16 rows owns all of Dv; P stays in registers (WN = 1) except d256.
 template <class Head> struct TilesFor;
+//  MLA v1 (default): 32 rows x 16 tokens x 4 stages, 8 warps, Dqk split 4 ways for S, 2 warps
+//       along M: KV 73 KB + partial scores 12 KB + 2 x P 3 KB = 90.6 KB; Q and O in registers.
+//  MLA v1, 3 stages, S warps 4 (dims) x 2 (tokens): each K fragment serves both m tiles, halving
+//       the shared-memory reads of S (the H200's limit with mma.sync): 71.9 KB.
+//  MLA v1 for sm_90 only (180 KB, over sm_120's 99 KB): 32 tokens x 4 stages, S warps 4 x 2: half the
+//       barriers per token of the 16-token tiles (build.py marks its target archs).
 template <> struct TilesFor<HeadMLA> {
-  using type = TileList<TileConfig<32, 16, 2, 2, 3>, TileConfig<16, 32, 1, 4, 2>>;
+  using type = TileList<TileConfigV1<32, 16, 8, 4, 4, 1>, TileConfigV1<32, 16, 8, 3, 4, 2>,
+                        TileConfigV1<32, 32, 8, 4, 4, 2>,
+                        TileConfig<32, 16, 2, 2, 3>, TileConfig<16, 32, 1, 4, 2>>;
 };
 template <> struct TilesFor<HeadG128> {
   using type = TileList<TileConfig<64, 32, 4, 1, 2>, TileConfig<128, 32, 8, 1, 2>>;

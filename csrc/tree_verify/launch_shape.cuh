@@ -14,6 +14,7 @@
 #include "traits.h"
 #include "tree_verify_combine.cuh"
 #include "tree_verify_kernel.cuh"
+#include "tree_verify_kernel_v1.cuh"
 
 namespace va::tv {
 
@@ -23,21 +24,39 @@ bool tile_matches(const LaunchConfig& c) {
          c.num_stages == Tile::STAGES;
 }
 
+// The traits and split kernel of a tile config: v0 (TileConfig) or v1 (TileConfigV1).
+template <class T, class Head, class Layout, class Tile, int V = Tile::kVersion>
+struct KernelOf {
+  using Tr = KernelTraits<T, Head, Layout, Tile>;
+  static constexpr auto kernel = tree_verify_split_kernel<Tr>;
+};
+template <class T, class Head, class Layout, class Tile>
+struct KernelOf<T, Head, Layout, Tile, 1> {
+  using Tr = KernelTraitsV1<T, Head, Layout, Tile>;
+  static constexpr auto kernel = tree_verify_split_kernel_v1<Tr>;
+};
+
 template <class T, class Head, class Layout, class Tile>
 void launch_one(const Params& p, const LaunchConfig& cfg, cudaStream_t stream) {
-  using Tr = KernelTraits<T, Head, Layout, Tile>;
+  using K = KernelOf<T, Head, Layout, Tile>;
+  using Tr = typename K::Tr;
   const int m_tiles = va::host::ceil_div(p.max_tree_nodes * p.group, Tile::BM);  // static: no qo_indptr read
   if (static_cast<int64_t>(m_tiles) * p.num_kv_heads > 65535 || p.batch > 65535)
     throw std::invalid_argument("tree_verify: grid too large (M tiles x Hkv = " +
                                 std::to_string(static_cast<int64_t>(m_tiles) * p.num_kv_heads) +
                                 ", batch = " + std::to_string(p.batch) + "; each must be <= 65535)");
   const dim3 grid(cfg.num_splits, m_tiles * p.num_kv_heads, p.batch);
-  va::arch::launch(tree_verify_split_kernel<Tr>, grid, dim3(Tr::kThreads), Tr::smem_bytes(), stream, p,
-                   cfg.num_splits);
+  va::arch::launch(K::kernel, grid, dim3(Tr::kThreads), Tr::smem_bytes(), stream, p, cfg.num_splits);
   if (cfg.num_splits > 1) {
     const int pairs = p.total_q * p.num_q_heads;
-    va::arch::launch(tree_verify_combine_kernel<T, Head::DV>, dim3(va::host::ceil_div(pairs, kCombineWarps)),
-                     dim3(32 * kCombineWarps), 0, stream, p, cfg.num_splits, Tile::BN);
+    if constexpr (Tile::kVersion == 1) {
+      va::arch::launch_dependent(tree_verify_combine_kernel_v1<T, Head::DV>,
+                                 dim3(va::host::ceil_div(pairs, kCombineV1Warps)), dim3(32 * kCombineV1Warps), 0,
+                                 stream, p, cfg.num_splits, Tile::BN);
+    } else {
+      va::arch::launch(tree_verify_combine_kernel<T, Head::DV>, dim3(va::host::ceil_div(pairs, kCombineWarps)),
+                       dim3(32 * kCombineWarps), 0, stream, p, cfg.num_splits, Tile::BN);
+    }
   }
 }
 
@@ -65,7 +84,7 @@ struct ShapeLauncher<T, Head, Layout, TileList<Tiles...>> {
   }
   static size_t smem(const LaunchConfig& cfg) {
     size_t bytes = 0;
-    ((bytes = (bytes == 0 && tile_matches<Tiles>(cfg)) ? KernelTraits<T, Head, Layout, Tiles>::smem_bytes() : bytes),
+    ((bytes = (bytes == 0 && tile_matches<Tiles>(cfg)) ? KernelOf<T, Head, Layout, Tiles>::Tr::smem_bytes() : bytes),
      ...);
     return bytes;
   }

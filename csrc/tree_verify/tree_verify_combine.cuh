@@ -69,4 +69,87 @@ __global__ void __launch_bounds__(32 * kCombineWarps) tree_verify_combine_kernel
     arch::st_global(p.lse + qrow * p.lse_stride_tok + head * p.lse_stride_head, h::row_lse2(st.m, st.l, Log2{}) * h::kLn2);
 }
 
+// Combine v1: the LSEs first, then every split's O loads independently.
+// v0 reads each split's lse, then (depending on it) its O: two dependent L2 round
+// trips per split, ~2 x splits round trips per row. Here the warp of a (row, head)
+// first takes the max of the row's lse2 over all splits (lanes stride the splits),
+// then streams the splits: each lane recomputes the split's weight from the same
+// (cached) lse2 word while its O loads are already in flight, so a row costs about
+// two round trips plus its bytes. Launched with programmatic dependent launch:
+// grid_dependency_wait() before the first read of the split kernel's workspace.
+inline constexpr int kCombineV1Warps = 4;
+
+template <class T, int DV>
+__global__ void __launch_bounds__(32 * kCombineV1Warps) tree_verify_combine_kernel_v1(const Params p,
+                                                                                      const int num_splits,
+                                                                                      const int block_n) {
+  namespace arch = va::arch;
+  namespace h = va::host;
+  static_assert(DV % 128 == 0, "combine v1: each lane owns 4 consecutive columns of every 128");
+  constexpr int kChunks = DV / 128;
+  constexpr int kUnroll = 4;  // splits whose O loads are in flight together
+
+  const int pair = blockIdx.x * kCombineV1Warps + arch::warp_id();  // (q row, head)
+  const bool active = pair < p.total_q * p.num_q_heads;
+  const int qrow = active ? pair / p.num_q_heads : 0;
+  const int head = active ? pair % p.num_q_heads : 0;
+  const int lane = arch::lane_id();
+  const int b = request_of_row(p.qo_indptr, p.batch, qrow);
+  const int ns = h::num_nonempty_splits(arch::ld_global(p.kv_lens + b), num_splits, block_n);
+  arch::grid_dependency_wait();  // the split kernel's partials are complete and visible
+  if (!active) return;
+
+  const float* ws_o = ws_partial_o(p);
+  const float* ws_lse = ws_partial_lse(p, num_splits);
+  auto prow = [&](int s) { return (static_cast<int64_t>(s) * p.total_q + qrow) * p.num_q_heads + head; };
+
+  // pass 1: max lse2 over the splits (lanes stride them; -inf where a split saw nothing)
+  float m = h::neg_inf();
+  for (int s = lane; s < ns; s += 32) m = arch::max_f(m, arch::ld_global(ws_lse + prow(s)));
+#pragma unroll
+  for (int x = 16; x > 0; x >>= 1) m = arch::max_f(m, arch::shfl_xor(m, x));
+  const float mref = h::softmax_ref_max(m);
+
+  // pass 2: sum_s w_s O_s with w_s = exp2(lse2_s - m); O loads do not wait on the weights
+  float acc[kChunks][4];
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) acc[c][0] = acc[c][1] = acc[c][2] = acc[c][3] = 0.f;
+  float l = 0.f;
+  for (int s0 = 0; s0 < ns; s0 += kUnroll) {  // sass-model: split-loop splits=4
+    float4 o[kUnroll][kChunks];
+    float w[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int s = s0 + u < ns ? s0 + u : s0;  // a tail slot re-reads split s0 with weight 0
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c)
+        o[u][c] = arch::ld_global(reinterpret_cast<const float4*>(ws_o + prow(s) * DV + c * 128 + 4 * lane));
+      const float lse2 = arch::ld_global(ws_lse + prow(s));
+      w[u] = s0 + u < ns && lse2 != h::neg_inf() ? arch::exp2_approx(lse2 - mref) : 0.f;
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      l += w[u];
+      if (w[u] == 0.f) continue;  // an empty split's O is 0 and may be anything when lse2 = -inf
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c) {
+        acc[c][0] += w[u] * o[u][c].x;
+        acc[c][1] += w[u] * o[u][c].y;
+        acc[c][2] += w[u] * o[u][c].z;
+        acc[c][3] += w[u] * o[u][c].w;
+      }
+    }
+  }
+  const float inv = h::row_inv_l(l);
+  T* out = static_cast<T*>(p.out) + qrow * p.o_stride_tok + head * p.o_stride_head;
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c)
+    arch::st_global(reinterpret_cast<uint2*>(out + c * 128 + 4 * lane),
+                    make_uint2(arch::pack2<T>(acc[c][0] * inv, acc[c][1] * inv),
+                               arch::pack2<T>(acc[c][2] * inv, acc[c][3] * inv)));
+  if (p.lse != nullptr && lane == 0)
+    arch::st_global(p.lse + qrow * p.lse_stride_tok + head * p.lse_stride_head,
+                    h::row_lse2(mref, l, Log2{}) * h::kLn2);
+}
+
 }  // namespace va::tv

@@ -59,7 +59,7 @@ def resources(config: KernelConfig, shape: HeadShape, arch: str, **_kw) -> dict:
                 "fits": False}
     smem = vb.smem_bytes(tile, shape.head_dim_qk, shape.head_dim_v, shape.mla)
     return {"smem_bytes": smem, "smem_limit": limit, "threads": 32 * tile.num_warps, "compiled": True,
-            "fits": smem <= limit}
+            "fits": smem <= limit and tile.targets(arch)}
 
 
 def config_space(shape: HeadShape, arch: str, *, splits: tuple[int, ...] = (0,), **_kw) -> list[KernelConfig]:
@@ -88,7 +88,7 @@ def default_config(p: Problem) -> KernelConfig:
     if head is None:
         raise ValueError(f"cuda backend: no kernel for Dqk={p.head_dim_qk} Dv={p.head_dim_v} "
                          f"(V {'aliases' if p.mla_shared_kv else 'separate from'} K)")
-    t = vb.TILES[head][0]
+    t = vb.default_tile(head, vdevice.props_for(p.device).arch)
     return KernelConfig(num_splits=_splits_for(p, t), block_n=t.block_n, block_m=t.block_m,
                         num_warps=t.num_warps, num_stages=t.num_stages)
 

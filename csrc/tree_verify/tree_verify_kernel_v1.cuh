@@ -1,0 +1,506 @@
+// Split-KV tree-verify attention, kernel v1: the split kernel.
+//
+// Same contract, grid and workspace as v0 (tree_verify_kernel.cuh); a different
+// CTA shape and schedule, chosen from v0's SASS (NOTES.md, `python -m bench.model`):
+//   * Q lives in registers, split over the warps by head dim: warp (ws_m, ws_n,
+//     ws_k) keeps the A fragments of its m tiles for Dqk / KSPLIT dims, so Q is
+//     read from shared memory once per CTA, not once per KV tile.
+//   * S = Q K^T: each warp multiplies its dims by its BN / SN tokens with
+//     kSMT x kSN8 independent accumulators (two sets over even / odd k steps when
+//     that alone gives fewer than 4), chains Dqk / KSPLIT / 16 deep at most
+//     (MLA, KSPLIT 4: depth 9 instead of v0's 36). The KSPLIT partial scores meet
+//     in shared memory (fp32).
+//   * Softmax on whole rows: each warp sums the partials of BM / W rows, masks
+//     (only tiles that reach the tree or the ragged end), takes the row max and
+//     sum with shuffles, writes P (16-bit) and each row's rescale factor alpha.
+//   * O += P V: every warp owns Dv / W columns of all rows (V fragments reused
+//     across the m tiles); P and V fragments are loaded before the barrier that
+//     publishes the next tile's scores, the O rescale interleaves with the MMAs.
+//   * Software pipeline: iteration i computes S(i+1), then issues PV(i) and the
+//     softmax of tile i+1 in one basic block, so the tensor pipe runs PV while the
+//     softmax's shuffles and exponentials wait on their latencies. Two barriers
+//     per tile; P and alpha are double-buffered; STAGES >= 3 (tiles i and i+1 are
+//     read while later ones load).
+//   * Loader: one kv_indices entry per tile row, fetched two tiles ahead of its
+//     copy; one row offset per tile; fully unrolled 16-byte cp.async at constant
+//     offsets. Paged layouts advance (page, row) incrementally: no division per tile.
+#pragma once
+
+#include <type_traits>
+
+#include "arch/arch.cuh"
+#include "../host/host_math.h"
+#include "params.h"
+#include "traits.h"
+#include "tree_verify_kernel.cuh"
+
+namespace va::tv {
+
+// Token -> (kv_indices position, row within the page) cursor of one loader
+// thread. Advances by one KV tile per call with additions only; the division
+// happens once, at construction.
+template <class L>
+struct TokenCursor {
+  int pos;        // kv_indices entry (relative to the request's first) holding the token: page (paged) or token
+  int off;        // the token's row in its page (paged); 0 for page1
+  int step_pos;   // BN / P (paged) or BN (page1)
+  int step_off;   // BN % P (paged)
+  int page_size;
+
+  VA_DEVICE TokenCursor(int t, int block_n, int p_size) : page_size(p_size) {
+    if constexpr (L::kPaged) {
+      pos = t / p_size;
+      off = t - pos * p_size;
+      step_pos = block_n / p_size;
+      step_off = block_n - step_pos * p_size;
+    } else {
+      pos = t;
+      off = 0;
+      step_pos = block_n;
+      step_off = 0;
+    }
+  }
+  VA_DEVICE void advance() {
+    pos += step_pos;
+    if constexpr (L::kPaged) {
+      off += step_off;
+      if (off >= page_size) {
+        off -= page_size;
+        pos += 1;
+      }
+    }
+  }
+  // element offset of the token's row, for the block id read from kv_indices[pos]
+  VA_DEVICE int64_t row_offset(int32_t id, int64_t stride_block, int64_t stride_tok) const {
+    return static_cast<int64_t>(id) * stride_block + (L::kPaged ? static_cast<int64_t>(off) * stride_tok : 0);
+  }
+};
+
+// N consecutive floats of shared memory (N = 1, 2, 4, 8; 8-byte aligned for N >= 2).
+template <int N>
+VA_DEVICE void lds_vec(const float* src, float (&v)[N]) {
+  if constexpr (N == 1) {
+    v[0] = src[0];
+  } else if constexpr (N == 2) {
+    const float2 a = *reinterpret_cast<const float2*>(src);
+    v[0] = a.x, v[1] = a.y;
+  } else {
+#pragma unroll
+    for (int k = 0; k < N; k += 4) {
+      const float4 a = *reinterpret_cast<const float4*>(src + k);
+      v[k] = a.x, v[k + 1] = a.y, v[k + 2] = a.z, v[k + 3] = a.w;
+    }
+  }
+}
+
+// N values (N = 2, 4, 8) as 16-bit T to shared memory in one store.
+template <class T, int N>
+VA_DEVICE void sts_pack(T* dst, const float (&v)[N]) {
+  if constexpr (N == 2) {
+    *reinterpret_cast<uint32_t*>(dst) = va::arch::pack2<T>(v[0], v[1]);
+  } else if constexpr (N == 4) {
+    *reinterpret_cast<uint2*>(dst) = make_uint2(va::arch::pack2<T>(v[0], v[1]), va::arch::pack2<T>(v[2], v[3]));
+  } else {
+    *reinterpret_cast<uint4*>(dst) = make_uint4(va::arch::pack2<T>(v[0], v[1]), va::arch::pack2<T>(v[2], v[3]),
+                                                va::arch::pack2<T>(v[4], v[5]), va::arch::pack2<T>(v[6], v[7]));
+  }
+}
+
+template <class Tr>
+__global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(const Params p, const int num_splits) {
+  using T = typename Tr::Elem;
+  using L = typename Tr::Layout;
+  using Smem = typename Tr::Smem;
+  namespace arch = va::arch;
+  namespace h = va::host;
+  constexpr int BM = Tr::BM, BN = Tr::BN, STAGES = Tr::STAGES, TPL = Tr::kTPL;
+
+  const int split = blockIdx.x;
+  const int kvh = blockIdx.y % p.num_kv_heads;
+  const int mtile = blockIdx.y / p.num_kv_heads;
+  const int b = blockIdx.z;
+
+  // ---- this CTA's rows and KV range (block-uniform: early exits are safe) ----
+  const int qo_begin = arch::ld_global(p.qo_indptr + b);
+  const int tb = arch::ld_global(p.qo_indptr + b + 1) - qo_begin;  // T_b
+  const int kv_len = arch::ld_global(p.kv_lens + b);               // L_b + T_b
+  const int prefix = kv_len - tb;                                   // L_b
+  const int group = p.group;
+  const int nrows = tb * group;
+  const int row0 = mtile * BM;
+  if (row0 >= nrows) return;
+  const h::SplitRange range = h::split_range(kv_len, num_splits, BN, split);
+  if (range.begin >= range.end) return;
+  const int ntiles = h::num_tiles(range, BN);
+  const int kv_base = arch::ld_global(p.kv_indptr + b);
+
+  const int tid = threadIdx.x;
+  const int lane = arch::lane_id();
+  const int warp = arch::warp_id();
+
+  unsigned char* smem = arch::smem_dynamic<unsigned char>();
+  T* sK = reinterpret_cast<T*>(smem + Smem::kK);                  // (STAGES, BN, Dqk) padded rows
+  T* sV = Tr::kSharedKV ? sK : reinterpret_cast<T*>(smem + Smem::kV);
+  float* sPart = reinterpret_cast<float*>(smem + Smem::kPart);   // (KSPLIT, BM, BN) partial scores
+  T* sP = reinterpret_cast<T*>(smem + Smem::kP);                  // (2, BM, BN) probabilities
+  float* sAlpha = reinterpret_cast<float*>(smem + Smem::kStats);  // (2, BM) rescale factor per tile
+  float* sFin = sAlpha + 2 * BM;                                  // (2, BM) 1/l and log2-sum-exp2 at the end
+
+  const T* q = static_cast<const T*>(p.q);
+  const T* kc = static_cast<const T*>(p.k_cache);
+  const T* vc = static_cast<const T*>(p.v_cache);
+
+  // ---- loader: loader thread -> (row of every tile, first 16-byte chunk of that row)
+  const bool loader = tid < Tr::kLoadThreads;
+  const int ld_row = loader ? tid / Tr::kThreadsPerRow : 0;
+  const int ld_chunk = tid % Tr::kThreadsPerRow;
+  int32_t* sIdx = reinterpret_cast<int32_t*>(smem + Smem::kIdx);  // (kIdxSlots, kThreads) kv_indices ring
+  // Tiles 0..STAGES-2 (the prologue's) read their index directly; later tiles' indices are copied into
+  // the ring by cp.async, 2 * STAGES - 3 tiles ahead of their KV copy, so no register waits on the load.
+  TokenCursor<L> direct_at(range.begin + ld_row, BN, p.page_size);
+  TokenCursor<L> ring_at(range.begin + (STAGES - 1) * BN + ld_row, BN, p.page_size);
+  TokenCursor<L> copy_at = direct_at;
+  int ring_tile = STAGES - 1;  // next tile whose index goes into the ring
+  auto fetch_direct = [&](int tile) -> int32_t {
+    const int t = range.begin + tile * BN + ld_row;
+    const int32_t id = loader && t < range.end ? arch::ld_global(p.kv_indices + kv_base + direct_at.pos) : 0;
+    direct_at.advance();
+    return id;
+  };
+  auto fetch_ring = [&]() {
+    const int t = range.begin + ring_tile * BN + ld_row;
+    if (loader)
+      arch::cp_async_4_zfill(sIdx + (ring_tile % Smem::kIdxSlots) * Tr::kThreads + tid,
+                             p.kv_indices + kv_base + ring_at.pos, t < range.end);
+    ring_at.advance();
+    ++ring_tile;
+  };
+  auto ring_id = [&](int tile) -> int32_t { return sIdx[(tile % Smem::kIdxSlots) * Tr::kThreads + tid]; };
+  int issued = 0;
+  auto issue_kv = [&](int32_t id) {
+    if (loader) {
+      const int stage = issued % STAGES;
+      const bool valid = range.begin + issued * BN + ld_row < range.end;  // past the end: zeros land, no read
+      // one row offset per tile; the chunks sit at constant offsets from it
+      const T* ks = kc + ld_chunk * 8 +
+                    (valid ? copy_at.row_offset(id, p.k_stride_block, p.k_stride_tok) + kvh * p.k_stride_head : 0);
+      T* dK = sK + stage * Smem::kStageElems + ld_row * Smem::kKPitch + ld_chunk * 8;
+#pragma unroll
+      for (int j = 0; j < Tr::kChunksK; ++j)
+        arch::cp_async_16_zfill(dK + j * Tr::kThreadsPerRow * 8, ks + j * Tr::kThreadsPerRow * 8, valid);
+      if constexpr (!Tr::kSharedKV) {
+        const T* vs = vc + ld_chunk * 8 +
+                      (valid ? copy_at.row_offset(id, p.v_stride_block, p.v_stride_tok) + kvh * p.v_stride_head : 0);
+        T* dV = sV + stage * Smem::kStageElems + ld_row * Smem::kVPitch + ld_chunk * 8;
+#pragma unroll
+        for (int j = 0; j < Tr::kChunksV; ++j)
+          arch::cp_async_16_zfill(dV + j * Tr::kThreadsPerRow * 8, vs + j * Tr::kThreadsPerRow * 8, valid);
+      }
+    }
+    copy_at.advance();
+    ++issued;
+  };
+
+  // ---- prologue: the Q tile is staged in the last kQStages pipeline stages,
+  // loaded to registers, then those stages get their KV tiles -------------------
+  T* sQ = sK + (STAGES - Tr::kQStages) * Smem::kStageElems;  // (BM, Dqk) padded rows
+  for (int i = tid; i < BM * Tr::kQChunks; i += Tr::kThreads) {
+    const int r = i / Tr::kQChunks, c = i % Tr::kQChunks;
+    const int grow = row0 + r;
+    const bool valid = grow < nrows;  // rows past T_b * group: zeros (never written out)
+    const T* src = q;
+    if (valid) {
+      const int node = grow / group, hh = grow % group;
+      src = q + (qo_begin + node) * p.q_stride_tok + (kvh * group + hh) * p.q_stride_head + c * 8;
+    }
+    arch::cp_async_16_zfill(sQ + r * Smem::kQPitch + c * 8, src, valid);
+  }
+  arch::cp_async_commit();
+  // The ring indices of tiles STAGES-1 .. 2*STAGES-4 (copied in iterations 0 .. STAGES-3) go with the
+  // first KV group: a copy in group g is guaranteed landed at the top of iteration g - 2, and the index
+  // of tile j is read in iteration j - STAGES + 1.
+  auto ring_prologue = [&]() {
+#pragma unroll
+    for (int j = STAGES - 1; j <= 2 * STAGES - 4; ++j) fetch_ring();
+  };
+  constexpr int kFirst = STAGES - 1 - Tr::kQStages;  // prologue tiles that do not overlap the Q staging
+#pragma unroll
+  for (int s = 0; s < kFirst; ++s) {
+    const int32_t id = fetch_direct(s);
+    if (s < ntiles) issue_kv(id);
+    if (s == 0) ring_prologue();
+    arch::cp_async_commit();
+  }
+
+  const int ws_k = warp % Tr::KSPLIT;
+  const int ws_n = (warp / Tr::KSPLIT) % Tr::SN;
+  const int ws_m = warp / (Tr::KSPLIT * Tr::SN);
+  const h::RowCol a_addr = h::ldsm_a_addr(lane);
+  const h::RowCol b_addr = h::ldsm_b_addr(lane);
+  const h::RowCol bt_addr = h::ldsm_bt_addr(lane);
+  uint32_t qf[Tr::kSMT][Tr::kSKSteps][4];  // this warp's Q fragments: its m tiles x its dims
+  arch::cp_async_wait<kFirst>();  // Q landed (this thread's copies)
+  arch::block_sync();             // ... and everyone's
+#pragma unroll
+  for (int i = 0; i < Tr::kSMT; ++i)
+#pragma unroll
+    for (int kk = 0; kk < Tr::kSKSteps; ++kk)
+      arch::ldmatrix_x4(qf[i][kk], sQ + ((ws_m * Tr::kSMT + i) * 16 + a_addr.row) * Smem::kQPitch +
+                                       ws_k * Tr::kSDims + kk * 16 + a_addr.col);
+  arch::block_sync();  // the staging stages are free again
+#pragma unroll
+  for (int s = kFirst; s < STAGES - 1; ++s) {
+    const int32_t id = fetch_direct(s);
+    if (s < ntiles) issue_kv(id);
+    if (s == 0) ring_prologue();
+    arch::cp_async_commit();
+  }
+
+  // ---- S(t) = Q K^T over this warp's dims -> partial scores in shared memory ---
+  using SAcc = float[Tr::kSAcc][Tr::kSMT][Tr::kSN8][4];
+  auto s_mma = [&](int tile, SAcc& sacc) {
+    const T* sKs = sK + (tile % STAGES) * Smem::kStageElems;
+    const T* sKw = sKs + (ws_n * Tr::kSTok + b_addr.row) * Smem::kKPitch + ws_k * Tr::kSDims + b_addr.col;
+#pragma unroll
+    for (int a = 0; a < Tr::kSAcc; ++a)
+#pragma unroll
+      for (int i = 0; i < Tr::kSMT; ++i)
+#pragma unroll
+        for (int j = 0; j < Tr::kSN8; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) sacc[a][i][j][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < Tr::kSKSteps; ++kk) {
+      const int a = kk % Tr::kSAcc;
+#pragma unroll
+      for (int j = 0; j + 1 < Tr::kSN8; j += 2) {
+        uint32_t bb[4];
+        arch::ldmatrix_x4(bb, sKw + j * 8 * Smem::kKPitch + kk * 16);
+        const uint32_t b0[2] = {bb[0], bb[1]}, b1[2] = {bb[2], bb[3]};
+#pragma unroll
+        for (int i = 0; i < Tr::kSMT; ++i) {
+          arch::mma_m16n8k16<T>(sacc[a][i][j], qf[i][kk], b0, sacc[a][i][j]);
+          arch::mma_m16n8k16<T>(sacc[a][i][j + 1], qf[i][kk], b1, sacc[a][i][j + 1]);
+        }
+      }
+      if constexpr (Tr::kSN8 % 2 == 1) {
+        // odd n8 count: x2 for the last tile (lanes 16-31, unused by .x2, repeat lanes 0-15's rows)
+        constexpr int j = Tr::kSN8 - 1;
+        uint32_t b0[2];
+        arch::ldmatrix_x2(b0, sKs + (ws_n * Tr::kSTok + j * 8 + (lane & 7)) * Smem::kKPitch + ws_k * Tr::kSDims +
+                                  8 * ((lane >> 3) & 1) + kk * 16);
+#pragma unroll
+        for (int i = 0; i < Tr::kSMT; ++i) arch::mma_m16n8k16<T>(sacc[a][i][j], qf[i][kk], b0, sacc[a][i][j]);
+      }
+    }
+  };
+  auto s_store = [&](const SAcc& sacc) {
+    float* part = sPart + ws_k * BM * Smem::kSPitch;
+#pragma unroll
+    for (int i = 0; i < Tr::kSMT; ++i)
+#pragma unroll
+      for (int j = 0; j < Tr::kSN8; ++j)
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          float x = sacc[0][i][j][2 * hf], y = sacc[0][i][j][2 * hf + 1];
+          if constexpr (Tr::kSAcc == 2) {
+            x += sacc[1][i][j][2 * hf];
+            y += sacc[1][i][j][2 * hf + 1];
+          }
+          const h::RowCol rc = h::mma_c_rc(lane, 2 * hf);
+          *reinterpret_cast<float2*>(part + ((ws_m * Tr::kSMT + i) * 16 + rc.row) * Smem::kSPitch +
+                                     ws_n * Tr::kSTok + j * 8 + rc.col) = make_float2(x, y);
+        }
+  };
+
+  // ---- softmax on whole rows: this lane's row, TPL tokens of it ------------------
+  const float scale_log2 = p.sm_scale * h::kLog2e;
+  const int srow = Tr::soft_row(warp, lane);
+  const int scol = Tr::soft_col(lane);
+  const int sgrow = row0 + srow;
+  const int smask_row = sgrow < nrows ? qo_begin + sgrow / group : -1;  // node's q row; -1: padding row
+  float m_run = h::neg_inf(), l_run = 0.f;                              // replicated over the row's lanes
+  auto softmax = [&](int tile, auto masked_tag) {
+    constexpr bool kMasked = decltype(masked_tag)::value;
+    const int tok0 = range.begin + tile * BN;
+    float s[TPL];
+    lds_vec<TPL>(sPart + srow * Smem::kSPitch + scol, s);
+#pragma unroll
+    for (int k = 1; k < Tr::KSPLIT; ++k) {
+      float v[TPL];
+      lds_vec<TPL>(sPart + (k * BM + srow) * Smem::kSPitch + scol, v);
+#pragma unroll
+      for (int e = 0; e < TPL; ++e) s[e] += v[e];
+    }
+    float tmax = h::neg_inf();
+#pragma unroll
+    for (int e = 0; e < TPL; ++e) {
+      s[e] *= scale_log2;
+      if constexpr (kMasked) {
+        const int t = tok0 + scol + e;
+        uint32_t word = 0;
+        if (smask_row >= 0 && h::needs_mask_word(t, prefix, range.end))
+          word = static_cast<uint32_t>(arch::ld_global(p.tree_mask + static_cast<int64_t>(smask_row) * p.mask_words +
+                                                       h::mask_word_index(t - prefix)));
+        // padding rows see every real token (keeps them finite; they are never written)
+        const bool vis = smask_row >= 0 ? h::token_visible(t, prefix, range.end, word) : t < range.end;
+        if (!vis) s[e] = h::neg_inf();
+      }
+      tmax = arch::max_f(tmax, s[e]);
+    }
+#pragma unroll
+    for (int x = 1; x < Tr::kLanesPerRow; x <<= 1) tmax = arch::max_f(tmax, arch::shfl_xor(tmax, x));
+    const float alpha = h::online_softmax_update(m_run, tmax, Exp2Fast{});
+    const float mref = h::softmax_ref_max(m_run);
+    float rsum = 0.f;
+#pragma unroll
+    for (int e = 0; e < TPL; ++e) {
+      s[e] = arch::exp2_approx(s[e] - mref);
+      rsum += s[e];
+    }
+#pragma unroll
+    for (int x = 1; x < Tr::kLanesPerRow; x <<= 1) rsum += arch::shfl_xor(rsum, x);
+    l_run = l_run * alpha + rsum;
+    sts_pack<T, TPL>(sP + ((tile & 1) * BM + srow) * Smem::kPPitch + scol, s);
+    if (scol == 0) sAlpha[(tile & 1) * BM + srow] = alpha;
+  };
+  auto tile_masked = [&](int tile) { return h::tile_needs_mask(range.begin + tile * BN, BN, prefix, range.end); };
+
+  // ---- O accumulator: every m tile x this warp's Dv columns --------------------
+  float oacc[Tr::MS][Tr::kON8][4];
+#pragma unroll
+  for (int i = 0; i < Tr::MS; ++i)
+#pragma unroll
+    for (int j = 0; j < Tr::kON8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) oacc[i][j][e] = 0.f;
+
+  // O *= alpha(tile) per row. Unconditional and branch-free, so the compiler interleaves the FMULs with
+  // the PV MMAs that follow (a branch would split the block); alpha = 1 leaves O exact.
+  auto rescale_o = [&](int tile) {
+    const float* al = sAlpha + (tile & 1) * BM;
+#pragma unroll
+    for (int i = 0; i < Tr::MS; ++i) {
+      const float a0 = al[i * 16 + (lane >> 2)], a1 = al[i * 16 + (lane >> 2) + 8];
+#pragma unroll
+      for (int j = 0; j < Tr::kON8; ++j) {
+        oacc[i][j][0] *= a0;
+        oacc[i][j][1] *= a0;
+        oacc[i][j][2] *= a1;
+        oacc[i][j][3] *= a1;
+      }
+    }
+  };
+  // PV(t) operands: P(t) A fragments and V(t) B fragments, loaded into registers before the barrier
+  // that publishes the next tile's partial scores, so the MMAs can issue the moment it opens.
+  uint32_t pa[Tr::kPKSteps][Tr::MS][4];
+  uint32_t vb[Tr::kPKSteps][Tr::kON8 / 2][4];
+  auto pv_load = [&](int tile) {
+    const T* sVw = sV + (tile % STAGES) * Smem::kStageElems + bt_addr.row * Smem::kVPitch + warp * Tr::kODV +
+                   bt_addr.col;
+    const T* sPt = sP + (tile & 1) * BM * Smem::kPPitch;
+#pragma unroll
+    for (int kk = 0; kk < Tr::kPKSteps; ++kk) {
+#pragma unroll
+      for (int i = 0; i < Tr::MS; ++i)
+        arch::ldmatrix_x4(pa[kk][i], sPt + (i * 16 + a_addr.row) * Smem::kPPitch + kk * 16 + a_addr.col);
+#pragma unroll
+      for (int j = 0; j < Tr::kON8; j += 2) arch::ldmatrix_x4_trans(vb[kk][j / 2], sVw + kk * 16 * Smem::kVPitch + j * 8);
+    }
+  };
+  auto pv_mma = [&]() {
+#pragma unroll
+    for (int kk = 0; kk < Tr::kPKSteps; ++kk)
+#pragma unroll
+      for (int j = 0; j < Tr::kON8; j += 2) {
+        const uint32_t b0[2] = {vb[kk][j / 2][0], vb[kk][j / 2][1]}, b1[2] = {vb[kk][j / 2][2], vb[kk][j / 2][3]};
+#pragma unroll
+        for (int i = 0; i < Tr::MS; ++i) {
+          arch::mma_m16n8k16<T>(oacc[i][j], pa[kk][i], b0, oacc[i][j]);
+          arch::mma_m16n8k16<T>(oacc[i][j + 1], pa[kk][i], b1, oacc[i][j + 1]);
+        }
+      }
+  };
+
+  // ---- tile 0: S and softmax before the loop ------------------------------------
+  arch::cp_async_wait<STAGES - 2>();  // Q and tile 0 landed
+  arch::block_sync();
+  {
+    SAcc sacc;
+    s_mma(0, sacc);
+    s_store(sacc);
+  }
+  arch::block_sync();
+  if (tile_masked(0)) softmax(0, std::true_type{}); else softmax(0, std::false_type{});
+
+  for (int it = 0; it < ntiles; ++it) {  // sass-model: tile-loop
+    const bool has_next = it + 1 < ntiles;
+    arch::cp_async_wait<STAGES - 3>();  // tile it+1 landed (this thread's copies)
+    arch::block_sync();  // everyone's; P(it) and alpha(it) published; tile it-1's stage free
+    SAcc sacc;
+    if (has_next) s_mma(it + 1, sacc);  // first: the tensor pipe starts right after the barrier
+    // the copies of tile it+STAGES-1 (index from the ring, landed by the wait above) and the ring
+    // copy of a later tile's index issue between the S MMAs
+    if (it + STAGES - 1 < ntiles) issue_kv(ring_id(it + STAGES - 1));
+    if (it + 2 * STAGES - 3 < ntiles) fetch_ring();
+    arch::cp_async_commit();
+    pv_load(it);    // P(it) was published by the barrier above; V(it) landed a tile ago
+    rescale_o(it);  // alpha(it) too; the FMULs fill the wait for the S results
+    if (has_next) s_store(sacc);
+    arch::block_sync();  // partial scores of tile it+1 published
+    if (has_next && tile_masked(it + 1)) {  // sass-model: cold
+      pv_mma();
+      softmax(it + 1, std::true_type{});
+    } else if (!has_next) {  // sass-model: cold
+      pv_mma();
+    } else {
+      pv_mma();  // the tensor pipe works on PV(it) while the softmax of it+1 waits on its latencies
+      softmax(it + 1, std::false_type{});
+    }
+  }
+  arch::cp_async_wait<0>();  // no copy outlives the CTA (only empty groups can be pending here)
+  arch::launch_dependents();  // the combine may start launching; it waits for this grid's writes
+
+  // ---- epilogue: the softmax lanes publish 1/l and lse2 of their rows ------------
+  if (scol == 0) {
+    sFin[srow] = h::row_inv_l(l_run);
+    sFin[BM + srow] = h::row_lse2(m_run, l_run, Log2{});
+  }
+  arch::block_sync();
+
+  const bool direct = num_splits == 1;
+  float* ws_o = direct ? nullptr : ws_partial_o(p);
+  float* ws_lse = direct ? nullptr : ws_partial_lse(p, num_splits);
+#pragma unroll
+  for (int i = 0; i < Tr::MS; ++i)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const int r = i * 16 + (lane >> 2) + 8 * hf;
+      const int grow = row0 + r;
+      if (grow >= nrows) continue;
+      const int qrow = qo_begin + grow / group;
+      const int head = kvh * group + grow % group;
+      const float inv = sFin[r];
+      const float lse2 = sFin[BM + r];
+      const int col0 = warp * Tr::kODV + 2 * (lane & 3);
+      if (direct) {
+        T* o = static_cast<T*>(p.out) + qrow * p.o_stride_tok + head * p.o_stride_head + col0;
+#pragma unroll
+        for (int j = 0; j < Tr::kON8; ++j)
+          arch::st_global(reinterpret_cast<uint32_t*>(o + j * 8),
+                          arch::pack2<T>(oacc[i][j][2 * hf] * inv, oacc[i][j][2 * hf + 1] * inv));
+        if (p.lse != nullptr && warp == 0 && (lane & 3) == 0)
+          arch::st_global(p.lse + qrow * p.lse_stride_tok + head * p.lse_stride_head, lse2 * h::kLn2);
+      } else {
+        const int64_t prow = (static_cast<int64_t>(split) * p.total_q + qrow) * p.num_q_heads + head;
+        float* o = ws_o + prow * p.head_dim_v + col0;
+#pragma unroll
+        for (int j = 0; j < Tr::kON8; ++j)
+          arch::st_global(reinterpret_cast<float2*>(o + j * 8),
+                          make_float2(oacc[i][j][2 * hf] * inv, oacc[i][j][2 * hf + 1] * inv));
+        if (warp == 0 && (lane & 3) == 0) arch::st_global(ws_lse + prow, lse2);
+      }
+    }
+}
+
+}  // namespace va::tv
