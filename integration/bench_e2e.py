@@ -30,8 +30,8 @@ import torch
 import verify_attn
 from verify_attn.utils import parse_ctx
 
-from .decode import (add_common_args, build, capacity_for, check_backends, cli_value, model_config, resolve,
-                     synthetic_prompt)
+from .decode import (add_common_args, budget_of, build, capacity_for, check_backends, cli_value, model_config,
+                     prompt_for, resolve)
 from .spec import speculative_decode
 from .timing import StepTimer
 from .tp import TPGroup, launch
@@ -45,16 +45,21 @@ def sweep_rank(tp: TPGroup, s: dict, backends: list[str], ctxs: list[int], steps
                accept_len: Optional[int]) -> list[dict]:
     """All (ctx, backend) runs on one rank; rank 0's rows are the result. The model is built once."""
     cfg = model_config(s)
-    cap = capacity_for(max(ctxs), warmup + steps, s["budget"], cfg.drafter.block, s["page_size"])
+    cap = capacity_for(max(ctxs), warmup + steps, budget_of(s), cfg.drafter.block, s["page_size"])
     target, drafter, engine = build(tp, s, backends[0], cap)
     rows = []
     for ctx in ctxs:
-        prompt = synthetic_prompt(ctx, cfg.vocab, s["seed"])
+        prompt = prompt_for(s, target, ctx)
         for name in backends:
             engine.backend = name
             timer = StepTimer(target.device)
+            budget: object = s["budget"]
+            if budget == "auto":
+                from .budget import auto_budget_for
+                budget = auto_budget_for(cfg, s, name)
             _, metrics = speculative_decode(engine, drafter, prompt, warmup + steps, tree_kind=s["tree"],
-                                            budget=s["budget"], simulate_accept_len=accept_len, timer=timer)
+                                            budget=budget, simulate_accept_len=accept_len, timer=timer,
+                                            temperature=s.get("temperature", 0.0), seed=s["seed"])
             timed = metrics[warmup:]
             n = len(timed)
             parts = {p: sum(m.parts.get(p, 0.0) for m in timed) / n * 1e3 for p in PARTS}
@@ -66,7 +71,8 @@ def sweep_rank(tp: TPGroup, s: dict, backends: list[str], ctxs: list[int], steps
                 "parts_ms": parts, "parts_sum_ms": sum(parts.values()),
                 "tokens_per_step": tokens / n, "tok_s": tokens / (sum(m.step_s for m in timed) or 1e-12),
                 "attn_share": parts["verify_attn"] / step_ms if step_ms else 0.0,
-                "tree_size": sum(m.tree_size for m in timed) / n,
+                "tree_size": sum(m.tree_size for m in timed) / n, "alloc": s.get("alloc", "shuffled"),
+                "text": s.get("text", "random"),
             })
     return rows
 
@@ -178,7 +184,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     accept = (f"commit length FORCED to {args.simulate_accept_len} (--simulate-accept-len)"
               if args.simulate_accept_len else "natural acceptance (synthetic weights)")
     header = (f"bench_e2e: model {s['model']}, {tp_desc}, layout {args.layout}"
-              f"{'' if s['page_size'] == 1 else ' page ' + str(s['page_size'])}, tree {s['tree']} "
+              f"{'' if s['page_size'] == 1 else ' page ' + str(s['page_size'])}, alloc {s['alloc']}, "
+              f"text {s['text']}, tree {s['tree']} "
               f"budget {s['budget']}, {s['device']} {s['dtype']}, {args.steps} steps after {args.warmup} warmup; {accept}")
     # hot path: shape checks only (the value checks read index tensors on the host every call);
     # restored afterwards, since main() may run inside a larger process (tests)
@@ -205,7 +212,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     path = args.json or os.path.join("bench", "results", f"e2e-{date}.json")
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     device_name = torch.cuda.get_device_name() if gpu else "cpu"
-    doc = {"date": date, "commit": _commit(), "device": device_name, "settings": s, "tp": args.tp,
+    doc = {"date": date, "commit": _commit(), "device": device_name, "settings": s, "alloc": s["alloc"],
+           "tp": args.tp,
            "simulate_accept_len": args.simulate_accept_len, "steps": args.steps, "warmup": args.warmup,
            "header": header, "rows": rows, "growth_ms_per_1k": growth}
     with open(path, "w") as f:

@@ -30,19 +30,30 @@ def yarn_get_mscale(scale: float, mscale: float = 1.0) -> float:
 
 @dataclass(frozen=True)
 class DrafterConfig:
-    """Qwen3-style DFlash drafter; its hidden size is the target's (it shares embedding and LM head)."""
+    """Qwen3-style DFlash drafter; its hidden size is the target's (it shares embedding and LM head).
+
+    Layer roles of the synthetic weights (integration/drafter_weights.py, README: how acceptance
+    arises): layer 0 slides and carries the block's local context (positional heads), the first
+    full-attention layer copies from the whole context (2-gram induction heads), the others slide
+    and only add small noise (they are there for their cost)."""
 
     num_layers: int = 3
-    num_heads: int = 4
-    num_kv_heads: int = 2
-    head_dim: int = 32
+    num_heads: int = 16
+    num_kv_heads: int = 8
+    head_dim: int = 64
     ffn: int = 256
     block: int = 8                      # B: [last committed token, MASK x (B-1)]
     window: int = 16                    # sliding-window layers see this many context entries
     full_layers: tuple[int, ...] = (2,)  # indices of full-attention layers; the rest slide
     target_layers: tuple[int, ...] = (0, 1)  # target layers whose hidden states are injected
     rope_theta: float = 10000.0
-    layer_scale: float = 0.05           # scale of the layers' residual updates (see README: acceptance)
+    layer_scale: float = 0.05           # scale of the noise layers' residual updates
+    code_dim: int = 16                  # width of a token code (copy circuit; capped to fit head_dim)
+    code_gain: float = 0.5              # size of the codes the positional heads write into the block
+    copy_gain: float = 3.0              # size of the copied target state in the block's residual
+    pos_sharpness: float = 3.0          # q/k norm weight of the positional heads (peak vs neighbours)
+    match_sharpness: float = 2.5        # q/k norm weight of the copy heads (2-gram match vs others)
+    calib_tokens: int = 2048            # tokens of the target run the feature probe is fitted on
 
 
 @dataclass(frozen=True)
@@ -89,10 +100,10 @@ class ModelConfig:
 PRESETS: dict[str, ModelConfig] = {
     # CPU tests: small everything, latent 64 + rope 32; 16 heads = 2 per rank at TP 8.
     "tiny": ModelConfig(
-        name="tiny", num_layers=2, hidden=128, vocab=128, num_heads=16, q_lora=64, kv_lora=64, qk_rope=32,
+        name="tiny", num_layers=2, hidden=256, vocab=128, num_heads=16, q_lora=64, kv_lora=64, qk_rope=32,
         qk_nope=32, v_head=32, ffn=256,
         rope=YarnRope(theta=10000.0, factor=4.0, original_max_pos=1024, beta_fast=32.0, beta_slow=1.0),
-        drafter=DrafterConfig(), attn_scale=3.0, mlp_scale=0.5,   # ~3/4 of greedy tokens follow succ[]
+        drafter=DrafterConfig(), attn_scale=2.5, mlp_scale=0.5,
     ),
     # Small everything except the attention: Kimi K2's per-rank head shape at TP 1 (8 query heads,
     # kv_lora 512 + rope 64 = 576-wide latent rows, nope 128, v 128), so kernels that only build the
@@ -100,7 +111,7 @@ PRESETS: dict[str, ModelConfig] = {
     "small-k2": ModelConfig(
         name="small-k2", num_layers=2, hidden=256, vocab=256, num_heads=8, q_lora=128, kv_lora=512, qk_rope=64,
         qk_nope=128, v_head=128, ffn=512, rope=YarnRope(),
-        drafter=DrafterConfig(), attn_scale=3.0, mlp_scale=0.5,
+        drafter=DrafterConfig(), attn_scale=2.5, mlp_scale=0.5,
     ),
     # Kimi K2 attention per TP8 rank: 8 query heads, q_lora 1536, kv_lora 512, rope 64, nope 128,
     # v_head 128, 61 layers, hidden 7168, YaRN factor 32 / theta 50000 / original 4096.
@@ -111,7 +122,7 @@ PRESETS: dict[str, ModelConfig] = {
         qk_rope=64, qk_nope=128, v_head=128, ffn=8 * 2048, rope=YarnRope(),
         drafter=DrafterConfig(num_layers=6, num_heads=32, num_kv_heads=4, head_dim=128,
                               ffn=8192, block=8, window=2048, full_layers=(5,),
-                              target_layers=(1, 12, 24, 35, 47, 58)),
+                              target_layers=(1, 12, 24, 35, 47, 58), code_dim=31, calib_tokens=1024),
     ),
 }
 

@@ -7,6 +7,7 @@ and its first child (depth+1, rank 0). Scores only fall along both moves, so the
 heap pops prefixes in score order and the first `budget` pops are the best
 `budget` prefixes; every selected node's ancestors were popped before it.
 Node 0 is the root (the last committed token); `budget` counts draft nodes.
+Top-k runs on the drafter's device: only [depth, k] values and ids are copied to the host.
 """
 from __future__ import annotations
 
@@ -37,8 +38,8 @@ def build_ddtree(root_token: int, logprobs: torch.Tensor, budget: int) -> DraftT
     tree = DraftTree([-1], [root_token], [0], [0.0])
     if k == 0 or depth_max == 0:
         return tree
-    top_lp, top_tok = torch.topk(logprobs.double().cpu(), k, dim=-1)            # [D, k], sorted descending
-    top_lp, top_tok = top_lp.tolist(), top_tok.tolist()
+    top_lp, top_tok = torch.topk(logprobs, k, dim=-1)         # [D, k] on the device, sorted descending
+    top_lp, top_tok = top_lp.double().cpu().tolist(), top_tok.cpu().tolist()   # only [D, k] goes to the host
     # heap entries: (-score, tie-break counter, depth, rank, parent node, parent score)
     heap = [(-top_lp[0][0], 0, 1, 0, 0, 0.0)]
     counter = 1
@@ -61,7 +62,8 @@ def build_ddtree(root_token: int, logprobs: torch.Tensor, budget: int) -> DraftT
 def build_chain(root_token: int, logprobs: torch.Tensor, length: int | None = None) -> DraftTree:
     """The plain DFlash block: the top-1 token at each depth (length draft nodes, default all depths)."""
     n = logprobs.shape[0] if length is None else min(length, logprobs.shape[0])
-    lp, tok = logprobs[:n].double().cpu().max(-1)
+    lp, tok = logprobs[:n].max(-1)                            # on the device; [n] goes to the host
+    lp, tok = lp.double().cpu(), tok.cpu()
     tree = DraftTree([-1], [root_token], [0], [0.0])
     for i in range(n):
         tree.parents.append(i)

@@ -1,11 +1,21 @@
 """python -m integration.decode: prefill a synthetic prompt, then speculative decoding (DFlash + DDTree).
 
     python -m integration.decode --tp 8 --model tiny --ctx 2k --steps 8 --check
+    python -m integration.decode --tp 8 --model tiny --ctx 2k --steps 8 --budget auto --check
 
---check also decodes plain greedily (a tree of one node per token) and exits 1,
-printing the first diverging position, unless the speculative tokens are
-identical. --tp N spawns N ranks (gloo on CPU, NCCL on GPUs); --simulate-rank
-runs rank 0's shard of a TP-8 split alone (collectives skipped: timing only).
+--check decodes plain greedily on the float64 `reference` backend (a tree of one node per
+token) and exits 1 at the first position where the speculative tokens differ; it also
+compares every verify's logits with the reference's (the probe's criterion) and exits 1
+when one differs by more than --logit-tol. With --temperature > 0 only the logit criterion
+applies (sampled tokens have no greedy counterpart).
+--tp N spawns N ranks (gloo on CPU, NCCL on GPUs); --simulate-rank runs rank 0's shard of
+a TP-8 split alone (collectives skipped: timing only).
+--text repeat (default) plants a passage early in the prompt and its start at the end, so a
+drafter that reads its context can copy the continuation; --text random has nothing to copy.
+--budget auto picks the tree budget per step from the cost model and the acceptance the
+drafter predicts, corrected by what it observes (integration/budget.py).
+--alloc sets the KV slot allocator: shuffled (default), contiguous (a sorted free list, as a
+serving engine hands a long request), fragmented (shuffled runs of consecutive slots).
 """
 from __future__ import annotations
 
@@ -21,12 +31,21 @@ from verify_attn.utils import parse_tokens, usage_error
 
 from .config import ModelConfig, get_model_config
 from .drafter import DFlashDrafter
+from .kv import ALLOC_MODES
+from .metrics import StepMetrics
 from .model import MLATarget
-from .spec import Engine, StepMetrics, first_divergence, greedy_decode, speculative_decode
+from .spec import Engine, first_divergence, greedy_decode, speculative_decode
+from .texts import TEXTS, make_prompt, random_prompt
 from .tp import TPGroup, launch
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
            "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+
+# Per-verify logit criterion (--check, the probe): max |logits - float64-reference logits|. A
+# correct fp32 backend stays near 1e-6 on tiny; dropping 16 middle prefix rows at 2.5k moves the
+# logits by ~1e-2 and more (tests/test_integration_probe.py measures both). 16-bit caches round
+# every row and output, so the bound there is looser and catches only larger errors.
+LOGIT_TOL = {torch.float32: 1e-3, torch.float16: 5e-2, torch.bfloat16: 5e-2}
 
 
 def add_common_args(ap: argparse.ArgumentParser) -> None:
@@ -38,6 +57,20 @@ def add_common_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--page-size", type=int, default=16, help="page size for --layout paged")
     ap.add_argument("--tree", choices=("ddtree", "chain"), default="ddtree")
     ap.add_argument("--tree-budget", type=int, default=16, help="draft nodes per tree (ddtree)")
+    ap.add_argument("--budget", default=None,
+                    help="auto | N: auto picks the draft-node budget per step (integration/budget.py); "
+                         "N is the same as --tree-budget N")
+    ap.add_argument("--budget-device", default=None,
+                    help="cost model of --budget auto: h200 | rtx-pro-6000 (default: the GPU here, else rtx-pro-6000)")
+    ap.add_argument("--profile", default=None,
+                    help="acceptance profile JSON for --budget auto (integration/profiles/); default: the "
+                         "drafter's own probabilities, corrected online")
+    ap.add_argument("--alloc", choices=ALLOC_MODES, default="shuffled",
+                    help="KV slot allocator: shuffled | contiguous (sorted free list) | fragmented")
+    ap.add_argument("--text", choices=TEXTS, default="repeat",
+                    help="prompt: repeat (a passage seen before, copyable) | random")
+    ap.add_argument("--temperature", type=float, default=0.0,
+                    help="0: greedy; > 0: target-only tree sampling (the output follows the target's distribution)")
     ap.add_argument("--device", default=None, help="cpu | cuda (default: cuda if available)")
     ap.add_argument("--dtype", default=None, help="float32 | float16 | bfloat16 (default: fp32 on CPU, bf16 on CUDA)")
     ap.add_argument("--seed", type=int, default=0)
@@ -92,16 +125,64 @@ def resolve(args) -> dict:
         raise usage_error("error: --simulate-rank runs one process: leave --tp at 1")
     if args.tree_budget < 1:
         raise usage_error("error: --tree-budget must be >= 1")
+    budget: object = args.tree_budget
+    if args.budget is not None:
+        if args.budget == "auto":
+            budget = "auto"
+        else:
+            try:
+                budget = int(args.budget)
+            except ValueError:
+                raise usage_error(f"error: --budget: expected auto or a node count, got {args.budget!r}") from None
+            if budget < 1:
+                raise usage_error("error: --budget must be auto or >= 1")
+    if budget == "auto" and args.tree != "ddtree":
+        raise usage_error("error: --budget auto needs --tree ddtree")
+    if not args.temperature >= 0 or args.temperature != args.temperature:
+        raise usage_error(f"error: --temperature must be >= 0, got {args.temperature}")
+    budget_device = args.budget_device
+    if budget == "auto":
+        from .budget import DEVICES, load_profile
+        budget_device = budget_device or _here_device() or "rtx-pro-6000"
+        if budget_device not in DEVICES:
+            raise usage_error(f"error: --budget-device: unknown {budget_device!r}; known: {', '.join(DEVICES)}")
+        if args.profile is not None:
+            try:
+                load_profile(args.profile)
+            except (OSError, ValueError) as e:
+                raise usage_error(f"error: --profile: {e}") from None
     if args.layers is not None and args.layers < 1:
         raise usage_error("error: --layers must be >= 1")
     return dict(model=args.model, layers=args.layers, device=device, dtype=dtype,
-                page_size=1 if args.layout == "page1" else args.page_size, tree=args.tree, budget=args.tree_budget,
-                seed=args.seed, simulate=args.simulate_rank)
+                page_size=1 if args.layout == "page1" else args.page_size, tree=args.tree, budget=budget,
+                seed=args.seed, simulate=args.simulate_rank, alloc=args.alloc, text=args.text,
+                temperature=float(args.temperature), budget_device=budget_device, profile=args.profile)
+
+
+def _here_device() -> Optional[str]:
+    """The cost-model device name of the GPU at hand (h200 | rtx-pro-6000), or None."""
+    if not torch.cuda.is_available():
+        return None
+    name = torch.cuda.get_device_name().lower()
+    return "h200" if "h200" in name else ("rtx-pro-6000" if "rtx pro 6000" in name else None)
 
 
 def synthetic_prompt(length: int, vocab: int, seed: int) -> torch.Tensor:
     """A seeded random prompt [length] (never the MASK token, the last id)."""
-    return torch.randint(0, vocab - 1, (length,), generator=torch.Generator().manual_seed(7 + seed))
+    return random_prompt(length, vocab, seed)
+
+
+def prompt_for(s: dict, target: MLATarget, ctx: int) -> torch.Tensor:
+    """The run's prompt [ctx]: --text repeat (a copyable passage) or random."""
+    return make_prompt(s.get("text", "random"), ctx, target.succ, target.cfg.vocab, s["seed"]).prompt
+
+
+def budget_of(s: dict) -> int:
+    """The largest draft-node budget a run may use (capacity planning)."""
+    if s["budget"] == "auto":
+        from .budget import MAX_AUTO_BUDGET
+        return MAX_AUTO_BUDGET
+    return int(s["budget"])
 
 
 def model_config(s: dict) -> ModelConfig:
@@ -126,8 +207,9 @@ def build(tp: TPGroup, s: dict, backend: str, capacity: int):
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
     target = MLATarget(cfg, tp, dtype=_DTYPES[s["dtype"]], device=dev)
-    drafter = DFlashDrafter(target)
-    engine = Engine(target, backend=backend, page_size=s["page_size"], capacity=capacity, seed=s["seed"])
+    drafter = DFlashDrafter(target, capacity=capacity)
+    engine = Engine(target, backend=backend, page_size=s["page_size"], capacity=capacity, seed=s["seed"],
+                    alloc=s.get("alloc", "shuffled"))
     return target, drafter, engine
 
 
@@ -139,25 +221,38 @@ def run_rank(tp: TPGroup, s: dict, backend: str, ctx: int, steps: int, check: bo
     """One rank's whole run (rank 0's dict is the result)."""
     torch.manual_seed(s["seed"])
     cfg = model_config(s)
-    cap = capacity_for(ctx, steps, s["budget"], cfg.drafter.block, s["page_size"])
+    cap = capacity_for(ctx, steps, budget_of(s), cfg.drafter.block, s["page_size"])
     target, drafter, engine = build(tp, s, backend, cap)
-    prompt = synthetic_prompt(ctx, cfg.vocab, s["seed"])
+    prompt = prompt_for(s, target, ctx)
     say = (lambda *a: print(*a, flush=True)) if (verbose and tp.rank == 0) else (lambda *a: None)
+    budget: object = s["budget"]
+    if budget == "auto":
+        from .budget import auto_budget_for
+        budget = auto_budget_for(cfg, s, backend)
+    if check:
+        engine.check_backend = "reference"
 
     def show(m: StepMetrics) -> None:
         parts = " ".join(f"{k}={v * 1e3:.1f}" for k, v in sorted(m.parts.items()))
-        say(f"step {m.step:3d}  tree {m.tree_size:3d}  accepted_drafts {m.accepted_drafts}  "
-            f"commit_len {m.commit_len}  {m.step_s * 1e3:8.1f} ms  [{parts}]")
+        err = "" if m.logit_err is None else f"  logit err {m.logit_err:.1e}"
+        say(f"step {m.step:3d}  budget {m.budget:3d}  tree {m.tree_size:3d}  accepted_drafts {m.accepted_drafts}  "
+            f"commit_len {m.commit_len}  {m.step_s * 1e3:8.1f} ms{err}  [{parts}]")
 
-    tokens, metrics = speculative_decode(engine, drafter, prompt, steps, tree_kind=s["tree"], budget=s["budget"],
+    tokens, metrics = speculative_decode(engine, drafter, prompt, steps, tree_kind=s["tree"], budget=budget,
+                                         temperature=s.get("temperature", 0.0), seed=s["seed"],
                                          check_cache=True, on_step=show)
-    res = {"tokens": tokens, "commit_lens": [m.commit_len for m in metrics],
-           "step_s": [m.step_s for m in metrics], "divergence": None, "checked": False}
+    res = {"tokens": tokens, "commit_lens": [m.commit_len for m in metrics], "budgets": [m.budget for m in metrics],
+           "step_s": [m.step_s for m in metrics], "divergence": None, "checked": False,
+           "logit_errs": [m.logit_err for m in metrics], "logit_tol": LOGIT_TOL[target.dtype],
+           "budget_notes": getattr(budget, "notes", None)}
     if check:
-        ref = greedy_decode(engine, prompt, len(tokens))
         res["checked"] = True
-        res["divergence"] = first_divergence(tokens, ref)
-        res["greedy"] = ref
+        if s.get("temperature", 0.0) <= 0:
+            ref_engine = Engine(target, backend="reference", page_size=s["page_size"], capacity=cap, seed=s["seed"],
+                                alloc=s.get("alloc", "shuffled"))
+            ref = greedy_decode(ref_engine, prompt, len(tokens))
+            res["divergence"] = first_divergence(tokens, ref)
+            res["greedy"] = ref
     return res
 
 
@@ -175,8 +270,28 @@ def summarize(res: dict, tp_desc: str) -> str:
     new_tokens = sum(cl)
     lines = [f"summary ({tp_desc}): {len(cl)} steps, mean commit_len {new_tokens / max(1, len(cl)):.2f}, "
              f"histogram {dict(sorted(hist.items()))}, {new_tokens} tokens in {total_s:.3f} s = "
-             f"{new_tokens / max(total_s, 1e-9):.1f} tok/s"]
+             f"{new_tokens / max(total_s, 1e-9):.1f} tok/s, budgets {sorted(set(res['budgets']))}"]
+    if res.get("budget_notes"):
+        lines.append(f"budget auto: {res['budget_notes']}")
     return "\n".join(lines)
+
+
+def check_verdict(res: dict) -> tuple[bool, str]:
+    """(ok, message) of --check: exact tokens against reference greedy, and the per-verify logit bound."""
+    errs = [e for e in res["logit_errs"] if e is not None]
+    worst = max(errs) if errs else None
+    if res["divergence"] is not None:
+        i = res["divergence"]
+        return False, (f"CHECK FAILED: speculative output diverges from greedy decoding on the reference backend at "
+                       f"generated position {i}: spec {res['tokens'][i:i + 8]} vs greedy {res['greedy'][i:i + 8]}")
+    if worst is not None and worst > res["logit_tol"]:
+        step = next(k for k, e in enumerate(res["logit_errs"]) if e is not None and e > res["logit_tol"])
+        return False, (f"CHECK FAILED: step {step}'s verify logits differ from the float64 reference by {worst:.2e} "
+                       f"> {res['logit_tol']:.0e}")
+    what = ("identical to plain greedy decoding on the reference backend, "
+            if "greedy" in res else "(sampled: no greedy comparison), ")
+    return True, (f"check OK: {len(res['tokens'])} speculative tokens {what}verify logits within "
+                  f"{worst:.1e} of the reference (bound {res['logit_tol']:.0e})")
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -186,7 +301,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--ctx", default="2k", help="prompt length (k = 1,000 tokens)")
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--attn-backend", default=None, help="verify_attn backend (default: reference on CPU, auto on GPU)")
-    ap.add_argument("--check", action="store_true", help="compare with plain greedy decoding; exit 1 on divergence")
+    ap.add_argument("--check", action="store_true",
+                    help="compare with plain greedy decoding on the reference backend and every verify's logits "
+                         "with the reference's; exit 1 on a difference")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():  # Triton backends run on CPU tensors only under the interpreter
         os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -197,18 +314,17 @@ def main(argv: Optional[list[str]] = None) -> int:
         torch.set_num_threads(1)  # tiny matmuls: extra threads only contend (and ranks share the cores)
     desc = "simulated rank 0 of TP 8, all-reduce skipped" if s["simulate"] else f"TP {args.tp}"
     extra = ("" if s["page_size"] == 1 else f" page_size {s['page_size']}") + \
-        (f" budget {s['budget']}" if s["tree"] == "ddtree" else "")
-    print(f"model {s['model']}  {desc}  ctx {ctx}  layout {args.layout}  tree {s['tree']}{extra}  "
-          f"attn {backend}  {s['device']} {s['dtype']}", flush=True)
+        (f" budget {s['budget']}" if s["tree"] == "ddtree" else "") + \
+        (f" ({s['budget_device']} cost model)" if s["budget"] == "auto" else "") + \
+        (f" temperature {s['temperature']}" if s["temperature"] > 0 else "")
+    print(f"model {s['model']}  {desc}  ctx {ctx}  layout {args.layout}  alloc {s['alloc']}  text {s['text']}  "
+          f"tree {s['tree']}{extra}  attn {backend}  {s['device']} {s['dtype']}", flush=True)
     res = launch(args.tp, run_rank, s, backend, ctx, args.steps, args.check, True)
     print(summarize(res, desc))
     if res["checked"]:
-        if res["divergence"] is not None:
-            i = res["divergence"]
-            print(f"CHECK FAILED: speculative output diverges from greedy at generated position {i}: "
-                  f"spec {res['tokens'][i:i + 8]} vs greedy {res['greedy'][i:i + 8]}")
-            return 1
-        print(f"check OK: {len(res['tokens'])} speculative tokens identical to plain greedy decoding")
+        ok, msg = check_verdict(res)
+        print(msg)
+        return 0 if ok else 1
     return 0
 
 

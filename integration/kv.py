@@ -12,21 +12,52 @@ position L + i (after the committed prefix). Commit: page_size 1 appends the
 accepted nodes' slots to the prefix and frees the rest (no KV copy); paged
 copies the accepted rows to L, L+1, ... and frees pages past the new end.
 Freed rows are refilled with NaN so a read of a dead row shows up.
+
+The free list's order is the allocator policy (`alloc`): "shuffled" (a pool after heavy
+churn: every row somewhere else), "contiguous" (a serving engine's sorted free list: a long
+request gets mostly consecutive slots, freed ids go back in order), "fragmented" (runs of
+consecutive ids of random length 8..256, the runs shuffled: a pool after moderate churn).
+page_size=1 kernels read rows very differently on these patterns.
 """
 from __future__ import annotations
 
+import heapq
+from collections import deque
 from typing import Optional, Sequence
 
 import torch
 
 from verify_attn.layouts import PagedPool
 
+ALLOC_MODES = ("shuffled", "contiguous", "fragmented")
+
+
+def free_order(n: int, mode: str, generator: torch.Generator) -> list[int]:
+    """The initial free list of a pool of n rows/pages under allocator policy `mode` (ALLOC_MODES)."""
+    if mode == "shuffled":
+        return torch.randperm(n, generator=generator).tolist()
+    if mode == "contiguous":
+        return list(range(n))
+    if mode == "fragmented":
+        runs, start = [], 0
+        while start < n:
+            length = int(torch.randint(8, 257, (), generator=generator))
+            runs.append(list(range(start, min(n, start + length))))
+            start += length
+        order = torch.randperm(len(runs), generator=generator).tolist()
+        return [i for r in order for i in runs[r]]
+    raise ValueError(f"unknown allocator policy {mode!r}; known: {', '.join(ALLOC_MODES)}")
+
 
 class LatentKVCache:
     def __init__(self, num_layers: int, capacity_tokens: int, dim: int, dv: int, *, page_size: int = 1,
-                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", seed: int = 0) -> None:
+                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", seed: int = 0,
+                 alloc: str = "shuffled") -> None:
         if page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {page_size}")
+        if alloc not in ALLOC_MODES:
+            raise ValueError(f"unknown allocator policy {alloc!r}; known: {', '.join(ALLOC_MODES)}")
+        self.alloc = alloc
         self.page_size = page_size
         self.dim, self.dv = dim, dv
         num_pages = (capacity_tokens + page_size - 1) // page_size + 1
@@ -34,8 +65,9 @@ class LatentKVCache:
                       for _ in range(num_layers)]
         self.device = torch.device(device)
         g = torch.Generator().manual_seed(10_000 + seed)
-        # shuffled free list: rows of one request end up scattered, as in a serving engine's pool
-        self.free: list[int] = torch.randperm(num_pages, generator=g).tolist()
+        # contiguous: a min-heap (the lowest free id first); otherwise a FIFO of the policy's order
+        order = free_order(num_pages, alloc, g)
+        self.free: list[int] | deque[int] = order if alloc == "contiguous" else deque(order)
         self.live: set[int] = set()
         self.pages: list[int] = []     # paged: the request's pages; page 1: its prefix slots
         self.length = 0                # committed tokens (L)
@@ -55,7 +87,10 @@ class LatentKVCache:
         if n > len(self.free):
             raise RuntimeError(f"KV pool exhausted: need {n} more {'slots' if self.page_size == 1 else 'pages'}, "
                                f"{len(self.free)} free")
-        ids, self.free = self.free[:n], self.free[n:]
+        if self.alloc == "contiguous":
+            ids = [heapq.heappop(self.free) for _ in range(n)]
+        else:
+            ids = [self.free.popleft() for _ in range(n)]
         for i in ids:
             if i in self.live:
                 raise AssertionError(f"row/page {i} handed out while live")
@@ -72,7 +107,11 @@ class LatentKVCache:
         idx = torch.tensor(list(ids), dtype=torch.long, device=self.device)
         for p in self.pools:
             p.k.index_fill_(0, idx, float("nan"))
-        self.free.extend(ids)
+        if self.alloc == "contiguous":     # a sorted free list: the lowest ids are handed out first
+            for i in ids:
+                heapq.heappush(self.free, i)
+        else:
+            self.free.extend(ids)
 
     def _ensure_pages(self, tokens: int) -> None:
         need = (tokens + self.page_size - 1) // self.page_size

@@ -75,14 +75,20 @@ def test_kimi_rank_shapes_reach_tree_verify() -> None:
         reference_run(p, config, out, lse)
 
     base = get_model_config("kimi-k2-tp8")
-    cfg = replace(base, num_layers=2, hidden=256, vocab=1024, q_lora=128, ffn=8 * 64,
-                  drafter=replace(base.drafter, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=32, ffn=128,
-                                  window=16, full_layers=(1,), target_layers=(0, 1)))
+    cfg = replace(base, num_layers=2, hidden=512, vocab=1024, q_lora=128, ffn=8 * 64,
+                  drafter=replace(base.drafter, num_layers=2, ffn=128, window=16, full_layers=(1,), target_layers=(0, 1),
+                                  calib_tokens=256))
     t = MLATarget(cfg, TPGroup(0, 8, simulate=True), dtype=torch.float32, device="cpu")
     e = Engine(t, backend="test-capture", page_size=1, capacity=400)
+    drafter = DFlashDrafter(t, capacity=400, backend="test-capture")
     with temporary_backend(Backend("test-capture", capture)):
-        toks, metrics = speculative_decode(e, DFlashDrafter(t), torch.randint(0, 1023, (90,)), 2, tree_kind="chain",
+        toks, metrics = speculative_decode(e, drafter, torch.randint(0, 1023, (90,)), 2, tree_kind="chain",
                                            simulate_accept_len=3)
     assert [m.commit_len for m in metrics] == [3, 3]
-    assert seen and all(s[:5] == (8, 1, 576, 512, True) for s in seen)
-    assert seen[0][5] == pytest.approx(base.sm_scale())
+    target_calls = [x for x in seen if x[3] == 512]
+    drafter_calls = [x for x in seen if x[3] != 512]
+    assert target_calls and all(x[:5] == (8, 1, 576, 512, True) for x in target_calls)
+    assert target_calls[0][5] == pytest.approx(base.sm_scale())
+    # the drafter's attention: Kimi-K2.5-DFlash's GQA (32 query heads, 4 KV heads of 128, separate K and V)
+    # read natively through tree_verify, never expanded per query head
+    assert drafter_calls and all(x[:5] == (32, 4, 128, 128, False) for x in drafter_calls)

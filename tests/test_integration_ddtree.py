@@ -1,4 +1,5 @@
-"""DDTree against brute-force enumeration; chain trees; acceptance walk and metrics on hand-built trees."""
+"""DDTree against brute-force enumeration; chain trees; acceptance walk and the independent metric
+counters on hand-built trees."""
 from __future__ import annotations
 
 import itertools
@@ -7,7 +8,8 @@ import pytest
 import torch
 
 from integration.ddtree import DraftTree, build_chain, build_ddtree
-from integration.spec import StepMetrics, accept_walk, forced_path
+from integration.accept import accept_walk, forced_path
+from integration.metrics import MetricsMismatch, StepMetrics
 from verify_attn import tree as vtree
 
 
@@ -89,8 +91,10 @@ def test_accept_walk(target_next, path, bonus) -> None:
     got_path, got_bonus = accept_walk(PARENTS, TOKENS, target_next)
     assert got_path == path and got_bonus == bonus
     depths = vtree.depths(PARENTS)
-    m = StepMetrics(0, len(PARENTS), len(got_path) - 1, depths[got_path[-1]], len(got_path))
-    m.check(max_depth=3)
+    n = len(got_path)
+    m = StepMetrics(0, len(PARENTS), accepted_drafts=n - 1, accepted_depth=depths[got_path[-1]], commit_len=n,
+                    tokens_emitted=n, drafter_growth=n, drafter_ctx=50, cache_len=50, max_depth=3)
+    m.check()
 
 
 def test_forced_path_takes_the_deepest_branch() -> None:
@@ -101,13 +105,17 @@ def test_forced_path_takes_the_deepest_branch() -> None:
 
 
 @pytest.mark.parametrize("bad", [
-    dict(commit_len=2),                      # commit_len != accepted_drafts + 1
-    dict(accepted_depth=1),                  # depth != drafts on a path
-    dict(accepted_drafts=5, accepted_depth=5, commit_len=6),   # more than the tree holds
+    dict(commit_len=2),                      # the cache grew by one token less than was emitted
+    dict(tokens_emitted=4),                  # an extra token emitted
+    dict(drafter_growth=2),                  # the drafter missed a committed token
+    dict(accepted_depth=1),                  # accepted nodes that do not form a path
+    dict(accepted_drafts=5, accepted_depth=5, commit_len=6, tokens_emitted=6, drafter_growth=6),  # > tree
+    dict(drafter_ctx=49),                    # drafter context out of step with the target cache
 ])
 def test_metric_invariants_catch_inconsistency(bad) -> None:
-    kw = dict(step=0, tree_size=4, accepted_drafts=2, accepted_depth=2, commit_len=3)
-    StepMetrics(**kw).check(max_depth=7)
+    kw = dict(step=0, tree_size=4, accepted_drafts=2, accepted_depth=2, commit_len=3, tokens_emitted=3,
+              drafter_growth=3, drafter_ctx=50, cache_len=50, max_depth=7)
+    StepMetrics(**kw).check()
     kw.update(bad)
-    with pytest.raises(AssertionError):
-        StepMetrics(**kw).check(max_depth=7)
+    with pytest.raises(MetricsMismatch):
+        StepMetrics(**kw).check()

@@ -1,5 +1,7 @@
 """The speculative loop emits exactly what plain greedy decoding emits: both layouts, chain and DDTree
-trees, TP 1 and TP 8 (gloo), the reference backend and (interpreted, fp32) Triton; a long prompt."""
+trees, TP 1 and TP 8 (gloo), the reference backend and (interpreted, fp32) Triton; a long prompt;
+each KV allocator policy. Prompts are repetitive text (integration/texts.py), so the real drafter
+gets drafts accepted."""
 from __future__ import annotations
 
 import subprocess
@@ -11,7 +13,8 @@ import torch
 import verify_attn
 import verify_attn.tree
 from integration.config import get_model_config
-from integration.decode import run_many, run_rank, synthetic_prompt
+from integration.decode import LOGIT_TOL, run_many, run_rank
+from integration.texts import repeated_prompt
 from integration.drafter import DFlashDrafter
 from integration.model import MLATarget
 from integration.spec import Engine, first_divergence, greedy_decode, speculative_decode
@@ -24,16 +27,22 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 @pytest.fixture(scope="module")
 def tiny():
     t = MLATarget(get_model_config("tiny"), TPGroup(), dtype=torch.float32, device="cpu")
-    return t, DFlashDrafter(t)
+    return t, DFlashDrafter(t, capacity=4096)
+
+
+def prompt_of(target, ctx: int):
+    return repeated_prompt(ctx, target.succ, target.cfg.vocab, 0).prompt
 
 
 def _spec_vs_greedy(target, drafter, ctx: int, steps: int, page_size: int, tree: str, backend: str, budget: int = 12,
-                    prefill_chunk: int | None = None):
-    prompt = synthetic_prompt(ctx, target.cfg.vocab, 0)
-    e = Engine(target, backend=backend, page_size=page_size, capacity=ctx + 40 * steps + 64, prefill_chunk=prefill_chunk)
+                    prefill_chunk: int | None = None, alloc: str = "shuffled"):
+    prompt = prompt_of(target, ctx)
+    e = Engine(target, backend=backend, page_size=page_size, capacity=ctx + 40 * steps + 64, prefill_chunk=prefill_chunk,
+               alloc=alloc)
     toks, metrics = speculative_decode(e, drafter, prompt, steps, tree_kind=tree, budget=budget, check_cache=True)
     assert len(toks) == 1 + sum(m.commit_len for m in metrics)
-    ref = greedy_decode(e, prompt, len(toks))
+    ref = greedy_decode(Engine(target, backend="reference", page_size=page_size, capacity=ctx + 40 * steps + 64,
+                               alloc=alloc), prompt, len(toks))      # --check: greedy on the reference backend
     assert first_divergence(toks, ref) is None, f"diverges at {first_divergence(toks, ref)}: {toks} vs {ref}"
     return metrics
 
@@ -48,6 +57,13 @@ def test_spec_equals_greedy_reference(tiny, page_size: int, tree: str) -> None:
         assert all(m.tree_size == 13 for m in metrics)
     else:
         assert all(m.tree_size == tiny[1].block for m in metrics)
+
+
+@pytest.mark.parametrize("alloc", ["contiguous", "fragmented"])
+def test_spec_equals_greedy_alloc(tiny, alloc: str) -> None:
+    """The other KV allocator policies (item 6): same tokens, drafts accepted."""
+    metrics = _spec_vs_greedy(*tiny, ctx=97, steps=4, page_size=1, tree="ddtree", backend="reference", alloc=alloc)
+    assert sum(m.accepted_drafts for m in metrics) > 0
 
 
 def test_spec_equals_greedy_long_prompt(tiny) -> None:
@@ -111,14 +127,15 @@ def _ignore_tree_mask(p, config, out, lse) -> None:
 
 
 def test_check_catches_a_tree_mask_bug(tiny) -> None:
-    """The spec == greedy check is not vacuous: a backend that ignores the tree mask (greedy's one-node
-    trees are unaffected) makes the speculative tokens diverge."""
+    """--check is not vacuous: a backend that ignores the tree mask (greedy's one-node trees are
+    unaffected) is caught by the per-verify logit criterion, whether or not it flips a token."""
     from cases import temporary_backend
     from verify_attn.backends import Backend
     target, drafter = tiny
-    prompt = synthetic_prompt(97, target.cfg.vocab, 0)
-    e = Engine(target, backend="test-no-tree-mask", page_size=1, capacity=600)
-    with temporary_backend(Backend("test-no-tree-mask", _ignore_tree_mask)):
-        toks, _ = speculative_decode(e, drafter, prompt, 6, tree_kind="ddtree", budget=12)
-        ref = greedy_decode(e, prompt, len(toks))
-    assert first_divergence(toks, ref) is not None
+    prompt = prompt_of(target, 97)
+    for name, expect_bad in (("reference", False), ("test-no-tree-mask", True)):
+        e = Engine(target, backend=name, page_size=1, capacity=600, check_backend="reference")
+        with temporary_backend(Backend("test-no-tree-mask", _ignore_tree_mask)):
+            _, metrics = speculative_decode(e, drafter, prompt, 4, tree_kind="ddtree", budget=12)
+        worst = max(m.logit_err for m in metrics)
+        assert (worst > LOGIT_TOL[torch.float32]) == expect_bad, (name, worst)

@@ -1,0 +1,75 @@
+"""Acceptance rules: which tree nodes a verify commits, and the bonus token after them.
+
+Greedy: start at the root; while the target's argmax at the current node equals the token
+of one of its children, move to that child. The argmax at the last accepted node is the bonus.
+
+Sampling (temperature > 0), target-only tree acceptance as serving engines do it (SGLang's
+`tree_speculative_sampling_target_only`): at the current node with target distribution p,
+draw u ~ U(0, 1) and walk the children in order, accumulating p(child token); the first
+child whose cumulative mass exceeds u is accepted; if none, the bonus is drawn from p with
+the children's tokens removed and renormalised. That is exactly one draw x ~ p per node
+(inverse CDF with the children's tokens first): the emitted tokens are distributed as the
+target's own samples, whatever the drafter proposed (tests/test_integration_sampling.py
+checks it with a chi-square test).
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Callable, Sequence
+
+import torch
+
+from .ddtree import DraftTree
+
+
+def _children(parents: Sequence[int]) -> dict[int, list[int]]:
+    kids: dict[int, list[int]] = defaultdict(list)
+    for i in range(1, len(parents)):
+        kids[parents[i]].append(i)
+    return kids
+
+
+def accept_walk(parents: Sequence[int], tokens: Sequence[int], target_next: Sequence[int]) -> tuple[list[int], int]:
+    """Greedy acceptance. target_next[i] = the target's argmax after node i. Returns (path from the root, bonus)."""
+    kids = _children(parents)
+    path = [0]
+    while True:
+        want = target_next[path[-1]]
+        nxt = next((c for c in kids[path[-1]] if tokens[c] == want), None)
+        if nxt is None:
+            return path, want
+        path.append(nxt)
+
+
+def sample_walk(parents: Sequence[int], tokens: Sequence[int], probs: Callable[[int], torch.Tensor],
+                generator: torch.Generator) -> tuple[list[int], int]:
+    """Target-only tree sampling. probs(i) = the target's distribution [V] after node i (float64, CPU)."""
+    kids = _children(parents)
+    path = [0]
+    while True:
+        p = probs(path[-1])
+        u = float(torch.rand((), generator=generator, dtype=torch.float64))
+        acc, chosen = 0.0, None
+        for c in kids[path[-1]]:
+            acc += float(p[tokens[c]])
+            if u < acc:
+                chosen = c
+                break
+        if chosen is None:
+            rest = p.clone()
+            rest[[tokens[c] for c in kids[path[-1]]]] = 0.0
+            if float(rest.sum()) <= 0.0:       # the children held all the mass (u hit rounding): take the last
+                path.append(kids[path[-1]][-1])
+                continue
+            return path, int(torch.multinomial(rest / rest.sum(), 1, generator=generator))
+        path.append(chosen)
+
+
+def forced_path(tree: DraftTree, commit_len: int) -> list[int]:
+    """--simulate-accept-len: the root plus the first commit_len-1 nodes of the deepest path."""
+    node = max(range(tree.size), key=lambda i: (tree.depths[i], -i))
+    chain = []
+    while node != -1:
+        chain.append(node)
+        node = tree.parents[node]
+    return chain[::-1][:max(1, commit_len)]
