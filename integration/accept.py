@@ -42,8 +42,10 @@ def accept_walk(parents: Sequence[int], tokens: Sequence[int], target_next: Sequ
 
 
 def sample_walk(parents: Sequence[int], tokens: Sequence[int], probs: Callable[[int], torch.Tensor],
-                generator: torch.Generator) -> tuple[list[int], int]:
-    """Target-only tree sampling. probs(i) = the target's distribution [V] after node i (float64, CPU)."""
+                generator: torch.Generator, residual: bool = True) -> tuple[list[int], int]:
+    """Target-only tree sampling. probs(i) = the target's distribution [V] after node i (float64, CPU).
+    residual=False is a deliberate bug (tests): the bonus is drawn from the full distribution instead of
+    the one with the rejected children removed, so rejected tokens come back too often."""
     kids = _children(parents)
     path = [0]
     while True:
@@ -57,7 +59,8 @@ def sample_walk(parents: Sequence[int], tokens: Sequence[int], probs: Callable[[
                 break
         if chosen is None:
             rest = p.clone()
-            rest[[tokens[c] for c in kids[path[-1]]]] = 0.0
+            if residual:
+                rest[[tokens[c] for c in kids[path[-1]]]] = 0.0
             if float(rest.sum()) <= 0.0:       # the children held all the mass (u hit rounding): take the last
                 path.append(kids[path[-1]][-1])
                 continue

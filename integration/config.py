@@ -53,6 +53,7 @@ class DrafterConfig:
     copy_gain: float = 3.0              # size of the copied target state in the block's residual
     pos_sharpness: float = 3.0          # q/k norm weight of the positional heads (peak vs neighbours)
     match_sharpness: float = 2.5        # q/k norm weight of the copy heads (2-gram match vs others)
+    memory_sharpness: float = 1.0       # gain of the copy layer's key-value memory (vocab <= ffn)
     calib_tokens: int = 2048            # tokens of the target run the feature probe is fitted on
 
 

@@ -193,8 +193,12 @@ def _build(target: MLATarget, cfg: DrafterConfig) -> DrafterWeights:
     m_hat = basis[:, 0]                                                          # the MASK direction
     z = basis[:, 1:1 + c]                                                        # [d, c] code subspace
     s_sub = [basis[:, 1 + c + i * (c + 1): 1 + c + (i + 1) * (c + 1)] for i in range(b)]   # S_1..S_b, [d, c+1]
-    rest = basis[:, 1 + c + b * (c + 1):]
-    noise_proj = rest @ rest.T                                                   # [d, d]: where noise may go
+    used = basis[:, :1 + c + b * (c + 1)].float()                               # MASK, Z, S_1..S_b
+
+    def noise(m: torch.Tensor) -> torch.Tensor:
+        """m [d, n] with the MASK, code and S directions removed: noise that leaves the copy circuit alone."""
+        m = m.float().to(used.device)
+        return (m - used @ (used.T @ m)).to(**wp)
 
     # -- features: a ridge probe that reads the token's embedding from the target states ----------
     keep = tuple(cfg.target_layers)
@@ -240,7 +244,8 @@ def _build(target: MLATarget, cfg: DrafterConfig) -> DrafterWeights:
                 q_u, _ = torch.linalg.qr(keep_out @ randn(d, hd))
                 pu.append(q_u[:, :hd].T)                                          # [hd, d]
                 wv[u * hd:(u + 1) * hd] = pu[-1]
-            decs = [emb_pred.T @ (emb @ p_u.T) for p_u in pu]                     # [d, hd]: copied code -> vote
+            memory = emb.shape[0] <= cfg.ffn    # the MLP can hold one unit per token (a key-value memory)
+            decs = None if memory else [emb_pred.T @ (emb @ p_u.T) for p_u in pu]   # [d, hd]: code -> vote
             for m in range(b - 1):
                 u, s = m % Hkv, m // Hkv
                 h = u * group + s
@@ -250,14 +255,28 @@ def _build(target: MLATarget, cfg: DrafterConfig) -> DrafterWeights:
                 wq[base + c: base + 2 * c] = s_sub[m + 1][:, :c].T                # ... and at distance m+2
                 wq[h * hd + 2 * c * nslot] = flag * s_sub[m][:, c]
                 wq[h * hd + 2 * c * nslot + 1] = flag * s_sub[m + 1][:, c]
-                wo[:, h * hd:(h + 1) * hd] = cfg.copy_gain * decs[u] / float(decs[u].norm(dim=0).mean())
+                if memory:                      # put the copied slice of f back where it came from
+                    wo[:, h * hd:(h + 1) * hd] = cfg.copy_gain * pu[u].T
+                else:                           # decode it linearly into the LM head's vote (crosstalk grows with V)
+                    wo[:, h * hd:(h + 1) * hd] = cfg.copy_gain * decs[u] / float(decs[u].norm(dim=0).mean())
             qn, kn = ones(hd) * cfg.match_sharpness, ones(hd) * cfg.match_sharpness
         else:                                                                     # mixer: small noise
-            wq, wk, wv = randn(H * hd, d) * d ** -0.5, randn(Hkv * hd, d) * d ** -0.5, randn(Hkv * hd, d) * d ** -0.5
-            wo = cfg.layer_scale * noise_proj @ randn(d, H * hd) * (H * hd) ** -0.5
-        gate = mk.normal((cfg.ffn, d), d ** -0.5).to(**wp)
-        up = mk.normal((cfg.ffn, d), d ** -0.5).to(**wp)
-        down = cfg.layer_scale * noise_proj @ mk.normal((d, cfg.ffn), cfg.ffn ** -0.5).to(**wp)
+            g32 = lambda *shape: torch.randn(*shape, generator=gen).to(wp["device"])   # noqa: E731
+            wq, wk, wv = g32(H * hd, d) * d ** -0.5, g32(Hkv * hd, d) * d ** -0.5, g32(Hkv * hd, d) * d ** -0.5
+            wo = cfg.layer_scale * noise(g32(d, H * hd)) * (H * hd) ** -0.5
+        gate = mk.normal((cfg.ffn, d), d ** -0.5)
+        up = mk.normal((cfg.ffn, d), d ** -0.5)
+        down = cfg.layer_scale * noise(mk.normal((d, cfg.ffn), cfg.ffn ** -0.5))
+        if role == "copy" and memory:
+            # a key-value memory: unit t fires (silu(g) * u ~ g^2) when the copied state looks like e(t)
+            # and writes the LM-head row of t (e(pred[t])): sharp decoding, no crosstalk over the vocabulary
+            keys = emb - torch.outer(emb @ m_hat, m_hat)
+            keys = keys / keys.norm(dim=1, keepdim=True)                          # [V-1, d]
+            gate, up = zeros(cfg.ffn, d), zeros(cfg.ffn, d)
+            gate[: keys.shape[0]] = cfg.memory_sharpness * keys
+            up[: keys.shape[0]] = cfg.memory_sharpness * keys
+            down = zeros(d, cfg.ffn)
+            down[:, : keys.shape[0]] = emb_pred.T / float(emb_pred.norm(dim=1).mean())
         cast = lambda t: t.to(dev, dt).contiguous()                               # noqa: E731
         layers.append(DraftLayer(
             role=role, window=None if full else cfg.window, rope=role != "copy", norm=cast(ones(d)),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import defaultdict
+from typing import Optional
 
 import torch
 
@@ -76,6 +77,10 @@ class StepTimer:
             finally:
                 self._stack.pop()
                 rec[3] = self._now()
+
+    def current_part(self) -> Optional[str]:
+        """The innermost part open now (None between parts or outside a step)."""
+        return self._recs[self._stack[-1]][0] if self._stack else None
 
     def finish(self) -> tuple[float, dict[str, float]]:
         """(step seconds, {part: exclusive seconds}); syncs once on CUDA."""

@@ -13,7 +13,7 @@ import queue
 import socket
 from dataclasses import dataclass
 import contextlib
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -25,6 +25,7 @@ class TPGroup:
     size: int = 1              # shard count (per-rank shapes use this)
     simulate: bool = False     # True: single process holding rank 0's shard, collectives skipped
     timer: Optional[object] = None   # a timing.StepTimer: collectives are timed as the part "allreduce"
+    traffic: Optional[Callable[[str, int], None]] = None   # traffic.py: told the bytes a collective moves per rank
 
     @property
     def real(self) -> bool:
@@ -37,7 +38,13 @@ class TPGroup:
         per = n // self.size
         return self.rank * per, per
 
+    def _count(self, x: torch.Tensor, factor: float) -> None:
+        """Tell traffic.py the bytes a rank sends plus receives (factor x payload), also when simulated."""
+        if self.traffic is not None and self.size > 1:
+            self.traffic("allreduce", int(factor * x.numel() * x.element_size()))
+
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        self._count(x, 4 * (self.size - 1) / self.size)     # ring: reduce-scatter + all-gather, each way
         if not self.real:
             return x
         with self._timed():
@@ -49,6 +56,7 @@ class TPGroup:
 
     def all_gather_last(self, x: torch.Tensor) -> torch.Tensor:
         """Concatenate every rank's x along the last dim (vocab-parallel logits)."""
+        self._count(x, 2 * (self.size - 1))                  # ring: the shard goes out and n-1 come in
         if not self.real:
             return x
         parts = [torch.empty_like(x) for _ in range(self.size)]
