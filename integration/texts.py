@@ -31,8 +31,8 @@ def random_prompt(length: int, vocab: int, seed: int) -> torch.Tensor:
     return torch.randint(0, vocab - 1, (length,), generator=torch.Generator().manual_seed(7 + seed))
 
 
-def _long_cycle_start(succ: torch.Tensor, need: int, g: torch.Generator) -> int:
-    """A start token whose successor cycle has >= need distinct tokens (the longest cycle if none)."""
+def _cycle_lengths(succ: torch.Tensor) -> torch.Tensor:
+    """cyc[t] = the length of the successor cycle through token t."""
     n = succ.numel()
     cyc = torch.zeros(n, dtype=torch.long)
     seen = torch.zeros(n, dtype=torch.bool)
@@ -44,28 +44,35 @@ def _long_cycle_start(succ: torch.Tensor, need: int, g: torch.Generator) -> int:
             seen[x] = True
             members.append(x)
             x = int(succ[x])
-        for m in members:
-            cyc[m] = len(members)
-    ok = torch.nonzero(cyc >= need).flatten()
-    pool = ok if ok.numel() else torch.nonzero(cyc == cyc.max()).flatten()
-    return int(pool[int(torch.randint(0, pool.numel(), (), generator=g))])
+        cyc[members] = len(members)
+    return cyc
 
 
 def repeated_prompt(length: int, succ: torch.Tensor, vocab: int, seed: int, passage: int = 160,
                     tail: int = 16, lead: int = 48) -> PromptText:
-    """[lead][passage][filler][passage[:tail]]; shrinks lead and passage for short lengths."""
+    """[lead][passage][filler][passage[:tail]]; shrinks lead and passage for short lengths.
+
+    The passage starts on the longest successor cycle (a small vocabulary's cycles are short). A passage
+    longer than its cycle is cut to whole periods, so every 2-gram in it is followed by the same token
+    each time it occurs (the copy a drafter makes is unambiguous); the continuation follows the cycle."""
     if length < 2 * tail + 8:
         return PromptText(random_prompt(length, vocab, seed), [], -1)
     g = torch.Generator().manual_seed(31 + seed)
     lead = min(lead, max(0, (length - 2 * tail) // 4))
     passage = max(tail + 1, min(passage, length - tail - lead))
-    x = _long_cycle_start(succ, passage, g)
+    cyc = _cycle_lengths(succ)
+    pool = torch.nonzero(cyc >= passage).flatten()
+    if not pool.numel():
+        pool = torch.nonzero(cyc == cyc.max()).flatten()
+        period = int(cyc.max())
+        passage = max(period * (passage // period), min(passage, period))
+    x = int(pool[int(torch.randint(0, pool.numel(), (), generator=g))])
     run = []
-    for _ in range(passage):
+    for _ in range(max(passage, tail + 160)):
         run.append(x)
         x = int(succ[x])
     filler = length - lead - passage - tail
-    prompt = torch.cat([torch.randint(0, vocab - 1, (lead,), generator=g), torch.tensor(run),
+    prompt = torch.cat([torch.randint(0, vocab - 1, (lead,), generator=g), torch.tensor(run[:passage]),
                         torch.randint(0, vocab - 1, (filler,), generator=g), torch.tensor(run[:tail])])
     return PromptText(prompt, run[tail:], lead)
 

@@ -12,6 +12,8 @@ target_rest, accept_commit, allreduce), the bytes every tensor operation touches
 - views: nothing; every other op: its tensor inputs and outputs;
 - collectives: a ring's send + receive bytes per rank, counted although --simulate-rank skips them.
 Floating-point values are counted at 2 bytes (the bf16 a GPU run uses); the CPU run is fp32.
+Every step commits the same 4 tokens (the deepest path's first nodes, as --simulate-accept-len),
+so the per-step bytes at two contexts differ only because of the context.
 
 The model keeps the preset's per-rank attention shapes (for kimi-k2-tp8: 8 heads, 576-wide
 latent rows; the DFlash drafter's 32 query / 4 KV heads of 128, window 2048, 6 layers) and
@@ -44,6 +46,7 @@ from .timing import StepTimer
 from .tp import TPGroup
 
 VALUE_BYTES = 2                      # floats counted as bf16
+FORCED_COMMIT = 4                    # tokens committed per step (--simulate-accept-len), the same at every context
 _VIEWS = {"view", "_unsafe_view", "reshape", "alias", "slice", "select", "expand", "t", "transpose", "permute",
           "unsqueeze", "squeeze", "as_strided", "detach", "unbind", "split", "split_with_sizes", "chunk",
           "narrow", "lift_fresh", "_reshape_alias", "view_as_real", "view_as_complex", "diagonal"}
@@ -155,8 +158,9 @@ def measure(model: str, ctxs: list[int], steps: int, layers: int = 2, seed: int 
 
         counter.on = False
         try:
+            # every step commits the same 4 tokens (forced), so per-step bytes differ only by context
             _, metrics = speculative_decode(engine, drafter, text.prompt, steps + 1, tree_kind="ddtree", budget=16,
-                                            timer=timer, on_step=on_step)
+                                            timer=timer, on_step=on_step, simulate_accept_len=FORCED_COMMIT)
         finally:
             if counter.on:
                 counter.__exit__(None, None, None)
