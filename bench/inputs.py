@@ -9,6 +9,11 @@ from verify_attn import tree as vtree
 from verify_attn.layouts import lay_out
 from verify_attn.shapes import HeadShape
 
+# --alloc: the slot/page allocator the pool models (integration/kv.py has the same policies for the loop):
+# shuffled (a pool after heavy churn), contiguous (a serving engine's sorted free list: consecutive ids),
+# fragmented (shuffled runs of 8..256 consecutive ids)
+ALLOC_MODES = ("shuffled", "contiguous", "fragmented")
+
 # --tree-shape names -> verify_attn.tree kinds. "ddtree" is the bushy kind (each node
 # picks a recent earlier parent), the shape a DDTree node budget produces.
 TREE_SHAPES = {"chain": "chain", "ddtree": "bushy", "star": "star"}
@@ -24,13 +29,17 @@ def make_trees(nodes: int, shape: str, batch: int, seed: int = TREE_SEED) -> lis
 
 
 def make_inputs(shape: HeadShape, ctx: int, trees: list[list[int]], page_size: int, dtype: torch.dtype,
-                device: torch.device | str, seed: int) -> dict:
+                device: torch.device | str, seed: int, alloc: str = "shuffled") -> dict:
     """tree_verify keyword arguments for `len(trees)` requests, each with `ctx` prefix tokens.
 
-    Fresh seeded random q/K/V (never zeros); the pool has shuffled slots/pages and
-    NaN in every unused slot/page (verify_attn.layouts.lay_out), as a serving pool
-    that has seen churn. MLA pools keep V as the view k_cache[..., :Dv].
+    Fresh seeded random q/K/V (never zeros); NaN in every unused slot/page
+    (verify_attn.layouts.lay_out). `alloc` places the slots/pages: shuffled (a serving
+    pool that has seen churn), contiguous (consecutive ids in request order) or
+    fragmented (runs of consecutive ids, the runs shuffled). MLA pools keep V as the
+    view k_cache[..., :Dv].
     """
+    if alloc not in ALLOC_MODES:
+        raise ValueError(f"unknown --alloc {alloc!r}; known: {', '.join(ALLOC_MODES)}")
     dev = torch.device(device)
     g = torch.Generator(device=dev).manual_seed(seed)
     g_cpu = torch.Generator().manual_seed(seed)   # slot/page shuffling happens on the host
@@ -44,9 +53,30 @@ def make_inputs(shape: HeadShape, ctx: int, trees: list[list[int]], page_size: i
         if seqs_v is not None:
             seqs_v.append(torch.randn(n, shape.num_kv_heads, shape.head_dim_v, generator=g, device=dev, dtype=dtype))
     lay = lay_out(seqs_k, seqs_v, page_size, mla_dv=shape.head_dim_v if shape.mla else None,
-                  generator=g_cpu, dtype=dtype, device=dev)
+                  generator=g_cpu if alloc == "shuffled" else None, shuffle=alloc == "shuffled", dtype=dtype,
+                  device=dev)
     del seqs_k, seqs_v
+    if alloc == "fragmented":
+        lay = _fragment(lay, shape, g_cpu)
     q = torch.randn(total_q, shape.num_q_heads, shape.head_dim_qk, generator=g, device=dev, dtype=dtype)
     return dict(q=q, k_cache=lay["k_cache"], v_cache=lay["v_cache"], qo_indptr=qo_indptr,
                 kv_indptr=lay["kv_indptr"], kv_indices=lay["kv_indices"], kv_lens=lay["kv_lens"],
                 tree_mask=tree_mask, sm_scale=shape.sm_scale, page_size=page_size)
+
+
+def _fragment(lay: dict, shape: HeadShape, g: torch.Generator) -> dict:
+    """Renumber a contiguous layout's slots/pages so each request's ids come in runs of 8..256
+    consecutive ids with the runs shuffled (integration.kv.free_order's "fragmented")."""
+    from integration.kv import free_order
+    pool = lay["k_cache"]
+    n = pool.shape[0]
+    order = torch.tensor(free_order(n, "fragmented", g), dtype=torch.long, device=pool.device)  # old id i -> order[i]
+    new = torch.empty_like(pool)
+    new[order] = pool
+    idx = order[lay["kv_indices"].long()].to(lay["kv_indices"].dtype)
+    if shape.mla:
+        v = new[..., : shape.head_dim_v]
+    else:
+        v = torch.empty_like(lay["v_cache"])
+        v[order] = lay["v_cache"]
+    return dict(lay, k_cache=new, v_cache=v, kv_indices=idx)

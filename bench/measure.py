@@ -111,7 +111,8 @@ Timer = Callable[[list, bool], Timing]  # (one closure per rotating set, l2_cold
 
 def run_combo(shape: HeadShape, ctx: int, trees: list[list[int]], layout: tuple[str, int], dtype: torch.dtype,
               backends: list[str], outside: dict, base: Callable[[str], Row], *, device: str, l2: int,
-              timer: Timer, skip: Callable[[str, int], Optional[str]], tick: Callable[[], None]) -> list[Row]:
+              timer: Timer, skip: Callable[[str, int], Optional[str]], tick: Callable[[], None],
+              alloc: str = "shuffled") -> list[Row]:
     """Check, then time, every backend on one (ctx, tree, layout). `device` is "cuda" in the
     benchmark; tests pass "cpu" with a CPU timer to exercise the same path."""
     from verify_attn.api import build_problem
@@ -133,7 +134,7 @@ def run_combo(shape: HeadShape, ctx: int, trees: list[list[int]], layout: tuple[
     n_sets = rotation_sets(counts.total_bytes, l2)
     cold = n_sets * counts.total_bytes >= 2 * l2
     try:
-        sets = [make_inputs(shape, ctx, trees, layout[1], dtype, device, seed=s) for s in range(n_sets)]
+        sets = [make_inputs(shape, ctx, trees, layout[1], dtype, device, seed=s, alloc=alloc) for s in range(n_sets)]
         kw0 = sets[0]
         ref = reference_verify(build_problem(kw0["q"], kw0["k_cache"], kw0["v_cache"], kw0["qo_indptr"],
                                              kw0["kv_indptr"], kw0["kv_indices"], kw0["kv_lens"], kw0["tree_mask"],
@@ -175,9 +176,9 @@ def run_combo(shape: HeadShape, ctx: int, trees: list[list[int]], layout: tuple[
 
 
 def run_cpu_reference(shape: HeadShape, ctx: int, trees: list[list[int]], layout: tuple[str, int],
-                      dtype: torch.dtype, r: Row, reps: int, warmup: int) -> Row:
+                      dtype: torch.dtype, r: Row, reps: int, warmup: int, alloc: str = "shuffled") -> Row:
     from verify_attn import tree_verify
-    kw = make_inputs(shape, ctx, trees, layout[1], dtype, "cpu", seed=0)
+    kw = make_inputs(shape, ctx, trees, layout[1], dtype, "cpu", seed=0, alloc=alloc)
     # a few samples only: the CPU reference is a label of scale, and 2 cores are shared
     r.timing = time_cpu(lambda: tree_verify(**kw, backend="reference"), reps=min(reps, 3), warmup=min(warmup, 1))
     r.timed_on, r.status = "cpu", "ok"

@@ -25,7 +25,7 @@ from typing import Callable, Optional
 import torch
 
 from bench import roofline as rl
-from bench.inputs import TREE_SHAPES, make_trees
+from bench.inputs import ALLOC_MODES, TREE_SHAPES, make_trees
 from bench.measure import Row, Timer, run_combo, run_cpu_reference
 from bench.timing import Timing, time_cuda
 from verify_attn import device as vdevice
@@ -56,6 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--batch", type=int, default=1, help="requests per call (each with the same ctx)")
     ap.add_argument("--layout", default="page1", help="page1 and/or paged, comma-separated")
     ap.add_argument("--page-size", type=int, default=64, help="page size of the paged layout (default 64)")
+    ap.add_argument("--alloc", default="shuffled", choices=ALLOC_MODES,
+                    help="slot/page placement: shuffled (churned pool, default) | contiguous (a sorted free list) | "
+                         "fragmented (shuffled runs); recorded in every row")
     ap.add_argument("--backend", default=None, help="comma-separated backends (default: all available; "
                     "on GPU the reference and cuda-emu are not timed; sglang-extend joins when SGLang is installed)")
     ap.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
@@ -181,6 +184,7 @@ def sweep(a: argparse.Namespace, *, kernel_device: Optional[str] = None, timer: 
     ctxs = parse_ctx(a.ctx)
     nodes_list = parse_int_list(a.tree, "--tree")
     layouts = parse_layouts(a.layout, a.page_size)
+    alloc = getattr(a, "alloc", "shuffled")
     dtype = DTYPES[a.dtype]
     if a.batch < 1:
         raise ValueError(f"--batch must be >= 1, got {a.batch}")
@@ -242,16 +246,17 @@ def sweep(a: argparse.Namespace, *, kernel_device: Optional[str] = None, timer: 
             floors = {d.name: rl.floor(counts, d) for d in devices}
 
             def base(name: str) -> Row:
-                return Row(name, ctx, nodes, layout[0], layout[1], counts, floors, primary=primary)
+                return Row(name, ctx, nodes, layout[0], layout[1], counts, floors, primary=primary,
+                           extra={"alloc": alloc})
 
             if kdev:
                 rows += run_combo(shape, ctx, trees, layout, dtype, backends, outside, base, device=kdev,
                                   l2=l2 or (l2_bytes() if kdev == "cuda" else int(50e6)), timer=timer or cuda_timer,
-                                  skip=skip, tick=tick)
+                                  skip=skip, tick=tick, alloc=alloc)
             else:
                 r = base("reference")
                 if ctx <= cpu_cap and skip("reference", ctx) is None:
-                    r = run_cpu_reference(shape, ctx, trees, layout, dtype, r, a.reps, a.warmup)
+                    r = run_cpu_reference(shape, ctx, trees, layout, dtype, r, a.reps, a.warmup, alloc=alloc)
                 else:
                     r.note = f"counted only: CPU timing capped at ctx {cpu_cap}"
                 rows.append(r)
@@ -261,7 +266,7 @@ def sweep(a: argparse.Namespace, *, kernel_device: Optional[str] = None, timer: 
     return {
         "device": torch.cuda.get_device_name() if gpu else None,
         "commit": git_commit(), "date": _dt.datetime.now().isoformat(timespec="seconds"), "versions": versions(),
-        "shape": shape.to_dict(), "dtype": a.dtype, "tree_shape": a.tree_shape, "batch": a.batch,
+        "shape": shape.to_dict(), "dtype": a.dtype, "tree_shape": a.tree_shape, "alloc": alloc, "batch": a.batch,
         "devices": [d.to_dict() for d in devices], "floor_device": primary, "notes": notes,
         "argv": sys.argv[1:], "results": [r.to_dict() for r in rows], "model": model,
     }
