@@ -2,7 +2,7 @@
 flag, before any model is built or rank spawned."""
 import pytest
 
-from integration import bench_e2e, decode, probe
+from integration import bench_e2e, budget, decode, probe, traffic
 
 
 @pytest.mark.parametrize("main,argv,msg", [
@@ -17,6 +17,19 @@ from integration import bench_e2e, decode, probe
     (probe.main, ["--attn-backend", "zz"], "--attn-backend: unknown zz"),
     (bench_e2e.main, ["--ctx", "x"], "--ctx: not a token count"),
     (bench_e2e.main, ["--attn-backend", "zz"], "--attn-backend: unknown zz"),
+    (decode.main, ["--budget", "lots"], "--budget: expected auto or a node count"),
+    (decode.main, ["--budget", "0"], "--budget must be auto or >= 1"),
+    (decode.main, ["--budget", "auto", "--tree", "chain"], "--budget auto needs --tree ddtree"),
+    (decode.main, ["--budget", "auto", "--budget-device", "a100"], "--budget-device: unknown"),
+    (decode.main, ["--budget", "auto", "--profile", "/nonexistent.json"], "--profile:"),
+    (decode.main, ["--temperature", "-1"], "--temperature must be >= 0"),
+    (probe.main, ["--plant", "window:x", "--drafter", "real"], "--plant: window bug needs a row count"),
+    (probe.main, ["--plant", "gremlins", "--drafter", "real"], "--plant: unknown drafter bug"),
+    (probe.main, ["--plant", "untrimmed"], "--plant needs --drafter real"),
+    (probe.main, ["--logit-tol", "0"], "--logit-tol must be > 0"),
+    (traffic.main, ["--ctx", "1k,3k"], "--ctx: every context must exceed the drafter window"),
+    (traffic.main, ["--ctx", "3k"], "--ctx needs at least two contexts"),
+    (budget.main, ["--device", "rtx-pro-6000"], "--profile is required"),
 ])
 def test_bad_cli_input(main, argv, msg):
     with pytest.raises(SystemExit, match=msg):
