@@ -73,7 +73,10 @@ class LatentKVCache:
         self.length = 0                # committed tokens (L)
         self.tree_ids: list[int] = []  # page 1: slots of the current tree's nodes
         self.tree_size = 0
-        self._dev_ids: Optional[torch.Tensor] = None   # page 1: device copy of the prefix slot ids
+        # page 1: the slot ids on the device, preallocated: [0, _synced) mirror self.pages; a pending tree's
+        # ids are written after the prefix (no per-step concatenation of the O(L) list)
+        self._ids = torch.empty(num_pages + 1, dtype=torch.int32, device=self.device) if page_size == 1 else None
+        self._synced = 0
 
     # -- tensors tree_verify takes -----------------------------------------------------------
     def k_cache(self, layer: int) -> torch.Tensor:
@@ -152,16 +155,17 @@ class LatentKVCache:
         return self.pools[layer].k[ids[t // self.page_size], t % self.page_size, 0]
 
     def _page_ids(self) -> torch.Tensor:
-        """self.pages as an int32 device tensor. Page 1: the slot list only grows by appends between
-        commits, so only the new tail is copied; paged: the list is short (L / P), rebuilt."""
+        """self.pages as an int32 device tensor. Page 1: a view of the preallocated id buffer; the slot
+        list only grows by appends between commits, so only the new tail is copied; paged: the list is
+        short (L / P), rebuilt."""
         i32 = dict(dtype=torch.int32, device=self.device)
         if self.page_size > 1:
             return torch.tensor(self.pages, **i32)
-        have = 0 if self._dev_ids is None else self._dev_ids.numel()
-        if have != len(self.pages):
-            tail = torch.tensor(self.pages[have:], **i32)
-            self._dev_ids = tail if self._dev_ids is None else torch.cat([self._dev_ids, tail])
-        return self._dev_ids
+        n = len(self.pages)
+        if self._synced < n:
+            self._ids[self._synced:n] = torch.tensor(self.pages[self._synced:n], **i32)
+            self._synced = n
+        return self._ids[:n]
 
     # -- a verify step ------------------------------------------------------------------------
     def begin_tree(self, t: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -181,7 +185,10 @@ class LatentKVCache:
         i32 = dict(dtype=torch.int32, device=self.device)
         ids = self._page_ids()
         if self.page_size == 1 and self.tree_ids:
-            ids = torch.cat([ids, torch.tensor(self.tree_ids, **i32)])
+            n0 = ids.numel()
+            self._ids[n0:n0 + len(self.tree_ids)] = torch.tensor(self.tree_ids, **i32)
+            self._synced = min(self._synced, n0)            # the tree's ids sit where the prefix grows next
+            ids = self._ids[:n0 + len(self.tree_ids)]
         n = self.length + self.tree_size
         return {"kv_indptr": torch.tensor([0, ids.numel()], **i32), "kv_indices": ids,
                 "kv_lens": torch.tensor([n], **i32)}

@@ -1,6 +1,7 @@
 """Bytes per part (issue 15 Must show): the drafter's context read grows like its native GQA K/V (4 KV
 heads x 128 x K and V x 2 B per token), a few percent of verify attention's growth at Kimi K2's depth;
-its sliding layers do not grow; and the count does catch a drafter that does O(context) work per step."""
+its sliding layers, commits and the target's bookkeeping do not grow; and the count does catch a drafter
+that does O(context) work per step."""
 from __future__ import annotations
 
 import pytest
@@ -29,6 +30,7 @@ def test_drafter_growth_is_its_native_kv_read() -> None:
     assert per_token * 1000 <= g["draft"] <= (per_token + 16) * 1000          # + the int32 row id
     assert 1152 * 1000 <= g["verify_attn"] <= (1152 + 16) * 1000               # one 576-wide row per layer
     assert g["accept_commit"] == pytest.approx(0.0, abs=1.0)                  # commits are O(accepted tokens)
+    assert g["target_rest"] == pytest.approx(0.0, abs=1.0)                    # slot ids: a view, no per-step copy
     assert res["drafter_share_of_verify_growth"] < 0.05
 
 
