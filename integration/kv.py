@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from typing import Optional, Sequence
+from typing import Sequence
 
 import torch
 
