@@ -12,6 +12,9 @@ Measured once per GPU (and torch version) and cached as JSON in
   hand, since our kernels are built on mma.sync; else the cuBLAS rate.
 - cublas_tflops: a bf16 8192^3 torch.matmul (cuBLAS). On Hopper that uses wgmma,
   so it is above what mma.sync code reaches there; reported beside it.
+- hmma_latency_cycles, l2_read_gbs, dram_read_gbs: the SASS model's calibration
+  inputs (bench/model/devices.py): one dependent MMA chain timed with clock64, and a
+  read sweep of an L2-resident buffer and of a 1 GiB one (csrc/ceilings/mma_peak.cu).
 """
 from __future__ import annotations
 
@@ -67,20 +70,59 @@ def measure_mma_tflops(n: int = 8192, reps: int = 20) -> float:
     return 2 * n**3 / (ms * 1e-3) / 1e12
 
 
-def measure_mma_sync_tflops(reps: int = 10, iters: int = 512) -> float:
-    """bf16 mma.sync m16n8k16 rate of the whole GPU (csrc/ceilings/mma_peak.cu)."""
+def _probe_module():
+    """The JIT-built probes of csrc/ceilings (mma peak and latency, read bandwidth)."""
     from torch.utils.cpp_extension import load
 
     from verify_attn import build as vb
-    from verify_attn import device as vdevice
     from verify_attn.backends.cuda import jit_archs
 
     vb.ensure_cuda_home()
     archs = jit_archs()
     src = vb.CSRC / "ceilings"
-    mod = load(name="va_mma_peak_" + "_".join(a.replace("sm_", "") for a in archs),
-               sources=[str(src / "mma_peak_binding.cpp"), str(src / "mma_peak.cu")],
-               extra_include_paths=[str(vb.CSRC)], extra_cuda_cflags=vb.nvcc_extension_flags(archs))
+    tag = vb.source_hash([str(src / "mma_peak.cu"), (src / "mma_peak.cu").read_text()])[:8]
+    return load(name="va_mma_peak_" + "_".join(a.replace("sm_", "") for a in archs) + "_" + tag,
+                sources=[str(src / "mma_peak_binding.cpp"), str(src / "mma_peak.cu")],
+                extra_include_paths=[str(vb.CSRC)], extra_cuda_cflags=vb.nvcc_extension_flags(archs))
+
+
+def measure_mma_latency_cycles(iters: int = 4096) -> float:
+    """SM cycles per dependent bf16 m16n8k16 MMA (one warp, one chain): the model's hmma_latency."""
+    mod = _probe_module()
+    out = torch.zeros(2, dtype=torch.float32, device="cuda")
+    vals = []
+    for _ in range(5):
+        mod.mma_latency(out, iters)
+        torch.cuda.synchronize()
+        vals.append(float(out[0]))
+    return statistics.median(vals)
+
+
+def measure_read_gbs(nbytes: int, repeats: int, reps: int = 10) -> float:
+    """Read bandwidth (GB/s) of a grid sweeping an nbytes buffer `repeats` times (csrc/ceilings)."""
+    from verify_attn import device as vdevice
+
+    mod = _probe_module()
+    buf = torch.zeros(nbytes // 4, dtype=torch.float32, device="cuda")
+    blocks = vdevice.query(torch.cuda.current_device()).sm_count * 8
+    out = torch.zeros(blocks, dtype=torch.float32, device="cuda")
+    ms = _event_median_ms(lambda: mod.read_bw(buf, out, blocks, repeats), reps)
+    return nbytes * repeats / (ms * 1e-3) / 1e9
+
+
+def measure_l2_gbs() -> float:
+    """L2 -> SM read bandwidth: a buffer of a quarter of L2 swept 50 times."""
+    from verify_attn import device as vdevice
+
+    l2 = vdevice.query(torch.cuda.current_device()).l2_bytes
+    return measure_read_gbs(max(1 << 20, (l2 // 4) // 16 * 16), repeats=50)
+
+
+def measure_mma_sync_tflops(reps: int = 10, iters: int = 512) -> float:
+    """bf16 mma.sync m16n8k16 rate of the whole GPU (csrc/ceilings/mma_peak.cu)."""
+    from verify_attn import device as vdevice
+
+    mod = _probe_module()
     blocks = vdevice.query(torch.cuda.current_device()).sm_count * 8
     out = torch.empty(blocks * mod.threads(), dtype=torch.float32, device="cuda")
     ms = _event_median_ms(lambda: mod.mma_peak(out, blocks, iters, True), reps)
@@ -117,8 +159,17 @@ def get_ceilings(refresh: bool = False) -> Optional[dict]:
         mma_sync, source = measure_mma_sync_tflops(), "mma.sync (csrc/ceilings/mma_peak.cu)"
     except Exception as e:  # no toolkit to build it: the cuBLAS rate, and say so
         mma_sync, source = None, f"cuBLAS (mma.sync probe unavailable: {type(e).__name__}: {e})"
+    probes: dict = {}
+    for key, fn in (("hmma_latency_cycles", measure_mma_latency_cycles), ("l2_read_gbs", measure_l2_gbs),
+                    ("dram_read_gbs", lambda: measure_read_gbs(1 << 30, repeats=2))):
+        try:  # the model's calibration inputs (bench/model/devices.py); a failed probe is said, not fatal
+            probes[key] = fn()
+        except Exception as e:
+            probes[key] = None
+            probes[key + "_error"] = f"{type(e).__name__}: {e}"
     entry = {
         "device": name,
+        **probes,
         "copy_gbs": measure_copy_gbs(),
         "mma_tflops": mma_sync if mma_sync is not None else cublas,
         "mma_source": source,
@@ -150,6 +201,9 @@ def main(argv: Optional[list[str]] = None) -> int:
           f"{'n/a' if sync is None else f'{sync:.0f}'} TFLOP/s, cuBLAS {c.get('cublas_tflops', 0):.0f} TFLOP/s; "
           f"floor uses {c['mma_tflops']:.0f} ({c.get('mma_source', 'cuBLAS')}) "
           f"(measured {c['date']}, cache {cache_dir() / _FILE})")
+    lat, l2, rd = c.get("hmma_latency_cycles"), c.get("l2_read_gbs"), c.get("dram_read_gbs")
+    print(f"  model calibration inputs: HMMA latency {'n/a' if lat is None else f'{lat:.1f} cycles'}, "
+          f"L2 read {'n/a' if l2 is None else f'{l2:.0f} GB/s'}, DRAM read {'n/a' if rd is None else f'{rd:.0f} GB/s'}")
     if a.json:
         Path(a.json).write_text(json.dumps(c, indent=2))
     return 0

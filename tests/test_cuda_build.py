@@ -142,7 +142,7 @@ def test_jit_binding_builds_and_imports(ops):
     assert kernels == ["fp16-64x64-page1 [64x64 w4 s2]"]
     schema = ops.tree_verify.default._schema
     writes = {a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write}
-    assert writes == {"out", "lse", "workspace"}
+    assert writes == {"out", "lse", "workspace", "errors"}  # errors: the kernel's error-flag word
     assert len(schema.returns) == 0
 
 
@@ -165,7 +165,8 @@ def test_fake_op_on_meta_tensors(ops):
     out = torch.empty(7, 4, 64, dtype=torch.float16, device="meta")
     lse = torch.empty(7, 4, dtype=torch.float32, device="meta")
     ws = torch.empty(4 * 7 * 4 * 65 * 4, dtype=torch.uint8, device="meta")
-    res = ops.tree_verify(*t.values(), out, lse, ws, 0.125, 1, 7, 4, 64, 64, 4, 2)
+    err = torch.zeros(1, dtype=torch.int32, device="meta")
+    res = ops.tree_verify(*t.values(), out, lse, ws, err, 0.125, 1, 7, 4, 64, 64, 4, 2)
     assert res is None and out.shape == (7, 4, 64) and lse.shape == (7, 4)
     assert ops.workspace_bytes(t["q"], t["v_cache"], 4) == 4 * 7 * 4 * 65 * 4
     assert ops.workspace_bytes(t["q"], t["v_cache"], 1) == 0
@@ -179,7 +180,7 @@ def test_fake_op_traces_with_output_shapes(ops):
     def f(q, k, v, qo, kvp, kvi, kvl, mask):
         out = torch.empty(q.shape[0], q.shape[1], v.shape[-1], dtype=q.dtype, device=q.device)
         lse = torch.empty(q.shape[0], q.shape[1], dtype=torch.float32, device=q.device)
-        ops.tree_verify(q, k, v, qo, kvp, kvi, kvl, mask, out, lse, None, 0.125, 1, 7, 1, 64, 64, 4, 2)
+        ops.tree_verify(q, k, v, qo, kvp, kvi, kvl, mask, out, lse, None, None, 0.125, 1, 7, 1, 64, 64, 4, 2)
         return out, lse
 
     t = _meta_problem()
@@ -255,7 +256,16 @@ def test_mma_peak_probe_compiles_without_spills(tmp_path):
                         "-o", str(tmp_path / "mma_peak.o")], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     spills = [ln for ln in r.stderr.splitlines() if "spill" in ln]
-    assert len(spills) == 4 and all("0 bytes spill stores, 0 bytes spill loads" in ln for ln in spills), r.stderr
+    # 2 archs x (the bf16 and fp16 peak kernels, the MMA latency chain, the read-bandwidth sweep)
+    assert len(spills) == 8 and all("0 bytes spill stores, 0 bytes spill loads" in ln for ln in spills), r.stderr
+
+
+@pytest.mark.gpu
+def test_model_calibration_probes_are_measured():
+    from bench.ceilings import measure_l2_gbs, measure_mma_latency_cycles, measure_read_gbs
+    assert 8.0 < measure_mma_latency_cycles(iters=512) < 200.0
+    l2, dram = measure_l2_gbs(), measure_read_gbs(1 << 30, repeats=1, reps=3)
+    assert 100.0 < dram < l2 < 100_000.0
 
 
 @pytest.mark.gpu

@@ -32,7 +32,11 @@ def predict(device: str, *, ctx: int, tree_nodes: int, shape="kimi-k2-tp8", layo
         ks = kernels.load(dev.arch, head, kv_dtype if kv_dtype in ("bf16", "fp16") else "bf16", layout)
     except (RuntimeError, LookupError, FileNotFoundError):
         return None
-    km = ks[0] if kernel == "default" else next((k for k in ks if kernel in k.name), None)
+    if kernel == "default":
+        tile = vb.default_tile(head, dev.arch)
+        km = next((k for k in ks if k.tile == tile), None)
+    else:
+        km = next((k for k in ks if kernel in k.name and k.tile.targets(dev.arch)), None)
     if km is None:
         return None
     p = call.predict(km, dev, call.Case(sh, ctx, tree_nodes, batch, layout, page_size), num_splits)

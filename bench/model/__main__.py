@@ -52,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--constants", action="store_true", help="print the device constants with their sources and exit")
     ap.add_argument("--calibrate", nargs="*", metavar="RESULTS.json",
                     help="compare predictions with measured rows (default: every JSON under bench/results/)")
+    ap.add_argument("--calibrate-json", metavar="PATH", help="with --calibrate: also write the rows as JSON")
     return ap
 
 
@@ -92,7 +93,9 @@ def _pick_kernels(ks, spec: str):
     if spec == "all":
         return list(ks)
     if spec == "default":
-        return [ks[0]]
+        from verify_attn import build as vb
+        d = [k for k in ks if k.tile == vb.default_tile(k.head, k.arch)]
+        return d or [ks[0]]
     sel = [k for k in ks if spec in k.name]
     if not sel:
         raise ValueError(f"--kernel {spec!r} matches none of: {', '.join(k.name for k in ks)}")
@@ -127,7 +130,7 @@ def run(a: argparse.Namespace) -> dict:
     entries = []
     for arch, dev in _archs(a.arch):
         for lay, ps in layouts:
-            ks = _pick_kernels(kernels.load(arch, head, a.dtype, lay), a.kernel)
+            ks = _pick_kernels([k for k in kernels.load(arch, head, a.dtype, lay) if k.tile.targets(arch)], a.kernel)
             for km in ks:
                 for ctx in ctxs:
                     for n in trees:
@@ -222,7 +225,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 0
     if a.calibrate is not None:
         from .calibrate import calibrate
-        return calibrate([Path(p) for p in a.calibrate] or None)
+        paths = [Path(p) for p in a.calibrate if Path(p).exists()]
+        if a.calibrate and not paths:
+            print(f"bench.model --calibrate: none of {', '.join(a.calibrate)} exists: nothing to compare")
+            return 0
+        return calibrate(paths or None, json_path=a.calibrate_json)
     if a.splits not in ("auto", "best"):
         try:
             if int(a.splits) < 1:

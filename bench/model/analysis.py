@@ -240,12 +240,15 @@ def tile_path(f: Function, loop: Loop, cold: tuple[tuple[int, int], ...], cold_f
     direct = [lp for lp in inner if not any(o.contains(lp) for o in inner)]
     out = TilePath([])
 
+    cold_path = Path(cold_file).resolve()
+
     def is_cold(ins: Instr) -> bool:
-        if include_cold or ins.line is None or not ins.file:
+        # cold when any frame of its inline chain (the kernel line, or a lambda's body line) is in a cold block
+        if include_cold:
             return False
-        if Path(ins.file).resolve() != Path(cold_file).resolve():
-            return False
-        return any(a <= ins.line <= b for a, b in cold)
+        frames = ins.frames or ((ins.file, ins.line),)
+        return any(f and ln is not None and Path(f).resolve() == cold_path and any(a <= ln <= b for a, b in cold)
+                   for f, ln in frames)
 
     def emit(lo: int, hi: int, nested: list[Loop]) -> list[Instr]:
         seq: list[Instr] = []

@@ -52,7 +52,8 @@ def rows(paths: Optional[Iterable[Path]] = None) -> list[dict]:
         head = vb.head_key(shape.head_dim_qk, shape.head_dim_v, shape.mla)
         for r in pl["results"]:
             cfg = r.get("config") or {}
-            if r.get("backend") != "cuda" or r.get("status") != "ok" or not r.get("median_us") or not cfg:
+            if r.get("backend", "").partition("@")[0] != "cuda" or r.get("status") != "ok" or not r.get("median_us") \
+                    or not cfg:
                 continue
             tile = next((t for t in vb.TILES[head] if (t.block_m, t.block_n, t.num_warps, t.num_stages) ==
                          (cfg["block_m"], cfg["block_n"], cfg["num_warps"], cfg["num_stages"])), None)
@@ -69,8 +70,11 @@ def rows(paths: Optional[Iterable[Path]] = None) -> list[dict]:
     return out
 
 
-def calibrate(paths: Optional[list[Path]] = None) -> int:
+def calibrate(paths: Optional[list[Path]] = None, json_path: Optional[str] = None) -> int:
     rs = rows(paths)
+    if json_path:
+        Path(json_path).write_text(json.dumps({"rows": rs, "within_25pct": sum(0.75 <= r["ratio"] <= 1.25 for r in rs)},
+                                              indent=1))
     if not rs:
         where = ", ".join(map(str, paths)) if paths else f"{RESULTS} (recursively)"
         print(f"bench.model --calibrate: no measured cuda rows on a modelled device in {where}; "

@@ -35,6 +35,8 @@ CUDNN_FE = ("NVIDIA cudnn-frontend benchmarks, _FLOPS_PER_CLOCK_PER_SM table "
             "(dense bf16/fp16 MMA FLOP/clk/SM: sm_90 4096, sm_12x 1024); cudnn-frontend PR #650: "
             "'989.5 dense BF16 TFLOPS = 132 SMs x 1.83 GHz x 4096 FLOPs/clk/SM'")
 HMMA_FLOP = 2 * 16 * 8 * 16  # one m16n8k16 MMA
+RRZE = ("RRZE-HPC gpu-benches (github.com/RRZE-HPC/gpu-benches), measured L2 bandwidth of a read kernel whose "
+        "thread blocks all over the chip re-read the same data")
 
 
 @dataclass(frozen=True)
@@ -132,10 +134,10 @@ H200 = DeviceModel(
     dram_gbs=Const(4800, "published", "NVIDIA H200 datasheet: 4.8 TB/s HBM3e"),
     dram_efficiency=Const(4300 / 4800, "measured", "~4.3 TB/s device-to-device copy measured on this project's "
                                                    "H200 machine in earlier sessions (shared/FACTS.md)"),
-    l2_gbs=Const(5500, "assumed", "Chips and Cheese measured ~5.5 TB/s L2 read bandwidth on an H100 PCIe (2023); "
-                                  "the SXM part clocks higher, so this is conservative"),
+    l2_gbs=Const(9700, "published", RRZE + ": gpu-l2-cache/h200.txt, 9.7-10 TB/s for data sets of 5-40 MB "
+                                        "(H100 PCIe 7.0, A100 5.4 in the same benchmark)"),
     dram_latency_ns=Const(600, "assumed", "loaded HBM latency; unloaded ~480-550 ns in Hopper microbenchmarks"),
-    l2_latency_cycles=Const(270, "assumed", "L2 hit latency ~ 260-300 cycles (arXiv 2501.12084)"),
+    l2_latency_cycles=Const(270, "published", RRZE + " README: L2 latency 200-300 cycles on every GPU measured"),
     mma_flop_per_clk_sm=Const(4096 * 2 / 3, "assumed",
                               "mma.sync (HMMA) on Hopper reaches about 2/3 of the wgmma peak: the figure commonly "
                               "cited with the FlashAttention-3 paper (arXiv 2407.08608) and consistent with "
@@ -155,9 +157,12 @@ RTX_PRO_6000 = DeviceModel(
     dram_gbs=Const(1792, "published", "datasheet: 512-bit GDDR7 at 28 Gbps = 1,792 GB/s"),
     dram_efficiency=Const(0.93, "assumed", "FlashInfer's MLA template reached 93.6% of peak bandwidth on an RTX 4090 "
                                            "(GDDR6X; DESIGN.md section 7); GDDR7 taken as alike"),
-    l2_gbs=Const(5500, "assumed", "no public GB202 L2 bandwidth figure found; taken equal to the H100 figure"),
+    l2_gbs=Const(7200, "derived", RRZE + ": gpu-l2-cache/l40.txt measured 5.2 TB/s on the L40 (AD102: 142 SMs, "
+                                      "384-bit bus, 96 MB L2, ~2.49 GHz); no GB202 figure found, so scaled by L2 "
+                                      "slices (512/384-bit) and clock (2.617/2.49 GHz): 5.2 x 1.33 x 1.05 = 7.2 TB/s"),
     dram_latency_ns=Const(700, "assumed", "loaded GDDR7 latency (GDDR parts measure ~500-700 ns unloaded)"),
-    l2_latency_cycles=Const(300, "assumed", "L2 hit latency; no sm_120 figure found"),
+    l2_latency_cycles=Const(300, "published", RRZE + " README: L2 latency 200-300 cycles on every GPU measured "
+                                               "(AD102's L40 among them); the upper end for the larger GB202"),
     mma_flop_per_clk_sm=Const(1024, "published", CUDNN_FE + "; on sm_120 mma.sync is the native tensor path"),
     datasheet_mma_flop_per_clk_sm=Const(1024, "published", CUDNN_FE),
     hmma_latency=_HMMA_LAT, smem_bytes_per_clk_sm=_SMEM, smem_latency=_SMEM_LAT, fp32_per_clk_sm=_FP32,

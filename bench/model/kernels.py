@@ -100,7 +100,7 @@ def load(arch: str, head: str, dtype: str, layout: str) -> tuple[KernelModel, ..
         if "tree_verify_split_kernel" not in name:
             continue
         readable, dyn = vb._describe(name)
-        tile = vb.tile_of_mangled(name)
+        tile = vb._compiled_tile(name)  # the TILES entry, with the archs it targets
         kfile, mk, lp = _marked_loop(f, "tile_loops")
         hot = analysis.tile_path(f, lp, mk.cold, kfile)
         cold = analysis.tile_path(f, lp, mk.cold, kfile, include_cold=True)

@@ -48,6 +48,7 @@ class Instr:
     label: Optional[str] = None          # label naming this address, if any
     dsts: list[tuple[str, int]] = field(default_factory=list)   # (first register, width)
     srcs: list[tuple[str, int]] = field(default_factory=list)
+    frames: tuple[tuple[str, int], ...] = ()  # every (file, line) of its inline chain, innermost first
 
     @property
     def op(self) -> str:
@@ -234,6 +235,8 @@ def parse(text: str, kernel_file_suffix: Optional[str] = None) -> dict[str, Func
     cur: Optional[Function] = None
     line: Optional[int] = None
     file: Optional[str] = None
+    frames: list[tuple[str, int]] = []
+    chain_open = False  # the previous line was a //## comment: the next comment extends the same chain
     pending_labels: list[str] = []
     for raw in text.splitlines():
         m = _FUNC.match(raw)
@@ -246,9 +249,14 @@ def parse(text: str, kernel_file_suffix: Optional[str] = None) -> dict[str, Func
             continue
         m = _LINE.match(raw)
         if m:
+            if not chain_open:
+                frames = []
+            chain_open = True
+            frames.append((os.path.normpath(m.group(1)), int(m.group(2))))
             if not m.group(3):  # outermost frame
                 file, line = os.path.normpath(m.group(1)), int(m.group(2))
             continue
+        chain_open = False
         m = _LABEL.match(raw)
         if m:
             pending_labels.append(m.group(1))
@@ -263,7 +271,7 @@ def parse(text: str, kernel_file_suffix: Optional[str] = None) -> dict[str, Func
         parts = body.split(None, 1)
         opcode = parts[0]
         operands = [o.strip() for o in _split_operands(parts[1])] if len(parts) > 1 else []
-        ins = Instr(int(m.group(1), 16), opcode, operands, pred, line, file)
+        ins = Instr(int(m.group(1), 16), opcode, operands, pred, line, file, frames=tuple(frames))
         for lb in pending_labels:
             cur.labels[lb] = len(cur.instrs)
             ins.label = lb

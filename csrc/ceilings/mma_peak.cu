@@ -31,6 +31,45 @@ __global__ void __launch_bounds__(kThreads) mma_peak_kernel(int iters, float* __
   arch::st_global(out + blockIdx.x * kThreads + threadIdx.x, sum);  // keeps the loop alive
 }
 
+// HMMA.16816 latency: one warp, one dependent accumulate chain, timed with the SM clock.
+// out[0] = cycles per MMA (the model's hmma_latency constant).
+__global__ void __launch_bounds__(32) mma_latency_kernel(int iters, float* __restrict__ out) {
+  const uint32_t one = 0x3c003c00u ^ (threadIdx.x & 1u);
+  const uint32_t a[4] = {one, one, one, one};
+  const uint32_t b[2] = {one, one};
+  float acc[4] = {};
+  for (int it = 0; it < 16; ++it) arch::mma_m16n8k16<__nv_bfloat16>(acc, a, b, acc);  // warm up
+  const long long t0 = clock64();
+  for (int it = 0; it < iters; ++it) arch::mma_m16n8k16<__nv_bfloat16>(acc, a, b, acc);
+  const long long t1 = clock64();
+  if (threadIdx.x == 0) arch::st_global(out, static_cast<float>(t1 - t0) / iters);
+  if (acc[0] == 12345.f) arch::st_global(out + 1, acc[1]);  // keeps the chain alive
+}
+
+// Read bandwidth: the grid sweeps `buf` (n float4) `repeats` times, grid-stride. A buffer that
+// fits in L2 measures L2 -> SM bandwidth (the model's l2_gbs); one far larger than L2 measures a
+// DRAM read stream (dram_gbs x dram_efficiency). Bytes read = 16 * n * repeats.
+__global__ void __launch_bounds__(256) read_bw_kernel(const float4* __restrict__ buf, long long n, int repeats,
+                                                      float* __restrict__ out) {
+  float acc = 0.f;
+  const long long stride = static_cast<long long>(gridDim.x) * blockDim.x;
+  for (int r = 0; r < repeats; ++r)
+    for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+      const float4 v = buf[i];
+      acc += v.x + v.y + v.z + v.w;
+    }
+  if (acc == 12345.f) arch::st_global(out + blockIdx.x, acc);  // keeps the loads; never true for a zero buffer
+}
+
+void launch_mma_latency(int iters, float* out, cudaStream_t stream) {
+  arch::launch(mma_latency_kernel, dim3(1), dim3(32), 0, stream, iters, out);
+}
+
+void launch_read_bw(const void* buf, long long n_float4, int blocks, int repeats, float* out, cudaStream_t stream) {
+  arch::launch(read_bw_kernel, dim3(blocks), dim3(256), 0, stream, static_cast<const float4*>(buf), n_float4,
+               repeats, out);
+}
+
 double mma_peak_flops(int blocks, int iters) {
   return double(blocks) * (kThreads / 32) * iters * kChains * (2.0 * 16 * 8 * 16);
 }

@@ -14,10 +14,27 @@ void mma_peak(torch::Tensor out, int64_t blocks, int64_t iters, bool bf16) {
   va::ceil::launch_mma_peak(bf16, static_cast<int>(blocks), static_cast<int>(iters), out.data_ptr<float>(),
                             c10::cuda::getCurrentCUDAStream(out.get_device()).stream());
 }
+
+void mma_latency(torch::Tensor out, int64_t iters) {
+  TORCH_CHECK(out.is_cuda() && out.scalar_type() == torch::kFloat32 && out.numel() >= 2, "out: float32 CUDA [2]");
+  va::ceil::launch_mma_latency(static_cast<int>(iters), out.data_ptr<float>(),
+                               c10::cuda::getCurrentCUDAStream(out.get_device()).stream());
+}
+
+void read_bw(torch::Tensor buf, torch::Tensor out, int64_t blocks, int64_t repeats) {
+  TORCH_CHECK(buf.is_cuda() && buf.is_contiguous() && buf.numel() * buf.element_size() % 16 == 0,
+              "buf: a contiguous CUDA tensor of whole 16-byte units");
+  TORCH_CHECK(out.is_cuda() && out.scalar_type() == torch::kFloat32 && out.numel() >= blocks, "out: float32 [blocks]");
+  va::ceil::launch_read_bw(buf.data_ptr(), buf.numel() * buf.element_size() / 16, static_cast<int>(blocks),
+                           static_cast<int>(repeats), out.data_ptr<float>(),
+                           c10::cuda::getCurrentCUDAStream(out.get_device()).stream());
+}
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("mma_peak", &mma_peak, "run the mma.sync peak-rate kernel (out, blocks, iters, bf16)");
   m.def("flops", &va::ceil::mma_peak_flops, "FLOPs of one launch (blocks, iters)");
   m.def("threads", &va::ceil::mma_peak_threads, "threads per block");
+  m.def("mma_latency", &mma_latency, "cycles per dependent bf16 m16n8k16 MMA into out[0] (out, iters)");
+  m.def("read_bw", &read_bw, "every block reads its share of buf, repeats times (buf, out, blocks, repeats)");
 }
