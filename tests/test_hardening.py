@@ -218,9 +218,9 @@ def test_reference_rejects_a_negative_index_in_shapes_mode(shapes_mode):
         tree_verify(**kw, backend="reference")
 
 
-def _tree_wider_than_mask():
+def _tree_wider_than_mask(dtype=torch.float32):
     """One request of 40 nodes whose mask has one word (room for 32): only value checks catch it."""
-    case = make_case(CaseSpec((20,), (40,), "chain", seed=52, **GQA))
+    case = make_case(CaseSpec((20,), (40,), "chain", dtype=dtype, seed=52, **GQA))
     kw = dict(case.kwargs)
     kw["tree_mask"] = kw["tree_mask"][:, :1].contiguous()
     return case, kw
@@ -245,6 +245,28 @@ def test_triton_poisons_a_tree_wider_than_its_mask(backend, shapes_mode):
     out = torch.zeros(40, GQA["hq"], GQA["dv"])
     tree_verify(**kw, backend=backend, config=SMALL, out=out)
     assert torch.isnan(out[:32]).all()
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+def test_cuda_kernels_poison_a_tree_wider_than_its_mask_and_flag_it(shapes_mode, splits):
+    """csrc guard: a request with T_b > 32 * W gets NaN in every row the grid covers (the split kernel
+    with one split, the combine with several), and an error bit verify_attn.kernel_errors reads;
+    the other request of the batch is computed normally."""
+    _need("cuda-emu")
+    import verify_attn
+    case, kw = _tree_wider_than_mask(dtype=torch.float16)
+    good = make_case(CaseSpec((9,), (3,), "bushy", dtype=torch.float16, seed=61, **GQA))
+    assert verify_attn.kernel_errors("cpu") == []
+    out = torch.zeros(40, GQA["hq"], GQA["dv"], dtype=torch.float16)
+    tree_verify(**kw, backend="cuda-emu", config=KernelConfig(splits, 64, 64, 4, 2), out=out)
+    assert torch.isnan(out[:32]).all()
+    errs = verify_attn.kernel_errors("cpu")
+    assert len(errs) == 1 and "T_b > 32 * W" in errs[0]
+    assert verify_attn.kernel_errors("cpu") == []  # read and cleared
+    o = tree_verify(**good.kwargs, backend="cuda-emu", config=KernelConfig(splits, 64, 64, 4, 2),
+                    out=poisoned_out(good))
+    check_against_reference(o, None, good)
+    assert verify_attn.kernel_errors("cpu") == []
 
 
 # --- non-finite inputs propagate (api.py docstring) ----------------------------------------
@@ -291,9 +313,7 @@ def test_nonfinite_input_marks_the_rows_that_read_it_and_only_those(backend):
 
 @pytest.mark.parametrize("backend", [
     "reference", "triton", "triton-serial",
-    pytest.param("cuda-emu", marks=pytest.mark.xfail(strict=True, reason=(
-        "csrc v0: with more than one split the combine takes a split whose LSE is -inf or NaN as empty: "
-        "the row gets out = 0 and lse = -inf (finite-looking out); the CUDA kernel's owner is told"))),
+    "cuda-emu",  # csrc: row_lse2 / row_inv_l keep a NaN row sum NaN, so no combine takes it for "empty"
 ])
 def test_nonfinite_input_propagates_to_out_and_lse(backend):
     """The documented behaviour (api.py): out is non-finite AND lse is NaN or +inf, never a

@@ -247,3 +247,29 @@ def test_python_tile_table_matches_config_h(hm):
                           "num_stages": t.num_stages}]}
     assert all(d["smem_bytes"] <= hm.smem_limit_sm120 for d in cpp
                if targets[(d["head"], d["block_m"], d["block_n"], d["num_warps"], d["num_stages"])])
+
+
+def test_lazy_softmax_update_is_exact_and_rescales_rarely(hm):
+    # v1's lazy running max: alpha is exactly 1 while a tile stays within 2^slack of the reference,
+    # and the finished row (sum of exp2(s - m) with rescales, then m + log2 l) equals the exact LSE.
+    import random
+    rng = random.Random(7)
+    for slack in (0.0, 8.0):
+        scores = [rng.gauss(0, 3) + (i / 40.0) for i in range(400)]  # a slowly rising max
+        m, l, moves = float("-inf"), 0.0, 0
+        for t in range(0, len(scores), 16):
+            tile = scores[t:t + 16]
+            m_old = m
+            m, alpha = hm.lazy_softmax_update(m, max(tile), slack)
+            if m_old != float("-inf") and max(tile) <= m_old + slack:
+                assert alpha == 1.0 and m == m_old
+            else:
+                moves += 1
+            l = l * alpha + sum(2.0 ** (s - m) for s in tile)
+            assert max(2.0 ** (s - m) for s in tile) <= 2.0 ** slack * (1 + 1e-6)
+        exact = math.log2(sum(2.0 ** s for s in scores))
+        assert abs(m + math.log2(l) - exact) < 1e-4 * max(1.0, abs(exact))
+        if slack:
+            assert moves <= 3  # the reference moves only when the max rises by > 2^8
+    m, alpha = hm.lazy_softmax_update(float("-inf"), float("-inf"), 8.0)  # a fully masked tile: nothing to keep
+    assert m == float("-inf") and alpha == 0.0

@@ -6,6 +6,8 @@ the emulator); small shapes.
 """
 from __future__ import annotations
 
+import dataclasses
+
 from types import SimpleNamespace
 
 import pytest
@@ -90,8 +92,8 @@ def test_int64_problem_keeps_the_callers_tensors():
 
 
 def test_int64_on_the_cuda_kernels_in_the_emulator():
-    """The cuda/cuda-emu bindings read int32 today: api._int32_for_legacy_backends converts for
-    those two backends only, until csrc reads int64."""
+    """The CUDA kernels read int64 index arrays without a copy (through their low words): the same bits
+    as with int32, and the reference's answer."""
     _need("cuda-emu")
     case = make_case(CaseSpec((40, 3), (5, 2), "bushy", dtype=torch.float16, seed=4,
                               hq=4, hkv=2, dqk=64, dv=64, mla=False))
@@ -232,6 +234,34 @@ def test_prefix_only_validation_and_backend_choice():
         tree_verify(**{**kw, "kv_lens": torch.tensor([36, -1, 0], dtype=torch.int32)}, backend="reference")
     with pytest.raises(ValueError, match="request 0 needs 37 slot ids"):
         tree_verify(**{**kw, "kv_lens": torch.tensor([37, 2, 0], dtype=torch.int32)}, backend="reference")
-    with pytest.raises(ValueError, match="backend 'cuda-emu' does not support prefix-only calls"):
-        tree_verify(**kw, backend="cuda-emu")
+    # a backend without prefix-only support is refused by name (every shipped backend has it now)
+    from cases import temporary_backend
+    from verify_attn.backends import Backend
+    with temporary_backend(Backend("no-prefix-only", lambda *a: None)):
+        with pytest.raises(ValueError, match="backend 'no-prefix-only' does not support prefix-only calls"):
+            tree_verify(**kw, backend="no-prefix-only")
     assert verify_attn.api._pick_auto(_problem(kw)) == "reference"
+
+
+@pytest.mark.parametrize("i", range(len(PREFIX_ONLY_CASES)))
+def test_prefix_only_call_on_the_cuda_kernels_in_the_emulator(i):
+    """csrc: no tree block (prefix = kv_len, no mask reads), kv_lens 0 -> out 0 and lse -inf, with one
+    split (the split kernel writes) and with several (the combine writes), v1 and v0 tiles."""
+    _need("cuda-emu")
+    spec, lens = PREFIX_ONLY_CASES[i]
+    mla = spec.mla  # the kernel family's MLA head is Kimi's 576/512
+    spec = dataclasses.replace(spec, dtype=torch.float16, **(dict(hq=8, hkv=1, dqk=576, dv=512) if mla else {}))
+    kw = _prefix_only_kw(spec, lens)
+    want_o, want_l = _dense_prefix_only(kw)
+    tiles = [(32, 16, 8, 4), (32, 16, 4, 3)] if mla else [(64, 64, 4, 2)]
+    for bm, bn, w, st in tiles:
+        for splits in (1, 3):
+            cfg = KernelConfig(num_splits=splits, block_m=bm, block_n=bn, num_warps=w, num_stages=st)
+            out = torch.full((kw["q"].shape[0], spec.hq, spec.dv), float("nan"), dtype=torch.float16)
+            o, l = tree_verify(**_int64(kw) if i == 0 else kw, backend="cuda-emu", config=cfg, out=out,
+                               return_lse=True)
+            atol, rtol = TOL[torch.float16]
+            assert torch.allclose(o.double(), want_o, atol=atol, rtol=rtol), f"{cfg}: out"
+            finite = torch.isfinite(want_l)
+            assert torch.equal(torch.isfinite(l), finite), f"{cfg}: lse -inf where nothing is seen"
+            assert torch.allclose(l.double()[finite], want_l[finite], atol=5e-3), f"{cfg}: lse"

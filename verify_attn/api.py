@@ -15,8 +15,11 @@ range. The backends size their grids from static shapes (M tiles from
 min(32 * W, total_q) nodes per request), so a request with more nodes than that is
 not covered. The Triton kernels read the mask only inside its W words and write NaN
 to every row of that request they reach; the reference (a host computation)
-raises; the CUDA kernels are to guard it on the device (csrc/tree_verify, owned
-there). Never rely on any of these: check in full mode while developing.
+raises; the CUDA kernels (cuda, cuda-emu) write NaN to every row of that request
+their grid covers and set an error bit in a per-device flag that
+`verify_attn.kernel_errors(device)` reads (a host sync: call it when convenient,
+never inside graph capture). Never rely on any of these: check in full mode while
+developing.
 
 Non-finite values: q, k_cache and v_cache are never checked for NaN or inf (that
 would read the whole cache on the host, 213 MB per layer at 185k). They propagate:
@@ -30,13 +33,12 @@ with lse -inf and, with more than one split, out 0: check lse, or run with one o
 the other backends, when hunting a NaN (tests/test_hardening.py pins both).
 
 Index dtypes: qo_indptr, kv_indptr and kv_indices may be int32 or int64 (SGLang keeps
-int64 indices) and are read as given, without a copy (until csrc reads int64, the
-cuda and cuda-emu backends get int32 copies: `_int32_for_legacy_backends`); kv_lens
+int64 indices) and every backend reads them as given, without a copy (the CUDA kernels
+read an int64 array through its low 32-bit words: its values are below 2^31); kv_lens
 and tree_mask are int32.
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 from typing import Optional
 
@@ -47,7 +49,6 @@ from .config import KernelConfig, as_config, heuristic_kv_len
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _INDEX_DTYPES = (torch.int32, torch.int64)   # qo_indptr, kv_indptr, kv_indices
-_INT32_MAX = 2**31 - 1
 _VALIDATION = os.environ.get("VERIFY_ATTN_VALIDATE", "full")
 
 
@@ -236,35 +237,9 @@ def _pick_auto(p: Problem) -> str:
         b = get_backend(name)
         if p.prefix_only and not b.prefix_only:
             continue
-        if b.available()[0] and b.supports(_int32_for_legacy_backends(p, name)) is None:
+        if b.available()[0] and b.supports(p) is None:
             return name
     return "reference"
-
-
-# The backends whose op bindings (csrc/bindings) take int32 index tensors only.
-_LEGACY_INT32_BACKENDS = ("cuda", "cuda-emu")
-
-
-def _int32_for_legacy_backends(p: Problem, name: str) -> Problem:
-    """TEMPORARY, delete when csrc reads int64 indices: int64 qo_indptr/kv_indptr/kv_indices
-    become int32 copies for the `cuda` and `cuda-emu` backends only (their bindings check
-    for int32). Every other backend reads int64 as given, without a copy.
-
-    The copy is a device op (CUDA-graph safe: no host read) of the WHOLE tensor, so an
-    engine's preallocated int64 index buffer costs a copy of that buffer per call on these
-    two backends until then. Values fit int32 by static bounds: slot/page ids are below
-    k_cache.shape[0] and indptr entries at most kv_indices.numel() (value checks confirm
-    both in full validation mode).
-    """
-    if name not in _LEGACY_INT32_BACKENDS:
-        return p
-    wide = {f: getattr(p, f) for f in ("qo_indptr", "kv_indptr", "kv_indices") if getattr(p, f).dtype == torch.int64}
-    if not wide:
-        return p
-    if p.k_cache.shape[0] > _INT32_MAX or p.kv_indices.numel() > _INT32_MAX:
-        raise ValueError(f"backend {name!r} reads int32 indices: k_cache.shape[0]={p.k_cache.shape[0]} and "
-                         f"kv_indices.numel()={p.kv_indices.numel()} must be < 2**31")
-    return dataclasses.replace(p, **{f: t.to(torch.int32) for f, t in wide.items()})
 
 
 def tree_verify(
@@ -304,7 +279,6 @@ def tree_verify(
     if p.prefix_only and not b.prefix_only:
         raise ValueError(f"backend {name!r} does not support prefix-only calls (tree_mask=None); "
                          f"use backend='auto' or one of: {', '.join(_prefix_only_backends())}")
-    p = _int32_for_legacy_backends(p, name)
     why = b.supports(p)
     if why is not None:
         raise ValueError(f"backend {name!r} does not support this call: {why}")

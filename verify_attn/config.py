@@ -122,6 +122,9 @@ def heuristic_num_splits(
     if min(batch, num_kv_heads, m_tiles, num_sms, block_n) < 1:
         raise ValueError("heuristic_num_splits: batch, num_kv_heads, m_tiles, num_sms, block_n must be >= 1")
     ctas_per_split = batch * num_kv_heads * m_tiles
-    want = max(1, math.ceil(waves * num_sms / ctas_per_split))
+    # whole waves, rounded down: a grid one CTA over a wave runs a second, nearly empty wave as long
+    # as the first (the SASS model's reading of the 64-node tree: 12 splits x 16 M tiles = 192 CTAs
+    # on 188 SMs took twice the time of 11)
+    want = max(1, int(waves * num_sms) // ctas_per_split)
     by_len = max(1, avg_kv_len // max(min_tokens_per_split, block_n))
     return int(max(1, min(want, by_len, max_splits)))

@@ -16,42 +16,52 @@ namespace va::tv {
 inline Params params_from_tensors(const at::Tensor& q,            // [total_q, Hq, Dqk]
                                   const at::Tensor& k_cache,      // [slots, Hkv, Dqk] or [pages, P, Hkv, Dqk]
                                   const at::Tensor& v_cache,      // same leading dims, last Dv
-                                  const at::Tensor& qo_indptr,    // [B+1] int32
-                                  const at::Tensor& kv_indptr,    // [B+1] int32
-                                  const at::Tensor& kv_indices,   // [nnz] int32
+                                  const at::Tensor& qo_indptr,    // [B+1] int32 or int64
+                                  const at::Tensor& kv_indptr,    // [B+1] int32 or int64
+                                  const at::Tensor& kv_indices,   // [nnz] int32 or int64
                                   const at::Tensor& kv_lens,      // [B] int32
-                                  const at::Tensor& tree_mask,    // [total_q, W] int32
+                                  const std::optional<at::Tensor>& tree_mask,  // [total_q, W] int32; none: prefix-only
                                   const at::Tensor& out,          // [total_q, Hq, Dv], q's dtype
                                   const std::optional<at::Tensor>& lse,        // [total_q, Hq] float32
                                   const std::optional<at::Tensor>& workspace,  // uint8 bytes >= workspace_bytes
-                                  double sm_scale, int64_t page_size, int64_t max_tree_nodes) {
+                                  double sm_scale, int64_t page_size, int64_t max_tree_nodes,
+                                  const std::optional<at::Tensor>& errors = std::nullopt) {  // [1] int32 error bits
   // -- dtype --
   TORCH_CHECK(q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf,
               "tree_verify: q must be bfloat16 or float16, got ", q.scalar_type());
   for (const at::Tensor* t : {&k_cache, &v_cache, &out})
     TORCH_CHECK(t->scalar_type() == q.scalar_type(), "tree_verify: k_cache, v_cache and out must have q's dtype ",
                 q.scalar_type(), ", got ", t->scalar_type());
-  for (const at::Tensor* t : {&qo_indptr, &kv_indptr, &kv_indices, &kv_lens, &tree_mask})
-    TORCH_CHECK(t->scalar_type() == at::kInt, "tree_verify: index tensors and tree_mask must be int32, got ",
-                t->scalar_type());
+  for (const at::Tensor* t : {&qo_indptr, &kv_indptr, &kv_indices})
+    TORCH_CHECK(t->scalar_type() == at::kInt || t->scalar_type() == at::kLong,
+                "tree_verify: qo_indptr, kv_indptr and kv_indices must be int32 or int64, got ", t->scalar_type());
+  TORCH_CHECK(kv_lens.scalar_type() == at::kInt, "tree_verify: kv_lens must be int32, got ", kv_lens.scalar_type());
+  if (tree_mask)
+    TORCH_CHECK(tree_mask->scalar_type() == at::kInt, "tree_verify: tree_mask must be int32, got ",
+                tree_mask->scalar_type());
+  if (errors) TORCH_CHECK(errors->scalar_type() == at::kInt && errors->numel() >= 1, "tree_verify: errors must be int32 [1]");
   if (lse) TORCH_CHECK(lse->scalar_type() == at::kFloat, "tree_verify: lse must be float32");
   // -- device --
-  for (const at::Tensor* t : {&k_cache, &v_cache, &qo_indptr, &kv_indptr, &kv_indices, &kv_lens, &tree_mask, &out})
+  for (const at::Tensor* t : {&k_cache, &v_cache, &qo_indptr, &kv_indptr, &kv_indices, &kv_lens, &out})
     TORCH_CHECK(t->device() == q.device(), "tree_verify: every tensor must be on q's device ", q.device(), ", got ",
                 t->device());
+  if (tree_mask) TORCH_CHECK(tree_mask->device() == q.device(), "tree_verify: tree_mask must be on q's device");
+  if (errors) TORCH_CHECK(errors->device() == q.device(), "tree_verify: errors must be on q's device");
   if (lse) TORCH_CHECK(lse->device() == q.device(), "tree_verify: lse must be on q's device");
   if (workspace) TORCH_CHECK(workspace->device() == q.device(), "tree_verify: workspace must be on q's device");
   // -- contiguity of the last dim (and of the index tensors) --
   for (const at::Tensor* t : {&q, &k_cache, &v_cache, &out})
     TORCH_CHECK(t->stride(-1) == 1, "tree_verify: q, caches and out must be contiguous in the last dim");
-  for (const at::Tensor* t : {&qo_indptr, &kv_indptr, &kv_indices, &kv_lens, &tree_mask})
+  for (const at::Tensor* t : {&qo_indptr, &kv_indptr, &kv_indices, &kv_lens})
     TORCH_CHECK(t->is_contiguous(), "tree_verify: index tensors and tree_mask must be contiguous");
+  if (tree_mask) TORCH_CHECK(tree_mask->is_contiguous(), "tree_verify: index tensors and tree_mask must be contiguous");
   if (lse) TORCH_CHECK(lse->stride(-1) == 1, "tree_verify: lse must be contiguous in the last dim");
   if (workspace) TORCH_CHECK(workspace->is_contiguous(), "tree_verify: workspace must be contiguous");
   // -- shapes --
   TORCH_CHECK(page_size >= 1, "tree_verify: page_size must be >= 1");
   const int64_t cache_dim = page_size == 1 ? 3 : 4;
-  TORCH_CHECK(q.dim() == 3 && out.dim() == 3 && tree_mask.dim() == 2, "tree_verify: q/out must be 3-D, tree_mask 2-D");
+  TORCH_CHECK(q.dim() == 3 && out.dim() == 3 && (!tree_mask || tree_mask->dim() == 2),
+              "tree_verify: q/out must be 3-D, tree_mask 2-D");
   TORCH_CHECK(k_cache.dim() == cache_dim && v_cache.dim() == cache_dim, "tree_verify: caches must be ", cache_dim,
               "-D for page_size ", page_size);
   if (page_size > 1) TORCH_CHECK(k_cache.size(1) == page_size, "tree_verify: k_cache.size(1) must be page_size");
@@ -63,18 +73,23 @@ inline Params params_from_tensors(const at::Tensor& q,            // [total_q, H
   const int64_t batch = qo_indptr.numel() - 1;
   TORCH_CHECK(batch >= 1 && kv_indptr.numel() == batch + 1 && kv_lens.numel() == batch,
               "tree_verify: qo_indptr/kv_indptr need B+1 entries and kv_lens B");
-  TORCH_CHECK(tree_mask.size(0) == total_q, "tree_verify: tree_mask needs total_q rows");
+  if (tree_mask) TORCH_CHECK(tree_mask->size(0) == total_q, "tree_verify: tree_mask needs total_q rows");
   if (lse) TORCH_CHECK(lse->dim() == 2 && lse->size(0) == total_q && lse->size(1) == hq, "tree_verify: lse must be [total_q, Hq]");
 
   Params p{};
   p.q = q.data_ptr();
   p.k_cache = k_cache.data_ptr();
   p.v_cache = v_cache.data_ptr();
-  p.qo_indptr = qo_indptr.data_ptr<int32_t>();
-  p.kv_indptr = kv_indptr.data_ptr<int32_t>();
-  p.kv_indices = kv_indices.data_ptr<int32_t>();
+  // int64 index arrays are read through their low words (values < 2^31; little-endian)
+  p.qo_indptr = static_cast<const int32_t*>(qo_indptr.data_ptr());
+  p.kv_indptr = static_cast<const int32_t*>(kv_indptr.data_ptr());
+  p.kv_indices = static_cast<const int32_t*>(kv_indices.data_ptr());
+  p.qo_indptr_i64 = qo_indptr.scalar_type() == at::kLong;
+  p.kv_indptr_i64 = kv_indptr.scalar_type() == at::kLong;
+  p.kv_indices_i64 = kv_indices.scalar_type() == at::kLong;
   p.kv_lens = kv_lens.data_ptr<int32_t>();
-  p.tree_mask = tree_mask.data_ptr<int32_t>();
+  p.tree_mask = tree_mask ? tree_mask->data_ptr<int32_t>() : nullptr;
+  p.errors = errors ? errors->data_ptr<int32_t>() : nullptr;
   p.out = out.data_ptr();
   p.lse = lse ? lse->data_ptr<float>() : nullptr;
   p.workspace = workspace && workspace->numel() > 0 ? workspace->data_ptr() : nullptr;
@@ -99,7 +114,7 @@ inline Params params_from_tensors(const at::Tensor& q,            // [total_q, H
   p.head_dim_qk = static_cast<int32_t>(dqk);
   p.head_dim_v = static_cast<int32_t>(dv);
   p.page_size = static_cast<int32_t>(page_size);
-  p.mask_words = static_cast<int32_t>(tree_mask.size(1));
+  p.mask_words = tree_mask ? static_cast<int32_t>(tree_mask->size(1)) : 0;
   p.max_tree_nodes = static_cast<int32_t>(max_tree_nodes);
   // V aliases K (MLA absorbed): same storage start and strides, so each row is loaded once.
   p.mla_shared_kv = v_cache.data_ptr() == k_cache.data_ptr() && v_cache.strides().slice(0, cache_dim - 1) ==

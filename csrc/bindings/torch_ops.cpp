@@ -3,10 +3,11 @@
 //
 // Ops (namespace VA_OP_NAMESPACE: "verify_attn" for the setup.py build, a
 // per-variant name for JIT builds so several can load in one process):
-//   tree_verify(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_lens, tree_mask,
-//               Tensor(a!) out, Tensor(b!)? lse, Tensor(c!)? workspace, float sm_scale,
-//               int page_size, int max_tree_nodes, int num_splits, int block_n, int block_m,
-//               int num_warps, int num_stages) -> ()
+//   tree_verify(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_lens, tree_mask?,
+//               Tensor(a!) out, Tensor(b!)? lse, Tensor(c!)? workspace, Tensor(d!)? errors,
+//               float sm_scale, int page_size, int max_tree_nodes, int num_splits, int block_n,
+//               int block_m, int num_warps, int num_stages) -> ()
+//   (index tensors int32 or int64; tree_mask None: a prefix-only call; errors: int32 [1] error bits)
 //   workspace_bytes(Tensor q, Tensor v_cache, int num_splits) -> int
 //   built_kernels() -> str[]
 // Fake (meta) implementations are registered from Python (verify_attn/backends/cuda.py).
@@ -31,14 +32,15 @@ namespace {
 
 void tree_verify_cuda(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                       const at::Tensor& qo_indptr, const at::Tensor& kv_indptr, const at::Tensor& kv_indices,
-                      const at::Tensor& kv_lens, const at::Tensor& tree_mask, at::Tensor& out,
+                      const at::Tensor& kv_lens, const std::optional<at::Tensor>& tree_mask, at::Tensor& out,
                       const std::optional<at::Tensor>& lse, const std::optional<at::Tensor>& workspace,
+                      const std::optional<at::Tensor>& errors,
                       double sm_scale, int64_t page_size, int64_t max_tree_nodes, int64_t num_splits,
                       int64_t block_n, int64_t block_m, int64_t num_warps, int64_t num_stages) {
   TORCH_CHECK(q.is_cuda(), "tree_verify: tensors must be on a CUDA device, got ", q.device());
   va::tv::Params p = va::tv::params_from_tensors(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_lens,
                                                  tree_mask, out, lse, workspace, sm_scale, page_size,
-                                                 max_tree_nodes);
+                                                 max_tree_nodes, errors);
   const va::tv::LaunchConfig cfg{static_cast<int>(num_splits), static_cast<int>(block_n), static_cast<int>(block_m),
                                  static_cast<int>(num_warps), static_cast<int>(num_stages)};
   const size_t need = va::tv::workspace_bytes(p, cfg);
@@ -72,8 +74,8 @@ std::vector<std::string> built_kernels() { return va::tv::built_kernels(); }
 VA_TORCH_LIBRARY(VA_OP_NAMESPACE, m) {
   m.def(
       "tree_verify(Tensor q, Tensor k_cache, Tensor v_cache, Tensor qo_indptr, Tensor kv_indptr, "
-      "Tensor kv_indices, Tensor kv_lens, Tensor tree_mask, Tensor(a!) out, Tensor(b!)? lse, "
-      "Tensor(c!)? workspace, float sm_scale, int page_size, int max_tree_nodes, int num_splits, "
+      "Tensor kv_indices, Tensor kv_lens, Tensor? tree_mask, Tensor(a!) out, Tensor(b!)? lse, "
+      "Tensor(c!)? workspace, Tensor(d!)? errors, float sm_scale, int page_size, int max_tree_nodes, int num_splits, "
       "int block_n, int block_m, int num_warps, int num_stages) -> ()");
   m.def("workspace_bytes(Tensor q, Tensor v_cache, int num_splits) -> int");
   m.def("built_kernels() -> str[]", &built_kernels);

@@ -109,6 +109,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return std::tuple<float, float>{m, alpha};
   });
   m.def("softmax_ref_max", &softmax_ref_max);
+  m.def("lazy_softmax_update", [](float m, float tile_max, float slack) {
+    const float alpha = lazy_softmax_update(m, tile_max, slack, HostExp2{});
+    return std::make_tuple(m, alpha);
+  });
   m.def("row_lse2", [](float m, float l) { return row_lse2(m, l, HostLog2{}); });
   m.def("row_inv_l", &row_inv_l);
   m.def("lse_merge", [](float m, float l, float lse2_s) {

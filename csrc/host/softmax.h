@@ -26,12 +26,23 @@ VA_HD float online_softmax_update(float& m, float tile_max, Exp2 exp2) {
   return alpha;
 }
 
+// Lazy variant (the v1 kernel): the reference max moves only when a tile's max exceeds it by more
+// than `slack` (log2 units). Otherwise alpha = 1 exactly, nothing needs rescaling, and the row's
+// probabilities exp2(s - m) stay <= 2^slack (l and O grow by at most that factor; fp32 holds it).
+// Exact in real arithmetic: l and O share the reference max, and lse2 = m + log2(l) at the end.
+template <class Exp2>
+VA_HD float lazy_softmax_update(float& m, float tile_max, float slack, Exp2 exp2) {
+  if (m != neg_inf() && tile_max <= m + slack) return 1.0f;
+  return online_softmax_update(m, tile_max, exp2);
+}
+
 // log2-sum-exp2 of a finished row: m + log2(l), or -inf if nothing was visible.
 template <class Log2>
-VA_HD float row_lse2(float m, float l, Log2 log2) { return l > 0.0f ? m + log2(l) : neg_inf(); }
+// A NaN l (the row read a NaN or inf) stays NaN: a poisoned row must never look like one that saw nothing.
+VA_HD float row_lse2(float m, float l, Log2 log2) { return l > 0.0f ? m + log2(l) : (l == 0.0f ? neg_inf() : l); }
 
 // Reciprocal of l for the final normalisation; 0 for a row that saw nothing.
-VA_HD float row_inv_l(float l) { return l > 0.0f ? 1.0f / l : 0.0f; }
+VA_HD float row_inv_l(float l) { return l > 0.0f ? 1.0f / l : (l == 0.0f ? 0.0f : l); }
 
 // Running merge of normalised split partials (o_s, lse2_s):
 //   out = sum_s w_s o_s / sum_s w_s,  w_s = exp2(lse2_s - m),  lse2 = m + log2(sum_s w_s).

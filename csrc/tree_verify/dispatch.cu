@@ -87,10 +87,12 @@ void run(const Params& p, const LaunchConfig& cfg, cudaStream_t stream) {
   check(p.num_kv_heads >= 1 && p.num_q_heads == p.group * p.num_kv_heads,
         "num_q_heads must equal group * num_kv_heads");
   check(p.page_size >= 1, "page_size must be >= 1");
-  check(p.mask_words >= 1 && p.max_tree_nodes >= 1 && p.max_tree_nodes <= 32 * p.mask_words,
-        "max_tree_nodes must be in [1, 32 * mask_words]");
-  check(p.q && p.k_cache && p.v_cache && p.qo_indptr && p.kv_indptr && p.kv_indices && p.kv_lens && p.tree_mask &&
-            p.out,
+  if (p.tree_mask != nullptr)
+    check(p.mask_words >= 1 && p.max_tree_nodes >= 1 && p.max_tree_nodes <= 32 * p.mask_words,
+          "max_tree_nodes must be in [1, 32 * mask_words]");
+  else
+    check(p.max_tree_nodes >= 1, "max_tree_nodes must be >= 1 (a prefix-only call: the most q rows of a request)");
+  check(p.q && p.k_cache && p.v_cache && p.qo_indptr && p.kv_indptr && p.kv_indices && p.kv_lens && p.out,
         "a required pointer is null");
   check(!p.mla_shared_kv || p.v_cache == p.k_cache, "mla_shared_kv needs v_cache == k_cache");
   // 16-byte cp.async of every row chunk: bases and row strides must keep 16-byte alignment.

@@ -16,15 +16,20 @@ struct Params {
   const void* __restrict__ q;           // [total_q, Hq, Dqk] dtype; row (token, head) at q_stride_tok/_head
   const void* __restrict__ k_cache;     // page1: [num_slots, Hkv, Dqk]; paged: [num_pages, P, Hkv, Dqk]
   const void* __restrict__ v_cache;     // same leading dims, last dim Dv; MLA: k_cache[..., :Dv] (same pointer)
+  // Index arrays are int32, or int64 (the *_i64 flags below) read through their low 32-bit words:
+  // every value is below 2^31 (slot / page ids < pool size, indptr entries <= nnz), little-endian.
   const int32_t* __restrict__ qo_indptr;   // [B+1] first q row of each request; T_b = qo[b+1] - qo[b]
   const int32_t* __restrict__ kv_indptr;   // [B+1] first kv_indices entry of each request
   const int32_t* __restrict__ kv_indices;  // [nnz] slot ids (page1) or page ids (paged)
   const int32_t* __restrict__ kv_lens;     // [B] L_b + T_b: KV entries of each request (tree block last)
-  const int32_t* __restrict__ tree_mask;   // [total_q, mask_words] packed: bit j%32 of word j/32 = node sees tree entry j
+  // [total_q, mask_words] packed: bit j%32 of word j/32 = node sees tree entry j. nullptr: a prefix-only
+  // call, every q row sees all kv_lens[b] entries (kv_lens[b] may be 0: out 0, lse -inf).
+  const int32_t* __restrict__ tree_mask;
   // ---- outputs -------------------------------------------------------------
   void* __restrict__ out;               // [total_q, Hq, Dv] dtype
   float* __restrict__ lse;              // [total_q, Hq] float32, natural log; nullptr: not wanted
   void* __restrict__ workspace;         // workspace_bytes(params, cfg) bytes (fp32 split partials); nullptr if 0
+  int32_t* __restrict__ errors;         // [1] error bits the kernels set (kErrTreeTooWide); nullptr: not reported
   // ---- strides (elements) -----------------------------------------------------
   int64_t q_stride_tok, q_stride_head;
   int64_t k_stride_block, k_stride_tok, k_stride_head;  // block: slot (page1) or page (paged); tok: row in a page
@@ -43,8 +48,14 @@ struct Params {
   int32_t mask_words;      // W
   int32_t max_tree_nodes;  // static bound on T_b (sets the grid's M tiles): min(32 * W, total_q)
   int32_t mla_shared_kv;   // 1: v_cache is k_cache[..., :Dv] (each KV row is loaded once for both products)
+  int32_t qo_indptr_i64;   // 1: qo_indptr is int64 (read by low words)
+  int32_t kv_indptr_i64;   // 1: kv_indptr is int64
+  int32_t kv_indices_i64;  // 1: kv_indices is int64
   DType dtype;             // element type of q, caches and out
   float sm_scale;          // softmax scale (a model parameter)
 };
+
+// Error bits in Params::errors (set on the device, read by the host when it chooses to sync).
+inline constexpr int32_t kErrTreeTooWide = 1;  // a request has T_b > 32 * mask_words: its rows are NaN / unwritten
 
 }  // namespace va::tv

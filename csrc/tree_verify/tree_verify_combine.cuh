@@ -10,6 +10,7 @@
 #include "arch/arch.cuh"
 #include "../host/host_math.h"
 #include "params.h"
+#include "request.cuh"
 #include "tree_verify_kernel.cuh"
 
 namespace va::tv {
@@ -17,13 +18,22 @@ namespace va::tv {
 inline constexpr int kCombineWarps = 4;  // (row, head) pairs per CTA
 
 // Request that owns q row `qrow`: the last b with qo_indptr[b] <= qrow (binary search).
-VA_DEVICE int request_of_row(const int32_t* qo_indptr, int batch, int qrow) {
-  int lo = 0, hi = batch - 1;
+VA_DEVICE int request_of_row(const Params& p, int qrow) {
+  int lo = 0, hi = p.batch - 1;
   while (lo < hi) {
     const int mid = (lo + hi + 1) >> 1;
-    if (va::arch::ld_global(qo_indptr + mid) <= qrow) lo = mid; else hi = mid - 1;
+    if (ld_index(p.qo_indptr, mid, p.qo_indptr_i64) <= qrow) lo = mid; else hi = mid - 1;
   }
   return lo;
+}
+
+// A request the split kernel refused (T_b > 32 * mask_words): NaN out and lse for (qrow, head).
+template <class T>
+VA_DEVICE void combine_poison(const Params& p, int qrow, int head, int lane) {
+  uint16_t* out = reinterpret_cast<uint16_t*>(static_cast<T*>(p.out) + qrow * p.o_stride_tok + head * p.o_stride_head);
+  for (int c = lane; c < p.head_dim_v; c += 32) va::arch::st_global(out + c, nan_bits<T>());
+  if (p.lse != nullptr && lane == 0)
+    va::arch::st_global(p.lse + qrow * p.lse_stride_tok + head * p.lse_stride_head, __builtin_nanf(""));
 }
 
 template <class T, int DV>
@@ -39,7 +49,11 @@ __global__ void __launch_bounds__(32 * kCombineWarps) tree_verify_combine_kernel
   const int qrow = pair / p.num_q_heads;
   const int head = pair % p.num_q_heads;
   const int lane = arch::lane_id();
-  const int b = request_of_row(p.qo_indptr, p.batch, qrow);
+  const int b = request_of_row(p, qrow);
+  if (request_too_wide(p, b)) {
+    combine_poison<T>(p, qrow, head, lane);
+    return;
+  }
   const int ns = h::num_nonempty_splits(arch::ld_global(p.kv_lens + b), num_splits, block_n);
 
   const float* ws_o = ws_partial_o(p);
@@ -48,14 +62,18 @@ __global__ void __launch_bounds__(32 * kCombineWarps) tree_verify_combine_kernel
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) acc[c][0] = acc[c][1] = 0.f;
   h::MergeState st = h::merge_init();
-  for (int s = 0; s < ns; ++s) {  // sass-model: split-loop
-    const int64_t prow = (static_cast<int64_t>(s) * p.total_q + qrow) * p.num_q_heads + head;
+  // split s's partial row is row0 + s * stride: pointers advance, no per-split index math
+  const int64_t row0 = static_cast<int64_t>(qrow) * p.num_q_heads + head;
+  const int64_t stride = static_cast<int64_t>(p.total_q) * p.num_q_heads;
+  const float* lse_s = ws_lse + row0;
+  const float* o_s = ws_o + row0 * DV + 2 * lane;
+  for (int s = 0; s < ns; ++s, lse_s += stride, o_s += stride * DV) {  // sass-model: split-loop
     float so, sn;
-    h::lse_merge(st, arch::ld_global(ws_lse + prow), so, sn, Exp2Fast{});
+    h::lse_merge(st, arch::ld_global(lse_s), so, sn, Exp2Fast{});
     if (sn == 0.f) continue;  // nothing visible in this split (its O is 0 and never needed)
 #pragma unroll
     for (int c = 0; c < kChunks; ++c) {
-      const float2 o = arch::ld_global(reinterpret_cast<const float2*>(ws_o + prow * DV + c * 64 + 2 * lane));
+      const float2 o = arch::ld_global(reinterpret_cast<const float2*>(o_s + c * 64));
       acc[c][0] = acc[c][0] * so + o.x * sn;
       acc[c][1] = acc[c][1] * so + o.y * sn;
     }
@@ -94,10 +112,15 @@ __global__ void __launch_bounds__(32 * kCombineV1Warps) tree_verify_combine_kern
   const int qrow = active ? pair / p.num_q_heads : 0;
   const int head = active ? pair % p.num_q_heads : 0;
   const int lane = arch::lane_id();
-  const int b = request_of_row(p.qo_indptr, p.batch, qrow);
+  const int b = request_of_row(p, qrow);
+  const bool too_wide = request_too_wide(p, b);
   const int ns = h::num_nonempty_splits(arch::ld_global(p.kv_lens + b), num_splits, block_n);
   arch::grid_dependency_wait();  // the split kernel's partials are complete and visible
   if (!active) return;
+  if (too_wide) {
+    combine_poison<T>(p, qrow, head, lane);
+    return;
+  }
 
   const float* ws_o = ws_partial_o(p);
   const float* ws_lse = ws_partial_lse(p, num_splits);

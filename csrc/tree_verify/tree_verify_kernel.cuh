@@ -20,6 +20,7 @@
 #include "arch/arch.cuh"
 #include "../host/host_math.h"
 #include "params.h"
+#include "request.cuh"
 #include "traits.h"
 
 namespace va::tv {
@@ -53,18 +54,25 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel(cons
   const int b = blockIdx.z;
 
   // ---- this CTA's rows and KV range (block-uniform: early exits are safe) ----
-  const int qo_begin = arch::ld_global(p.qo_indptr + b);
-  const int tb = arch::ld_global(p.qo_indptr + b + 1) - qo_begin;  // T_b
-  const int kv_len = arch::ld_global(p.kv_lens + b);               // L_b + T_b
-  const int prefix = kv_len - tb;                                   // L_b
+  const RequestInfo req = read_request(p, b);
+  const int qo_begin = req.qo_begin, tb = req.tb, kv_len = req.kv_len, prefix = req.prefix;
   const int group = p.group;
   const int nrows = tb * group;
   const int row0 = mtile * BM;
   if (row0 >= nrows) return;  // rows past T_b * group: nothing to do, nothing to write
+  if (req.too_wide) {         // the mask rows cannot describe this tree: NaN rows and an error bit
+    report_error(p, kErrTreeTooWide);
+    if (num_splits == 1) fill_rows<T>(p, req, kvh, row0, row0 + BM < nrows ? row0 + BM : nrows, true, __builtin_nanf(""));
+    return;  // with splits the combine writes the NaN rows
+  }
   const h::SplitRange range = h::split_range(kv_len, num_splits, BN, split);
-  if (range.begin >= range.end) return;  // empty split: the combine skips it
+  if (range.begin >= range.end) {  // empty split: the combine skips it; a request with no KV at all
+    if (kv_len == 0 && num_splits == 1)  // (prefix-only call) gets out 0 and lse -inf here
+      fill_rows<T>(p, req, kvh, row0, row0 + BM < nrows ? row0 + BM : nrows, false, h::neg_inf());
+    return;
+  }
   const int ntiles = h::num_tiles(range, BN);
-  const int kv_base = arch::ld_global(p.kv_indptr + b);
+  const int kv_base = req.kv_base;
 
   const int tid = threadIdx.x;
   const int lane = arch::lane_id();
@@ -104,8 +112,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel(cons
   const int ld_chunk = tid % Tr::kThreadsPerRow;  // first 16-byte chunk of that row
   auto fetch_id = [&](int tile) -> int32_t {
     const int t = range.begin + tile * BN + ld_row;
-    return (tile < ntiles && t < range.end) ? arch::ld_global(p.kv_indices + kv_base + L::index_pos(t, p.page_size))
-                                            : 0;
+    return (tile < ntiles && t < range.end)
+               ? ld_index(p.kv_indices, static_cast<int64_t>(kv_base) + L::index_pos(t, p.page_size), p.kv_indices_i64)
+               : 0;
   };
   auto issue_kv = [&](int tile, int stage, int32_t id) {
     const int t = range.begin + tile * BN + ld_row;

@@ -15,7 +15,8 @@
 //     sum with shuffles, writes P (16-bit) and each row's rescale factor alpha.
 //   * O += P V: every warp owns Dv / W columns of all rows (V fragments reused
 //     across the m tiles); P and V fragments are loaded before the barrier that
-//     publishes the next tile's scores, the O rescale interleaves with the MMAs.
+//     publishes the next tile's scores. The running max is lazy: it moves only when
+//     a tile beats it by more than 2^8, so O is rescaled on a few tiles per split.
 //   * Software pipeline: iteration i computes S(i+1), then issues PV(i) and the
 //     softmax of tile i+1 in one basic block, so the tensor pipe runs PV while the
 //     softmax's shuffles and exponentials wait on their latencies. Two barriers
@@ -31,6 +32,7 @@
 #include "arch/arch.cuh"
 #include "../host/host_math.h"
 #include "params.h"
+#include "request.cuh"
 #include "traits.h"
 #include "tree_verify_kernel.cuh"
 
@@ -121,18 +123,25 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
   const int b = blockIdx.z;
 
   // ---- this CTA's rows and KV range (block-uniform: early exits are safe) ----
-  const int qo_begin = arch::ld_global(p.qo_indptr + b);
-  const int tb = arch::ld_global(p.qo_indptr + b + 1) - qo_begin;  // T_b
-  const int kv_len = arch::ld_global(p.kv_lens + b);               // L_b + T_b
-  const int prefix = kv_len - tb;                                   // L_b
+  const RequestInfo req = read_request(p, b);
+  const int qo_begin = req.qo_begin, tb = req.tb, kv_len = req.kv_len, prefix = req.prefix;
   const int group = p.group;
   const int nrows = tb * group;
   const int row0 = mtile * BM;
   if (row0 >= nrows) return;
+  const int row_end = row0 + BM < nrows ? row0 + BM : nrows;
+  if (req.too_wide) {  // the mask rows cannot describe this tree: NaN rows and an error bit
+    report_error(p, kErrTreeTooWide);
+    if (num_splits == 1) fill_rows<T>(p, req, kvh, row0, row_end, true, __builtin_nanf(""));
+    return;  // with splits the combine writes the NaN rows
+  }
   const h::SplitRange range = h::split_range(kv_len, num_splits, BN, split);
-  if (range.begin >= range.end) return;
+  if (range.begin >= range.end) {  // empty split (the combine skips it); no KV at all: out 0, lse -inf
+    if (kv_len == 0 && num_splits == 1) fill_rows<T>(p, req, kvh, row0, row_end, false, h::neg_inf());
+    return;
+  }
   const int ntiles = h::num_tiles(range, BN);
-  const int kv_base = arch::ld_global(p.kv_indptr + b);
+  const int kv_base = req.kv_base;
 
   const int tid = threadIdx.x;
   const int lane = arch::lane_id();
@@ -163,7 +172,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
   int ring_tile = STAGES - 1;  // next tile whose index goes into the ring
   auto fetch_direct = [&](int tile) -> int32_t {
     const int t = range.begin + tile * BN + ld_row;
-    const int32_t id = loader && t < range.end ? arch::ld_global(p.kv_indices + kv_base + direct_at.pos) : 0;
+    const int32_t id =
+        loader && t < range.end ? ld_index(p.kv_indices, static_cast<int64_t>(kv_base) + direct_at.pos, p.kv_indices_i64)
+                                : 0;
     direct_at.advance();
     return id;
   };
@@ -171,7 +182,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
     const int t = range.begin + ring_tile * BN + ld_row;
     if (loader)
       arch::cp_async_4_zfill(sIdx + (ring_tile % Smem::kIdxSlots) * Tr::kThreads + tid,
-                             p.kv_indices + kv_base + ring_at.pos, t < range.end);
+                             index_at(p.kv_indices, static_cast<int64_t>(kv_base) + ring_at.pos, p.kv_indices_i64),
+                             t < range.end);
     ring_at.advance();
     ++ring_tile;
   };
@@ -258,7 +270,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
 
   // ---- S(t) = Q K^T over this warp's dims -> partial scores in shared memory ---
   using SAcc = float[Tr::kSAcc][Tr::kSMT][Tr::kSN8][4];
-  auto s_mma = [&](int tile, SAcc& sacc) {
+  // `mid()` runs after half of the k steps: work the warp issues while its first MMAs are in the pipe
+  auto s_mma = [&](int tile, SAcc& sacc, auto&& mid) {
     const T* sKs = sK + (tile % STAGES) * Smem::kStageElems;
     const T* sKw = sKs + (ws_n * Tr::kSTok + b_addr.row) * Smem::kKPitch + ws_k * Tr::kSDims + b_addr.col;
 #pragma unroll
@@ -272,6 +285,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
 #pragma unroll
     for (int kk = 0; kk < Tr::kSKSteps; ++kk) {
       const int a = kk % Tr::kSAcc;
+      if (kk == Tr::kSKSteps / 2) mid();
 #pragma unroll
       for (int j = 0; j + 1 < Tr::kSN8; j += 2) {
         uint32_t bb[4];
@@ -315,6 +329,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
 
   // ---- softmax on whole rows: this lane's row, TPL tokens of it ------------------
   const float scale_log2 = p.sm_scale * h::kLog2e;
+  // lazy rescaling: a row's reference max moves only when a tile beats it by more than 2^8 (P <= 256)
+  constexpr float kMaxSlack = 8.f;
   const int srow = Tr::soft_row(warp, lane);
   const int scol = Tr::soft_col(lane);
   const int sgrow = row0 + srow;
@@ -350,7 +366,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
     }
 #pragma unroll
     for (int x = 1; x < Tr::kLanesPerRow; x <<= 1) tmax = arch::max_f(tmax, arch::shfl_xor(tmax, x));
-    const float alpha = h::online_softmax_update(m_run, tmax, Exp2Fast{});
+    const float alpha = h::lazy_softmax_update(m_run, tmax, kMaxSlack, Exp2Fast{});
     const float mref = h::softmax_ref_max(m_run);
     float rsum = 0.f;
 #pragma unroll
@@ -375,20 +391,28 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
 #pragma unroll
       for (int e = 0; e < 4; ++e) oacc[i][j][e] = 0.f;
 
-  // O *= alpha(tile) per row. Unconditional and branch-free, so the compiler interleaves the FMULs with
-  // the PV MMAs that follow (a branch would split the block); alpha = 1 leaves O exact.
+  // O *= alpha(tile) per row; with the lazy max, alpha is 1 for every row on almost every tile, and
+  // then the warp skips the FMULs (the branch is warp-uniform).
   auto rescale_o = [&](int tile) {
     const float* al = sAlpha + (tile & 1) * BM;
+    float a[Tr::MS][2];
+    bool moved = false;
 #pragma unroll
     for (int i = 0; i < Tr::MS; ++i) {
-      const float a0 = al[i * 16 + (lane >> 2)], a1 = al[i * 16 + (lane >> 2) + 8];
+      a[i][0] = al[i * 16 + (lane >> 2)];
+      a[i][1] = al[i * 16 + (lane >> 2) + 8];
+      moved |= a[i][0] != 1.f || a[i][1] != 1.f;
+    }
+    if (arch::any(moved)) {  // sass-model: cold
 #pragma unroll
-      for (int j = 0; j < Tr::kON8; ++j) {
-        oacc[i][j][0] *= a0;
-        oacc[i][j][1] *= a0;
-        oacc[i][j][2] *= a1;
-        oacc[i][j][3] *= a1;
-      }
+      for (int i = 0; i < Tr::MS; ++i)
+#pragma unroll
+        for (int j = 0; j < Tr::kON8; ++j) {
+          oacc[i][j][0] *= a[i][0];
+          oacc[i][j][1] *= a[i][0];
+          oacc[i][j][2] *= a[i][1];
+          oacc[i][j][3] *= a[i][1];
+        }
     }
   };
   // PV(t) operands: P(t) A fragments and V(t) B fragments, loaded into registers before the barrier
@@ -427,7 +451,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
   arch::block_sync();
   {
     SAcc sacc;
-    s_mma(0, sacc);
+    s_mma(0, sacc, [] {});
     s_store(sacc);
   }
   arch::block_sync();
@@ -437,13 +461,16 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
     const bool has_next = it + 1 < ntiles;
     arch::cp_async_wait<STAGES - 3>();  // tile it+1 landed (this thread's copies)
     arch::block_sync();  // everyone's; P(it) and alpha(it) published; tile it-1's stage free
-    SAcc sacc;
-    if (has_next) s_mma(it + 1, sacc);  // first: the tensor pipe starts right after the barrier
     // the copies of tile it+STAGES-1 (index from the ring, landed by the wait above) and the ring
-    // copy of a later tile's index issue between the S MMAs
-    if (it + STAGES - 1 < ntiles) issue_kv(ring_id(it + STAGES - 1));
-    if (it + 2 * STAGES - 3 < ntiles) fetch_ring();
-    arch::cp_async_commit();
+    // copy of a later tile's index issue between the S MMAs of tile it+1
+    auto loads = [&] {
+      if (it + STAGES - 1 < ntiles) issue_kv(ring_id(it + STAGES - 1));
+      if (it + 2 * STAGES - 3 < ntiles) fetch_ring();
+      arch::cp_async_commit();
+    };
+    SAcc sacc;
+    if (has_next) s_mma(it + 1, sacc, loads);  // the tensor pipe starts right after the barrier
+    else loads();
     pv_load(it);    // P(it) was published by the barrier above; V(it) landed a tile ago
     rescale_o(it);  // alpha(it) too; the FMULs fill the wait for the S results
     if (has_next) s_store(sacc);

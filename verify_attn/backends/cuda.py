@@ -93,6 +93,28 @@ def default_config(p: Problem) -> KernelConfig:
                         num_warps=t.num_warps, num_stages=t.num_stages)
 
 
+KERNEL_VERSIONS = {"v0": 0, "v1": 1}
+
+
+def version_config(p: Problem, version: str) -> KernelConfig:
+    """The config a call uses with kernel `version` ("v0" or "v1") pinned: that version's default tile
+    for the device's arch (v1: build.default_tile; v0: its first tile), the split heuristic. How the
+    benchmark times v0 and v1 side by side (`bench.verify --backend cuda@v0,cuda@v1`)."""
+    if version not in KERNEL_VERSIONS:
+        raise ValueError(f"kernel version {version!r}: known {', '.join(KERNEL_VERSIONS)}")
+    head = _head_of(p.head_dim_qk, p.head_dim_v, p.mla_shared_kv)
+    if head is None:
+        raise ValueError(f"cuda backend: no kernel for Dqk={p.head_dim_qk} Dv={p.head_dim_v}")
+    arch = vdevice.props_for(p.device).arch
+    want = KERNEL_VERSIONS[version]
+    d = vb.default_tile(head, arch)
+    t = d if d.version == want else next((x for x in vb.TILES[head] if x.version == want and x.targets(arch)), None)
+    if t is None:
+        raise LookupError(f"no {version} tile compiled for {head} on {arch}")
+    return KernelConfig(num_splits=_splits_for(p, t), block_n=t.block_n, block_m=t.block_m, num_warps=t.num_warps,
+                        num_stages=t.num_stages)
+
+
 def m_tiles(p: Problem, block_m: int) -> int:
     """The grid's M tiles: from the static bound on tree rows, never from qo_indptr."""
     return -(-(p.max_tree_nodes * p.group) // block_m)
@@ -137,10 +159,52 @@ def supports(p: Problem) -> Optional[str]:
         return (f"head shape Dqk={p.head_dim_qk} Dv={p.head_dim_v} with V "
                 f"{'aliasing' if p.mla_shared_kv else 'separate from'} K (compiled: MLA 576/512 with "
                 f"v_cache = k_cache[..., :512]; GQA 64, 128, 256)")
+    return index_range_problem(p) or alignment_problem(p)
+
+
+def alignment_problem(p: Problem) -> Optional[str]:
     for name, t in (("q", p.q), ("k_cache", p.k_cache), ("v_cache", p.v_cache)):
         if t.data_ptr() % 16 or any(s % 8 for s in t.stride()[:-1]):
             return f"{name} rows must be 16-byte aligned (strides multiples of 8 elements) for cp.async"
     return None
+
+
+def index_range_problem(p: Problem) -> Optional[str]:
+    """The kernels read int64 index arrays through their low 32-bit words: every id and offset must
+    stay below 2^31, which the pool and index sizes bound statically."""
+    if p.k_cache.shape[0] >= 2**31 or p.kv_indices.numel() >= 2**31 or p.total_q >= 2**31:
+        return (f"indices must stay below 2^31 (k_cache.shape[0]={p.k_cache.shape[0]}, "
+                f"kv_indices.numel()={p.kv_indices.numel()})")
+    return None
+
+
+# ------------------------------------------------------------ error bits ----
+
+KERNEL_ERRORS = {1: "a request had more tree nodes than its tree_mask rows describe (T_b > 32 * W): its rows "
+                    "are NaN (or unwritten past the grid's 32 * W nodes)"}
+_ERRORS: dict[torch.device, torch.Tensor] = {}
+
+
+def error_flags(device: torch.device) -> torch.Tensor:
+    """The device's int32 [1] error-bit word the kernels set (allocated once; before graph capture)."""
+    t = _ERRORS.get(device)
+    if t is None:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("cuda backend: the error flag must exist before CUDA-graph capture; make one call "
+                               "(or call verify_attn.kernel_errors) first")
+        t = torch.zeros(1, dtype=torch.int32, device=device)
+        _ERRORS[device] = t
+    return t
+
+
+def read_errors(device: torch.device, clear: bool = True) -> list[str]:
+    """Messages for the error bits set since the last read (a host read: synchronizes the device)."""
+    t = error_flags(device)
+    bits = int(t.item())
+    if clear and bits:
+        t.zero_()
+    return [msg for bit, msg in KERNEL_ERRORS.items() if bits & bit] + (
+        [f"unknown error bits 0x{bits & ~sum(KERNEL_ERRORS):x}"] if bits & ~sum(KERNEL_ERRORS) else [])
 
 
 # ------------------------------------------------------------ op loading ----
@@ -208,7 +272,7 @@ def _register_fake(ns: str) -> None:
     and dtypes come from the caller's tensors and the fake op does nothing."""
     @torch.library.register_fake(f"{ns}::tree_verify")
     def _fake(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_lens, tree_mask, out, lse, workspace,
-              sm_scale, page_size, max_tree_nodes, num_splits, block_n, block_m, num_warps, num_stages):
+              errors, sm_scale, page_size, max_tree_nodes, num_splits, block_n, block_m, num_warps, num_stages):
         return None
 
 
@@ -251,13 +315,13 @@ def _run(p: Problem, config: Optional[KernelConfig], out: torch.Tensor, lse: Opt
     need = workspace_bytes(p, cfg.num_splits)
     ws = reserve_workspace(p.device, need) if need else None
     ops.tree_verify(p.q, p.k_cache, p.v_cache, p.qo_indptr, p.kv_indptr, p.kv_indices, p.kv_lens, p.tree_mask,
-                    out, lse, ws, p.sm_scale, p.page_size, p.max_tree_nodes, cfg.num_splits, cfg.block_n,
-                    cfg.block_m, cfg.num_warps, cfg.num_stages)
+                    out, lse, ws, error_flags(p.device), p.sm_scale, p.page_size, p.max_tree_nodes, cfg.num_splits,
+                    cfg.block_n, cfg.block_m, cfg.num_warps, cfg.num_stages)
 
 
 register(Backend(
     "cuda", _run, available=available, supports=supports, config_space=config_space, resources=resources,
-    default_config=default_config, tunable=True,
+    default_config=default_config, tunable=True, prefix_only=True,
     meta={"kind": "split-kv", "grid": "(KV split, M tile x KV head, request) + combine",
           "sources": "csrc/tree_verify"},
 ))

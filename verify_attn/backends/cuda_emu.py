@@ -348,10 +348,7 @@ def supports(p: Problem) -> Optional[str]:
     if cuda._head_of(p.head_dim_qk, p.head_dim_v, p.mla_shared_kv) is None:
         return (f"head shape Dqk={p.head_dim_qk} Dv={p.head_dim_v} with V "
                 f"{'aliasing' if p.mla_shared_kv else 'separate from'} K is not in the kernel family")
-    for name, t in (("q", p.q), ("k_cache", p.k_cache), ("v_cache", p.v_cache)):
-        if t.data_ptr() % 16 or any(s % 8 for s in t.stride()[:-1]):
-            return f"{name} rows must be 16-byte aligned (strides multiples of 8 elements) for cp.async"
-    return None
+    return cuda.index_range_problem(p) or cuda.alignment_problem(p)
 
 
 def _run(p: Problem, config: Optional[KernelConfig], out: torch.Tensor, lse: Optional[torch.Tensor]) -> None:
@@ -362,12 +359,12 @@ def _run(p: Problem, config: Optional[KernelConfig], out: torch.Tensor, lse: Opt
     emu = load_extension()
     emu.binding.run(p.q, p.k_cache, p.v_cache, p.qo_indptr, p.kv_indptr, p.kv_indices, p.kv_lens, p.tree_mask,
                     out, lse, p.sm_scale, p.page_size, p.max_tree_nodes, cfg.num_splits, cfg.block_n, cfg.block_m,
-                    cfg.num_warps, cfg.num_stages)
+                    cfg.num_warps, cfg.num_stages, _cuda_configs().error_flags(p.device))
 
 
 register(Backend(
     name="cuda-emu", run=_run, available=available, supports=supports, config_space=config_space,
-    resources=resources, default_config=default_config, tunable=False,
+    resources=resources, default_config=default_config, tunable=False, prefix_only=True,
     meta={"kind": "emulator", "runs": "the CUDA kernel sources on the CPU (csrc/emu)"},
 ))
 

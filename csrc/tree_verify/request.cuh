@@ -1,0 +1,74 @@
+// What every kernel of the family reads about request b first: its q rows, KV length,
+// prefix, first kv_indices entry, and whether its tree fits the mask rows; plus the
+// index reads (int32 arrays, or int64 ones through their low words) and the rows a
+// CTA fills when the request has nothing to attend to or is malformed.
+#pragma once
+
+#include <type_traits>
+
+#include "arch/arch.cuh"
+#include "params.h"
+
+namespace va::tv {
+
+// Entry i of an int32 index array, or the low 32-bit word of entry i of an int64 one.
+VA_DEVICE const int32_t* index_at(const int32_t* a, int64_t i, int32_t is64) { return a + (i << is64); }
+VA_DEVICE int32_t ld_index(const int32_t* a, int64_t i, int32_t is64) {
+  return va::arch::ld_global(index_at(a, i, is64));
+}
+
+struct RequestInfo {
+  int qo_begin;  // first q row
+  int tb;        // q rows (T_b)
+  int kv_len;    // KV entries (L_b + T_b; the prefix alone in a prefix-only call)
+  int prefix;    // entries every row sees unmasked: L_b, or kv_len in a prefix-only call
+  int kv_base;   // first kv_indices entry
+  bool too_wide; // T_b > 32 * mask_words: the mask rows cannot describe the tree (value checks were off)
+};
+
+VA_DEVICE RequestInfo read_request(const Params& p, int b) {
+  RequestInfo r;
+  r.qo_begin = ld_index(p.qo_indptr, b, p.qo_indptr_i64);
+  r.tb = ld_index(p.qo_indptr, b + 1, p.qo_indptr_i64) - r.qo_begin;
+  r.kv_len = va::arch::ld_global(p.kv_lens + b);
+  const bool masked = p.tree_mask != nullptr;
+  r.prefix = masked ? r.kv_len - r.tb : r.kv_len;
+  r.kv_base = ld_index(p.kv_indptr, b, p.kv_indptr_i64);
+  r.too_wide = masked && r.tb > 32 * p.mask_words;
+  return r;
+}
+
+// The combine's half of read_request: only whether request b's tree is wider than its mask rows.
+VA_DEVICE bool request_too_wide(const Params& p, int b) {
+  if (p.tree_mask == nullptr) return false;
+  const int tb = ld_index(p.qo_indptr, b + 1, p.qo_indptr_i64) - ld_index(p.qo_indptr, b, p.qo_indptr_i64);
+  return tb > 32 * p.mask_words;
+}
+
+// The quiet-NaN bit pattern of a 16-bit element type (no conversion call on the device).
+template <class T>
+VA_DEVICE uint16_t nan_bits() { return sizeof(T) == 2 && std::is_same_v<T, __half> ? 0x7E00u : 0x7FC0u; }
+
+// Writes 0 or NaN (`nan`) to out[q row, head, :] and `lse_value` to lse for the CTA's folded rows
+// [row0, row_end) of KV head kvh (row = node * group + head in group): a request that sees no
+// KV entry (0 and -inf) or one the kernel refuses (NaN, with the error bit set).
+template <class T>
+VA_DEVICE void fill_rows(const Params& p, const RequestInfo& r, int kvh, int row0, int row_end, bool nan,
+                         float lse_value) {
+  const int n = (row_end - row0) * p.head_dim_v;
+  const uint16_t bits = nan ? nan_bits<T>() : uint16_t(0);  // 0 or NaN: no float conversion needed
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    const int grow = row0 + i / p.head_dim_v, c = i % p.head_dim_v;
+    const int qrow = r.qo_begin + grow / p.group, head = kvh * p.group + grow % p.group;
+    va::arch::st_global(reinterpret_cast<uint16_t*>(static_cast<T*>(p.out) + qrow * p.o_stride_tok +
+                                                    head * p.o_stride_head + c), bits);
+    if (c == 0 && p.lse != nullptr)
+      va::arch::st_global(p.lse + qrow * p.lse_stride_tok + head * p.lse_stride_head, lse_value);
+  }
+}
+
+VA_DEVICE void report_error(const Params& p, int32_t bits) {
+  if (p.errors != nullptr && threadIdx.x == 0) va::arch::st_global(p.errors, bits);  // same value from every CTA
+}
+
+}  // namespace va::tv
