@@ -8,9 +8,11 @@ that no longer fits the budget is skipped and said so:
              (VERIFY_ATTN_JIT_ALL=1, ninja in parallel), timed; later stages reuse it
   tests      pytest -m gpu -q (all failures listed; a collection error does not stop the rest)
   ceilings   bench/ceilings.py: copy bandwidth, bf16 mma.sync and cuBLAS rates, cached per GPU
-  headline   bench.verify at 185k, 16 nodes, page1: cuda, triton, triton-serial
-  sweep      bench.verify ctx 4k..185k x trees 1,16,64 x page1/paged: cuda, triton;
+  headline   bench.verify at 185k, 16 nodes, page1: cuda v1 and v0 side by side, triton, triton-serial
+  sweep      bench.verify ctx 4k..185k x trees 1,16,64 x page1/paged: cuda v1 and v0, triton;
              triton-serial only up to 64k (the slow baseline), time-capped
+  model      python -m bench.model --calibrate: the SASS model's prediction of every timed cuda row
+             against its measurement (and the ceilings' HMMA latency, L2 and DRAM read bandwidth)
   gqa        bench.verify on one GQA preset (llama3-70b-tp8) at 16k and 185k
   tune       (--tune) python -m autotune, if the package is there
   e2e        (--e2e) integration.bench_e2e, kimi-k2-tp8 --simulate-rank: decode step time vs context
@@ -98,15 +100,19 @@ def plan(out: Path, a: argparse.Namespace) -> list[Stage]:
         Stage("tests", [PY, "-m", "pytest", "-m", "gpu", "-q", "-rf", "--continue-on-collection-errors", "tests"], cap_s=120, needs="pytest"),
         Stage("ceilings", [PY, "-m", "bench.ceilings", "--refresh", "--json", str(out / "ceilings.json")], cap_s=150),
         Stage("headline", v + ["--ctx", "185k", "--tree", "16", "--layout", "page1",
-                               "--backend", "cuda,triton,triton-serial", "--json", str(out / "headline.json"),
+                               "--backend", "cuda@v1,cuda@v0,triton,triton-serial", "--json", str(out / "headline.json"),
                                "--csv", str(out / "headline.csv")], cap_s=90, min_s=30),
         Stage("sweep", v + ["--ctx", "4k,16k,64k,128k,185k", "--tree", "1,16,64", "--layout", "page1,paged",
-                            "--backend", "cuda,triton,triton-serial", "--serial-max-ctx", "64k",
+                            "--backend", "cuda@v1,cuda@v0,triton,triton-serial", "--serial-max-ctx", "64k",
                             "--json", str(out / "sweep.json"), "--csv", str(out / "sweep.csv"),
                             "--plot", str(out / "sweep.png")], cap_s=200, min_s=40),
         Stage("gqa", v + ["--shape", "llama3-70b-tp8", "--ctx", "16k,185k", "--tree", "16", "--layout", "page1",
                           "--backend", "cuda,triton,triton-serial", "--json", str(out / "gqa.json")], cap_s=60),
     ]
+    # predicted vs measured for every timed cuda row (the SASS model's calibration record)
+    stages.append(Stage("model", [PY, "-m", "bench.model", "--calibrate", str(out / "headline.json"),
+                                  str(out / "sweep.json"), "--calibrate-json", str(out / "calibration.json")],
+                        cap_s=60, min_s=10))
     if a.tune:
         # export into the results folder: the repo's autotune/configs/ does not come back from a GPU machine
         stages.append(Stage("tune", [PY, "-m", "autotune", *a.tune_args.split(), "--export", str(out / "tuned"),
@@ -149,7 +155,7 @@ def _drop_cuda(st: Stage) -> None:
     if "--backend" not in st.argv:
         return
     i = st.argv.index("--backend") + 1
-    rest = [b for b in st.argv[i].split(",") if b != "cuda"]
+    rest = [b for b in st.argv[i].split(",") if b.partition("@")[0] != "cuda"]
     if rest:
         st.argv[i] = ",".join(rest)
         st.extra["note"] = "cuda dropped: the build stage failed"

@@ -92,7 +92,8 @@ def _runner(name: str, kw: dict, outside: dict, cfg_holder: dict) -> Callable[[t
         return outside[name](kw)
     from verify_attn.api import build_problem, resolve_config
     from verify_attn.backends import get_backend
-    b = get_backend(name)
+    base, _, version = name.partition("@")  # cuda@v0 / cuda@v1: the cuda backend with that kernel version
+    b = get_backend(base)
     ok, why = b.available()
     if not ok:
         raise LookupError(f"unavailable: {why}")
@@ -101,7 +102,11 @@ def _runner(name: str, kw: dict, outside: dict, cfg_holder: dict) -> Callable[[t
     why = b.supports(p)
     if why is not None:
         raise NotImplementedError(why)
-    cfg = resolve_config(p, name) if b.tunable else None
+    if version:
+        from verify_attn.backends.cuda import version_config
+        cfg = version_config(p, version)
+    else:
+        cfg = resolve_config(p, base) if b.tunable else None
     cfg_holder["config"] = cfg.to_dict() if cfg is not None else None
     return lambda out: b.run(p, cfg, out, None)
 

@@ -59,7 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--alloc", default="shuffled", choices=ALLOC_MODES,
                     help="slot/page placement: shuffled (churned pool, default) | contiguous (a sorted free list) | "
                          "fragmented (shuffled runs); recorded in every row")
-    ap.add_argument("--backend", default=None, help="comma-separated backends (default: all available; "
+    ap.add_argument("--backend", default=None, help="comma-separated backends; cuda@v0 / cuda@v1 pin the CUDA "
+                    "kernel version (default: all available; "
                     "on GPU the reference and cuda-emu are not timed; sglang-extend joins when SGLang is installed)")
     ap.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
     ap.add_argument("--json", metavar="PATH", help="write the results as JSON")
@@ -90,8 +91,10 @@ def _known_backends_only(names: list[str], outside: dict) -> list[str]:
     """`names` if every one is a verify_attn backend or an outside baseline, else ValueError naming --backend
     (checked with or without a GPU: a typo must not be silently ignored)."""
     from verify_attn import known_backends
+    from verify_attn.backends.cuda import KERNEL_VERSIONS
     known = known_backends() + sorted(set(outside) | set(OUTSIDE_BASELINES))
-    unknown = [b for b in names if b not in known]
+    pinned = [f"cuda@{v}" for v in KERNEL_VERSIONS]  # the cuda backend with one kernel version pinned
+    unknown = [b for b in names if b not in known and b not in pinned]
     if unknown:
         raise ValueError(f"--backend: unknown {', '.join(unknown)}; known: {', '.join(known)}")
     return names
