@@ -44,6 +44,9 @@ def cfg(splits: int, bm: int, bn: int, warps: int, stages: int) -> KernelConfig:
 # Compiled tile configs (csrc/tree_verify/config.h): MLA (32x16 w4 s3), (16x32 w4 s2);
 # GQA128 (64x32 w4 s2), (128x32 w8 s2); GQA64 (64x64 w4 s2); GQA256 (32x32 w4 s2).
 MLA_A, MLA_B = (32, 16, 4, 3), (16, 32, 4, 2)
+# v1 MLA tiles (8 warps, Dqk split 4 ways): 32x16 s4 sn1, 32x16 s3 sn2, and the sm_90-only 32x32 s4 sn2
+# (the emulator runs every compiled tile whatever arch it targets)
+V1_A, V1_B, V1_C = (32, 16, 8, 4), (32, 16, 8, 3), (32, 32, 8, 4)
 G128_A, G128_B = (64, 32, 4, 2), (128, 32, 8, 2)
 
 SCHEDULES = ("forward", "warp-ahead", "warp-ahead-reverse", "random", "reverse")
@@ -62,6 +65,18 @@ MATRIX: list[tuple[CaseSpec, KernelConfig | None]] = [
     (CaseSpec((0, 54, 1), (1, 9, 4), "bushy", dtype=BF, page_size=16, seed=7, **MLA), cfg(5, *MLA_A)),
     (CaseSpec((33, 0), (2, 3), "star", dtype=FP, page_size=64, seed=8, **MLA), cfg(2, *MLA_B)),
     (CaseSpec((45,), (8,), "deep", dtype=BF, page_size=5, seed=9, **MLA), cfg(3, *MLA_A)),
+    # MLA, kernel v1: every tile, page sizes 1, 3, 5, 7, 16, 64, odd lengths, empty splits, 2 mask words
+    (CaseSpec((97,), (7,), "chain", dtype=BF, seed=21, **MLA), cfg(3, *V1_A)),
+    (CaseSpec((0,), (6,), "deep", dtype=FP, seed=22, **MLA), cfg(4, *V1_B)),
+    (CaseSpec((20,), (37,), "bushy", dtype=BF, seed=23, **MLA), cfg(2, *V1_C)),
+    (CaseSpec((0, 54, 1), (1, 9, 4), "bushy", dtype=BF, page_size=16, seed=24, **MLA), cfg(5, *V1_A)),
+    (CaseSpec((45, 7), (8, 2), "deep", dtype=FP, page_size=3, seed=25, **MLA), cfg(3, *V1_B)),
+    (CaseSpec((61,), (5,), "star", dtype=BF, page_size=5, seed=26, **MLA), cfg(2, *V1_C)),
+    (CaseSpec((33, 90), (3, 11), "bushy", dtype=BF, page_size=7, seed=27, **MLA), cfg(4, *V1_A)),
+    (CaseSpec((130,), (3,), "chain", dtype=FP, page_size=64, seed=28, **MLA), cfg(16, *V1_B)),
+    # v0 at page sizes 3 and 7 too
+    (CaseSpec((50, 3), (6, 2), "bushy", dtype=BF, page_size=3, seed=29, **MLA), cfg(2, *MLA_B)),
+    (CaseSpec((44,), (9,), "deep", dtype=FP, page_size=7, seed=30, **MLA), cfg(3, *MLA_A)),
     # GQA 128: group 1, 4, 8, 16
     (CaseSpec((54,), (5,), "bushy", dtype=BF, seed=10, **gqa(2, 2)), None),
     (CaseSpec((97, 3), (9, 1), "chain", dtype=FP, seed=11, **gqa(8, 2)), cfg(2, *G128_A)),
@@ -218,6 +233,8 @@ FAULT_CASES = [
     (CaseSpec((97,), (7,), "bushy", dtype=BF, seed=40, **MLA), cfg(2, *MLA_A)),
     (CaseSpec((97,), (7,), "bushy", dtype=BF, seed=41, **MLA), cfg(2, *MLA_B)),
     (CaseSpec((70,), (9,), "bushy", dtype=BF, seed=42, **gqa(8, 2)), cfg(2, *G128_A)),
+    (CaseSpec((97,), (7,), "bushy", dtype=BF, seed=44, **MLA), cfg(2, *V1_A)),
+    (CaseSpec((97,), (7,), "bushy", dtype=BF, seed=45, **MLA), cfg(2, *V1_C)),
 ]
 
 
@@ -257,17 +274,10 @@ STRICT_MODES = (("wait", "forward"), ("wait", "warp-ahead"), ("issue", "warp-ahe
                 ("issue", "warp-ahead-reverse"))
 
 
-def test_every_mainloop_barrier_is_needed_and_caught(emu):
-    # MLA, tile 16x32 with 4 warps splitting the tokens (S) and Dv (O): per KV
-    # tile a barrier before reusing the stage / reading everyone's copies, one
-    # for the row max, one for P in smem. Over 10 tiles each of them matters; a
-    # failure here means either a race the emulator missed or a barrier that
-    # is redundant in this config (worth knowing too).
-    spec = CaseSpec((300,), (7,), "bushy", dtype=BF, seed=43, **MLA)
-    config = cfg(1, *MLA_B)
-    case = make_case(spec)
+def _missed_barriers(emu, case, config, n_calls: int) -> list[int]:
+    """The block_sync calls (0-based, in issue order) whose removal no strict mode catches."""
     missed = []
-    for nth in range(13):  # the first 4 tiles' barriers and the next tile's first
+    for nth in range(n_calls):
         hit = False
         for landing, sched in STRICT_MODES:
             emu.set_cp_async_landing(landing)
@@ -279,7 +289,29 @@ def test_every_mainloop_barrier_is_needed_and_caught(emu):
                 break
         if not hit:
             missed.append(nth)
+    return missed
+
+
+def test_every_mainloop_barrier_is_needed_and_caught(emu):
+    # MLA, tile 16x32 with 4 warps splitting the tokens (S) and Dv (O): per KV
+    # tile a barrier before reusing the stage / reading everyone's copies, one
+    # for the row max, one for P in smem. Over 10 tiles each of them matters; a
+    # failure here means either a race the emulator missed or a barrier that
+    # is redundant in this config (worth knowing too).
+    case = make_case(CaseSpec((300,), (7,), "bushy", dtype=BF, seed=43, **MLA))
+    missed = _missed_barriers(emu, case, cfg(1, *MLA_B), 13)  # the first 4 tiles' barriers and the next tile's first
     assert not missed, f"skipping block_sync call(s) {missed} went unnoticed in every strict mode"
+
+
+@pytest.mark.parametrize("tile", [V1_A, V1_C], ids=["v1-32x16s4", "v1-32x32s4"])
+def test_every_v1_barrier_is_needed_and_caught(emu, tile):
+    # v1 (tree_verify_kernel_v1.cuh): 1-2 prologue barriers (Q landed; the staging stages free, only
+    # where a prologue tile refills them: 32x16 s4 yes, 32x32 s4 no), 2 before the loop
+    # (tile 0 landed; its scores published), then 2 per tile (tile it+1 landed + P(it) published +
+    # stage it-1 free; scores of it+1 published). The first 12 calls cover the prologue and 4 tiles.
+    case = make_case(CaseSpec((150,), (7,), "bushy", dtype=BF, seed=46, **MLA))
+    missed = _missed_barriers(emu, case, cfg(1, *tile), 12)
+    assert not missed, f"skipping v1 block_sync call(s) {missed} went unnoticed in every strict mode"
 
 
 def test_out_of_range_kv_index_reported_as_bounds_violation(emu):
@@ -295,3 +327,47 @@ def test_out_of_range_kv_index_reported_as_bounds_violation(emu):
         emu.binding.run(kw["q"], kw["k_cache"], kw["v_cache"], kw["qo_indptr"], kw["kv_indptr"], idx,
                         kw["kv_lens"], kw["tree_mask"], out, None, p.sm_scale, p.page_size, p.max_tree_nodes,
                         1, 16, 32, 4, 3)  # num_splits, block_n, block_m, num_warps, num_stages (MLA_A)
+
+
+# ---------------------------------------------- shapes the v1 issue names ----
+
+def _padded_view(t: torch.Tensor, pad: int, fill=float("nan")) -> torch.Tensor:
+    """t's values in a tensor whose rows are `pad` elements longer (NaN in the padding): a
+    view with the same shape and different strides, as engines hand out slices of fused buffers."""
+    big = torch.full((*t.shape[:-1], t.shape[-1] + pad), fill, dtype=t.dtype)
+    big[..., : t.shape[-1]] = t
+    return big[..., : t.shape[-1]]
+
+
+@pytest.mark.parametrize("mla", [False, True], ids=["gqa", "mla"])
+def test_k_and_v_with_different_strides(emu, mla):
+    if mla:  # a K row padded to 640; V the first 512 values of the same (padded) rows
+        spec, config = CaseSpec((70, 3), (6, 2), "bushy", dtype=BF, page_size=5, seed=60, **MLA), cfg(2, *V1_A)
+    else:
+        spec, config = CaseSpec((70, 3), (6, 2), "deep", dtype=FP, page_size=5, seed=61, **gqa(8, 2)), cfg(2, *G128_A)
+    case = make_case(spec)
+    k = _padded_view(case.kwargs["k_cache"], 64)
+    v = k[..., : spec.dv] if mla else _padded_view(case.kwargs["v_cache"], 24)
+    assert k.stride(-2) != (v.stride(-2) if not mla else -1) and k.stride(0) != case.kwargs["k_cache"].stride(0)
+    case.kwargs.update(k_cache=k, v_cache=v)
+    out, lse = _run(case, config)
+    check_against_reference(out, lse, case, *TOL[spec.dtype])
+
+
+def test_256_node_tree(emu):
+    # 256 nodes: 8 mask words, 64 M tiles of 32 rows (MLA v1) with every tile past the prefix masked
+    spec = CaseSpec((40,), (256,), "bushy", dtype=BF, seed=62, **MLA)
+    case = make_case(spec)
+    out, lse = _run(case, cfg(2, *V1_A))
+    check_against_reference(out, lse, case, *TOL[spec.dtype])
+
+
+@pytest.mark.parametrize("tile", [V1_B, MLA_A], ids=["v1", "v0"])
+def test_64_and_more_splits(emu, tile):
+    # 1,100 + 5 tokens in 16-token tiles: 70 tiles over 64 splits (v1), 300 splits (v0: most empty)
+    splits = 64 if tile == V1_B else 300
+    spec = CaseSpec((1100,), (5,), "bushy", dtype=BF, seed=63, **MLA)
+    case = make_case(spec)
+    emu.set_schedule("random", seed=63)
+    out, lse = _run(case, cfg(splits, *tile))
+    check_against_reference(out, lse, case, *TOL[spec.dtype])

@@ -90,6 +90,9 @@ TILES: dict[str, list[Tile]] = {
 # (python -m bench.model reads both archs' SASS to choose; the autotuner refines per context).
 DEFAULT_TILE: dict[tuple[str, str], Tile] = {
     ("mla576", "sm_90a"): Tile(32, 32, 2, 4, 4, version=1, sn=2, archs=("sm_90a",)),
+    # sm_120: the two-token-group tile (3 stages, 75 KB) over the 4-stage one, 169 vs 184 us by the model
+    # at 185k / 16 nodes (NOTES.md, v1); the 4-stage tile stays compiled for the autotuner
+    ("mla576", "sm_120a"): Tile(32, 16, 2, 4, 3, version=1, sn=2),
 }
 
 

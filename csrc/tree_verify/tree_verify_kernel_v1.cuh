@@ -235,7 +235,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
 #pragma unroll
     for (int j = STAGES - 1; j <= 2 * STAGES - 4; ++j) fetch_ring();
   };
-  constexpr int kFirst = STAGES - 1 - Tr::kQStages;  // prologue tiles that do not overlap the Q staging
+  // prologue tiles that do not overlap the Q staging (stages STAGES - kQStages .. STAGES - 1)
+  constexpr int kFirst = STAGES - Tr::kQStages;
 #pragma unroll
   for (int s = 0; s < kFirst; ++s) {
     const int32_t id = fetch_direct(s);
@@ -259,7 +260,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
     for (int kk = 0; kk < Tr::kSKSteps; ++kk)
       arch::ldmatrix_x4(qf[i][kk], sQ + ((ws_m * Tr::kSMT + i) * 16 + a_addr.row) * Smem::kQPitch +
                                        ws_k * Tr::kSDims + kk * 16 + a_addr.col);
-  arch::block_sync();  // the staging stages are free again
+  // the staging stages are free again: needed only when a prologue tile refills them here; else
+  // the first refill (tile STAGES - 1, in the main loop) comes after the loop's own barriers
+  if constexpr (kFirst < STAGES - 1) arch::block_sync();
 #pragma unroll
   for (int s = kFirst; s < STAGES - 1; ++s) {
     const int32_t id = fetch_direct(s);
