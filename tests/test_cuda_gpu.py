@@ -17,6 +17,7 @@ import torch
 import verify_attn
 from cases import TOL, CaseSpec, check_against_reference, make_case, poisoned_out
 from verify_attn import build as vb
+from verify_attn import device as vdevice
 from verify_attn.config import KernelConfig
 
 pytestmark = pytest.mark.gpu
@@ -87,7 +88,10 @@ def test_split_counts_and_tiles(head, splits):
     a short request has tiles (empty splits must be skipped by the combine)."""
     hq, hkv, dqk, dv, mla = HEADS[head]
     key = vb.head_key(dqk, dv, mla)
+    arch = vdevice.props_for(torch.device("cuda")).arch
     for t in vb.TILES[key]:
+        if not t.targets(arch):  # e.g. the 180 KB sm_90-only MLA tile on an sm_120 GPU
+            continue
         cfg = KernelConfig(num_splits=splits, block_n=t.block_n, block_m=t.block_m, num_warps=t.num_warps,
                            num_stages=t.num_stages)
         _check(_spec(head, prefix_lens=(5, 700), tree_sizes=(3, 12), seed=splits), cfg)
@@ -109,17 +113,22 @@ def test_deterministic():
 
 # ------------------------------------------------------------- CUDA graph ----
 
-def test_cuda_graph_replay_with_changed_lengths():
+V0_TILE = KernelConfig(num_splits=24, block_n=16, block_m=32, num_warps=4, num_stages=3)
+V1_TILE = KernelConfig(num_splits=24, block_n=16, block_m=32, num_warps=8, num_stages=3)
+
+
+@pytest.mark.parametrize("cfg", [V0_TILE, V1_TILE], ids=["v0", "v1"])
+def test_cuda_graph_replay_with_changed_lengths(cfg):
     """Capture at the maxima, then replay with shorter prefixes and other trees of
     the same sizes copied into the static buffers: the graph's grid is static,
-    the real lengths come from the device."""
+    the real lengths come from the device. v1's combine is launched with PDL
+    (programmatic dependent launch), which must capture and replay too."""
     big = make_case(_spec("kimi-mla", prefix_lens=(3000, 800), tree_sizes=(16, 8), seed=11), device="cuda")
     small = make_case(_spec("kimi-mla", prefix_lens=(1200, 3), tree_sizes=(16, 8), tree_kind="chain", seed=12),
                       device="cuda")
     kw = big.kwargs
     out = torch.empty_like(poisoned_out(big))
     lse = torch.empty(out.shape[:2], dtype=torch.float32, device="cuda")
-    cfg = KernelConfig(num_splits=24, block_n=16, block_m=32, num_warps=4, num_stages=3)
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):  # warm-up: JIT load + workspace reservation outside capture
@@ -145,3 +154,53 @@ def test_cuda_graph_replay_with_changed_lengths():
     g.replay()
     torch.cuda.synchronize()
     check_against_reference(out, lse, small, *TOL[torch.bfloat16])
+
+
+# ------------------------------------------------------- v0 and v1 agree ----
+
+@pytest.mark.parametrize("version", ["v0", "v1"])
+@pytest.mark.parametrize("page_size", [1, 64])
+def test_kernel_versions_match_reference(version, page_size):
+    """The pinned versions bench.verify times as cuda@v0 / cuda@v1, on the headline shape at 20k."""
+    from verify_attn.backends import cuda
+
+    spec = _spec("kimi-mla", prefix_lens=(20_000, 333), tree_sizes=(16, 5), page_size=page_size, seed=21)
+    case = make_case(spec, device="cuda")
+    cfg = cuda.version_config(case.problem(), version)
+    _check(spec, cfg)
+
+
+def test_int64_indices_prefix_only_and_too_wide_tree():
+    """The serving API on the device: int64 index tensors read in place, a prefix-only call
+    (tree_mask=None), and a tree wider than its mask rows (value checks off) comes back as
+    NaN rows with the kernel's error flag set, not as silently wrong numbers."""
+    spec = _spec("kimi-mla", prefix_lens=(3000, 50), tree_sizes=(9, 3), seed=22)
+    case = make_case(spec, device="cuda")
+    kw = dict(case.kwargs)
+    for name in ("qo_indptr", "kv_indptr", "kv_indices"):
+        kw[name] = kw[name].long()
+    o, lse = verify_attn.tree_verify(**kw, backend="cuda", out=poisoned_out(case), return_lse=True)
+    check_against_reference(o, lse, case, *TOL[spec.dtype])
+
+    kw["tree_mask"] = None  # prefix-only: every row sees all kv_lens[b] entries
+    o, lse = verify_attn.tree_verify(**kw, backend="cuda", out=poisoned_out(case), return_lse=True)
+    cpu = {k: (v.cpu() if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
+    ro, rl = verify_attn.tree_verify(**cpu, backend="reference", return_lse=True)
+    atol, rtol = TOL[spec.dtype]
+    assert torch.allclose(o.float().cpu(), ro.float(), atol=atol, rtol=rtol)
+    assert torch.allclose(lse.cpu(), rl, atol=1e-2)
+
+    wide = make_case(_spec("kimi-mla", prefix_lens=(100,), tree_sizes=(40,), tree_kind="chain", seed=23),
+                     device="cuda")
+    kw = dict(wide.kwargs)
+    kw["tree_mask"] = kw["tree_mask"][:, :1].contiguous()  # 40 nodes, room for 32
+    verify_attn.kernel_errors("cuda")  # clear
+    verify_attn.set_validation("shapes")
+    try:
+        o = verify_attn.tree_verify(**kw, backend="cuda", out=torch.zeros_like(poisoned_out(wide)))
+        torch.cuda.synchronize()
+    finally:
+        verify_attn.set_validation("full")
+    assert torch.isnan(o[:32]).all()
+    errs = verify_attn.kernel_errors("cuda")
+    assert len(errs) == 1 and "T_b > 32 * W" in errs[0]
