@@ -44,7 +44,8 @@ from typing import Optional
 
 import torch
 
-from .backends import Problem, available_backends, get_backend, known_backends
+from . import fp8
+from .backends import Problem, available_backends, get_backend, known_backends, kv_format_refusal
 from .config import KernelConfig, as_config, heuristic_kv_len
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -81,15 +82,25 @@ def _shares_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def build_problem(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_lens, tree_mask,
-                  sm_scale, page_size, *, max_kv_len: Optional[int] = None) -> Problem:
+                  sm_scale, page_size, *, max_kv_len: Optional[int] = None, k_scale=None, v_scale=None,
+                  kv_format: Optional[str] = None) -> Problem:
     # -- dtypes, device, rank ------------------------------------------------
     _check_tensor("q", q, dtypes=_FLOAT_DTYPES, ndim=3)
     dev = q.device
     if not isinstance(page_size, int) or isinstance(page_size, bool) or page_size < 1:
         raise ValueError(f"page_size must be an int >= 1, got {page_size!r}")
     cache_ndim = 3 if page_size == 1 else 4
-    _check_tensor("k_cache", k_cache, dtypes=(q.dtype,), ndim=cache_ndim, device=dev)
-    _check_tensor("v_cache", v_cache, dtypes=(q.dtype,), ndim=cache_ndim, device=dev)
+    kv_dtype = _kv_format(q, k_cache, v_cache, kv_format)
+    if kv_dtype == "fp8_mla656":
+        _check_tensor("k_cache", k_cache, dtypes=(torch.uint8,), ndim=cache_ndim, device=dev)
+        if v_cache is not None and v_cache is not k_cache:
+            raise ValueError("v_cache must be None (or k_cache itself) with kv_format='fp8_mla656': V is the first "
+                             "512 dequantized values of the same 656-byte rows")
+        v_cache = k_cache
+    else:
+        _check_tensor("k_cache", k_cache, dtypes=(k_cache.dtype if kv_dtype == "fp8_e4m3" else q.dtype,),
+                      ndim=cache_ndim, device=dev)
+        _check_tensor("v_cache", v_cache, dtypes=(k_cache.dtype,), ndim=cache_ndim, device=dev)
     for name, t in (("qo_indptr", qo_indptr), ("kv_indptr", kv_indptr), ("kv_indices", kv_indices)):
         _check_tensor(name, t, dtypes=_INDEX_DTYPES, ndim=1, device=dev)
     _check_tensor("kv_lens", kv_lens, dtypes=(torch.int32,), ndim=1, device=dev)
@@ -111,11 +122,20 @@ def build_problem(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_lens
     if page_size > 1 and k_cache.shape[1] != page_size:
         raise ValueError(f"k_cache must be [num_pages, page_size={page_size}, Hkv, Dqk], got {tuple(k_cache.shape)}")
     hkv, dk = k_cache.shape[-2], k_cache.shape[-1]
+    if kv_dtype == "fp8_mla656":
+        if dk != fp8.MLA656_ROW_BYTES:
+            raise ValueError(f"k_cache rows must be {fp8.MLA656_ROW_BYTES} bytes with kv_format='fp8_mla656', got {dk}")
+        if hkv != 1:
+            raise ValueError(f"kv_format='fp8_mla656' is one latent KV head (Hkv=1), k_cache has Hkv={hkv}")
+        if dqk != fp8.MLA656_DQK:
+            raise ValueError(f"kv_format='fp8_mla656' needs q's head dim Dqk={fp8.MLA656_DQK} (512 latent + 64 rope), "
+                             f"got {dqk}")
+        dk = dqk
     if dk != dqk:
         raise ValueError(f"k_cache last dim must equal q's head dim {dqk}, got {dk}")
     if v_cache.shape[:-1] != k_cache.shape[:-1]:
         raise ValueError(f"v_cache leading dims must match k_cache {tuple(k_cache.shape[:-1])}, got {tuple(v_cache.shape[:-1])}")
-    dv = v_cache.shape[-1]
+    dv = fp8.MLA656_NOPE if kv_dtype == "fp8_mla656" else v_cache.shape[-1]
     if min(hq, hkv, dqk, dv) < 1:
         raise ValueError(f"head counts and dims must be >= 1: q {tuple(q.shape)}, v_cache {tuple(v_cache.shape)}")
     if hq % hkv:
@@ -123,6 +143,12 @@ def build_problem(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_lens
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         if t.stride(-1) != 1:
             raise ValueError(f"{name} must be contiguous in its last dim (stride 1), got stride {t.stride(-1)}")
+    if kv_dtype == "fp8_mla656":
+        try:   # the kernels read the scales through a float32 view and the RoPE through a bf16 view
+            k_cache.view(torch.float32)
+        except RuntimeError as e:
+            raise ValueError("k_cache (fp8_mla656) must be viewable as float32: its storage offset and strides "
+                             f"must be multiples of 4 bytes ({e})") from None
     mla_shared = _shares_storage(k_cache, v_cache) and v_cache.data_ptr() == k_cache.data_ptr()
     if _shares_storage(k_cache, v_cache) and not mla_shared:
         raise ValueError("v_cache shares storage with k_cache but does not start at k_cache's first value; "
@@ -154,6 +180,8 @@ def build_problem(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_lens
         if t is not None and not t.is_contiguous():
             raise ValueError(f"{name} must be contiguous")
 
+    k_scale, v_scale = _check_scales(kv_dtype, k_scale, v_scale, mla_shared, dev)
+
     num_blocks = k_cache.shape[0]  # slots (page_size 1) or pages
     prob = Problem(
         q=q, k_cache=k_cache, v_cache=v_cache, qo_indptr=qo_indptr, kv_indptr=kv_indptr,
@@ -163,13 +191,98 @@ def build_problem(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_lens
         mla_shared_kv=mla_shared,
         avg_kv_len=heuristic_kv_len(index_capacity=kv_indices.numel(), page_size=page_size, batch=batch,
                                     max_kv_len=max_kv_len),
-        max_kv_len=max_kv_len,
+        max_kv_len=max_kv_len, kv_dtype=kv_dtype, k_scale=k_scale, v_scale=v_scale,
     )
 
     # -- values (host reads; skipped under graph capture or when disabled) ---
     if _VALIDATION == "full" and not _capturing(dev):
         _check_values(prob, num_blocks)
     return prob
+
+
+def _kv_format(q, k_cache, v_cache, kv_format) -> str:
+    """The cache's storage format (Problem.kv_dtype) from k_cache's dtype and the kv_format keyword,
+    with the dtype combinations that make no sense named."""
+    if kv_format is not None:
+        if not isinstance(kv_format, str):
+            raise TypeError(f"kv_format must be a str or None, got {type(kv_format).__name__}")
+        if kv_format not in fp8.KV_DTYPES:
+            raise ValueError(f"kv_format must be one of {', '.join(fp8.KV_DTYPES)} (or None: from k_cache's dtype), "
+                             f"got {kv_format!r}")
+    if not isinstance(k_cache, torch.Tensor):
+        raise TypeError(f"k_cache must be a torch.Tensor, got {type(k_cache).__name__}")
+    if kv_format == "fp8_mla656" or k_cache.dtype == torch.uint8:
+        if kv_format != "fp8_mla656":
+            raise TypeError("k_cache has dtype uint8: that is the 656-byte FP8 MLA row format, pass "
+                            "kv_format='fp8_mla656' (or a float8_e4m3fn / 16-bit cache)")
+        if k_cache.dtype != torch.uint8:
+            raise TypeError(f"k_cache must have dtype uint8 (656-byte rows) with kv_format='fp8_mla656', got "
+                            f"{_dt(k_cache.dtype)}; a FlashMLA float8_e4m3fn byte buffer passes as "
+                            "k_cache.view(torch.uint8)")
+        if q.dtype not in (torch.bfloat16, torch.float16):
+            raise TypeError(f"q must have dtype bfloat16 or float16 with an fp8 KV cache, got {_dt(q.dtype)}")
+        return "fp8_mla656"
+    if k_cache.dtype == torch.float8_e4m3fn:
+        if q.dtype not in (torch.bfloat16, torch.float16):
+            raise TypeError(f"q must have dtype bfloat16 or float16 with an fp8 KV cache (k_cache float8_e4m3fn), "
+                            f"got {_dt(q.dtype)}")
+        if isinstance(v_cache, torch.Tensor) and v_cache.dtype != torch.float8_e4m3fn:
+            raise TypeError(f"v_cache must have dtype float8_e4m3fn like k_cache (both fp8 or neither), "
+                            f"got {_dt(v_cache.dtype)}")
+        fmt = "fp8_e4m3"
+    else:
+        if isinstance(v_cache, torch.Tensor) and v_cache.dtype == torch.float8_e4m3fn:
+            raise TypeError(f"v_cache has dtype float8_e4m3fn but k_cache has {_dt(k_cache.dtype)}: "
+                            "both fp8 or neither")
+        fmt = fp8.KV_DTYPE_OF.get(k_cache.dtype, "?")
+    if kv_format is not None and kv_format != fmt:
+        raise ValueError(f"kv_format={kv_format!r} does not match k_cache's dtype {_dt(k_cache.dtype)} "
+                         f"(format {fmt!r})")
+    return fmt
+
+
+def _dt(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def _check_scale(name: str, s, dev: torch.device):
+    """A float (finite, > 0) or a 0-d float32 tensor on q's device, unchanged (never read on the host)."""
+    if isinstance(s, torch.Tensor):
+        if s.dtype != torch.float32:
+            raise TypeError(f"{name} must be a float or a 0-d float32 tensor, got a {_dt(s.dtype)} tensor")
+        if s.dim() != 0:
+            raise ValueError(f"{name} must be a 0-d tensor (one scale per tensor), got shape {tuple(s.shape)}")
+        if s.device != dev:
+            raise ValueError(f"{name} must be on {dev} (the device of q), got {s.device}")
+        return s
+    if isinstance(s, bool) or not isinstance(s, (int, float)):
+        raise TypeError(f"{name} must be a float or a 0-d float32 tensor, got {type(s).__name__}")
+    s = float(s)
+    if not (s > 0 and s < float("inf")):
+        raise ValueError(f"{name} must be a finite positive float, got {s}")
+    return s
+
+
+def _check_scales(kv_dtype: str, k_scale, v_scale, mla_shared: bool, dev: torch.device):
+    """(k_scale, v_scale) for the Problem. fp8_e4m3: None -> 1.0, except an aliased V (MLA: the same
+    fp8 values) whose scale is K's; a v_scale that contradicts it is refused. Other formats take none."""
+    if kv_dtype != "fp8_e4m3":
+        for name, s in (("k_scale", k_scale), ("v_scale", v_scale)):
+            if s is not None:
+                why = ("the fp8_mla656 rows carry their own per-128 scales" if kv_dtype == "fp8_mla656"
+                       else f"the cache is {kv_dtype}, not fp8_e4m3")
+                raise ValueError(f"{name} must be None: {why}")
+        return 1.0, 1.0
+    ks = 1.0 if k_scale is None else _check_scale("k_scale", k_scale, dev)
+    if v_scale is None:
+        return ks, (ks if mla_shared else 1.0)
+    vs = _check_scale("v_scale", v_scale, dev)
+    if mla_shared:
+        same = (vs is ks) if isinstance(vs, torch.Tensor) or isinstance(ks, torch.Tensor) else vs == ks
+        if not same:
+            raise ValueError("v_scale must equal k_scale (the same float, or the same tensor) when v_cache aliases "
+                             "k_cache (MLA: V is the same fp8 values as K); pass v_scale=None")
+    return ks, vs
 
 
 def _check_values(p: Problem, num_blocks: int) -> None:
@@ -237,7 +350,7 @@ def _pick_auto(p: Problem) -> str:
         b = get_backend(name)
         if p.prefix_only and not b.prefix_only:
             continue
-        if b.available()[0] and b.supports(p) is None:
+        if b.available()[0] and kv_format_refusal(b, p) is None and b.supports(p) is None:
             return name
     return "reference"
 
@@ -246,7 +359,7 @@ def tree_verify(
     q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_lens, tree_mask,
     *, sm_scale: float, page_size: int = 1, backend: str = "auto",
     config=None, out: Optional[torch.Tensor] = None, return_lse: bool = False,
-    max_kv_len: Optional[int] = None,
+    max_kv_len: Optional[int] = None, k_scale=None, v_scale=None, kv_format: Optional[str] = None,
 ):
     """Tree-verify attention; see README.md and DESIGN.md section 3 for the contract.
 
@@ -262,6 +375,15 @@ def tree_verify(
     request b sees all kv_lens[b] entries (kv_lens[b] may be 0: then out is 0 and
     lse -inf). With return_lse it is one half of a cascade whose other half (a
     tree call) is merged by LSE; integration/sglang_compat.py does exactly that.
+
+    FP8 KV caches (verify_attn/fp8.py; q bf16 or fp16, out in q's dtype):
+      - k_cache/v_cache torch.float8_e4m3fn ("fp8_e4m3", SGLang's): K = code x k_scale,
+        V = code x v_scale; each scale a float or a 0-d float32 tensor on q's device (read by
+        the kernel, never on the host: CUDA-graph safe), default 1.0. An aliased MLA V
+        (v_cache = k_cache[..., :512]) takes k_scale; a different v_scale is refused.
+      - kv_format="fp8_mla656" (FlashMLA's FP8 MLA row): k_cache uint8 [num_slots, 1, 656]
+        or [num_pages, P, 1, 656], v_cache None; Dqk 576, Dv 512; no k_scale/v_scale.
+    kv_format=None infers the format from k_cache's dtype; given, it must match.
     """
     if not isinstance(backend, str):
         raise TypeError(f"backend must be a str, got {type(backend).__name__}")
@@ -269,7 +391,7 @@ def tree_verify(
         raise ValueError(f"unknown backend {backend!r}; available: {', '.join(['auto'] + available_backends())}")
     cfg = as_config(config)
     p = build_problem(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_lens, tree_mask, sm_scale, page_size,
-                      max_kv_len=max_kv_len)
+                      max_kv_len=max_kv_len, k_scale=k_scale, v_scale=v_scale, kv_format=kv_format)
     name = _pick_auto(p) if backend == "auto" else backend
     b = get_backend(name)
     ok, why = b.available()
@@ -279,7 +401,7 @@ def tree_verify(
     if p.prefix_only and not b.prefix_only:
         raise ValueError(f"backend {name!r} does not support prefix-only calls (tree_mask=None); "
                          f"use backend='auto' or one of: {', '.join(_prefix_only_backends())}")
-    why = b.supports(p)
+    why = kv_format_refusal(b, p) or b.supports(p)
     if why is not None:
         raise ValueError(f"backend {name!r} does not support this call: {why}")
 

@@ -7,6 +7,9 @@ Per request b, node i, query head h (KV head h // group):
 The KV is processed in chunks with an online softmax, so 185k tokens fit in a
 few hundred MB; nothing [T, H, ctx] is materialised for the whole batch.
 
+FP8 caches are dequantized exactly in float64 (`kv_rows`), so the reference is the
+exact answer for the values the fp8 cache holds, not for the cache it was made from.
+
 A prefix-only call (tree_mask None) has no tree block: every row sees all n
 entries, and n = 0 gives out 0, lse -inf.
 
@@ -21,7 +24,8 @@ from typing import Optional
 
 import torch
 
-from .backends import Backend, Problem, register
+from . import fp8
+from .backends import ALL_KV_FORMATS, Backend, Problem, register
 from .config import KernelConfig
 from .layouts import gather_rows
 from .tree import unpack_mask
@@ -52,6 +56,21 @@ def _request_rows(p: Problem, b: int, qo: list[int], kvp: list[int], lens: list[
     return t, n, idx
 
 
+def kv_rows(p: Problem, idx: torch.Tensor, start: int, cnt: int,
+            dtype: torch.dtype = torch.float64) -> tuple[torch.Tensor, torch.Tensor]:
+    """K [cnt, Hkv, Dqk] and V [cnt, Hkv, Dv] of logical tokens [start, start + cnt) of one request, as
+    values in `dtype`: the cache's own values, or for an fp8 cache the dequantized ones (code x scale,
+    exact in float64; fp8_mla656: code x its 128-block's scale, then the bf16 RoPE values)."""
+    if p.kv_dtype == "fp8_mla656":
+        k = fp8.dequantize_mla656(gather_rows(p.k_cache, idx, p.page_size, start, cnt), dtype)
+        return k, k[..., : p.head_dim_v]
+    k = gather_rows(p.k_cache, idx, p.page_size, start, cnt)
+    v = gather_rows(p.v_cache, idx, p.page_size, start, cnt)
+    if p.kv_dtype == "fp8_e4m3":
+        return fp8.dequantize_e4m3(k, p.k_scale, dtype), fp8.dequantize_e4m3(v, p.v_scale, dtype)
+    return k.to(dtype), v.to(dtype)
+
+
 def reference_verify(p: Problem, dtype: torch.dtype = torch.float64) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns (out [total_q, Hq, Dv], lse [total_q, Hq]) in `dtype` (float64 by default)."""
     qo = p.qo_indptr.tolist()
@@ -72,8 +91,8 @@ def reference_verify(p: Problem, dtype: torch.dtype = torch.float64) -> tuple[to
         visible_tree = None if p.prefix_only else unpack_mask(p.tree_mask[qo[b]: qo[b + 1]].cpu(), t).to(dev)  # [T, T]
         for start in range(0, n, CHUNK):
             cnt = min(CHUNK, n - start)
-            k = gather_rows(p.k_cache, idx, p.page_size, start, cnt).to(dtype).transpose(0, 1)  # [Hkv, cnt, Dqk]
-            v = gather_rows(p.v_cache, idx, p.page_size, start, cnt).to(dtype).transpose(0, 1)  # [Hkv, cnt, Dv]
+            k, v = kv_rows(p, idx, start, cnt, dtype)
+            k, v = k.transpose(0, 1), v.transpose(0, 1)                                       # [Hkv, cnt, D]
             s = torch.matmul(q, k.transpose(1, 2)) * p.sm_scale                              # [Hkv, g*T, cnt]
             lo = max(start, prefix)
             if lo < start + cnt:  # this chunk reaches into the tree block: mask it
@@ -103,4 +122,4 @@ def _run(p: Problem, config: Optional[KernelConfig], out: torch.Tensor, lse: Opt
         lse.copy_(l.to(torch.float32))
 
 
-register(Backend("reference", _run, prefix_only=True, meta={"precision": "float64"}))
+register(Backend("reference", _run, prefix_only=True, kv_formats=ALL_KV_FORMATS, meta={"precision": "float64"}))

@@ -32,3 +32,23 @@ LSE_ATOL: dict[torch.dtype, float] = {
     torch.float16: 5e-4,
     torch.bfloat16: 4e-3,
 }
+
+# FP8 caches: (kv_dtype, q dtype) -> (atol, rtol) of `out` and the LSE bound, against the float64
+# reference ON THE DEQUANTIZED CACHE (reference.kv_rows), so the quantization error itself is not
+# in them (tests/test_fp8.py prints that separately). What remains is the 16-bit path's own error
+# (TOL above) plus, for fp8_mla656, K/V rounded to q's dtype after code x scale (exact for the
+# power-of-two scales of fp8.quantize_mla656 and FlashMLA; up to 2^-9 (bf16) / 2^-12 (fp16)
+# relative per value for arbitrary float scales). fp8_e4m3 folds the per-tensor scales into the
+# scores and into O, and every e4m3 code is exact in bf16/fp16, so it is the 16-bit case.
+FP8_TOL: dict[tuple[str, torch.dtype], tuple[float, float]] = {
+    ("fp8_e4m3", torch.float16): TOL[torch.float16],
+    ("fp8_e4m3", torch.bfloat16): TOL[torch.bfloat16],
+    ("fp8_mla656", torch.float16): TOL[torch.float16],
+    ("fp8_mla656", torch.bfloat16): TOL[torch.bfloat16],
+}
+FP8_LSE_ATOL: dict[tuple[str, torch.dtype], float] = {
+    ("fp8_e4m3", torch.float16): LSE_ATOL[torch.float16],
+    ("fp8_e4m3", torch.bfloat16): LSE_ATOL[torch.bfloat16],
+    ("fp8_mla656", torch.float16): LSE_ATOL[torch.float16],
+    ("fp8_mla656", torch.bfloat16): LSE_ATOL[torch.bfloat16],
+}

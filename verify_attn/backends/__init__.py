@@ -49,6 +49,19 @@ class Problem:
     # max_kv_len hint when given, else kv_indices.numel() * page_size // batch (config.heuristic_kv_len)
     avg_kv_len: int
     max_kv_len: Optional[int] = None  # the caller's hint: every kv_lens[b] <= max_kv_len (None: not given)
+    # KV storage format (verify_attn/fp8.py): "fp32" | "bf16" | "fp16" (the cache has q's dtype),
+    # "fp8_e4m3" (float8_e4m3fn caches, value = code x k_scale / v_scale), "fp8_mla656" (uint8
+    # [..., 1, 656] rows with per-128 scales and bf16 RoPE; v_cache is k_cache, Dv = 512)
+    kv_dtype: str = "bf16"
+    # fp8_e4m3 dequantization scales as the caller gave them: a float, or a 0-d float32 tensor on
+    # q's device (read by the kernel, never on the host: CUDA-graph safe). 1.0 for every other format.
+    k_scale: "float | torch.Tensor" = 1.0
+    v_scale: "float | torch.Tensor" = 1.0
+
+    @property
+    def fp8(self) -> bool:
+        """The cache is stored in one of the fp8 formats (verify_attn.fp8.FP8_KV_DTYPES)."""
+        return self.kv_dtype in ("fp8_e4m3", "fp8_mla656")
 
     @property
     def prefix_only(self) -> bool:
@@ -78,6 +91,19 @@ class Problem:
         )
 
 
+NATIVE_KV_FORMATS = ("fp32", "bf16", "fp16")
+ALL_KV_FORMATS = NATIVE_KV_FORMATS + ("fp8_e4m3", "fp8_mla656")
+
+
+def kv_format_refusal(b: "Backend", p: Problem) -> Optional[str]:
+    """Why backend `b` cannot read p's KV storage format, or None."""
+    if p.kv_dtype in b.kv_formats:
+        return None
+    return (f"KV cache format {p.kv_dtype!r} is not implemented by backend {b.name!r} "
+            f"(it reads {', '.join(b.kv_formats)}); loaded backends that read it: "
+            f"{', '.join(sorted(n for n, o in _REGISTRY.items() if p.kv_dtype in o.kv_formats)) or 'none'}")
+
+
 RunFn = Callable[[Problem, Optional[KernelConfig], torch.Tensor, Optional[torch.Tensor]], None]
 
 
@@ -96,6 +122,9 @@ class Backend:
     tunable: bool = False
     # runs prefix-only calls (Problem.tree_mask None: no tree block, kv_lens[b] may be 0)
     prefix_only: bool = False
+    # KV storage formats (Problem.kv_dtype) the backend reads; the api refuses the others with a
+    # reason before `supports` is asked. Default: the 16/32-bit caches only.
+    kv_formats: tuple = NATIVE_KV_FORMATS
     meta: dict = field(default_factory=dict)
 
 
