@@ -123,6 +123,50 @@ def smem_limit(arch: str) -> int:
     return 101376  # unknown arch: assume the smallest budget the project targets (sm_120)
 
 
+FMT_NATIVE, FMT_E4M3, FMT_MLA656 = 0, 1, 2
+FMT_CODE = {"fp32": FMT_NATIVE, "bf16": FMT_NATIVE, "fp16": FMT_NATIVE, "fp8_e4m3": FMT_E4M3,
+            "fp8_mla656": FMT_MLA656}
+
+
+def fp8_bits() -> bool:
+    """Decode e4m3 codes with integer ops (uint8 loads) instead of native fp8 loads: under the
+    interpreter, whose native conversion reads the NaN codes 0x7F/0xFF as +-480."""
+    return interpreting() or os.environ.get("VERIFY_ATTN_TRITON_FP8_BITS", "0") == "1"
+
+
+@dataclass(frozen=True)
+class KvArgs:
+    """What the kernels take for the KV storage format of a problem (host side)."""
+
+    k: torch.Tensor          # K pointer: the cache (fp8: as uint8 under FP8_BITS, else float8_e4m3fn)
+    v: torch.Tensor
+    ks: torch.Tensor         # fp8_mla656: the cache viewed as float32 (scales); else never read
+    kr: torch.Tensor         # fp8_mla656: the cache viewed as bfloat16 (RoPE); else never read
+    k_scale_ptr: torch.Tensor
+    v_scale_ptr: torch.Tensor
+    k_scale: float           # used when the scale is a float (K_SCALE_MEM False)
+    v_scale: float
+    k_scale_mem: bool
+    v_scale_mem: bool
+    fmt: int
+    bits: bool
+
+
+def kv_args(p: Problem, dummy: torch.Tensor) -> KvArgs:
+    """Cache views and scale arguments for p.kv_dtype; `dummy` stands in for pointers never read."""
+    fmt = FMT_CODE[p.kv_dtype]
+    bits = fp8_bits()
+    k, v, ks, kr = p.k_cache, p.v_cache, dummy, dummy
+    if fmt == FMT_E4M3 and bits:
+        k, v = k.view(torch.uint8), v.view(torch.uint8)
+    elif fmt == FMT_MLA656:
+        k = v = p.k_cache if bits else p.k_cache.view(torch.float8_e4m3fn)
+        ks, kr = p.k_cache.view(torch.float32), p.k_cache.view(torch.bfloat16)
+    km, vm = isinstance(p.k_scale, torch.Tensor), isinstance(p.v_scale, torch.Tensor)
+    return KvArgs(k, v, ks, kr, p.k_scale if km else dummy, p.v_scale if vm else dummy,
+                  1.0 if km else float(p.k_scale), 1.0 if vm else float(p.v_scale), km, vm, fmt, bits)
+
+
 def cache_strides(cache: torch.Tensor, page_size: int) -> tuple[int, int, int]:
     """(page or slot stride, position-in-page stride, head stride) in elements."""
     if page_size == 1:
@@ -141,7 +185,7 @@ def attend_tile(acc, m_i, l_i, q1, q2, start, end, prefix,
                 stride_kp, stride_kpos, stride_vp, stride_vpos, qk_scale, MASK_WORDS,
                 DQK: tl.constexpr, DV: tl.constexpr, BLOCK_D1: tl.constexpr, BLOCK_DPE: tl.constexpr,
                 BLOCK_DV: tl.constexpr, V_FROM_K: tl.constexpr, PAGE_SIZE: tl.constexpr, TREE: tl.constexpr,
-                DOT_PREC: tl.constexpr):
+                DOT_PREC: tl.constexpr, ks_base, kr_base, KV_FMT: tl.constexpr, FP8_BITS: tl.constexpr):
     """One KV tile, tokens [start, start + BLOCK_N) clipped to `end`, folded into (acc, m_i, l_i).
 
     One device function per tile (not one per step): the interpreter re-patches
@@ -156,6 +200,14 @@ def attend_tile(acc, m_i, l_i, q1, q2, start, end, prefix,
     (bit 31 is the sign bit: arithmetic shift, then & 1).
     Scores are in the log2 domain; rows that have seen nothing keep m = -inf and
     subtract 0 instead, so exp2 gives 0, never NaN.
+
+    KV_FMT (see FMT_*): FMT_E4M3 loads 1-byte codes and converts them to q's dtype (exact:
+    every e4m3 value is a bf16/fp16 value); the per-tensor k_scale is already in qk_scale and
+    v_scale is applied to O by the caller, so no per-element multiply. FMT_MLA656 loads the
+    512 codes, the row's 4 fp32 scales (ks_base: the cache viewed as fp32) and 64 bf16 RoPE
+    values (kr_base: viewed as bf16); K = codes x scale[j // 128] rounded to q's dtype,
+    V = its first 512 values. Strides of fp8 caches are in bytes. FP8_BITS: codes come as
+    uint8 and are decoded with integer ops (`e4m3_to_f32`), for the interpreter.
     """
     t = start + offs_n                                                   # [BLOCK_N] logical tokens
     t_ok = t < end
@@ -169,16 +221,38 @@ def attend_tile(acc, m_i, l_i, q1, q2, start, end, prefix,
         krow = blk * stride_kp + pos * stride_kpos
         vrow = blk * stride_vp + pos * stride_vpos
     # K tile [BLOCK_N, BLOCK_D1] (+ rope part [BLOCK_N, BLOCK_DPE]); V tile [BLOCK_N, BLOCK_DV]
-    if DQK >= BLOCK_D1:
-        k1 = tl.load(k_base + krow[:, None] + offs_d1[None, :], mask=t_ok[:, None], other=0.0)
-    else:
-        k1 = tl.load(k_base + krow[:, None] + offs_d1[None, :],
-                     mask=t_ok[:, None] & (offs_d1[None, :] < DQK), other=0.0)
-    s = tl.dot(q1, tl.trans(k1), input_precision=DOT_PREC)              # [BLOCK_M, BLOCK_N]
-    if BLOCK_DPE > 0:
-        k2 = tl.load(k_base + krow[:, None] + BLOCK_D1 + offs_dpe[None, :],
-                     mask=t_ok[:, None] & (BLOCK_D1 + offs_dpe[None, :] < DQK), other=0.0)
+    if KV_FMT == 2:   # FMT_MLA656: codes x per-128 scale, bf16 rope (Dqk 576 = 512 + 64, one KV head)
+        codes = tl.load(k_base + krow[:, None] + offs_d1[None, :], mask=t_ok[:, None], other=0.0)
+        # the row's 4 scales as 4 [BLOCK_N] vectors, spread over the 512 columns by selects (a gathered
+        # [BLOCK_N, 512] scale load would hold 64-bit pointers and pipeline 64 KB of scales per stage)
+        srow = ks_base + krow // 4 + 128
+        sc0 = tl.load(srow, mask=t_ok, other=0.0)
+        sc1 = tl.load(srow + 1, mask=t_ok, other=0.0)
+        sc2 = tl.load(srow + 2, mask=t_ok, other=0.0)
+        sc3 = tl.load(srow + 3, mask=t_ok, other=0.0)
+        blk = (offs_d1 // 128)[None, :]
+        sc = tl.where(blk == 0, sc0[:, None], tl.where(blk == 1, sc1[:, None],
+                                                      tl.where(blk == 2, sc2[:, None], sc3[:, None])))
+        k1 = (codes_to(codes, tl.float32, FP8_BITS) * sc).to(q1.dtype)
+        k2 = tl.load(kr_base + (krow // 2)[:, None] + 264 + offs_dpe[None, :],
+                     mask=t_ok[:, None] & (BLOCK_D1 + offs_dpe[None, :] < DQK), other=0.0).to(q2.dtype)
+        s = tl.dot(q1, tl.trans(k1), input_precision=DOT_PREC)
         s += tl.dot(q2, tl.trans(k2), input_precision=DOT_PREC)
+    else:
+        if DQK >= BLOCK_D1:
+            k1 = tl.load(k_base + krow[:, None] + offs_d1[None, :], mask=t_ok[:, None], other=0.0)
+        else:
+            k1 = tl.load(k_base + krow[:, None] + offs_d1[None, :],
+                         mask=t_ok[:, None] & (offs_d1[None, :] < DQK), other=0.0)
+        if KV_FMT == 1:
+            k1 = codes_to(k1, q1.dtype, FP8_BITS)
+        s = tl.dot(q1, tl.trans(k1), input_precision=DOT_PREC)              # [BLOCK_M, BLOCK_N]
+        if BLOCK_DPE > 0:
+            k2 = tl.load(k_base + krow[:, None] + BLOCK_D1 + offs_dpe[None, :],
+                         mask=t_ok[:, None] & (BLOCK_D1 + offs_dpe[None, :] < DQK), other=0.0)
+            if KV_FMT == 1:
+                k2 = codes_to(k2, q2.dtype, FP8_BITS)
+            s += tl.dot(q2, tl.trans(k2), input_precision=DOT_PREC)
     if V_FROM_K:
         v = k1                                                           # MLA: V = K[:, :Dv], read once
     else:
@@ -187,6 +261,8 @@ def attend_tile(acc, m_i, l_i, q1, q2, start, end, prefix,
         else:
             v = tl.load(v_base + vrow[:, None] + offs_dv[None, :],
                         mask=t_ok[:, None] & (offs_dv[None, :] < DV), other=0.0)
+        if KV_FMT == 1:
+            v = codes_to(v, q1.dtype, FP8_BITS)
     s = s * qk_scale
     if TREE:
         j = t - prefix
@@ -206,6 +282,40 @@ def attend_tile(acc, m_i, l_i, q1, q2, start, end, prefix,
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
     return acc, m_new, l_i
+
+
+@triton.jit
+def e4m3_to_f32(c):
+    """e4m3fn codes (any integer type holding 0..255) -> float32, from the bit fields: sign, 4
+    exponent bits (bias 7), 3 mantissa bits; exponent 0 is subnormal (m x 2^-9); 0x7F/0xFF NaN.
+    Integer ops only: the interpreter's native fp8 conversion reads 0x7F as 480, not NaN."""
+    c = c.to(tl.int32) & 0xFF
+    e = (c >> 3) & 0xF
+    m = c & 7
+    normal = ((e + 120) << 23) | (m << 20)                               # fp32 bits of 2^(e-7) x 1.m
+    mag = tl.where(e == 0, m.to(tl.float32) * 0.001953125, normal.to(tl.float32, bitcast=True))
+    v = tl.where(c >= 128, -mag, mag)
+    return tl.where((c & 0x7F) == 0x7F, float("nan"), v)
+
+
+@triton.jit
+def codes_to(x, dtype: tl.constexpr, FP8_BITS: tl.constexpr):
+    """A tile of e4m3 codes as `dtype` (exact for fp32/bf16/fp16): uint8 bytes decoded by
+    `e4m3_to_f32` (FP8_BITS), else a float8e4nv tile converted natively (cvt from e4m3 on
+    sm_89+, straight to the 16-bit dtype: no fp32 tile in registers)."""
+    if FP8_BITS:
+        return e4m3_to_f32(x).to(dtype)
+    else:
+        return x.to(dtype)
+
+
+@triton.jit
+def scale_value(ptr, val, IN_MEM: tl.constexpr):
+    """A per-tensor fp8 scale: read from a 0-d float32 tensor on the device (IN_MEM) or the float argument."""
+    if IN_MEM:
+        return tl.load(ptr)
+    else:
+        return val
 
 
 @triton.jit

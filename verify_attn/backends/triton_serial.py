@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import Backend, Problem, register
+from . import ALL_KV_FORMATS, Backend, Problem, register
 from . import triton_common as tc
 from ..config import KernelConfig
 from ..shapes import HeadShape
@@ -32,7 +32,7 @@ from ..shapes import HeadShape
 @triton.jit
 def _serial_fwd(
     Q, K, V, QO_INDPTR, KV_INDPTR, KV_INDICES, KV_LENS, MASK, OUT, LSE,
-    qk_scale,
+    KS, KR, K_SCALE, V_SCALE, qk_scale, k_scale_f, v_scale_f,
     stride_qt, stride_qh,
     stride_kp, stride_kpos, stride_kh,
     stride_vp, stride_vpos, stride_vh,
@@ -42,6 +42,7 @@ def _serial_fwd(
     BLOCK_D1: tl.constexpr, BLOCK_DPE: tl.constexpr, BLOCK_DV: tl.constexpr, V_FROM_K: tl.constexpr,
     PAGE_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_LSE: tl.constexpr, DOT_PREC: tl.constexpr, TREE_BLOCK: tl.constexpr,
+    KV_FMT: tl.constexpr, FP8_BITS: tl.constexpr, K_SCALE_MEM: tl.constexpr, V_SCALE_MEM: tl.constexpr,
 ):
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -74,6 +75,9 @@ def _serial_fwd(
 
     k_base = K + kvh * stride_kh
     v_base = V + kvh * stride_vh
+    qk = qk_scale
+    if KV_FMT == 1:   # fp8_e4m3: K = code x k_scale, folded into the score scale (exact codes in the dot)
+        qk = qk_scale * tc.scale_value(K_SCALE, k_scale_f, K_SCALE_MEM)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -82,17 +86,19 @@ def _serial_fwd(
     for start in range(0, prefix, BLOCK_N):
         acc, m_i, l_i = tc.attend_tile(
             acc, m_i, l_i, q1, q2, start, prefix, prefix, k_base, v_base, KV_INDICES, kv_start, MASK, token, row_ok,
-            offs_n, offs_d1, offs_dpe, offs_dv, stride_kp, stride_kpos, stride_vp, stride_vpos, qk_scale, MASK_WORDS,
-            DQK, DV, BLOCK_D1, BLOCK_DPE, BLOCK_DV, V_FROM_K, PAGE_SIZE, False, DOT_PREC)
+            offs_n, offs_d1, offs_dpe, offs_dv, stride_kp, stride_kpos, stride_vp, stride_vpos, qk, MASK_WORDS,
+            DQK, DV, BLOCK_D1, BLOCK_DPE, BLOCK_DV, V_FROM_K, PAGE_SIZE, False, DOT_PREC, KS, KR, KV_FMT, FP8_BITS)
 
     # stage 2: the tree block (the last n_tree entries) under the packed tree mask
     for start in range(prefix, n_kv, BLOCK_N):
         acc, m_i, l_i = tc.attend_tile(
             acc, m_i, l_i, q1, q2, start, n_kv, prefix, k_base, v_base, KV_INDICES, kv_start, MASK, token, row_ok,
-            offs_n, offs_d1, offs_dpe, offs_dv, stride_kp, stride_kpos, stride_vp, stride_vpos, qk_scale, MASK_WORDS,
-            DQK, DV, BLOCK_D1, BLOCK_DPE, BLOCK_DV, V_FROM_K, PAGE_SIZE, True, DOT_PREC)
+            offs_n, offs_d1, offs_dpe, offs_dv, stride_kp, stride_kpos, stride_vp, stride_vpos, qk, MASK_WORDS,
+            DQK, DV, BLOCK_D1, BLOCK_DPE, BLOCK_DV, V_FROM_K, PAGE_SIZE, True, DOT_PREC, KS, KR, KV_FMT, FP8_BITS)
 
     o, lse2 = tc.finish_rows(acc, m_i, l_i)
+    if KV_FMT == 1:   # fp8_e4m3: V = code x v_scale, applied once to the normalised O
+        o = o * tc.scale_value(V_SCALE, v_scale_f, V_SCALE_MEM)
     o, lse2 = tc.poison_rows(o, lse2, too_many_nodes)
     o_ptrs = OUT + token[:, None] * stride_ot + h * stride_oh + offs_dv[None, :]
     tl.store(o_ptrs, o.to(OUT.dtype.element_ty), mask=row_ok[:, None] & (offs_dv[None, :] < DV))
@@ -135,14 +141,15 @@ def _run(p: Problem, config: Optional[KernelConfig], out: torch.Tensor, lse: Opt
     if cfg.block_m < 16 or cfg.block_n < 16:
         raise ValueError(f"triton-serial needs block_m and block_n >= 16 (tl.dot), got {cfg.block_m}, {cfg.block_n}")
     hb = tc.head_blocks(p.head_dim_qk, p.head_dim_v, p.mla_shared_kv)
+    kv = tc.kv_args(p, out)
     skp, skpos, skh = tc.cache_strides(p.k_cache, p.page_size)
     svp, svpos, svh = tc.cache_strides(p.v_cache, p.page_size)
     grid = (p.batch, p.num_q_heads, triton.cdiv(p.max_tree_nodes, cfg.block_m))
     lse_arg = lse if lse is not None else out  # never written when HAS_LSE is False
     mask_arg = p.tree_mask if p.tree_mask is not None else p.kv_lens  # prefix-only: never read
     _serial_fwd[grid](
-        p.q, p.k_cache, p.v_cache, p.qo_indptr, p.kv_indptr, p.kv_indices, p.kv_lens, mask_arg, out, lse_arg,
-        p.sm_scale * tc.LOG2E,
+        p.q, kv.k, kv.v, p.qo_indptr, p.kv_indptr, p.kv_indices, p.kv_lens, mask_arg, out, lse_arg,
+        kv.ks, kv.kr, kv.k_scale_ptr, kv.v_scale_ptr, p.sm_scale * tc.LOG2E, kv.k_scale, kv.v_scale,
         p.q.stride(0), p.q.stride(1),
         skp, skpos, skh, svp, svpos, svh,
         out.stride(0), out.stride(1), p.num_q_heads,
@@ -151,28 +158,34 @@ def _run(p: Problem, config: Optional[KernelConfig], out: torch.Tensor, lse: Opt
         BLOCK_D1=hb.block_d1, BLOCK_DPE=hb.block_dpe, BLOCK_DV=hb.block_dv, V_FROM_K=hb.v_from_k,
         PAGE_SIZE=p.page_size, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         HAS_LSE=lse is not None, DOT_PREC=tc.dot_precision(p.dtype), TREE_BLOCK=not p.prefix_only,
+        KV_FMT=kv.fmt, FP8_BITS=kv.bits, K_SCALE_MEM=kv.k_scale_mem, V_SCALE_MEM=kv.v_scale_mem,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
 
 
 def compile_report(shape: HeadShape, config: KernelConfig, arch: str, *, dtype: torch.dtype = torch.bfloat16,
-                   page_size: int = 1, return_lse: bool = True) -> dict:
-    """Compile `_serial_fwd` for this shape/config on `arch` without a GPU (see tc.ptxas_report)."""
+                   page_size: int = 1, return_lse: bool = True, kv_dtype: str = "") -> dict:
+    """Compile `_serial_fwd` for this shape/config on `arch` without a GPU (see tc.ptxas_report);
+    kv_dtype "fp8_e4m3" / "fp8_mla656" compiles the fp8 path (native e4m3 loads)."""
     hb = tc.head_blocks(shape.head_dim_qk, shape.head_dim_v, shape.mla)
     consts = dict(GROUP=shape.group, DQK=shape.head_dim_qk, DV=shape.head_dim_v, BLOCK_D1=hb.block_d1,
                   BLOCK_DPE=hb.block_dpe, BLOCK_DV=hb.block_dv, V_FROM_K=hb.v_from_k, PAGE_SIZE=page_size,
                   BLOCK_M=config.block_m, BLOCK_N=config.block_n, HAS_LSE=return_lse,
-                  DOT_PREC=tc.dot_precision(dtype), TREE_BLOCK=True)
+                  DOT_PREC=tc.dot_precision(dtype), TREE_BLOCK=True, KV_FMT=tc.FMT_CODE.get(kv_dtype, tc.FMT_NATIVE),
+                  FP8_BITS=False, K_SCALE_MEM=False, V_SCALE_MEM=False)
     t = tc.TRITON_DTYPE[dtype]
     ptrs = {n: "*i32" for n in ("QO_INDPTR", "KV_INDPTR", "KV_INDICES", "KV_LENS", "MASK")}
-    ptrs.update({n: f"*{t}" for n in ("Q", "K", "V", "OUT")})
+    ptrs.update({n: f"*{t}" for n in ("Q", "OUT")})
+    kv_t = "fp8e4nv" if kv_dtype in ("fp8_e4m3", "fp8_mla656") else t   # fp8 caches: native e4m3 loads
+    ptrs.update({"K": f"*{kv_t}", "V": f"*{kv_t}", "KS": "*fp32", "KR": "*bf16", "K_SCALE": "*fp32",
+                 "V_SCALE": "*fp32"})
     ptrs["LSE"] = "*fp32"
     aligned = tuple(n for n in _serial_fwd.arg_names if n.startswith("stride_") and n != "stride_lt")
-    return tc.ptxas_report(_serial_fwd, arch=arch, constexprs=consts, pointers=ptrs, floats=("qk_scale",),
+    return tc.ptxas_report(_serial_fwd, arch=arch, constexprs=consts, pointers=ptrs, floats=("qk_scale", "k_scale_f", "v_scale_f"),
                            aligned=aligned, num_warps=config.num_warps, num_stages=config.num_stages)
 
 
 register(Backend(
     "triton-serial", _run, available=tc.available, supports=tc.supports, default_config=default_config,
-    tunable=False, prefix_only=True, meta={"kind": "baseline", "grid": "(request, query head, tree-row block)"},
+    tunable=False, prefix_only=True, kv_formats=ALL_KV_FORMATS, meta={"kind": "baseline", "grid": "(request, query head, tree-row block)"},
 ))

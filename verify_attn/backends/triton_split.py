@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import Backend, Problem, register
+from . import ALL_KV_FORMATS, Backend, Problem, register
 from . import triton_common as tc
 from ..config import KernelConfig, heuristic_num_splits
 from ..shapes import HeadShape
@@ -35,7 +35,7 @@ from ..shapes import HeadShape
 @triton.jit
 def _split_fwd(
     Q, K, V, QO_INDPTR, KV_INDPTR, KV_INDICES, KV_LENS, MASK, OUT, LSE, PART_O, PART_LSE,
-    qk_scale,
+    KS, KR, K_SCALE, V_SCALE, qk_scale, k_scale_f, v_scale_f,
     stride_qt, stride_qh,
     stride_kp, stride_kpos, stride_kh,
     stride_vp, stride_vpos, stride_vh,
@@ -45,6 +45,7 @@ def _split_fwd(
     BLOCK_D1: tl.constexpr, BLOCK_DPE: tl.constexpr, BLOCK_DV: tl.constexpr, V_FROM_K: tl.constexpr,
     PAGE_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     DIRECT: tl.constexpr, HAS_LSE: tl.constexpr, DOT_PREC: tl.constexpr, TREE_BLOCK: tl.constexpr,
+    KV_FMT: tl.constexpr, FP8_BITS: tl.constexpr, K_SCALE_MEM: tl.constexpr, V_SCALE_MEM: tl.constexpr,
 ):
     mt = tl.program_id(0)
     split = tl.program_id(1)
@@ -84,6 +85,9 @@ def _split_fwd(
 
     k_base = K + kvh * stride_kh
     v_base = V + kvh * stride_vh
+    qk = qk_scale
+    if KV_FMT == 1:   # fp8_e4m3: K = code x k_scale, folded into the score scale (exact codes in the dot)
+        qk = qk_scale * tc.scale_value(K_SCALE, k_scale_f, K_SCALE_MEM)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -93,17 +97,19 @@ def _split_fwd(
     for start in range(lo, p_hi, BLOCK_N):
         acc, m_i, l_i = tc.attend_tile(
             acc, m_i, l_i, q1, q2, start, p_hi, prefix, k_base, v_base, KV_INDICES, kv_start, MASK, token, row_ok,
-            offs_n, offs_d1, offs_dpe, offs_dv, stride_kp, stride_kpos, stride_vp, stride_vpos, qk_scale, MASK_WORDS,
-            DQK, DV, BLOCK_D1, BLOCK_DPE, BLOCK_DV, V_FROM_K, PAGE_SIZE, False, DOT_PREC)
+            offs_n, offs_d1, offs_dpe, offs_dv, stride_kp, stride_kpos, stride_vp, stride_vpos, qk, MASK_WORDS,
+            DQK, DV, BLOCK_D1, BLOCK_DPE, BLOCK_DV, V_FROM_K, PAGE_SIZE, False, DOT_PREC, KS, KR, KV_FMT, FP8_BITS)
 
     # tree part of the span (only the last split(s) reach it): packed ancestor mask
     for start in range(tl.maximum(lo, prefix), hi, BLOCK_N):
         acc, m_i, l_i = tc.attend_tile(
             acc, m_i, l_i, q1, q2, start, hi, prefix, k_base, v_base, KV_INDICES, kv_start, MASK, token, row_ok,
-            offs_n, offs_d1, offs_dpe, offs_dv, stride_kp, stride_kpos, stride_vp, stride_vpos, qk_scale, MASK_WORDS,
-            DQK, DV, BLOCK_D1, BLOCK_DPE, BLOCK_DV, V_FROM_K, PAGE_SIZE, True, DOT_PREC)
+            offs_n, offs_d1, offs_dpe, offs_dv, stride_kp, stride_kpos, stride_vp, stride_vpos, qk, MASK_WORDS,
+            DQK, DV, BLOCK_D1, BLOCK_DPE, BLOCK_DV, V_FROM_K, PAGE_SIZE, True, DOT_PREC, KS, KR, KV_FMT, FP8_BITS)
 
     o, lse2 = tc.finish_rows(acc, m_i, l_i)
+    if KV_FMT == 1:   # fp8_e4m3: V = code x v_scale, applied once to the normalised O
+        o = o * tc.scale_value(V_SCALE, v_scale_f, V_SCALE_MEM)
     o, lse2 = tc.poison_rows(o, lse2, too_many_nodes)
     dv_ok = offs_dv[None, :] < DV
     if DIRECT:
@@ -176,7 +182,7 @@ def _blocks_for(shape: HeadShape) -> tc.HeadBlocks:
 
 
 def resources(config: KernelConfig, shape: HeadShape, arch: str, *, dtype: torch.dtype = torch.bfloat16,
-              **_kw) -> dict:
+              kv_dtype: str = "", **_kw) -> dict:
     """Shared-memory and register estimate of one `_split_fwd` program (an estimate, not the compiler's figure).
 
     Shared memory, the larger of two phases Triton allocates:
@@ -197,6 +203,13 @@ def resources(config: KernelConfig, shape: HeadShape, arch: str, *, dtype: torch
     spilled (MLA 64x32 at 8 warps, 32x32 at 4 warps; GQA-128 64x64 at 4 warps
     on sm_120) and those below did not. The compiler's own numbers can differ
     by tens of percent either way: `compile_report` gives them exactly.
+
+    FP8 caches (kv_dtype "fp8_e4m3" / "fp8_mla656"): the codes go through registers to be
+    converted (no cp.async straight into the dot's smem), which costs ~BLOCK_N x Dqk / 2 /
+    threads more registers per thread; fp8_mla656 at 2 stages spills (ptxas, sm_90 and
+    sm_120, MLA 32x16 and 32x32), so it must run 1 stage. Calibrated with `compile_report`:
+    MLA 32x16, 8 warps: fp8_e4m3 2 stages 170 registers / 56 KB, fp8_mla656 1 stage 179-182 / 72 KB;
+    32x32 fp8_e4m3 250+ registers (no spill), fp8_mla656 at 1 stage 106 KB (over sm_120's limit).
     """
     hb = _blocks_for(shape)
     e = _elt_bytes(dtype)
@@ -213,16 +226,21 @@ def resources(config: KernelConfig, shape: HeadShape, arch: str, *, dtype: torch
     q_regs = q_tile // 4 // threads
     s_regs = config.block_m * config.block_n // threads
     regs_est = acc_regs + q_regs + 2 * s_regs + 32
+    fp8_ok = True
+    if kv_dtype in ("fp8_e4m3", "fp8_mla656"):
+        regs_est += config.block_n * hb.padded_qk // 2 // threads
+        fp8_ok = kv_dtype != "fp8_mla656" or stages == 1
     limit = tc.smem_limit(arch)
     return {
         "smem_bytes": smem, "smem_limit": limit, "acc_regs_per_thread": acc_regs,
         "regs_per_thread_est": regs_est,
-        "fits": smem <= limit and regs_est <= 160 and config.block_m >= 16 and config.block_n >= 16,
+        "fits": (smem <= limit and regs_est <= 160 and config.block_m >= 16 and config.block_n >= 16
+                 and fp8_ok),
     }
 
 
 def config_space(shape: HeadShape, arch: str, *, dtype: torch.dtype = torch.bfloat16,
-                 splits: tuple[int, ...] = (0,), **_kw) -> list[KernelConfig]:
+                 splits: tuple[int, ...] = (0,), kv_dtype: str = "", **_kw) -> list[KernelConfig]:
     """Configs worth trying for this head shape on this arch (filtered by `resources`).
 
     num_splits defaults to 0 (the heuristic); the autotuner passes the split
@@ -235,33 +253,38 @@ def config_space(shape: HeadShape, arch: str, *, dtype: torch.dtype = torch.bflo
                 for stages in (1, 2, 3):
                     for s in splits:
                         c = KernelConfig(num_splits=s, block_n=bn, block_m=bm, num_warps=warps, num_stages=stages)
-                        if resources(c, shape, arch, dtype=dtype)["fits"]:
+                        if resources(c, shape, arch, dtype=dtype, kv_dtype=kv_dtype)["fits"]:
                             out.append(c)
     return out
 
 
-def default_blocks(shape: HeadShape, arch: str, dtype: torch.dtype, max_rows: int) -> tuple[int, int, int, int]:
+def default_blocks(shape: HeadShape, arch: str, dtype: torch.dtype, max_rows: int,
+                   kv_dtype: str = "") -> tuple[int, int, int, int]:
     """(block_m, block_n, num_warps, num_stages) before the split count; the autotuner refines them.
 
     Checked with `compile_report` (bf16, ptxas, no spills) on sm_90 and sm_120:
     MLA 576/512 at 32x32, 8 warps, 2 stages: 182-184 registers, 78 KB smem;
     GQA-128 at 64x32, 4 warps, 2 stages: 168-177 registers, 44-56 KB.
+    FP8 MLA (see `resources`): 32x16, 8 warps, 2 stages (fp8_e4m3) or 1 stage (fp8_mla656).
     """
     hb = _blocks_for(shape)
     if hb.block_dv >= 256:   # a [32, 512] fp32 accumulator is 64 registers/thread at 8 warps
         bm, bn, warps, stages = 32, 32, 8, 2
     else:
         bm, bn, warps, stages = 64, 32, 4, 2
+    if kv_dtype == "fp8_mla656":
+        stages = 1
     bm = min(bm, max(16, triton.next_power_of_2(max_rows)))
     if arch != "cpu":
-        while bn > 16 and not resources(KernelConfig(1, bn, bm, warps, stages), shape, arch, dtype=dtype)["fits"]:
+        while bn > 16 and not resources(KernelConfig(1, bn, bm, warps, stages), shape, arch, dtype=dtype,
+                                        kv_dtype=kv_dtype)["fits"]:
             bn //= 2
     return bm, bn, warps, stages
 
 
 def default_config(p: Problem) -> KernelConfig:
     bm, bn, warps, stages = default_blocks(p.head_shape(), tc.arch_of(p.device), p.dtype,
-                                           p.max_tree_nodes * p.group)
+                                           p.max_tree_nodes * p.group, p.kv_dtype)
     m_tiles = triton.cdiv(p.max_tree_nodes * p.group, bm)
     splits = heuristic_num_splits(batch=p.batch, num_kv_heads=p.num_kv_heads, m_tiles=m_tiles,
                                   avg_kv_len=p.avg_kv_len, num_sms=tc.num_sms(p.device), block_n=bn)
@@ -299,6 +322,7 @@ def _workspace(splits: int, rows: int, block_dv: int, device: torch.device) -> t
 def _run(p: Problem, config: Optional[KernelConfig], out: torch.Tensor, lse: Optional[torch.Tensor]) -> None:
     cfg = _resolve(p, config)
     hb = tc.head_blocks(p.head_dim_qk, p.head_dim_v, p.mla_shared_kv)
+    kv = tc.kv_args(p, out)
     skp, skpos, skh = tc.cache_strides(p.k_cache, p.page_size)
     svp, svpos, svh = tc.cache_strides(p.v_cache, p.page_size)
     splits = cfg.num_splits
@@ -313,9 +337,9 @@ def _run(p: Problem, config: Optional[KernelConfig], out: torch.Tensor, lse: Opt
     m_tiles = triton.cdiv(p.max_tree_nodes * p.group, cfg.block_m)
     grid = (m_tiles, splits, p.batch * p.num_kv_heads)
     _split_fwd[grid](
-        p.q, p.k_cache, p.v_cache, p.qo_indptr, p.kv_indptr, p.kv_indices, p.kv_lens, mask_arg,
+        p.q, kv.k, kv.v, p.qo_indptr, p.kv_indptr, p.kv_indices, p.kv_lens, mask_arg,
         out, lse_arg, part_o, part_lse,
-        p.sm_scale * tc.LOG2E,
+        kv.ks, kv.kr, kv.k_scale_ptr, kv.v_scale_ptr, p.sm_scale * tc.LOG2E, kv.k_scale, kv.v_scale,
         p.q.stride(0), p.q.stride(1),
         skp, skpos, skh, svp, svpos, svh,
         out.stride(0), out.stride(1), p.num_q_heads,
@@ -325,6 +349,7 @@ def _run(p: Problem, config: Optional[KernelConfig], out: torch.Tensor, lse: Opt
         PAGE_SIZE=p.page_size, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         DIRECT=direct, HAS_LSE=lse is not None, DOT_PREC=tc.dot_precision(p.dtype),
         TREE_BLOCK=not p.prefix_only,
+        KV_FMT=kv.fmt, FP8_BITS=kv.bits, K_SCALE_MEM=kv.k_scale_mem, V_SCALE_MEM=kv.v_scale_mem,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if direct:
@@ -341,29 +366,34 @@ def _run(p: Problem, config: Optional[KernelConfig], out: torch.Tensor, lse: Opt
 
 
 def compile_report(shape: HeadShape, config: KernelConfig, arch: str, *, dtype: torch.dtype = torch.bfloat16,
-                   page_size: int = 1, direct: bool = False, return_lse: bool = True) -> dict:
+                   page_size: int = 1, direct: bool = False, return_lse: bool = True, kv_dtype: str = "") -> dict:
     """Compile `_split_fwd` for this shape/config on `arch` without a GPU (see tc.ptxas_report).
 
     Lets the resource model and the config space be checked against the real
-    compiler (registers, spills, shared memory) on the CPU build machine.
+    compiler (registers, spills, shared memory) on the CPU build machine. kv_dtype
+    "fp8_e4m3" / "fp8_mla656" compiles the fp8 path (native e4m3 loads).
     """
     hb = _blocks_for(shape)
     consts = dict(GROUP=shape.group, DQK=shape.head_dim_qk, DV=shape.head_dim_v, BLOCK_D1=hb.block_d1,
                   BLOCK_DPE=hb.block_dpe, BLOCK_DV=hb.block_dv, V_FROM_K=hb.v_from_k, PAGE_SIZE=page_size,
                   BLOCK_M=config.block_m, BLOCK_N=config.block_n, DIRECT=direct, HAS_LSE=return_lse,
-                  DOT_PREC=tc.dot_precision(dtype), TREE_BLOCK=True)
+                  DOT_PREC=tc.dot_precision(dtype), TREE_BLOCK=True, KV_FMT=tc.FMT_CODE.get(kv_dtype, tc.FMT_NATIVE),
+                  FP8_BITS=False, K_SCALE_MEM=False, V_SCALE_MEM=False)
     t = tc.TRITON_DTYPE[dtype]
     ptrs = {n: "*i32" for n in ("QO_INDPTR", "KV_INDPTR", "KV_INDICES", "KV_LENS", "MASK")}
-    ptrs.update({n: f"*{t}" for n in ("Q", "K", "V", "OUT")})
+    ptrs.update({n: f"*{t}" for n in ("Q", "OUT")})
+    kv_t = "fp8e4nv" if kv_dtype in ("fp8_e4m3", "fp8_mla656") else t   # fp8 caches: native e4m3 loads
+    ptrs.update({"K": f"*{kv_t}", "V": f"*{kv_t}", "KS": "*fp32", "KR": "*bf16", "K_SCALE": "*fp32",
+                 "V_SCALE": "*fp32"})
     ptrs.update({n: "*fp32" for n in ("LSE", "PART_O", "PART_LSE")})
     # cache/q/out strides are multiples of 16 elements for every preset head; stride_lt is Hq (8 for Kimi K2)
     aligned = tuple(n for n in _split_fwd.arg_names if n.startswith("stride_") and n != "stride_lt")
-    return tc.ptxas_report(_split_fwd, arch=arch, constexprs=consts, pointers=ptrs, floats=("qk_scale",),
+    return tc.ptxas_report(_split_fwd, arch=arch, constexprs=consts, pointers=ptrs, floats=("qk_scale", "k_scale_f", "v_scale_f"),
                            aligned=aligned, num_warps=config.num_warps, num_stages=config.num_stages)
 
 
 register(Backend(
     "triton", _run, available=tc.available, supports=tc.supports, config_space=config_space,
-    resources=resources, default_config=default_config, tunable=True, prefix_only=True,
+    resources=resources, default_config=default_config, tunable=True, prefix_only=True, kv_formats=ALL_KV_FORMATS,
     meta={"kind": "split-kv", "grid": "(M tile, KV split, request x KV head) + combine"},
 ))
