@@ -12,7 +12,8 @@ from verify_attn.api import build_problem
 from verify_attn.layouts import lay_out
 from verify_attn.reference import reference_verify
 
-from verify_attn.tolerances import LSE_ATOL, TOL  # one table for tests, bench, autotune
+from verify_attn.fp8 import quantize_kwargs
+from verify_attn.tolerances import FP8_LSE_ATOL, FP8_TOL, LSE_ATOL, TOL  # one table for tests, bench, autotune
 
 
 @dataclass(frozen=True)
@@ -30,13 +31,15 @@ class CaseSpec:
     seed: int = 0
     sm_scale: float | None = None
     words: int | None = None          # tree_mask words (default: just enough)
+    kv_dtype: str = ""                # "" (the cache in q's dtype), "fp8_e4m3" or "fp8_mla656" (verify_attn.fp8)
     extra: tuple = field(default=())  # free-form tag for ids
 
     @property
     def id(self) -> str:
         dt = str(self.dtype).replace("torch.", "")
         head = "mla" if self.mla else f"gqa{self.hq}x{self.hkv}"
-        return (f"{head}-d{self.dqk}-{dt}-p{self.page_size}-L{'_'.join(map(str, self.prefix_lens))}"
+        kv = f"-{self.kv_dtype}" if self.kv_dtype else ""
+        return (f"{head}-d{self.dqk}-{dt}{kv}-p{self.page_size}-L{'_'.join(map(str, self.prefix_lens))}"
                 f"-T{'_'.join(map(str, self.tree_sizes))}-{self.tree_kind}-s{self.seed}")
 
 
@@ -51,7 +54,7 @@ class Case:
         kw = dict(self.kwargs)
         return build_problem(kw.pop("q"), kw.pop("k_cache"), kw.pop("v_cache"), kw.pop("qo_indptr"),
                              kw.pop("kv_indptr"), kw.pop("kv_indices"), kw.pop("kv_lens"), kw.pop("tree_mask"),
-                             kw.pop("sm_scale"), kw.pop("page_size"))
+                             kw.pop("sm_scale"), kw.pop("page_size"), **kw)
 
 
 def make_case(spec: CaseSpec, device: str | torch.device = "cpu") -> Case:
@@ -72,12 +75,21 @@ def make_case(spec: CaseSpec, device: str | torch.device = "cpu") -> Case:
     kwargs = dict(q=q.to(spec.dtype), k_cache=lay["k_cache"], v_cache=lay["v_cache"], qo_indptr=qo_indptr,
                   kv_indptr=lay["kv_indptr"], kv_indices=lay["kv_indices"], kv_lens=lay["kv_lens"],
                   tree_mask=tree_mask, sm_scale=scale, page_size=spec.page_size)
+    if spec.kv_dtype:   # the fp8 cache made from this one (NaN slots stay NaN codes)
+        kwargs = quantize_kwargs(kwargs, spec.kv_dtype, mla_dv=spec.dv if spec.mla else None)
     case = Case(spec, kwargs, parents, lay["pool"])
     if device != "cpu":
         case.kwargs = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in kwargs.items()}
-        if spec.mla:  # keep V a view of K on the device
+        if spec.mla and case.kwargs["v_cache"] is not None:  # keep V a view of K on the device
             case.kwargs["v_cache"] = case.kwargs["k_cache"][..., : spec.dv]
     return case
+
+
+def case_tol(spec: CaseSpec) -> tuple[float, float, float]:
+    """(atol, rtol, lse_atol) of a case: tolerances.TOL / LSE_ATOL, or FP8_TOL / FP8_LSE_ATOL for fp8 caches."""
+    if spec.kv_dtype:
+        return (*FP8_TOL[(spec.kv_dtype, spec.dtype)], FP8_LSE_ATOL[(spec.kv_dtype, spec.dtype)])
+    return (*TOL[spec.dtype], LSE_ATOL[spec.dtype])
 
 
 def poisoned_out(case: Case) -> torch.Tensor:
@@ -88,7 +100,7 @@ def poisoned_out(case: Case) -> torch.Tensor:
 def check_against_reference(out: torch.Tensor, lse: torch.Tensor | None, case: Case,
                             atol: float | None = None, rtol: float | None = None) -> dict:
     """Assert out (and lse) match the float64 reference; returns the error stats."""
-    d_atol, d_rtol = TOL[case.spec.dtype]
+    d_atol, d_rtol, lse_atol = case_tol(case.spec)
     atol = d_atol if atol is None else atol
     rtol = d_rtol if rtol is None else rtol
     ref_out, ref_lse = reference_verify(case.problem())
@@ -107,8 +119,7 @@ def check_against_reference(out: torch.Tensor, lse: torch.Tensor | None, case: C
         assert torch.isfinite(l).all(), f"{case.spec.id}: lse has non-finite values"
         lerr = float((l - ref_lse.cpu()).abs().max())
         stats["lse_max_abs_err"] = lerr
-        lse_atol = LSE_ATOL[case.spec.dtype]
-        assert lerr <= lse_atol, f"{case.spec.id}: lse max abs err {lerr} > {lse_atol} (tolerances.LSE_ATOL)"
+        assert lerr <= lse_atol, f"{case.spec.id}: lse max abs err {lerr} > {lse_atol} (tolerances)"
     return stats
 
 
