@@ -6,6 +6,7 @@ from typing import Optional
 import torch
 
 from verify_attn import tree as vtree
+from verify_attn.fp8 import FP8_KV_DTYPES, KV_DTYPE_OF, quantize_kwargs
 from verify_attn.layouts import lay_out
 from verify_attn.shapes import HeadShape
 
@@ -29,14 +30,16 @@ def make_trees(nodes: int, shape: str, batch: int, seed: int = TREE_SEED) -> lis
 
 
 def make_inputs(shape: HeadShape, ctx: int, trees: list[list[int]], page_size: int, dtype: torch.dtype,
-                device: torch.device | str, seed: int, alloc: str = "shuffled") -> dict:
+                device: torch.device | str, seed: int, alloc: str = "shuffled", kv_dtype: str = "") -> dict:
     """tree_verify keyword arguments for `len(trees)` requests, each with `ctx` prefix tokens.
 
     Fresh seeded random q/K/V (never zeros); NaN in every unused slot/page
     (verify_attn.layouts.lay_out). `alloc` places the slots/pages: shuffled (a serving
     pool that has seen churn), contiguous (consecutive ids in request order) or
     fragmented (runs of consecutive ids, the runs shuffled). MLA pools keep V as the
-    view k_cache[..., :Dv].
+    view k_cache[..., :Dv]. kv_dtype "fp8_e4m3" / "fp8_mla656" stores the cache in that fp8
+    format (verify_attn.fp8.quantize_kwargs: per-tensor amax scales, or the 656-byte rows) and
+    adds k_scale / v_scale / kv_format; "" or q's own dtype name keeps the 16/32-bit cache.
     """
     if alloc not in ALLOC_MODES:
         raise ValueError(f"unknown --alloc {alloc!r}; known: {', '.join(ALLOC_MODES)}")
@@ -59,9 +62,14 @@ def make_inputs(shape: HeadShape, ctx: int, trees: list[list[int]], page_size: i
     if alloc == "fragmented":
         lay = _fragment(lay, shape, g_cpu)
     q = torch.randn(total_q, shape.num_q_heads, shape.head_dim_qk, generator=g, device=dev, dtype=dtype)
-    return dict(q=q, k_cache=lay["k_cache"], v_cache=lay["v_cache"], qo_indptr=qo_indptr,
-                kv_indptr=lay["kv_indptr"], kv_indices=lay["kv_indices"], kv_lens=lay["kv_lens"],
-                tree_mask=tree_mask, sm_scale=shape.sm_scale, page_size=page_size)
+    kw = dict(q=q, k_cache=lay["k_cache"], v_cache=lay["v_cache"], qo_indptr=qo_indptr,
+              kv_indptr=lay["kv_indptr"], kv_indices=lay["kv_indices"], kv_lens=lay["kv_lens"],
+              tree_mask=tree_mask, sm_scale=shape.sm_scale, page_size=page_size)
+    if kv_dtype in FP8_KV_DTYPES:
+        kw = quantize_kwargs(kw, kv_dtype, mla_dv=shape.head_dim_v if shape.mla else None)
+    elif kv_dtype and KV_DTYPE_OF.get(dtype) != kv_dtype:
+        raise ValueError(f"--kv-dtype {kv_dtype} with q {dtype}: a 16/32-bit cache has q's dtype")
+    return kw
 
 
 def _fragment(lay: dict, shape: HeadShape, g: torch.Generator) -> dict:

@@ -90,16 +90,15 @@ def _runner(name: str, kw: dict, outside: dict, cfg_holder: dict) -> Callable[[t
     """Resolve everything host-side once; return run(out) that only launches."""
     if name in outside:
         return outside[name](kw)
-    from verify_attn.api import build_problem, resolve_config
-    from verify_attn.backends import get_backend
+    from verify_attn.api import resolve_config
+    from verify_attn.backends import get_backend, kv_format_refusal
     base, _, version = name.partition("@")  # cuda@v0 / cuda@v1: the cuda backend with that kernel version
     b = get_backend(base)
     ok, why = b.available()
     if not ok:
         raise LookupError(f"unavailable: {why}")
-    p = build_problem(kw["q"], kw["k_cache"], kw["v_cache"], kw["qo_indptr"], kw["kv_indptr"], kw["kv_indices"],
-                      kw["kv_lens"], kw["tree_mask"], kw["sm_scale"], kw["page_size"])
-    why = b.supports(p)
+    p = problem_of(kw)
+    why = kv_format_refusal(b, p) or b.supports(p)
     if why is not None:
         raise NotImplementedError(why)
     if version:
@@ -111,16 +110,26 @@ def _runner(name: str, kw: dict, outside: dict, cfg_holder: dict) -> Callable[[t
     return lambda out: b.run(p, cfg, out, None)
 
 
+FP8_KEYS = ("k_scale", "v_scale", "kv_format")
+
+
+def problem_of(kw: dict):
+    """build_problem over a make_inputs dict (with the fp8 keywords when it has them)."""
+    from verify_attn.api import build_problem
+    return build_problem(kw["q"], kw["k_cache"], kw["v_cache"], kw["qo_indptr"], kw["kv_indptr"], kw["kv_indices"],
+                         kw["kv_lens"], kw["tree_mask"], kw["sm_scale"], kw["page_size"],
+                         **{k: kw[k] for k in FP8_KEYS if k in kw})
+
+
 Timer = Callable[[list, bool], Timing]  # (one closure per rotating set, l2_cold) -> Timing
 
 
 def run_combo(shape: HeadShape, ctx: int, trees: list[list[int]], layout: tuple[str, int], dtype: torch.dtype,
               backends: list[str], outside: dict, base: Callable[[str], Row], *, device: str, l2: int,
               timer: Timer, skip: Callable[[str, int], Optional[str]], tick: Callable[[], None],
-              alloc: str = "shuffled") -> list[Row]:
+              alloc: str = "shuffled", kv_dtype: str = "") -> list[Row]:
     """Check, then time, every backend on one (ctx, tree, layout). `device` is "cuda" in the
     benchmark; tests pass "cpu" with a CPU timer to exercise the same path."""
-    from verify_attn.api import build_problem
     from verify_attn.reference import reference_verify
     rows: list[Row] = []
     todo = []
@@ -139,11 +148,10 @@ def run_combo(shape: HeadShape, ctx: int, trees: list[list[int]], layout: tuple[
     n_sets = rotation_sets(counts.total_bytes, l2)
     cold = n_sets * counts.total_bytes >= 2 * l2
     try:
-        sets = [make_inputs(shape, ctx, trees, layout[1], dtype, device, seed=s, alloc=alloc) for s in range(n_sets)]
+        sets = [make_inputs(shape, ctx, trees, layout[1], dtype, device, seed=s, alloc=alloc, kv_dtype=kv_dtype)
+                for s in range(n_sets)]
         kw0 = sets[0]
-        ref = reference_verify(build_problem(kw0["q"], kw0["k_cache"], kw0["v_cache"], kw0["qo_indptr"],
-                                             kw0["kv_indptr"], kw0["kv_indices"], kw0["kv_lens"], kw0["tree_mask"],
-                                             kw0["sm_scale"], kw0["page_size"]))[0]
+        ref = reference_verify(problem_of(kw0))[0]   # fp8: on the dequantized cache
     except Exception as e:  # e.g. out of memory for the rotating sets: record it, go on with the next combo
         for r in todo:
             r.status, r.note = "error", f"inputs/reference: {type(e).__name__}: {e}"[:300]
@@ -181,9 +189,10 @@ def run_combo(shape: HeadShape, ctx: int, trees: list[list[int]], layout: tuple[
 
 
 def run_cpu_reference(shape: HeadShape, ctx: int, trees: list[list[int]], layout: tuple[str, int],
-                      dtype: torch.dtype, r: Row, reps: int, warmup: int, alloc: str = "shuffled") -> Row:
+                      dtype: torch.dtype, r: Row, reps: int, warmup: int, alloc: str = "shuffled",
+                      kv_dtype: str = "") -> Row:
     from verify_attn import tree_verify
-    kw = make_inputs(shape, ctx, trees, layout[1], dtype, "cpu", seed=0, alloc=alloc)
+    kw = make_inputs(shape, ctx, trees, layout[1], dtype, "cpu", seed=0, alloc=alloc, kv_dtype=kv_dtype)
     # a few samples only: the CPU reference is a label of scale, and 2 cores are shared
     r.timing = time_cpu(lambda: tree_verify(**kw, backend="reference"), reps=min(reps, 3), warmup=min(warmup, 1))
     r.timed_on, r.status = "cpu", "ok"

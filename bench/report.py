@@ -59,6 +59,7 @@ def print_report(payload: dict, console: Optional[Console] = None) -> None:
     shape = payload["shape"]
     con.print(f"tree-verify {shape['name']} (hq {shape['hq']}, hkv {shape['hkv']}, "
               f"{shape['dqk']}/{shape['dv']}{', MLA' if shape['mla'] else ''}), {payload['dtype']}, "
+              f"KV {payload.get('kv_dtype', payload['dtype'])} ({payload.get('kv_row_bytes', '?')} B per token per KV head), "
               f"tree {payload['tree_shape']}, batch {payload['batch']}, device: {payload['device'] or 'none (CPU)'}")
 
     devs = [d["name"] for d in payload["devices"]]

@@ -16,6 +16,8 @@ from typing import Optional, Sequence
 
 import torch
 
+from verify_attn.fp8 import kv_row_bytes
+
 INDEX_BYTES = 4  # one int32 slot id (page_size 1) or page id (paged)
 
 
@@ -111,6 +113,7 @@ def count_call(
     page_size: int = 1,
     mask_words: Optional[int] = None,
     return_lse: bool = False,
+    kv_dtype: Optional[str] = None,
 ) -> Counts:
     """Count one call: request b has `prefix_lens[b]` committed tokens and a tree `trees[b]` (parent list).
 
@@ -120,6 +123,9 @@ def count_call(
     Node i of request b sees L_b prefix tokens + (depth_i + 1) tree entries (its
     ancestors and itself), for each of the Hq query heads.
     Paged: only the tokens are compulsory, not the unused tail of the last page.
+    kv_dtype (verify_attn.fp8): the cache's storage format when it differs from q's
+    `elem_bytes`: "fp8_e4m3" 1 byte per value (MLA row 576 B), "fp8_mla656" 656 B per
+    MLA row (512 codes, 4 fp32 scales, 64 bf16 RoPE values); q and out stay `elem_bytes`.
     """
     if len(prefix_lens) != len(trees) or not trees:
         raise ValueError(f"prefix_lens ({len(prefix_lens)}) and trees ({len(trees)}) must be non-empty and equal length")
@@ -131,8 +137,11 @@ def count_call(
     total_q = sum(sizes)
     w = mask_words if mask_words is not None else math.ceil(max(sizes) / 32)
     tokens = sum(L + t for L, t in zip(prefix_lens, sizes))
-    row_values = head_dim_qk if mla else head_dim_qk + head_dim_v
-    kv_bytes = tokens * num_kv_heads * row_values * elem_bytes
+    if kv_dtype is None:
+        row_values = head_dim_qk if mla else head_dim_qk + head_dim_v
+        kv_bytes = tokens * num_kv_heads * row_values * elem_bytes
+    else:
+        kv_bytes = tokens * num_kv_heads * kv_row_bytes(kv_dtype, head_dim_qk, head_dim_v, mla)
     ids = tokens if page_size == 1 else sum(math.ceil((L + t) / page_size) for L, t in zip(prefix_lens, sizes))
     visible = sum(L * len(t) + sum(d + 1 for d in tree_depths(t)) for L, t in zip(prefix_lens, trees))
     b = len(trees)

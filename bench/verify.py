@@ -29,6 +29,7 @@ from bench.inputs import ALLOC_MODES, TREE_SHAPES, make_trees
 from bench.measure import Row, Timer, run_combo, run_cpu_reference
 from bench.timing import Timing, time_cuda
 from verify_attn import device as vdevice
+from verify_attn.fp8 import kv_row_bytes
 from verify_attn.shapes import PRESETS, HeadShape, custom_shape, get_shape
 from verify_attn.utils import parse_ctx, parse_int_list, parse_tokens, usage_error
 
@@ -38,6 +39,23 @@ NOT_TIMED_ON_GPU = ("reference", "cuda-emu")   # the float64 reference and the C
 BASELINE = "triton-serial"
 CPU_CTX_CAP = 4000  # the float64 reference on CPU beyond this takes seconds per call: cap, and say so
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+KV_DTYPE_CHOICES = ("bf16", "fp16", "fp32", "fp8_e4m3", "fp8_mla656")
+
+
+def resolve_kv_dtype(a: argparse.Namespace, shape: HeadShape) -> str:
+    """The cache's storage format: --kv-dtype, or --dtype when not given; fp8 needs a 16-bit q, a 16/32-bit
+    cache has q's dtype, fp8_mla656 needs the MLA 576/512 head (ValueError naming the flag)."""
+    kv = getattr(a, "kv_dtype", None) or a.dtype
+    if kv in ("fp8_e4m3", "fp8_mla656"):
+        if a.dtype not in ("bf16", "fp16"):
+            raise ValueError(f"--kv-dtype {kv} needs --dtype bf16 or fp16 (q), got {a.dtype}")
+        if kv == "fp8_mla656" and not (shape.mla and shape.head_dim_qk == 576 and shape.head_dim_v == 512
+                                       and shape.num_kv_heads == 1):
+            raise ValueError(f"--kv-dtype fp8_mla656 is the MLA 576/512 row with one KV head; shape {shape.name} is "
+                             f"{shape.num_q_heads}x{shape.num_kv_heads} {shape.head_dim_qk}/{shape.head_dim_v}")
+    elif kv != a.dtype:
+        raise ValueError(f"--kv-dtype {kv} differs from --dtype {a.dtype}: a 16/32-bit cache has q's dtype")
+    return kv
 
 
 # ---------------------------------------------------------------- arguments
@@ -62,7 +80,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--backend", default=None, help="comma-separated backends; cuda@v0 / cuda@v1 pin the CUDA "
                     "kernel version (default: all available; "
                     "on GPU the reference and cuda-emu are not timed; sglang-extend joins when SGLang is installed)")
-    ap.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
+    ap.add_argument("--dtype", default="bf16", choices=sorted(DTYPES), help="q (and 16-bit cache) dtype")
+    ap.add_argument("--kv-dtype", default=None, choices=KV_DTYPE_CHOICES,
+                    help="KV cache storage: fp8_e4m3 (1 B/value, per-tensor scales), fp8_mla656 (FlashMLA's 656-B "
+                         "MLA row), or the q dtype (default); sets the bytes per row and the floors")
     ap.add_argument("--json", metavar="PATH", help="write the results as JSON")
     ap.add_argument("--csv", metavar="PATH", help="write the results as CSV")
     ap.add_argument("--plot", metavar="PATH.png", help="GB/s and fraction of floor vs context length")
@@ -189,6 +210,8 @@ def sweep(a: argparse.Namespace, *, kernel_device: Optional[str] = None, timer: 
     layouts = parse_layouts(a.layout, a.page_size)
     alloc = getattr(a, "alloc", "shuffled")
     dtype = DTYPES[a.dtype]
+    kv_dtype = resolve_kv_dtype(a, shape)
+    fp8_kv = kv_dtype if kv_dtype.startswith("fp8") else ""
     if a.batch < 1:
         raise ValueError(f"--batch must be >= 1, got {a.batch}")
     if a.reps < 1:
@@ -245,37 +268,40 @@ def sweep(a: argparse.Namespace, *, kernel_device: Optional[str] = None, timer: 
         for ctx, nodes, layout in combos:
             trees = make_trees(nodes, a.tree_shape, a.batch)
             counts = rl.count_shape(shape, [ctx] * a.batch, trees, elem_bytes=rl.dtype_bytes(dtype),
-                                    page_size=layout[1])
+                                    page_size=layout[1], kv_dtype=fp8_kv or None)
             floors = {d.name: rl.floor(counts, d) for d in devices}
 
             def base(name: str) -> Row:
                 return Row(name, ctx, nodes, layout[0], layout[1], counts, floors, primary=primary,
-                           extra={"alloc": alloc})
+                           extra={"alloc": alloc, "kv_dtype": kv_dtype})
 
             if kdev:
                 rows += run_combo(shape, ctx, trees, layout, dtype, backends, outside, base, device=kdev,
                                   l2=l2 or (l2_bytes() if kdev == "cuda" else int(50e6)), timer=timer or cuda_timer,
-                                  skip=skip, tick=tick, alloc=alloc)
+                                  skip=skip, tick=tick, alloc=alloc, kv_dtype=fp8_kv)
             else:
                 r = base("reference")
                 if ctx <= cpu_cap and skip("reference", ctx) is None:
-                    r = run_cpu_reference(shape, ctx, trees, layout, dtype, r, a.reps, a.warmup, alloc=alloc)
+                    r = run_cpu_reference(shape, ctx, trees, layout, dtype, r, a.reps, a.warmup, alloc=alloc,
+                                          kv_dtype=fp8_kv)
                 else:
                     r.note = f"counted only: CPU timing capped at ctx {cpu_cap}"
                 rows.append(r)
                 tick()
     _speedups(rows)
-    model = [] if a.no_model else model_rows(shape, combos, dtype, a.batch, notes)
+    model = [] if a.no_model else model_rows(shape, combos, dtype, a.batch, notes, kv_dtype)
     return {
         "device": torch.cuda.get_device_name() if gpu else None,
         "commit": git_commit(), "date": _dt.datetime.now().isoformat(timespec="seconds"), "versions": versions(),
-        "shape": shape.to_dict(), "dtype": a.dtype, "tree_shape": a.tree_shape, "alloc": alloc, "batch": a.batch,
+        "shape": shape.to_dict(), "dtype": a.dtype, "kv_dtype": kv_dtype,
+        "kv_row_bytes": kv_row_bytes(kv_dtype, shape.head_dim_qk, shape.head_dim_v, shape.mla), "tree_shape": a.tree_shape, "alloc": alloc, "batch": a.batch,
         "devices": [d.to_dict() for d in devices], "floor_device": primary, "notes": notes,
         "argv": sys.argv[1:], "results": [r.to_dict() for r in rows], "model": model,
     }
 
 
-def model_rows(shape: HeadShape, combos: list, dtype: torch.dtype, batch: int, notes: list[str]) -> list[dict]:
+def model_rows(shape: HeadShape, combos: list, dtype: torch.dtype, batch: int, notes: list[str],
+               kv_dtype: Optional[str] = None) -> list[dict]:
     """The SASS model's prediction of the cuda backend's default config for every (ctx, tree, layout), on
     each modelled device: labelled "model", never a measurement."""
     if dtype not in (torch.bfloat16, torch.float16):
@@ -292,7 +318,7 @@ def model_rows(shape: HeadShape, combos: list, dtype: torch.dtype, batch: int, n
         for dk in DEVICES:
             try:
                 p = predict(dk, ctx=ctx, tree_nodes=nodes, shape=shape, layout=lay, page_size=ps, batch=batch,
-                            kv_dtype="bf16" if dtype == torch.bfloat16 else "fp16")
+                            kv_dtype=kv_dtype or ("bf16" if dtype == torch.bfloat16 else "fp16"))
             except RuntimeError as e:  # no toolkit or SASS tools: say so once
                 notes.append(f"model predictions skipped ({e})")
                 return out

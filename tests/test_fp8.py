@@ -363,3 +363,72 @@ def test_backend_without_the_format_refuses_it(kw8):
                 _call(kw8, backend=name)
     out = tree_verify(**kw8)      # auto on the CPU: the reference
     assert torch.isfinite(out).all()
+
+
+# ------------------------------------------------------------------------------ bench: bytes, floors, CLI
+
+def test_roofline_counts_fp8_rows():
+    from bench import roofline as rl
+    from verify_attn.shapes import get_shape
+
+    kimi = get_shape("kimi-k2-tp8")
+    tree = [[-1] + list(range(15))]
+    tokens = 185_000 + 16
+    bf16 = rl.count_shape(kimi, [185_000], tree)
+    e4m3 = rl.count_shape(kimi, [185_000], tree, kv_dtype="fp8_e4m3")
+    m656 = rl.count_shape(kimi, [185_000], tree, kv_dtype="fp8_mla656")
+    assert (bf16.kv_bytes, e4m3.kv_bytes, m656.kv_bytes) == (tokens * 1152, tokens * 576, tokens * 656)
+    assert e4m3.index_bytes == bf16.index_bytes == tokens * 4 and e4m3.q_bytes == bf16.q_bytes
+    assert e4m3.flops == bf16.flops
+    rtx = rl.RTX_PRO_6000
+    assert rl.floor(bf16, rtx).bound == "memory" and rl.floor(e4m3, rtx).memory_us < 0.55 * rl.floor(bf16, rtx).memory_us
+    gqa = get_shape("llama3-70b-tp8")
+    assert rl.count_shape(gqa, [100], [[-1]], kv_dtype="fp8_e4m3").kv_bytes == 101 * gqa.num_kv_heads * 256
+
+
+@pytest.mark.parametrize("kv_dtype,row", [("fp8_e4m3", 576), ("fp8_mla656", 656)])
+def test_bench_verify_cli_kv_dtype(tmp_path, capsys, kv_dtype, row):
+    from bench import verify as bv
+
+    js = tmp_path / "o.json"
+    assert bv.main(["--ctx", "185k", "--kv-dtype", kv_dtype, "--json", str(js), "--no-save", "--quiet",
+                    "--cpu-ctx-cap", "200", "--reps", "1", "--warmup", "0", "--no-model"]) == 0
+    text = capsys.readouterr().out
+    assert f"KV {kv_dtype} ({row} B per token per KV head)" in text
+    import json
+    d = json.loads(js.read_text())
+    assert d["kv_dtype"] == kv_dtype and d["kv_row_bytes"] == row
+    r = next(r for r in d["results"] if r["ctx"] == 185_000)
+    assert r["counts"]["kv_bytes"] == (185_000 + 16) * row and r["kv_dtype"] == kv_dtype
+    cpu = next(r for r in d["results"] if r["timed_on"] == "cpu")   # the CPU reference ran on an fp8 cache
+    assert cpu["ctx"] == 200 and cpu["median_us"] > 0
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["--kv-dtype", "fp8_e4m3", "--dtype", "fp32"], "--kv-dtype fp8_e4m3 needs --dtype bf16 or fp16"),
+    (["--kv-dtype", "fp8_mla656", "--shape", "llama3-70b-tp8"], "--kv-dtype fp8_mla656 is the MLA 576/512 row"),
+    (["--kv-dtype", "fp16"], "--kv-dtype fp16 differs from --dtype bf16"),
+])
+def test_bench_verify_cli_bad_kv_dtype(capsys, argv, msg):
+    from bench import verify as bv
+
+    with pytest.raises(SystemExit) as e:
+        bv.main(argv + ["--no-save"])
+    assert e.value.code == 2 and msg in capsys.readouterr().err
+
+
+def test_bench_kernel_path_checks_fp8_against_the_reference():
+    """sweep()'s GPU path on the CPU with an fp8 cache: triton (interpreted, fp16 q) passes the gate
+    against the reference on the dequantized cache; a backend without fp8 is 'unsupported'."""
+    from bench import verify as bv
+    from bench.timing import time_cpu
+    from cases import temporary_backend
+
+    with temporary_backend(Backend("native-only-bench", lambda p, c, out, lse: None)):
+        a = bv.build_parser().parse_args(["--ctx", "40", "--tree", "3", "--dtype", "fp16", "--kv-dtype", "fp8_mla656",
+                                          "--backend", "triton,native-only-bench", "--quiet", "--no-model"])
+        d = bv.sweep(a, kernel_device="cpu", l2=1 << 12,
+                     timer=lambda fns, cold: time_cpu(lambda: [f() for f in fns], reps=1, warmup=0))
+    rows = {r["backend"]: r for r in d["results"]}
+    assert rows["triton"]["status"] == "ok", rows["triton"]
+    assert rows["native-only-bench"]["status"] == "unsupported" and "fp8_mla656" in rows["native-only-bench"]["note"]
