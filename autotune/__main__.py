@@ -36,6 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--layout", default="page1", choices=("page1", "paged"))
     ap.add_argument("--page-size", type=int, default=None, help="page size for --layout paged (default 64)")
     ap.add_argument("--dtype", default="bf16", choices=DTYPES)
+    ap.add_argument("--kv-dtype", default="", choices=("", "fp8_e4m3", "fp8_mla656"),
+                    help="tune for an fp8 KV cache (its own tuned-config files and cache keys); default: q's dtype")
     ap.add_argument("--arch", default=None, help="plan for this arch (sm_90a, sm_120a); default: the GPU at hand")
     ap.add_argument("--build-report", default=None, metavar="PATH|auto",
                     help="JSON from `python -m verify_attn.build --report --json PATH`: ptxas registers/smem/"
@@ -152,7 +154,8 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     try:
         plan = make_plan(args.backend, shape, arch_name=args.arch, ctxs=ctxs, trees=trees, dtype=args.dtype,
-                         page_size=page_size, batch=args.batch, report=report, report_path=args.build_report)
+                         page_size=page_size, batch=args.batch, report=report, report_path=args.build_report,
+                         kv_dtype=args.kv_dtype)
     except (ValueError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -32,9 +32,11 @@ def default_cache_path() -> Path:
 
 
 def entry_key(*, device_name: str, backend: str, shape_key: str, mla: bool, dtype: str, page_size: int,
-              batch: int, tree_kind: str, ctx: int, tree_nodes: int) -> str:
-    """One bucket of one tuning problem: everything that changes the measured winner."""
-    return (f"device={device_name}|backend={backend}|{shape_key},mla={int(mla)}|dtype={dtype}|page{page_size}"
+              batch: int, tree_kind: str, ctx: int, tree_nodes: int, kv_dtype: str = "") -> str:
+    """One bucket of one tuning problem: everything that changes the measured winner (kv_dtype: an fp8
+    storage format, "" for a cache in q's dtype, which keeps the keys of earlier caches)."""
+    kv = f"|kv={kv_dtype}" if kv_dtype else ""
+    return (f"device={device_name}|backend={backend}|{shape_key},mla={int(mla)}|dtype={dtype}{kv}|page{page_size}"
             f"|batch={batch}|tree_kind={tree_kind}|ctx={ctx}|tree={tree_nodes}")
 
 

@@ -12,7 +12,6 @@ from typing import Optional
 
 import torch
 
-from verify_attn.api import build_problem
 from verify_attn.backends import Backend, Problem
 from verify_attn.config import KernelConfig
 from verify_attn.reference import reference_verify
@@ -25,7 +24,7 @@ class BucketHarness:
 
     def __init__(self, backend: Backend, shape: HeadShape, *, ctx: int, tree_nodes: int, tree_kind: str,
                  batch: int, page_size: int, dtype: torch.dtype, l2_bytes: int, reps: int = 50,
-                 max_seconds: float = 3.0, seed: int = 0, device: str = "cuda") -> None:
+                 max_seconds: float = 3.0, seed: int = 0, device: str = "cuda", kv_dtype: str = "") -> None:
         from bench.inputs import make_inputs, make_trees
         from bench.timing import rotation_sets
 
@@ -33,16 +32,19 @@ class BucketHarness:
         self.floor_us: Optional[float] = None   # set by the caller (bench.roofline for this GPU)
         self.trees = make_trees(tree_nodes, tree_kind, batch)
         dev = self.device = torch.device(device)
-        first = make_inputs(shape, ctx, self.trees, page_size, dtype, dev, seed)
+        first = make_inputs(shape, ctx, self.trees, page_size, dtype, dev, seed, kv_dtype=kv_dtype)
         self.problem = self._problem(first)
         # bytes one call must read (its KV rows), not the pool with its spare pages
-        row_bytes = shape.num_kv_heads * (shape.head_dim_qk + (0 if shape.mla else shape.head_dim_v))
-        set_bytes = int(first["kv_lens"].sum()) * row_bytes * first["k_cache"].element_size()
+        from verify_attn.fp8 import KV_DTYPE_OF, kv_row_bytes
+        row_bytes = shape.num_kv_heads * kv_row_bytes(kv_dtype or KV_DTYPE_OF[dtype], shape.head_dim_qk,
+                                                      shape.head_dim_v, shape.mla)
+        set_bytes = int(first["kv_lens"].sum()) * row_bytes
         # CPU (tests of this harness): one set, wall-clock timing
         n_sets = rotation_sets(set_bytes, l2_bytes) if dev.type == "cuda" else 1
         # more sets of the same shapes (different data): the rotation that makes L2 cold
         self.problems = [self.problem] + [self._problem(make_inputs(shape, ctx, self.trees, page_size, dtype, dev,
-                                                                    seed + i)) for i in range(1, n_sets)]
+                                                                    seed + i, kv_dtype=kv_dtype))
+                                          for i in range(1, n_sets)]
         self.l2_cold = set_bytes * n_sets >= 2 * l2_bytes
         ref_out, ref_lse = reference_verify(self.problem)   # float64 [total_q, Hq, Dv], [total_q, Hq]
         self.ref_out, self.ref_lse = ref_out.to(dev), ref_lse.to(dev)
@@ -55,8 +57,8 @@ class BucketHarness:
 
     @staticmethod
     def _problem(kw: dict) -> Problem:
-        return build_problem(kw["q"], kw["k_cache"], kw["v_cache"], kw["qo_indptr"], kw["kv_indptr"],
-                             kw["kv_indices"], kw["kv_lens"], kw["tree_mask"], kw["sm_scale"], kw["page_size"])
+        from bench.measure import problem_of   # with the fp8 keywords (k_scale, v_scale, kv_format) when present
+        return problem_of(kw)
 
     def default_config(self) -> Optional[KernelConfig]:
         b = self.backend
@@ -94,11 +96,12 @@ class BucketHarness:
 
 
 def floor_us(shape: HeadShape, ctx: int, trees: list[list[int]], page_size: int, elem_bytes: int,
-             gpu_name: str) -> Optional[float]:
+             gpu_name: str, kv_dtype: str = "") -> Optional[float]:
     """Roofline floor of the bucket on this GPU: measured ceilings if cached, else its datasheet device."""
     try:
         from bench import roofline
-        counts = roofline.count_shape(shape, [ctx] * len(trees), trees, elem_bytes=elem_bytes, page_size=page_size)
+        counts = roofline.count_shape(shape, [ctx] * len(trees), trees, elem_bytes=elem_bytes, page_size=page_size,
+                                      kv_dtype=kv_dtype or None)
         dev = None
         try:
             from bench.ceilings import get_ceilings

@@ -54,6 +54,7 @@ class Plan:
     rejected: list[tuple[KernelConfig, str]]
     max_splits: int
     report_path: Optional[str] = None
+    kv_dtype: str = ""   # "" (the cache in q's dtype) or an fp8 storage format (verify_attn.fp8)
 
     def to_json(self) -> dict:
         a = self.arch
@@ -76,7 +77,7 @@ class Plan:
             "arch_limits": {"smem_per_block": a.smem_per_block, "regs_per_sm": a.regs_per_sm,
                             "max_regs_per_thread": a.max_regs_per_thread, "num_sms": a.num_sms,
                             "device_name": a.device_name},
-            "backend": self.backend, "shape": self.shape.to_dict(), "dtype": self.dtype,
+            "backend": self.backend, "shape": self.shape.to_dict(), "dtype": self.dtype, "kv_dtype": self.kv_dtype,
             "layout": f"page{self.page_size}", "page_size": self.page_size, "batch": self.batch,
             "space": self.origin, "build_report": self.report_path, "max_splits": self.max_splits,
             "pruned": [{"config": c.to_dict(), "reason": why} for c, why in self.rejected],
@@ -101,7 +102,7 @@ def _ctas_per_sm(arch: str, cfg, r: dict) -> Optional[int]:
 
 def make_plan(backend: str, shape: HeadShape, *, arch_name: Optional[str], ctxs: list[int], trees: list[int],
               dtype: str = "bf16", page_size: int = 1, batch: int = 1, report: Optional[list[dict]] = None,
-              report_path: Optional[str] = None, use_hooks: bool = True) -> Plan:
+              report_path: Optional[str] = None, use_hooks: bool = True, kv_dtype: str = "") -> Plan:
     if arch_name is not None:
         arch = get_arch(arch_name)
     else:
@@ -109,8 +110,12 @@ def make_plan(backend: str, shape: HeadShape, *, arch_name: Optional[str], ctxs:
         if not torch.cuda.is_available():
             raise ValueError("no GPU here: pass --arch sm_90a or --arch sm_120a to plan for one")
         arch = arch_of_device(torch.cuda.current_device())
+    if kv_dtype == "fp8_mla656" and not (shape.mla and shape.head_dim_qk == 576 and shape.num_kv_heads == 1):
+        raise ValueError(f"--kv-dtype fp8_mla656 is the MLA 576/512 row with one KV head, not shape {shape.name}")
+    if kv_dtype and dtype not in ("bf16", "fp16"):
+        raise ValueError(f"--kv-dtype {kv_dtype} needs --dtype bf16 or fp16, got {dtype}")
     pruned, origin = tile_candidates(backend, shape, arch, dtype=dtype, page_size=page_size, report=report,
-                                     use_hooks=use_hooks)
+                                     use_hooks=use_hooks, kv_dtype=kv_dtype)
     _, _, hook_max = backend_hooks(backend) if use_hooks else (None, None, None)
     max_splits = int(hook_max or DEFAULT_MAX_SPLITS)
     buckets = []
@@ -129,4 +134,4 @@ def make_plan(backend: str, shape: HeadShape, *, arch_name: Optional[str], ctxs:
                 tiles.append(TilePlan(c, min(h, cap), grid, cap))
             buckets.append(BucketPlan(ctx, tn, rows, tiles, row_rej))
     return Plan(backend, shape, arch, dtype, page_size, batch, origin, buckets, pruned.rejected, max_splits,
-                report_path)
+                report_path, kv_dtype)

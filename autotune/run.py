@@ -47,8 +47,10 @@ def _gpu_factory(plan: Plan, args: argparse.Namespace) -> tuple[Optional[Harness
     def make(b: BucketPlan):
         h = BucketHarness(backend, plan.shape, ctx=b.ctx, tree_nodes=b.tree_nodes, tree_kind=args.tree_shape,
                           batch=plan.batch, page_size=plan.page_size, dtype=torch_dtype,
-                          l2_bytes=plan.arch.l2_bytes, reps=args.reps, max_seconds=args.max_seconds)
-        h.floor_us = floor_us(plan.shape, b.ctx, h.trees, plan.page_size, torch_dtype.itemsize, dev_name)
+                          l2_bytes=plan.arch.l2_bytes, reps=args.reps, max_seconds=args.max_seconds,
+                          kv_dtype=plan.kv_dtype)
+        h.floor_us = floor_us(plan.shape, b.ctx, h.trees, plan.page_size, torch_dtype.itemsize, dev_name,
+                              kv_dtype=plan.kv_dtype)
         return h
     return make, dev_name, ""
 
@@ -72,7 +74,8 @@ def run_tuning(plan: Plan, args: argparse.Namespace, *, make_harness: Optional[H
             return 2
     assert device_name
     key = TableKey(device_name, plan.backend, plan.shape.num_q_heads, plan.shape.num_kv_heads,
-                   plan.shape.head_dim_qk, plan.shape.head_dim_v, plan.dtype, plan.page_size, plan.shape.mla)
+                   plan.shape.head_dim_qk, plan.shape.head_dim_v, plan.dtype, plan.page_size, plan.shape.mla,
+                   plan.kv_dtype)
     cache = TuneCache(args.cache)
     cached = cache.load() if args.resume else {}
     versions = software_versions()
@@ -83,7 +86,7 @@ def run_tuning(plan: Plan, args: argparse.Namespace, *, make_harness: Optional[H
         for b in plan.buckets:
             ek = entry_key(device_name=device_name, backend=plan.backend, shape_key=plan.shape.key(),
                            mla=plan.shape.mla, dtype=plan.dtype, page_size=plan.page_size, batch=plan.batch,
-                           tree_kind=args.tree_shape, ctx=b.ctx, tree_nodes=b.tree_nodes)
+                           tree_kind=args.tree_shape, ctx=b.ctx, tree_nodes=b.tree_nodes, kv_dtype=plan.kv_dtype)
             planned = _planned(b, args)
             old = cached.get(ek, {}).get("result")
             if old is not None and old.get("config") is not None:   # resume: a bucket with a winner is done

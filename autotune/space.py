@@ -203,10 +203,13 @@ def _call_hook(fn, *args, **kw):
 
 
 def tile_candidates(backend: str, shape: HeadShape, arch: ArchSpec, *, dtype: str = "bf16", page_size: int = 1,
-                    report: Optional[list[dict]] = None, use_hooks: bool = True) -> tuple[Pruned, str]:
+                    report: Optional[list[dict]] = None, use_hooks: bool = True,
+                    kv_dtype: str = "") -> tuple[Pruned, str]:
     """Tiles (num_splits=0) that fit the arch, with resources; and where the space came from."""
     space_fn, res_fn, _ = backend_hooks(backend) if use_hooks else (None, None, None)
     hook_kw = {"dtype": _TORCH_DTYPES.get(dtype, dtype), "page_size": page_size}
+    if kv_dtype:   # fp8 caches: the backend's own fit for fp8 conversion in registers (triton_split.resources)
+        hook_kw["kv_dtype"] = kv_dtype
     if space_fn is not None:
         tiles = [c.replace(num_splits=0) for c in _call_hook(space_fn, shape, arch.name, **hook_kw)]
         origin = f"{backend} backend config_space"

@@ -16,6 +16,9 @@ Semantics matched (read from the SGLang source, not copied):
     Without a custom mask, is_causal gives a causal extend block, else a full one.
   * prefix logits are q.k * sm_scale * k_scale and prefix values are scaled by
     v_scale (dequantisation of an fp8 cache); the extend rows are not scaled.
+    An fp8 pool (k_buffer/v_buffer float8_e4m3fn, SGLang's fp8_e4m3 KV cache; the
+    extend rows stay in q's dtype) goes to tree_verify as it is, with k_scale/v_scale
+    passed through (floats, or device tensors that are never read on the host).
   * sm_scale None or 0 means 1/sqrt(q_extend.shape[-1]).
   * lse_extend (optional, float32 [total_q, Hq]) receives the natural-log LSE;
     skip_prefix / skip_extend drop one of the two parts (as SGLang's DCP path uses).
@@ -63,8 +66,8 @@ the reference on a CPU), with one log line.
 
 Unsupported options raise NotImplementedError naming the option: logit_cap != 0,
 sliding_window_size > 0, window_kv_offsets, sinks, xai_temperature_len > 0,
-score_mod/aux_tensors, page_size != 1, KV buffers whose dtype differs from q
-(fp8 caches: our backends take one dtype), k_scale <= 0,
+score_mod/aux_tensors, page_size != 1, KV buffers whose dtype is neither q's nor
+float8_e4m3fn, extend rows not in q's dtype, k_scale <= 0,
 skip_prefix_custom_mask=False with a prefix mask that hides anything, is_causal
 with a custom mask that has bits above the diagonal (SGLang's result then depends
 on its BLOCK_M tile). Rows are checked to see their own node by tree_verify.
@@ -237,10 +240,15 @@ def extend_attention_fwd(
                         window_kv_offsets=window_kv_offsets, xai_temperature_len=xai_temperature_len,
                         page_size=page_size, score_mod=score_mod, aux_tensors=aux_tensors)
     dev = q_extend.device
-    for name, t in (("k_extend", k_extend), ("v_extend", v_extend), ("k_buffer", k_buffer), ("v_buffer", v_buffer)):
+    for name, t in (("k_extend", k_extend), ("v_extend", v_extend)):
         if t.dtype != q_extend.dtype:
             raise NotImplementedError(f"{name} dtype {t.dtype} differs from q_extend's {q_extend.dtype}: "
-                                      "mixed-dtype (e.g. fp8) KV is not supported")
+                                      "the extend rows must be in q's dtype")
+    fp8_pool = k_buffer.dtype == torch.float8_e4m3fn
+    for name, t in (("k_buffer", k_buffer), ("v_buffer", v_buffer)):
+        if t.dtype != q_extend.dtype and not (fp8_pool and t.dtype == torch.float8_e4m3fn):
+            raise NotImplementedError(f"{name} dtype {t.dtype} is neither q_extend's {q_extend.dtype} nor "
+                                      "float8_e4m3fn (with k_buffer float8_e4m3fn too)")
     if custom_mask is not None:
         if custom_mask.dtype not in _MASK_DTYPES:
             raise TypeError(f"custom_mask must be uint8, int8 or bool, got {custom_mask.dtype}")
@@ -248,7 +256,11 @@ def extend_attention_fwd(
             raise ValueError("mask_indptr is required with a custom_mask")
     if skip_prefix and skip_extend:
         raise ValueError("skip_prefix and skip_extend together leave nothing to attend to")
-    k_scale_f, v_scale_f = _as_scale("k_scale", k_scale, dev), _as_scale("v_scale", v_scale, dev)
+    if fp8_pool:   # the scales go to tree_verify as given (floats or device tensors: never read on the host)
+        ks_arg, vs_arg, vfac = _fp8_scales(k_scale, v_scale, k_buffer, v_buffer)
+        k_scale_f, v_scale_f = 1.0, vfac
+    else:
+        k_scale_f, v_scale_f = _as_scale("k_scale", k_scale, dev), _as_scale("v_scale", v_scale, dev)
     if not skip_prefix and not k_scale_f > 0:
         raise NotImplementedError(f"k_scale={k_scale_f}: only positive k_scale is supported")
     sm = float(sm_scale) if sm_scale else 1.0 / math.sqrt(q_extend.shape[-1])
@@ -272,10 +284,11 @@ def extend_attention_fwd(
     parts = []   # (out [total_q, Hq, Dv] in q dtype, lse float32 [total_q, Hq], value scale)
     if not skip_prefix and k_buffer.shape[0] > 0:
         # A: prefix-only over the caller's own buffers (indices int32 or int64, no copy)
+        fp8_kw = dict(k_scale=ks_arg, v_scale=vs_arg) if fp8_pool else {}
         out_a, lse_a = tree_verify(q_extend, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices,
                                    plen.to(torch.int32), None, sm_scale=sm * k_scale_f,
-                                   backend=_prefix_backend(backend), config=config, return_lse=True,
-                                   max_kv_len=max_kv_len)
+                                   backend=_prefix_backend(backend, fp8_pool), config=config, return_lse=True,
+                                   max_kv_len=max_kv_len, **fp8_kw)
         parts.append((out_a, lse_a, v_scale_f))
     if not skip_extend:
         # B: the tree over the extend rows themselves
@@ -296,18 +309,46 @@ def extend_attention_fwd(
 _warned_prefix: set[str] = set()
 
 
-def _prefix_backend(backend: str) -> str:
+def _prefix_backend(backend: str, fp8: bool = False) -> str:
     """`backend` if it runs prefix-only calls, else "auto" (logged once per backend name)."""
     if backend == "auto":
         return backend
     from verify_attn.backends import get_backend
-    if get_backend(backend).prefix_only:
+    b = get_backend(backend)
+    if b.prefix_only and (not fp8 or "fp8_e4m3" in b.kv_formats):
         return backend
     if backend not in _warned_prefix:
         _warned_prefix.add(backend)
         _log.warning("verify_attn: backend %r has no prefix-only calls yet; the prefix part of tree verify "
                      "runs on backend='auto'", backend)
     return "auto"
+
+
+def _fp8_scales(k_scale, v_scale, k_buffer, v_buffer):
+    """(k_scale, v_scale for tree_verify, a float factor on the prefix values) for an fp8 pool.
+
+    Floats pass as floats; tensors as 0-d float32 views on the pool's device (a [1] tensor is
+    viewed, never read, so capture stays valid). An MLA pool (v_buffer aliases k_buffer) has one
+    set of fp8 values: tree_verify takes k_scale for both, and a float v_scale that differs becomes
+    the factor v_scale / k_scale on the prefix part's values (a tensor v_scale must be k_scale's)."""
+    def arg(name, x):
+        if x is None:
+            return None
+        if isinstance(x, torch.Tensor):
+            if x.numel() != 1:
+                raise ValueError(f"{name} must be a scalar, got a tensor of shape {tuple(x.shape)}")
+            return x.reshape(()).to(device=k_buffer.device, dtype=torch.float32)
+        return float(x)
+    ks, vs = arg("k_scale", k_scale), arg("v_scale", v_scale)
+    aliased = (v_buffer.untyped_storage().data_ptr() == k_buffer.untyped_storage().data_ptr()
+               and v_buffer.data_ptr() == k_buffer.data_ptr())
+    if not aliased or vs is None:
+        return ks, vs, 1.0
+    if isinstance(vs, torch.Tensor) or isinstance(ks, torch.Tensor):
+        if v_scale is k_scale:
+            return ks, None, 1.0
+        raise NotImplementedError("v_scale as a tensor other than k_scale with an aliased (MLA) fp8 pool")
+    return ks, None, vs / (ks if ks is not None else 1.0)
 
 
 def _merge(parts, total_q: int, hq: int, dv: int, dev) -> tuple[torch.Tensor, torch.Tensor]:

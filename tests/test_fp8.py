@@ -432,3 +432,35 @@ def test_bench_kernel_path_checks_fp8_against_the_reference():
     rows = {r["backend"]: r for r in d["results"]}
     assert rows["triton"]["status"] == "ok", rows["triton"]
     assert rows["native-only-bench"]["status"] == "unsupported" and "fp8_mla656" in rows["native-only-bench"]["note"]
+
+
+# ------------------------------------------------------------------------------ tuned configs, autotune keys
+
+def test_tuned_tables_are_keyed_by_kv_dtype():
+    from autotune.cache import entry_key
+    from verify_attn.tuned import TableKey
+
+    base = TableKey("NVIDIA H200", "triton", 8, 1, 576, 512, "bf16", 1, True)
+    fp = TableKey("NVIDIA H200", "triton", 8, 1, 576, 512, "bf16", 1, True, "fp8_e4m3")
+    assert not base.matches(fp) and fp.matches(TableKey.from_dict(fp.to_dict()))
+    assert "kv_dtype" not in base.to_dict() and ",kv_dtype=" not in base.filename()   # old files keep their names
+    assert ",kv_dtype=fp8_e4m3," in fp.filename()
+    with pytest.raises(ValueError, match="kv_dtype"):
+        TableKey.from_dict(dict(fp.to_dict(), kv_dtype="fp4"))
+    kw = dict(device_name="H200", backend="triton", shape_key="s", mla=True, dtype="bf16", page_size=1, batch=1,
+              tree_kind="ddtree", ctx=4000, tree_nodes=16)
+    assert entry_key(**kw) != entry_key(**kw, kv_dtype="fp8_mla656") and "|kv=" not in entry_key(**kw)
+
+
+def test_autotune_plan_for_fp8_uses_fp8_tiles():
+    from autotune.plan import make_plan
+    from verify_attn.shapes import get_shape
+
+    kimi = get_shape("kimi-k2-tp8")
+    p = make_plan("triton", kimi, arch_name="sm_120a", ctxs=[4000], trees=[16], kv_dtype="fp8_mla656")
+    assert p.kv_dtype == "fp8_mla656" and p.to_json()["kv_dtype"] == "fp8_mla656"
+    stages = {t.candidate.config.num_stages for b in p.buckets for t in b.tiles}
+    assert stages == {1}            # fp8_mla656 spills at 2 stages (triton_split.resources)
+    with pytest.raises(ValueError, match="fp8_mla656"):
+        make_plan("triton", get_shape("llama3-70b-tp8"), arch_name="sm_120a", ctxs=[4000], trees=[16],
+                  kv_dtype="fp8_mla656")

@@ -234,11 +234,38 @@ def test_causal_with_upper_triangular_custom_mask_raises():
     _assert_close(sgl["o_extend"], want, 1e-5, 1e-5, "non-causal custom mask")
 
 
-def test_fp8_like_mixed_dtype_raises():
+def test_mixed_dtype_raises():
     sgl, _ = sglang_inputs(CaseSpec(prefix_lens=(8,), tree_sizes=(3,), seed=14, **SMALL_GQA))
     sgl["k_buffer"] = sgl["k_buffer"].half()
     with pytest.raises(NotImplementedError, match="k_buffer"):
         extend_attention_fwd(**sgl, backend="reference")
+    sgl, _ = sglang_inputs(CaseSpec(prefix_lens=(8,), tree_sizes=(3,), seed=14, **SMALL_GQA))
+    sgl["v_buffer"] = sgl["v_buffer"].to(torch.float8_e4m3fn)     # V fp8, K not
+    with pytest.raises(NotImplementedError, match="v_buffer"):
+        extend_attention_fwd(**sgl, backend="reference")
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+@pytest.mark.parametrize("spec", [
+    CaseSpec(prefix_lens=(30, 0), tree_sizes=(5, 3), seed=21, dtype=torch.float16, **SMALL_GQA),
+    CaseSpec(prefix_lens=(25,), tree_sizes=(6,), seed=22, dtype=torch.float16, **SMALL_MLA),
+], ids=lambda s: s.id)
+def test_fp8_pool_passes_scales_through(spec, backend):
+    """SGLang's fp8_e4m3 KV cache: fp8 k_buffer/v_buffer, extend rows in q's dtype, float or tensor
+    scales; equal to SGLang's math (logits x k_scale, prefix values x v_scale) on the same fp8 codes."""
+    from verify_attn.fp8 import quantize_e4m3
+    sgl, _ = sglang_inputs(spec)
+    kq, _ = quantize_e4m3(sgl["k_buffer"], scale=1.0 / 16)
+    vq = kq[..., : spec.dv] if spec.mla else quantize_e4m3(sgl["v_buffer"], scale=1.0 / 8)[0]
+    ks, vs = 0.07, (0.07 if spec.mla else 0.11)
+    sgl.update(k_buffer=kq, v_buffer=vq, k_scale=ks, v_scale=vs)
+    want, _ = _naive_from(sgl, k_buffer=kq.float(), v_buffer=vq.float())
+    extend_attention_fwd(**sgl, backend=backend)
+    _assert_close(sgl["o_extend"], want, 2e-3, 2e-2, "fp8 pool, float scales")
+    sgl["o_extend"].fill_(float("nan"))
+    sgl.update(k_scale=torch.tensor([ks]), v_scale=torch.tensor([vs]) if not spec.mla else None)
+    extend_attention_fwd(**sgl, backend=backend)
+    _assert_close(sgl["o_extend"], want, 2e-3, 2e-2, "fp8 pool, tensor scales")
 
 
 def test_the_merge_never_copies_the_pool(monkeypatch):

@@ -1,7 +1,7 @@
 """Run-time lookup of autotuned kernel configs (`tree_verify(config=None)`).
 
 Tuned configs are data: one JSON file per (device, backend, head shape, dtype,
-layout, page size), written by `python -m autotune` (see autotune/configs/README.md
+KV storage format (fp8 caches only: `kv_dtype=` in the name), layout, page size), written by `python -m autotune` (see autotune/configs/README.md
 for how they are made). Each file maps (context bucket, tree-size bucket) to a
 KernelConfig.
 
@@ -95,6 +95,7 @@ class TableKey:
     dtype: str        # 'bf16' | 'fp16' | 'fp32'
     page_size: int
     mla: bool = False
+    kv_dtype: str = ""  # "" = the cache has q's dtype; "fp8_e4m3" | "fp8_mla656": the fp8 storage format
 
     @property
     def layout(self) -> str:
@@ -102,13 +103,17 @@ class TableKey:
 
     def filename(self) -> str:
         """Serving-engine style: device_name=NVIDIA_H200,backend=cuda,dqk=576,...,layout=page1.json."""
+        kv = f",kv_dtype={self.kv_dtype}" if self.kv_dtype else ""   # 16-bit caches keep their old names
         return (f"device_name={device_token(self.device_name)},backend={self.backend},dqk={self.dqk},dv={self.dv},"
-                f"hq={self.hq},hkv={self.hkv},dtype={self.dtype},layout={self.layout}.json")
+                f"hq={self.hq},hkv={self.hkv},dtype={self.dtype}{kv},layout={self.layout}.json")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"device_name": self.device_name, "backend": self.backend, "hq": self.hq, "hkv": self.hkv,
-                "dqk": self.dqk, "dv": self.dv, "mla": self.mla, "dtype": self.dtype, "layout": self.layout,
-                "page_size": self.page_size}
+        d = {"device_name": self.device_name, "backend": self.backend, "hq": self.hq, "hkv": self.hkv,
+             "dqk": self.dqk, "dv": self.dv, "mla": self.mla, "dtype": self.dtype, "layout": self.layout,
+             "page_size": self.page_size}
+        if self.kv_dtype:
+            d["kv_dtype"] = self.kv_dtype
+        return d
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "TableKey":
@@ -120,7 +125,10 @@ class TableKey:
             mla = d.get("mla", False)
             if not isinstance(mla, bool):
                 raise TypeError(f"mla must be true or false, got {mla!r}")
-            key = cls(strs[0], strs[1], *ints[:4], strs[2], ints[4], mla)
+            kv = d.get("kv_dtype", "")
+            if kv not in ("", "fp8_e4m3", "fp8_mla656"):
+                raise TypeError(f"kv_dtype must be absent, 'fp8_e4m3' or 'fp8_mla656', got {kv!r}")
+            key = cls(strs[0], strs[1], *ints[:4], strs[2], ints[4], mla, kv)
         except (KeyError, TypeError, ValueError) as e:
             raise TableError(f"bad key {dict(d) if isinstance(d, Mapping) else d!r}: {e}") from None
         if "layout" in d and d["layout"] != key.layout:
@@ -128,8 +136,10 @@ class TableKey:
         return key
 
     def matches(self, other: "TableKey") -> bool:
-        return (self.backend, self.hq, self.hkv, self.dqk, self.dv, self.dtype, self.page_size, self.mla) == (
-            other.backend, other.hq, other.hkv, other.dqk, other.dv, other.dtype, other.page_size, other.mla
+        return (self.backend, self.hq, self.hkv, self.dqk, self.dv, self.dtype, self.page_size, self.mla,
+                self.kv_dtype) == (
+            other.backend, other.hq, other.hkv, other.dqk, other.dv, other.dtype, other.page_size, other.mla,
+            other.kv_dtype
         ) and device_token(self.device_name) == device_token(other.device_name)
 
 
@@ -303,8 +313,9 @@ def _usable(table: ConfigTable, backend_name: str, p) -> Optional[ConfigTable]:
         if b.config_space is None:
             return table
         idx = p.device.index if p.device.index is not None else torch.cuda.current_device()
+        kw = {"kv_dtype": p.kv_dtype} if p.fp8 else {}   # tiles that fit with fp8 conversion in registers
         have = {c.replace(num_splits=0) for c in b.config_space(p.head_shape(), arch_name(idx), dtype=p.dtype,
-                                                                 page_size=p.page_size)}
+                                                                 page_size=p.page_size, **kw)}
     except Exception:
         return table
     bad = {k: c for k, c in table.entries.items() if c.replace(num_splits=0) not in have}
@@ -331,7 +342,7 @@ def problem_key(p, backend_name: str) -> Optional[TableKey]:
         return None
     idx = p.device.index if p.device.index is not None else torch.cuda.current_device()
     return TableKey(device_name(idx), backend_name, p.num_q_heads, p.num_kv_heads, p.head_dim_qk, p.head_dim_v,
-                    _DTYPE_NAMES[p.dtype], p.page_size, bool(p.mla_shared_kv))
+                    _DTYPE_NAMES[p.dtype], p.page_size, bool(p.mla_shared_kv), p.kv_dtype if p.fp8 else "")
 
 
 def find_table(key: TableKey) -> Optional[ConfigTable]:
@@ -359,7 +370,7 @@ def lookup(problem, backend_name: str) -> Optional[KernelConfig]:
         if dev.type != "cuda":
             return None
         fk = (backend_name, dev.index, problem.num_q_heads, problem.num_kv_heads, problem.head_dim_qk,
-              problem.head_dim_v, problem.q.dtype, problem.page_size, problem.mla_shared_kv)
+              problem.head_dim_v, problem.q.dtype, problem.page_size, problem.mla_shared_kv, problem.kv_dtype)
         try:
             table = _fast[fk]
         except KeyError:
