@@ -313,7 +313,7 @@ def _usable(table: ConfigTable, backend_name: str, p) -> Optional[ConfigTable]:
         if b.config_space is None:
             return table
         idx = p.device.index if p.device.index is not None else torch.cuda.current_device()
-        kw = {"kv_dtype": p.kv_dtype} if p.fp8 else {}   # tiles that fit with fp8 conversion in registers
+        kw = {"kv_dtype": _fp8_kv(p)} if _fp8_kv(p) else {}   # tiles that fit with fp8 conversion in registers
         have = {c.replace(num_splits=0) for c in b.config_space(p.head_shape(), arch_name(idx), dtype=p.dtype,
                                                                  page_size=p.page_size, **kw)}
     except Exception:
@@ -336,13 +336,20 @@ def device_name(index: int) -> str:
     return name
 
 
+def _fp8_kv(p) -> str:
+    """The problem's fp8 storage format, "" for a cache in q's dtype (problem-like objects without the
+    field count as 16-bit)."""
+    kv = getattr(p, "kv_dtype", "")
+    return kv if kv in ("fp8_e4m3", "fp8_mla656") else ""
+
+
 def problem_key(p, backend_name: str) -> Optional[TableKey]:
     """The table key of a validated Problem, or None when nothing can be tuned for it (CPU tensors)."""
     if p.device.type != "cuda" or p.dtype not in _DTYPE_NAMES:
         return None
     idx = p.device.index if p.device.index is not None else torch.cuda.current_device()
     return TableKey(device_name(idx), backend_name, p.num_q_heads, p.num_kv_heads, p.head_dim_qk, p.head_dim_v,
-                    _DTYPE_NAMES[p.dtype], p.page_size, bool(p.mla_shared_kv), p.kv_dtype if p.fp8 else "")
+                    _DTYPE_NAMES[p.dtype], p.page_size, bool(p.mla_shared_kv), _fp8_kv(p))
 
 
 def find_table(key: TableKey) -> Optional[ConfigTable]:
@@ -370,7 +377,7 @@ def lookup(problem, backend_name: str) -> Optional[KernelConfig]:
         if dev.type != "cuda":
             return None
         fk = (backend_name, dev.index, problem.num_q_heads, problem.num_kv_heads, problem.head_dim_qk,
-              problem.head_dim_v, problem.q.dtype, problem.page_size, problem.mla_shared_kv, problem.kv_dtype)
+              problem.head_dim_v, problem.q.dtype, problem.page_size, problem.mla_shared_kv, _fp8_kv(problem))
         try:
             table = _fast[fk]
         except KeyError:
