@@ -96,8 +96,9 @@ ALL_KV_FORMATS = NATIVE_KV_FORMATS + ("fp8_e4m3", "fp8_mla656")
 
 
 def kv_format_refusal(b: "Backend", p: Problem) -> Optional[str]:
-    """Why backend `b` cannot read p's KV storage format, or None."""
-    if p.kv_dtype in b.kv_formats:
+    """Why backend `b` cannot read p's fp8 KV storage format, or None. 16/32-bit caches are left to
+    the backend's own `supports` (which names the dtypes it takes)."""
+    if p.kv_dtype in b.kv_formats or p.kv_dtype in NATIVE_KV_FORMATS:
         return None
     return (f"KV cache format {p.kv_dtype!r} is not implemented by backend {b.name!r} "
             f"(it reads {', '.join(b.kv_formats)}); loaded backends that read it: "
