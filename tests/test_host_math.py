@@ -239,7 +239,7 @@ def test_python_tile_table_matches_config_h(hm):
             py.append({"head": head, "dqk": dqk, "dv": dv, "shared_kv": shared, "block_m": t.block_m,
                        "block_n": t.block_n, "warps_m": t.warps_m, "warps_n": t.warps_n,
                        "num_warps": t.num_warps, "num_stages": t.num_stages, "version": t.version, "sn": t.sn,
-                       "smem_bytes": vb.smem_bytes(t, dqk, dv, shared)})
+                       "smem_bytes": vb.smem_bytes(t, dqk, dv, shared, kv_bytes=vb.kv_bytes_of(head))})
     assert sorted(cpp, key=str) == sorted(py, key=str)
     targets = {(d["head"], d["block_m"], d["block_n"], d["num_warps"], d["num_stages"]): t.targets("sm_120a")
                for head, tiles in vb.TILES.items() for t in tiles
@@ -273,3 +273,61 @@ def test_lazy_softmax_update_is_exact_and_rescales_rarely(hm):
             assert moves <= 3  # the reference moves only when the max rises by > 2^8
     m, alpha = hm.lazy_softmax_update(float("-inf"), float("-inf"), 8.0)  # a fully masked tile: nothing to keep
     assert m == float("-inf") and alpha == 0.0
+
+
+# ---------------------------------------------------------------- fp8 e4m3 ----
+
+def test_e4m3_decode_matches_torch_on_all_256_codes(hm):
+    codes = torch.arange(256, dtype=torch.uint8)
+    want = codes.view(torch.float8_e4m3fn).float()
+    got = torch.tensor([hm.e4m3_to_float(c) for c in range(256)])
+    nan = torch.isnan(want)
+    assert torch.equal(torch.isnan(got), nan) and int(nan.sum()) == 2  # 0x7F, 0xFF
+    assert torch.equal(got[~nan], want[~nan])
+
+
+def test_e4m3_encode_rounds_like_torch(hm):
+    """float -> e4m3, round to nearest even: every code, every midpoint between neighbours (ties),
+    points just off them, random values over the whole range; then saturation past 448."""
+    vals = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
+    fin = vals[torch.isfinite(vals)].unique()
+    mids = (fin[1:] + fin[:-1]) / 2
+    g = torch.Generator().manual_seed(5)
+    rnd = torch.exp(torch.empty(4000).uniform_(-14, 6.1, generator=g)) * torch.sign(torch.randn(4000, generator=g))
+    xs = torch.cat([fin, mids, torch.nextafter(mids, fin[1:]), torch.nextafter(mids, fin[:-1]), rnd,
+                    torch.tensor([0.0, -0.0, 1e-30, -1e-30])])
+    xs = xs[xs.abs() <= 448]
+    want = xs.to(torch.float8_e4m3fn).view(torch.uint8)
+    got = torch.tensor([hm.float_to_e4m3(float(x)) for x in xs], dtype=torch.uint8)
+    bad = torch.nonzero(got != want).flatten()
+    assert bad.numel() == 0, [(float(xs[i]), int(got[i]), int(want[i])) for i in bad[:5]]
+    # .satfinite: beyond the largest finite value the code saturates (torch gives NaN there)
+    for x, code in [(449.0, 0x7E), (464.0, 0x7E), (1e9, 0x7E), (-500.0, 0xFE), (float("inf"), 0x7E)]:
+        assert hm.float_to_e4m3(x) == code, x
+    assert hm.float_to_e4m3(float("nan")) == 0x7F
+
+
+def test_fp8_pv_permutation_is_what_ldmatrix_trans_and_prmt_give(hm):
+    """The token order of the fp8 P.V MMA (csrc/host/fp8.h), derived from the ldmatrix .trans .b16
+    fragment map and the byte permute, agrees with fp8_pv_token_of_k, which is a permutation."""
+    assert sorted(hm.fp8_pv_token_of_k(k) for k in range(32)) == list(range(32))
+    assert all(hm.fp8_pv_k_of_token(hm.fp8_pv_token_of_k(k)) == k for k in range(32))
+    # V tile: 4 matrices of 8 tokens x 16 bytes (8 b16 columns); a lane sees only dims 2g and 2g + 1,
+    # so byte (t, d) = 2t + (d - 2g) is distinct over everything it holds
+    for lane in range(32):
+        g, c = lane // 4, lane % 4
+
+        def byte(t, d):
+            return 2 * t + (d - 2 * g)
+
+        regs = []
+        for m in range(4):  # .trans: lane gets b16 column g of rows (tokens) 8m + 2c, 8m + 2c + 1
+            t0 = 8 * m + 2 * c
+            b = [byte(t0, 2 * g), byte(t0, 2 * g + 1), byte(t0 + 1, 2 * g), byte(t0 + 1, 2 * g + 1)]
+            regs.append(b[0] | b[1] << 8 | b[2] << 16 | b[3] << 24)
+        for sel, dim in ((hm.PRMT_EVEN_BYTES, 2 * g), (hm.PRMT_ODD_BYTES, 2 * g + 1)):
+            for r, (ra, rb) in enumerate(((regs[0], regs[1]), (regs[2], regs[3]))):
+                w = hm.prmt_bytes(ra, rb, sel)
+                for i in range(4):  # B fragment of m16n8k32: register r, byte i holds k = 4c + i + 16r
+                    k = 4 * c + i + 16 * r
+                    assert (w >> (8 * i)) & 0xFF == byte(hm.fp8_pv_token_of_k(k), dim), (lane, sel, r, i)

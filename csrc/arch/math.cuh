@@ -4,6 +4,7 @@
 #include <type_traits>
 
 #include "defs.cuh"
+#include "../host/fp8.h"
 #if VA_EMULATION
 #include <cmath>
 #include <cstring>
@@ -66,6 +67,30 @@ VA_HOST_DEVICE void unpack2(uint32_t r, float& lo, float& hi) {
     lo = __half2float(__ushort_as_half(l));
     hi = __half2float(__ushort_as_half(h));
   }
+}
+
+// Two floats -> two e4m3 codes in 16 bits, lo in the low byte; round to nearest even,
+// saturating to +-448. PTX cvt.rn.satfinite.e4m3x2.f32 d, a, b puts a in the upper byte.
+// https://docs.nvidia.com/cuda/parallel-thread-execution/#data-movement-and-conversion-instructions-cvt
+VA_DEVICE uint16_t cvt_e4m3x2(float lo, float hi) {
+#if VA_EMULATION
+  return static_cast<uint16_t>(::va::host::float_to_e4m3(lo) | (::va::host::float_to_e4m3(hi) << 8));
+#else
+  uint16_t r;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(r) : "f"(hi), "f"(lo));
+  return r;
+#endif
+}
+
+// Byte permute (prmt.b32, default mode): byte i of the result is byte sel[4i+3:4i] of {b:a}.
+VA_DEVICE uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+#if VA_EMULATION
+  return ::va::host::prmt_bytes(a, b, sel);
+#else
+  uint32_t r;
+  asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
+  return r;
+#endif
 }
 
 }  // namespace va::arch

@@ -53,4 +53,29 @@ VA_DEVICE void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4], const uint32_
 #endif
 }
 
+// D = A * B + C for one warp, m16n8k32, A and B e4m3 (one byte per element), fp32 accumulate.
+// PTX: mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 (sm_89 and later)
+// Fragments (https://docs.nvidia.com/cuda/parallel-thread-execution/#mma-16832-a and
+// #mma-16832-b), groupID = lane>>2, tig = lane%4, byte i (low first) of each register:
+//   a[r]: row = groupID + 8*(r&1), col = 4*tig + i + 16*(r>>1)
+//   b[r]: k = 4*tig + i + 16*r, n = groupID
+//   c[i], d[i]: as m16n8k16
+VA_DEVICE void mma_m16n8k32_e4m3(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2],
+                                 const float (&c)[4]
+#if VA_EMULATION
+                                 , std::source_location loc = std::source_location::current()
+#endif
+) {
+#if VA_EMULATION
+  ::va::emu::mma_m16n8k32_e4m3(d, a, b, c, loc);
+#else
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 "
+      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]),
+        "f"(c[0]), "f"(c[1]), "f"(c[2]), "f"(c[3]));
+#endif
+}
+
 }  // namespace va::arch

@@ -61,6 +61,8 @@ void cp_async_wait(int n, std::source_location loc);
 // ---- warp collectives (full warp) --------------------------------------------
 void mma_m16n8k16(bool bf16, float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2],
                   const float (&c)[4], std::source_location loc);
+void mma_m16n8k32_e4m3(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2], const float (&c)[4],
+                       std::source_location loc);
 void ldmatrix(int num_matrices, bool trans, uint32_t* r, const void* smem_row,
               std::source_location loc);
 void shfl(bool xor_mode, uint32_t v, int arg, uint32_t* out, std::source_location loc);

@@ -40,6 +40,7 @@
 #include <cuda_fp16.h>
 #include <vector_functions.h>
 
+#include "../host/fp8.h"
 #include "device.h"
 #include "fiber.h"
 #include "host.h"
@@ -379,6 +380,40 @@ void mma_fn(Warp& w) {
 }
 const WarpOp kMmaBf16{"mma.m16n8k16.bf16", mma_fn<true>};
 const WarpOp kMmaF16{"mma.m16n8k16.f16", mma_fn<false>};
+
+// mma.m16n8k32 .e4m3 (PTX ISA, "Matrix Fragments for mma.m16n8k32"): byte i of a[r] is
+// A[g + 8*(r&1)][4t + i + 16*(r>>1)], byte i of b[r] is B[4t + i + 16*r][g]. A NaN code
+// (0x7F / 0xFF) makes its products NaN, as on the hardware.
+void mma_e4m3_fn(Warp& w) {
+  float A[16][32], B[32][8], C[16][8];
+  for (int l = 0; l < 32; ++l) {
+    const auto* x = static_cast<const MmaArgs*>(w.args[l]);
+    const int g = l >> 2, t = l & 3;
+    for (int r = 0; r < 4; ++r)
+      for (int i = 0; i < 4; ++i)
+        A[g + 8 * (r & 1)][4 * t + i + 16 * (r >> 1)] =
+            ::va::host::e4m3_to_float(static_cast<uint8_t>(x->a[r] >> (8 * i)));
+    for (int r = 0; r < 2; ++r)
+      for (int i = 0; i < 4; ++i)
+        B[4 * t + i + 16 * r][g] = ::va::host::e4m3_to_float(static_cast<uint8_t>(x->b[r] >> (8 * i)));
+    for (int i = 0; i < 4; ++i) C[g + 8 * (i >> 1)][2 * t + (i & 1)] = x->c[i];
+  }
+  // products of e4m3 values are exact in fp32; the sum in double, rounded once (as for 16-bit)
+  float D[16][8];
+  for (int m = 0; m < 16; ++m)
+    for (int n = 0; n < 8; ++n) {
+      double s = C[m][n];
+      for (int k = 0; k < 32; ++k) s += static_cast<double>(A[m][k]) * static_cast<double>(B[k][n]);
+      D[m][n] = static_cast<float>(s);
+    }
+  for (int l = 0; l < 32; ++l) {
+    auto* x = static_cast<MmaArgs*>(w.args[l]);
+    const int g = l >> 2, t = l & 3;
+    for (int i = 0; i < 4; ++i) x->d[i] = D[g + 8 * (i >> 1)][2 * t + (i & 1)];
+  }
+  ++w.block->mmas;
+}
+const WarpOp kMmaE4m3{"mma.m16n8k32.e4m3", mma_e4m3_fn};
 
 // ldmatrix.m8n8.x{1,2,4}{,.trans}.b16 (PTX ISA, "ldmatrix"): lane 8j+i gives
 // row i of matrix j; lane l receives in r[j] elements (l/4, 2(l%4)+{0,1}) of
@@ -810,6 +845,12 @@ void mma_m16n8k16(bool bf16, float (&d)[4], const uint32_t (&a)[4], const uint32
                   const float (&c)[4], std::source_location loc) {
   MmaArgs args{a, b, c, d};
   collective(bf16 ? &kMmaBf16 : &kMmaF16, &args, loc);
+}
+
+void mma_m16n8k32_e4m3(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2], const float (&c)[4],
+                       std::source_location loc) {
+  MmaArgs args{a, b, c, d};
+  collective(&kMmaE4m3, &args, loc);
 }
 
 void ldmatrix(int num_matrices, bool trans, uint32_t* r, const void* smem_row, std::source_location loc) {

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "common.h"
+#include "fp8.h"
 #include "fragments.h"
 #include "layout.h"
 #include "mask.h"

@@ -29,9 +29,9 @@ struct HostLog2 {
 
 std::tuple<int, int> rc(RowCol x) { return {x.row, x.col}; }
 
-template <class Head, class Tile>
+template <class Head, class Tile, bool kFp8 = false>
 py::dict tile_dict(const char* head) {
-  using Tr = std::conditional_t<Tile::kVersion == 1, va::tv::KernelTraitsV1<uint16_t, Head, Page1Layout, Tile>,
+  using Tr = std::conditional_t<Tile::kVersion == 1, va::tv::KernelTraitsV1<uint16_t, Head, Page1Layout, Tile, kFp8>,
                                 va::tv::KernelTraits<uint16_t, Head, Page1Layout, Tile>>;
   py::dict d;
   d["head"] = head;
@@ -50,9 +50,9 @@ py::dict tile_dict(const char* head) {
   return d;
 }
 
-template <class Head, class... Tiles>
+template <class Head, bool kFp8 = false, class... Tiles>
 void add_tiles(py::list& out, const char* head, va::tv::TileList<Tiles...>) {
-  (out.append(tile_dict<Head, Tiles>(head)), ...);
+  (out.append(tile_dict<Head, Tiles, kFp8>(head)), ...);
 }
 
 py::list tile_configs() {
@@ -61,6 +61,7 @@ py::list tile_configs() {
   add_tiles<va::tv::HeadG64>(out, "gqa64", va::tv::TilesFor<va::tv::HeadG64>::type{});
   add_tiles<va::tv::HeadG128>(out, "gqa128", va::tv::TilesFor<va::tv::HeadG128>::type{});
   add_tiles<va::tv::HeadG256>(out, "gqa256", va::tv::TilesFor<va::tv::HeadG256>::type{});
+  add_tiles<va::tv::HeadMLA, true>(out, "mla576e4m3", va::tv::TilesForFp8<va::tv::HeadMLA>::type{});
   return out;
 }
 
@@ -122,5 +123,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return std::tuple<float, float, float, float>{st.m, st.l, so, sn};
   });
   m.def("tile_configs", &tile_configs);
+  m.def("e4m3_to_float", [](int code) { return e4m3_to_float(static_cast<uint8_t>(code)); });
+  m.def("float_to_e4m3", [](float f) { return static_cast<int>(float_to_e4m3(f)); });
+  m.def("fp8_pv_token_of_k", &fp8_pv_token_of_k);
+  m.def("fp8_pv_k_of_token", &fp8_pv_k_of_token);
+  m.def("prmt_bytes", [](uint32_t a, uint32_t b, uint32_t sel) { return prmt_bytes(a, b, sel); });
+  m.attr("PRMT_EVEN_BYTES") = kPrmtEvenBytes;
+  m.attr("PRMT_ODD_BYTES") = kPrmtOddBytes;
   m.attr("smem_limit_sm120") = va::tv::kSmemLimitSm120;
 }
