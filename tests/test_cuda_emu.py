@@ -371,3 +371,113 @@ def test_64_and_more_splits(emu, tile):
     emu.set_schedule("random", seed=63)
     out, lse = _run(case, cfg(splits, *tile))
     check_against_reference(out, lse, case, *TOL[spec.dtype])
+
+
+
+# ---------------------------------------------------- e4m3 caches (fp8) ----
+
+from verify_attn.reference import reference_verify  # noqa: E402
+from verify_attn.tolerances import FP8_MMA_LSE_ATOL, FP8_MMA_REL_TOL  # noqa: E402
+
+FP8_TILE = (32, 32, 8, 4)  # TilesForFp8<HeadMLA> (config.h)
+FP8_MATRIX = [
+    (CaseSpec((54,), (5,), "bushy", dtype=BF, kv_dtype="fp8_e4m3", seed=70, **MLA), 1),
+    (CaseSpec((97, 3), (7, 2), "chain", dtype=FP, kv_dtype="fp8_e4m3", page_size=5, seed=71, **MLA), 3),
+    (CaseSpec((0, 200, 1), (1, 16, 4), "bushy", dtype=BF, kv_dtype="fp8_e4m3", page_size=16, seed=72, **MLA), 4),
+    (CaseSpec((20,), (37,), "deep", dtype=FP, kv_dtype="fp8_e4m3", seed=73, **MLA), 2),
+    (CaseSpec((300,), (9,), "star", dtype=BF, kv_dtype="fp8_e4m3", page_size=3, seed=74, **MLA), 2),
+    (CaseSpec((500,), (16,), "bushy", dtype=BF, kv_dtype="fp8_e4m3", seed=75, **MLA), 8),
+    (CaseSpec((45, 7), (8, 2), "deep", dtype=FP, kv_dtype="fp8_e4m3", page_size=7, seed=76, **MLA), 1),
+]
+
+
+def _fp8_errors(case, out, lse) -> tuple[float, float]:
+    """(max |out - ref| / max |ref|, max |lse - ref|) against the float64 reference on the dequantized cache."""
+    ref, ref_lse = reference_verify(case.problem())
+    assert torch.isfinite(out).all() and torch.isfinite(lse).all(), case.spec.id
+    rel = float((out.double() - ref).abs().max() / ref.abs().max())
+    return rel, float((lse.double() - ref_lse).abs().max())
+
+
+@pytest.mark.parametrize("i", range(len(FP8_MATRIX)),
+                         ids=[f"{s.id}-{n}s" for s, n in FP8_MATRIX])
+def test_fp8_e4m3_matches_reference(emu, i):
+    spec, splits = FP8_MATRIX[i]
+    emu.set_schedule(SCHEDULES[i % len(SCHEDULES)], seed=i)
+    emu.set_cp_async_landing("issue" if i % 2 else "wait")
+    case = make_case(spec)
+    out, lse = _run(case, cfg(splits, *FP8_TILE))
+    rel, lse_err = _fp8_errors(case, out, lse)
+    assert rel <= FP8_MMA_REL_TOL and lse_err <= FP8_MMA_LSE_ATOL, (spec.id, rel, lse_err)
+
+
+def test_fp8_default_config_is_the_e4m3_kernel(emu):
+    case = make_case(FP8_MATRIX[0][0])
+    c = cuda_emu.default_config(case.problem())
+    assert (c.block_m, c.block_n, c.num_warps, c.num_stages) == FP8_TILE
+    out, lse = _run(case, None)
+    rel, _ = _fp8_errors(case, out, lse)
+    assert rel <= FP8_MMA_REL_TOL
+
+
+def _binding_fp8(emu, case, config, k_scale, v_scale, k_scale_t=None, v_scale_t=None):
+    """The emulator's op called directly (the API requires v_scale == k_scale for an aliased MLA V)."""
+    kw, p = case.kwargs, case.problem()
+    out, lse = poisoned_out(case), torch.empty(p.total_q, p.num_q_heads)
+    emu.binding.run(kw["q"], kw["k_cache"], kw["v_cache"], kw["qo_indptr"], kw["kv_indptr"], kw["kv_indices"],
+                    kw["kv_lens"], kw["tree_mask"], out, lse, p.sm_scale, p.page_size, p.max_tree_nodes,
+                    config.num_splits, config.block_n, config.block_m, config.num_warps, config.num_stages,
+                    k_scale=k_scale, v_scale=v_scale, k_scale_t=k_scale_t, v_scale_t=v_scale_t)
+    return out, lse
+
+
+def test_fp8_scales_tensor_or_float_and_exactly_linear_in_v_scale(emu):
+    """k_scale / v_scale as 0-d tensors (read by the kernel) give the same bits as floats; out is
+    exactly linear in v_scale (it multiplies O once, in fp32; a power of two here); the kernel given
+    either scale 10% off, checked against the true cache, fails the tolerance."""
+    spec, splits = FP8_MATRIX[1]
+    case = make_case(spec)
+    ks = case.kwargs["k_scale"]
+    config = cfg(splits, *FP8_TILE)
+    base, base_lse = _run(case, config)
+    o, l = tree_verify(**dict(case.kwargs, k_scale=torch.tensor(ks), v_scale=None), backend="cuda-emu",
+                       out=poisoned_out(case), return_lse=True, config=config)
+    assert torch.equal(o, base) and torch.equal(l, base_lse)
+    o, l = _binding_fp8(emu, case, config, 1.0, 1.0, torch.tensor([ks]), torch.tensor([ks]))
+    assert torch.equal(o, base) and torch.equal(l, base_lse)
+    o, l = _binding_fp8(emu, case, config, ks, 2 * ks)  # fp16 out: equal up to a subnormal's rounding (2^-24)
+    assert (o.double() - 2 * base.double()).abs().max() <= 2.0 ** -24 and torch.equal(l, base_lse)
+    for k_mul, v_mul in ((1.1, 1.0), (1.0, 1.1)):
+        o, l = _binding_fp8(emu, case, config, ks * k_mul, ks * v_mul)
+        rel, lse_err = _fp8_errors(case, o, l)
+        assert rel > FP8_MMA_REL_TOL or lse_err > FP8_MMA_LSE_ATOL, (k_mul, v_mul, rel, lse_err)
+
+
+def test_every_fp8_barrier_is_needed_and_caught(emu):
+    # the e4m3 prologue adds one barrier (the Q row scales); then as v1: 2 before the loop, 2 per tile
+    case = make_case(CaseSpec((300,), (7,), "bushy", dtype=BF, kv_dtype="fp8_e4m3", seed=77, **MLA))
+    missed = _missed_barriers_fp8(emu, case, cfg(1, *FP8_TILE), 12)
+    assert not missed, f"skipping e4m3-kernel block_sync call(s) {missed} went unnoticed in every strict mode"
+
+
+def _missed_barriers_fp8(emu, case, config, n_calls):
+    missed = []
+    for nth in range(n_calls):
+        hit = False
+        for landing, sched in STRICT_MODES:
+            emu.set_cp_async_landing(landing)
+            emu.set_schedule(sched)
+            emu.set_fault("skip_block_sync", nth)
+            try:
+                out, lse = _run(case, config)
+                rel, lse_err = _fp8_errors(case, out, lse)
+                caught = rel > FP8_MMA_REL_TOL or lse_err > FP8_MMA_LSE_ATOL
+            except (RuntimeError, AssertionError):
+                caught = True
+            if caught:
+                assert emu.fault_hits() > 0
+                hit = True
+                break
+        if not hit:
+            missed.append(nth)
+    return missed

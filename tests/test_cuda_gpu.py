@@ -204,3 +204,43 @@ def test_int64_indices_prefix_only_and_too_wide_tree():
     assert torch.isnan(o[:32]).all()
     errs = verify_attn.kernel_errors("cuda")
     assert len(errs) == 1 and "T_b > 32 * W" in errs[0]
+
+
+# ------------------------------------------------------------ e4m3 caches ----
+
+@pytest.mark.parametrize("page_size", [1, 64])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_fp8_e4m3_cache_matches_reference(page_size, dtype):
+    """The e4m3-MMA kernel (TilesForFp8) against the float64 reference on the dequantized cache, within
+    tolerances.FP8_MMA_* (Q and P are quantized to e4m3 for the MMAs; NOTES.md has the error study)."""
+    from verify_attn.reference import reference_verify
+    from verify_attn.tolerances import FP8_MMA_LSE_ATOL, FP8_MMA_REL_TOL
+
+    spec = _spec("kimi-mla", dtype, prefix_lens=(4097, 300, 0), tree_sizes=(16, 5, 1), page_size=page_size,
+                 seed=31, kv_dtype="fp8_e4m3")
+    case, o, lse = _run(spec)
+    ref, ref_lse = reference_verify(make_case(spec).problem())
+    rel = float((o.double().cpu() - ref).abs().max() / ref.abs().max())
+    assert rel <= FP8_MMA_REL_TOL and float((lse.double().cpu() - ref_lse).abs().max()) <= FP8_MMA_LSE_ATOL
+
+
+def test_fp8_scale_tensor_is_read_on_the_device_in_a_graph():
+    """A 0-d k_scale tensor is read by the kernel: changing it between CUDA-graph replays changes the
+    result exactly as a new call with that scale does (no host read, no recapture)."""
+    spec = _spec("kimi-mla", prefix_lens=(2000,), tree_sizes=(16,), seed=32, kv_dtype="fp8_e4m3")
+    case = make_case(spec, device="cuda")
+    kw = dict(case.kwargs)
+    scale = torch.tensor(float(kw["k_scale"]), device="cuda")
+    kw.update(k_scale=scale, v_scale=None)
+    out = torch.empty_like(poisoned_out(case))
+    verify_attn.tree_verify(**kw, backend="cuda", out=out)  # warm-up: JIT load, workspace
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        verify_attn.tree_verify(**kw, backend="cuda", out=out)
+    for mul in (1.0, 0.5):
+        scale.fill_(float(case.kwargs["k_scale"]) * mul)
+        g.replay()
+        torch.cuda.synchronize()
+        want = verify_attn.tree_verify(**dict(kw, k_scale=float(case.kwargs["k_scale"]) * mul), backend="cuda")
+        assert torch.equal(out, want), mul

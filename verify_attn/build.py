@@ -45,7 +45,10 @@ HEADS: dict[str, tuple[int, int, bool]] = {
     "gqa64": (64, 64, False),
     "gqa128": (128, 128, False),
     "gqa256": (256, 256, False),
+    "mla576e4m3": (576, 512, True),  # e4m3 caches (TilesForFp8<HeadMLA>): q / out bf16 or fp16
 }
+# head key -> its e4m3-cache variant (VA_TV_INSTANTIATE_FP8); the heads that have one
+FP8_HEADS: dict[str, str] = {"mla576": "mla576e4m3"}
 
 
 @dataclass(frozen=True)
@@ -82,6 +85,8 @@ TILES: dict[str, list[Tile]] = {
     "mla576": [Tile(32, 16, 2, 4, 4, version=1), Tile(32, 16, 2, 4, 3, version=1, sn=2),
                Tile(32, 32, 2, 4, 4, version=1, sn=2, archs=("sm_90a",)),
                Tile(32, 16, 2, 2, 3), Tile(16, 32, 1, 4, 2)],
+    # e4m3 caches: 32 tokens (one k step of the e4m3 P.V MMA), S warps 2 (dims) x 2 (tokens) x 2 (M)
+    "mla576e4m3": [Tile(32, 32, 4, 2, 4, version=1, sn=2)],
     "gqa64": [Tile(64, 64, 4, 1, 2)],
     "gqa128": [Tile(64, 32, 4, 1, 2), Tile(128, 32, 8, 1, 2)],
     "gqa256": [Tile(32, 32, 2, 2, 2)],
@@ -114,22 +119,31 @@ LAYOUTS = ("page1", "paged")
 SMEM_LIMIT = {"sm_90": 227 * 1024, "sm_90a": 227 * 1024, "sm_120": 99 * 1024, "sm_120a": 99 * 1024}
 
 
-def head_key(dqk: int, dv: int, shared_kv: bool) -> Optional[str]:
+def head_key(dqk: int, dv: int, shared_kv: bool, kv_fp8: bool = False) -> Optional[str]:
+    """The kernel family's head key for a shape; with kv_fp8, its e4m3-cache variant (None if not built)."""
     for k, v in HEADS.items():
-        if v == (dqk, dv, shared_kv):
-            return k
+        if v == (dqk, dv, shared_kv) and k not in FP8_HEADS.values():
+            return FP8_HEADS.get(k) if kv_fp8 else k
     return None
 
 
-def smem_bytes(tile: Tile, dqk: int, dv: int, shared_kv: bool) -> int:
-    """Dynamic shared memory of the split kernel (SharedMemoryPlan / SharedMemoryPlanV1 in traits.h)."""
+def kv_bytes_of(head: str) -> int:
+    """Bytes per K / V element of a head key's kernels (1: e4m3 caches)."""
+    return 1 if head in FP8_HEADS.values() else 2
+
+
+def smem_bytes(tile: Tile, dqk: int, dv: int, shared_kv: bool, kv_bytes: int = 2) -> int:
+    """Dynamic shared memory of the split kernel (SharedMemoryPlan / SharedMemoryPlanV1 in traits.h);
+    kv_bytes 1: the e4m3-cache kernels (K / V / P one byte per element)."""
     pad, elem = 8, 2
     if tile.version == 1:
-        stage = tile.block_n * (dqk + pad) + (0 if shared_kv else tile.block_n * (dv + pad))
+        kpad = 16 // kv_bytes
+        stage = tile.block_n * (dqk + kpad) + (0 if shared_kv else tile.block_n * (dv + kpad))
         part = tile.ksplit * tile.block_m * (tile.block_n + 8) * 4
-        p = 2 * tile.block_m * (tile.block_n + pad) * elem
+        p = 2 * tile.block_m * (tile.block_n + kpad) * kv_bytes
+        stats = (5 if kv_bytes == 1 else 4) * tile.block_m * 4  # alpha x 2, 1/l, lse2 (+ Q row scale)
         idx_ring = tile.num_stages * 32 * tile.num_warps * 4  # kv_indices ring: a slot per stage and thread
-        return tile.num_stages * stage * elem + part + p + 4 * tile.block_m * 4 + idx_ring
+        return tile.num_stages * stage * kv_bytes + part + p + stats + idx_ring
     q = tile.block_m * (dqk + pad) * elem
     k = tile.num_stages * tile.block_n * (dqk + pad) * elem
     v = 0 if shared_kv else tile.num_stages * tile.block_n * (dv + pad) * elem
@@ -281,6 +295,11 @@ def tile_of_mangled(mangled: str) -> Tile:
     return Tile(t[0], t[1], t[2], t[3], t[4])
 
 
+def is_fp8_mangled(mangled: str) -> bool:
+    """A v1 split kernel built for e4m3 caches: KernelTraitsV1<..., TileConfigV1<...>, true>."""
+    return re.search(r"TileConfigV1I(?:Li\d+E)+EELb1E", mangled) is not None
+
+
 def _compiled_tile(mangled: str) -> Tile:
     """The TILES entry (with its target archs) of a split kernel's mangled name."""
     t = tile_of_mangled(mangled)
@@ -299,8 +318,9 @@ def _describe(mangled: str) -> tuple[str, int]:
         dqk, dv, shared = re.search(r"HeadConfigILi(\d+)ELi(\d+)ELb([01])E", mangled).groups()
         layout = "paged" if "PagedLayout" in mangled else "page1"
         tile = tile_of_mangled(mangled)
-        dyn = smem_bytes(tile, int(dqk), int(dv), shared == "1")
-        name = f"split {elem} {dqk}x{dv} {layout} {tile.label()}"
+        fp8 = is_fp8_mangled(mangled)
+        dyn = smem_bytes(tile, int(dqk), int(dv), shared == "1", kv_bytes=1 if fp8 else 2)
+        name = f"split {elem}{'q-e4m3kv' if fp8 else ''} {dqk}x{dv} {layout} {tile.label()}"
         return name, dyn
     if "tree_verify_combine_kernel" in mangled:
         dv = re.search(r"Li(\d+)EEEv", mangled)
@@ -348,20 +368,21 @@ def _nvcc_version(nvcc: str) -> str:
 
 
 def compile_report(src: Path, archs: list[str], nvcc: str, key: str, use_cache: bool = True) -> list[KernelReport]:
-    """ptxas report of one translation unit for all archs (one nvcc call), cached by `key`."""
-    cache = _cache_dir() / f"{src.stem}-{key}.json"
+    """ptxas report of one translation unit for all archs (one nvcc call), cached by `key`. The cache
+    holds ptxas's own text, parsed on every read, so a change to the parser needs no rebuild."""
+    cache = _cache_dir() / f"{src.stem}-{key}.ptxas.txt"
     if use_cache and cache.exists():
-        return [KernelReport(**r) for r in json.loads(cache.read_text())]
+        return parse_ptxas(cache.read_text(), src.name)
     with tempfile.TemporaryDirectory() as d:
         cmd = [nvcc, *NVCC_FLAGS, *gencode_flags(archs), f"-I{CSRC}", "-c", str(src), "-o", str(Path(d) / "k.o")]
         r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         raise RuntimeError(f"nvcc failed for {src.name} (exit {r.returncode}):\n{' '.join(cmd)}\n{r.stderr[-6000:]}")
-    reps = parse_ptxas(r.stdout + r.stderr, src.name)
+    text = r.stdout + r.stderr
     tmp = cache.with_suffix(".tmp")
-    tmp.write_text(json.dumps([asdict(x) for x in reps]))
+    tmp.write_text(text)
     tmp.replace(cache)
-    return reps
+    return parse_ptxas(text, src.name)
 
 
 def compile_cubin(src: Path, arch: str, use_cache: bool = True) -> Path:

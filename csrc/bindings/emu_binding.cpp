@@ -83,7 +83,9 @@ void run(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cac
          const at::Tensor& kv_indptr, const at::Tensor& kv_indices, const at::Tensor& kv_lens,
          const std::optional<at::Tensor>& tree_mask, const at::Tensor& out, const std::optional<at::Tensor>& lse,
          double sm_scale, int64_t page_size, int64_t max_tree_nodes, int64_t num_splits, int64_t block_n,
-         int64_t block_m, int64_t num_warps, int64_t num_stages, const std::optional<at::Tensor>& errors) {
+         int64_t block_m, int64_t num_warps, int64_t num_stages, const std::optional<at::Tensor>& errors,
+         double k_scale, double v_scale, const std::optional<at::Tensor>& k_scale_t,
+         const std::optional<at::Tensor>& v_scale_t) {
   const KernelLib& L = lib();
   TORCH_CHECK(q.device().is_cpu(), "cuda-emu: tensors must be on the CPU, got ", q.device());
   TORCH_CHECK(num_splits >= 1, "cuda-emu: num_splits must be >= 1 (0 = heuristic is resolved in Python), got ",
@@ -100,7 +102,8 @@ void run(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cac
   if (ws_bytes > 0) ws = at::full({static_cast<int64_t>(ws_bytes)}, 255, q.options().dtype(at::kByte));
   const va::tv::Params p = va::tv::params_from_tensors(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices,
                                                        kv_lens, tree_mask, out, lse, ws, sm_scale, page_size,
-                                                       max_tree_nodes, errors);
+                                                       max_tree_nodes, errors, k_scale_t, k_scale, v_scale_t,
+                                                       v_scale);
   const char* err = nullptr;
   {
     pybind11::gil_scoped_release no_gil;
@@ -114,6 +117,8 @@ void run(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cac
     }
     if (tree_mask && span_bytes(*tree_mask)) L.register_global(tree_mask->data_ptr(), span_bytes(*tree_mask), "tree_mask");
     if (errors && span_bytes(*errors)) L.register_global(errors->data_ptr(), span_bytes(*errors), "errors");
+    if (k_scale_t) L.register_global(k_scale_t->data_ptr(), 4, "k_scale");
+    if (v_scale_t) L.register_global(v_scale_t->data_ptr(), 4, "v_scale");
     if (lse && span_bytes(*lse)) L.register_global(lse->data_ptr(), span_bytes(*lse), "lse");
     if (ws) L.register_global(ws->data_ptr(), ws_bytes, "workspace");
     err = L.run(&p, &cfg);
@@ -136,5 +141,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("lse"), pybind11::arg("sm_scale"), pybind11::arg("page_size"),
         pybind11::arg("max_tree_nodes"), pybind11::arg("num_splits"), pybind11::arg("block_n"),
         pybind11::arg("block_m"), pybind11::arg("num_warps"), pybind11::arg("num_stages"),
-        pybind11::arg("errors") = pybind11::none());
+        pybind11::arg("errors") = pybind11::none(), pybind11::arg("k_scale") = 1.0, pybind11::arg("v_scale") = 1.0,
+        pybind11::arg("k_scale_t") = pybind11::none(), pybind11::arg("v_scale_t") = pybind11::none());
 }

@@ -25,13 +25,24 @@ inline Params params_from_tensors(const at::Tensor& q,            // [total_q, H
                                   const std::optional<at::Tensor>& lse,        // [total_q, Hq] float32
                                   const std::optional<at::Tensor>& workspace,  // uint8 bytes >= workspace_bytes
                                   double sm_scale, int64_t page_size, int64_t max_tree_nodes,
-                                  const std::optional<at::Tensor>& errors = std::nullopt) {  // [1] int32 error bits
+                                  const std::optional<at::Tensor>& errors = std::nullopt,  // [1] int32 error bits
+                                  // e4m3 caches: dequantization scales, a 1-element float32 tensor on q's
+                                  // device (read by the kernel) or the value
+                                  const std::optional<at::Tensor>& k_scale_t = std::nullopt, double k_scale = 1.0,
+                                  const std::optional<at::Tensor>& v_scale_t = std::nullopt, double v_scale = 1.0) {
   // -- dtype --
   TORCH_CHECK(q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf,
               "tree_verify: q must be bfloat16 or float16, got ", q.scalar_type());
-  for (const at::Tensor* t : {&k_cache, &v_cache, &out})
-    TORCH_CHECK(t->scalar_type() == q.scalar_type(), "tree_verify: k_cache, v_cache and out must have q's dtype ",
-                q.scalar_type(), ", got ", t->scalar_type());
+  TORCH_CHECK(out.scalar_type() == q.scalar_type(), "tree_verify: out must have q's dtype ", q.scalar_type(),
+              ", got ", out.scalar_type());
+  const bool kv_fp8 = k_cache.scalar_type() == at::kFloat8_e4m3fn;
+  for (const at::Tensor* t : {&k_cache, &v_cache})
+    TORCH_CHECK(t->scalar_type() == (kv_fp8 ? at::kFloat8_e4m3fn : q.scalar_type()),
+                "tree_verify: k_cache and v_cache must both have q's dtype ", q.scalar_type(),
+                " or both be float8_e4m3fn, got ", k_cache.scalar_type(), " and ", v_cache.scalar_type());
+  for (const std::optional<at::Tensor>* t : {&k_scale_t, &v_scale_t})
+    if (*t) TORCH_CHECK((*t)->scalar_type() == at::kFloat && (*t)->numel() == 1 && (*t)->device() == q.device(),
+                        "tree_verify: k_scale / v_scale tensors must be float32 with one element on q's device");
   for (const at::Tensor* t : {&qo_indptr, &kv_indptr, &kv_indices})
     TORCH_CHECK(t->scalar_type() == at::kInt || t->scalar_type() == at::kLong,
                 "tree_verify: qo_indptr, kv_indptr and kv_indices must be int32 or int64, got ", t->scalar_type());
@@ -120,7 +131,12 @@ inline Params params_from_tensors(const at::Tensor& q,            // [total_q, H
   p.mla_shared_kv = v_cache.data_ptr() == k_cache.data_ptr() && v_cache.strides().slice(0, cache_dim - 1) ==
                                                                     k_cache.strides().slice(0, cache_dim - 1);
   p.dtype = q.scalar_type() == at::kBFloat16 ? DType::kBF16 : DType::kFP16;
+  p.kv_fp8 = kv_fp8;
   p.sm_scale = static_cast<float>(sm_scale);
+  p.k_scale_ptr = k_scale_t ? k_scale_t->data_ptr<float>() : nullptr;
+  p.v_scale_ptr = v_scale_t ? v_scale_t->data_ptr<float>() : nullptr;
+  p.k_scale = static_cast<float>(k_scale);
+  p.v_scale = static_cast<float>(v_scale);
   return p;
 }
 

@@ -36,11 +36,13 @@ void tree_verify_cuda(const at::Tensor& q, const at::Tensor& k_cache, const at::
                       const std::optional<at::Tensor>& lse, const std::optional<at::Tensor>& workspace,
                       const std::optional<at::Tensor>& errors,
                       double sm_scale, int64_t page_size, int64_t max_tree_nodes, int64_t num_splits,
-                      int64_t block_n, int64_t block_m, int64_t num_warps, int64_t num_stages) {
+                      int64_t block_n, int64_t block_m, int64_t num_warps, int64_t num_stages, double k_scale,
+                      double v_scale, const std::optional<at::Tensor>& k_scale_t,
+                      const std::optional<at::Tensor>& v_scale_t) {
   TORCH_CHECK(q.is_cuda(), "tree_verify: tensors must be on a CUDA device, got ", q.device());
   va::tv::Params p = va::tv::params_from_tensors(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_lens,
                                                  tree_mask, out, lse, workspace, sm_scale, page_size,
-                                                 max_tree_nodes, errors);
+                                                 max_tree_nodes, errors, k_scale_t, k_scale, v_scale_t, v_scale);
   const va::tv::LaunchConfig cfg{static_cast<int>(num_splits), static_cast<int>(block_n), static_cast<int>(block_m),
                                  static_cast<int>(num_warps), static_cast<int>(num_stages)};
   const size_t need = va::tv::workspace_bytes(p, cfg);
@@ -76,7 +78,8 @@ VA_TORCH_LIBRARY(VA_OP_NAMESPACE, m) {
       "tree_verify(Tensor q, Tensor k_cache, Tensor v_cache, Tensor qo_indptr, Tensor kv_indptr, "
       "Tensor kv_indices, Tensor kv_lens, Tensor? tree_mask, Tensor(a!) out, Tensor(b!)? lse, "
       "Tensor(c!)? workspace, Tensor(d!)? errors, float sm_scale, int page_size, int max_tree_nodes, int num_splits, "
-      "int block_n, int block_m, int num_warps, int num_stages) -> ()");
+      "int block_n, int block_m, int num_warps, int num_stages, float k_scale=1.0, float v_scale=1.0, "
+      "Tensor? k_scale_t=None, Tensor? v_scale_t=None) -> ()");
   m.def("workspace_bytes(Tensor q, Tensor v_cache, int num_splits) -> int");
   m.def("built_kernels() -> str[]", &built_kernels);
 }

@@ -98,6 +98,13 @@ template <> struct TilesFor<HeadMLA> {
                         TileConfigV1<32, 32, 8, 4, 4, 2>,
                         TileConfig<32, 16, 2, 2, 3>, TileConfig<16, 32, 1, 4, 2>>;
 };
+// e4m3 caches (MLA only): kernel v1 with e4m3 MMAs (m16n8k32) for S and P.V. A 32-token tile is one
+// k step of P.V; a 576-byte row (+16 B pad) makes a 32-token stage 18.5 KB, so 4 stages, 2 x 32 x 40
+// fp32 partial scores and e4m3 P fit in 92 KB. S warps 2 (dims: 288 = 9 k steps) x 2 (tokens) x 2 (M).
+template <class Head> struct TilesForFp8 { using type = TileList<>; };
+template <> struct TilesForFp8<HeadMLA> {
+  using type = TileList<TileConfigV1<32, 32, 8, 4, 2, 2>>;
+};
 template <> struct TilesFor<HeadG128> {
   using type = TileList<TileConfig<64, 32, 4, 1, 2>, TileConfig<128, 32, 8, 1, 2>>;
 };

@@ -19,6 +19,11 @@ std::vector<KernelEntry>& registry() {
 
 const char* dtype_str(DType d) { return d == DType::kBF16 ? "bf16" : d == DType::kFP16 ? "fp16" : "?"; }
 
+bool key_matches(const KernelKey& k, const Params& p) {
+  return k.dtype == p.dtype && k.dqk == p.head_dim_qk && k.dv == p.head_dim_v &&
+         k.shared_kv == (p.mla_shared_kv != 0) && k.paged == (p.page_size > 1) && k.kv_fp8 == (p.kv_fp8 != 0);
+}
+
 void check(bool ok, const std::string& what) {
   if (!ok) throw std::invalid_argument("tree_verify: " + what);
 }
@@ -26,17 +31,17 @@ void check(bool ok, const std::string& what) {
 const KernelEntry& find_entry(const Params& p) {
   for (const KernelEntry& e : registry()) {
     const KernelKey& k = e.key;
-    if (k.dtype == p.dtype && k.dqk == p.head_dim_qk && k.dv == p.head_dim_v &&
-        k.shared_kv == (p.mla_shared_kv != 0) && k.paged == (p.page_size > 1))
-      return e;
+    if (key_matches(k, p)) return e;
   }
   std::ostringstream os;
-  os << "unsupported combination: dtype " << dtype_str(p.dtype) << ", Dqk " << p.head_dim_qk << ", Dv "
+  os << "unsupported combination: dtype " << dtype_str(p.dtype) << (p.kv_fp8 ? " (e4m3 caches)" : "") << ", Dqk "
+     << p.head_dim_qk << ", Dv "
      << p.head_dim_v << (p.mla_shared_kv ? " (V aliases K)" : " (separate V)") << ", "
      << (p.page_size > 1 ? "paged" : "page1") << " layout; compiled here:";
   for (const KernelEntry& e : registry()) os << ' ' << e.name;
   if (registry().empty()) os << " none";
-  os << " (supported: bf16/fp16 x {576x512 with V = K[..., :512], 64, 128, 256} x {page1, paged})";
+  os << " (supported: bf16/fp16 x {576x512 with V = K[..., :512], 64, 128, 256} x {page1, paged}; e4m3 caches: "
+        "576x512 only)";
   throw std::invalid_argument(os.str());
 }
 
@@ -71,10 +76,7 @@ size_t workspace_bytes(const Params& p, const LaunchConfig& cfg) {
 
 size_t smem_bytes(const Params& p, const LaunchConfig& cfg) {
   for (const KernelEntry& e : registry()) {
-    const KernelKey& k = e.key;
-    if (k.dtype == p.dtype && k.dqk == p.head_dim_qk && k.dv == p.head_dim_v &&
-        k.shared_kv == (p.mla_shared_kv != 0) && k.paged == (p.page_size > 1))
-      return e.smem(cfg);
+    if (key_matches(e.key, p)) return e.smem(cfg);
   }
   return 0;
 }
@@ -98,11 +100,14 @@ void run(const Params& p, const LaunchConfig& cfg, cudaStream_t stream) {
   // 16-byte cp.async of every row chunk: bases and row strides must keep 16-byte alignment.
   check(aligned16(p.q) && aligned16(p.k_cache) && aligned16(p.v_cache),
         "q, k_cache and v_cache must be 16-byte aligned");
-  for (int64_t s : {p.q_stride_tok, p.q_stride_head, p.k_stride_block, p.k_stride_head, p.v_stride_block,
-                    p.v_stride_head})
-    check(s % 8 == 0, "q / cache strides must be multiples of 8 elements (16 bytes), got " + std::to_string(s));
+  check(p.q_stride_tok % 8 == 0 && p.q_stride_head % 8 == 0, "q strides must be multiples of 8 elements (16 bytes)");
+  const int64_t kv16 = p.kv_fp8 ? 16 : 8;  // cache elements per 16 bytes
+  for (int64_t s : {p.k_stride_block, p.k_stride_head, p.v_stride_block, p.v_stride_head})
+    check(s % kv16 == 0, "cache strides must be multiples of 16 bytes (" + std::to_string(kv16) + " elements), got " +
+                             std::to_string(s));
   if (p.page_size > 1)
-    check(p.k_stride_tok % 8 == 0 && p.v_stride_tok % 8 == 0, "paged cache token strides must be multiples of 8");
+    check(p.k_stride_tok % kv16 == 0 && p.v_stride_tok % kv16 == 0,
+          "paged cache token strides must be multiples of 16 bytes");
   check(p.o_stride_head % 2 == 0 && p.o_stride_tok % 2 == 0, "out strides must be even (paired stores)");
   check(cfg.num_splits == 1 || p.workspace != nullptr, "num_splits > 1 needs a workspace of workspace_bytes()");
   const KernelEntry& e = find_entry(p);

@@ -24,21 +24,23 @@ bool tile_matches(const LaunchConfig& c) {
          c.num_stages == Tile::STAGES;
 }
 
-// The traits and split kernel of a tile config: v0 (TileConfig) or v1 (TileConfigV1).
-template <class T, class Head, class Layout, class Tile, int V = Tile::kVersion>
+// The traits and split kernel of a tile config: v0 (TileConfig) or v1 (TileConfigV1); kFp8: e4m3 caches
+// (v1 only).
+template <class T, class Head, class Layout, class Tile, bool kFp8 = false, int V = Tile::kVersion>
 struct KernelOf {
+  static_assert(!kFp8, "e4m3 caches: kernel v1 tiles only");
   using Tr = KernelTraits<T, Head, Layout, Tile>;
   static constexpr auto kernel = tree_verify_split_kernel<Tr>;
 };
-template <class T, class Head, class Layout, class Tile>
-struct KernelOf<T, Head, Layout, Tile, 1> {
-  using Tr = KernelTraitsV1<T, Head, Layout, Tile>;
+template <class T, class Head, class Layout, class Tile, bool kFp8>
+struct KernelOf<T, Head, Layout, Tile, kFp8, 1> {
+  using Tr = KernelTraitsV1<T, Head, Layout, Tile, kFp8>;
   static constexpr auto kernel = tree_verify_split_kernel_v1<Tr>;
 };
 
-template <class T, class Head, class Layout, class Tile>
+template <class T, class Head, class Layout, class Tile, bool kFp8>
 void launch_one(const Params& p, const LaunchConfig& cfg, cudaStream_t stream) {
-  using K = KernelOf<T, Head, Layout, Tile>;
+  using K = KernelOf<T, Head, Layout, Tile, kFp8>;
   using Tr = typename K::Tr;
   const int m_tiles = va::host::ceil_div(p.max_tree_nodes * p.group, Tile::BM);  // static: no qo_indptr read
   if (static_cast<int64_t>(m_tiles) * p.num_kv_heads > 65535 || p.batch > 65535)
@@ -65,14 +67,15 @@ inline std::string tile_str(const LaunchConfig& c) {
          " num_warps=" + std::to_string(c.num_warps) + " num_stages=" + std::to_string(c.num_stages);
 }
 
-template <class T, class Head, class Layout, class... Tiles>
+template <class T, class Head, class Layout, bool kFp8, class... Tiles>
 struct ShapeLauncher;
 
-template <class T, class Head, class Layout, class... Tiles>
-struct ShapeLauncher<T, Head, Layout, TileList<Tiles...>> {
+template <class T, class Head, class Layout, bool kFp8, class... Tiles>
+struct ShapeLauncher<T, Head, Layout, kFp8, TileList<Tiles...>> {
   static void launch(const Params& p, const LaunchConfig& cfg, cudaStream_t stream) {
     bool done = false;
-    ((!done && tile_matches<Tiles>(cfg) ? (launch_one<T, Head, Layout, Tiles>(p, cfg, stream), done = true) : false),
+    ((!done && tile_matches<Tiles>(cfg) ? (launch_one<T, Head, Layout, Tiles, kFp8>(p, cfg, stream), done = true)
+                                        : false),
      ...);
     if (!done) {
       std::string have;
@@ -84,7 +87,8 @@ struct ShapeLauncher<T, Head, Layout, TileList<Tiles...>> {
   }
   static size_t smem(const LaunchConfig& cfg) {
     size_t bytes = 0;
-    ((bytes = (bytes == 0 && tile_matches<Tiles>(cfg)) ? KernelOf<T, Head, Layout, Tiles>::Tr::smem_bytes() : bytes),
+    ((bytes = (bytes == 0 && tile_matches<Tiles>(cfg)) ? KernelOf<T, Head, Layout, Tiles, kFp8>::Tr::smem_bytes()
+                                                       : bytes),
      ...);
     return bytes;
   }
@@ -96,14 +100,15 @@ template <> constexpr DType dtype_of<__nv_bfloat16>() { return DType::kBF16; }
 template <> constexpr DType dtype_of<__half>() { return DType::kFP16; }
 template <class T> const char* dtype_name() { return std::is_same_v<T, __half> ? "fp16" : "bf16"; }
 
-// Registers the (T, Head, Layout) entry with all its tile configs.
-template <class T, class Head, class Layout>
+// Registers the (T, Head, Layout[, e4m3 caches]) entry with all its tile configs.
+template <class T, class Head, class Layout, bool kFp8 = false>
 bool register_shape() {
-  using SL = ShapeLauncher<T, Head, Layout, typename TilesFor<Head>::type>;
+  using Tiles = std::conditional_t<kFp8, typename TilesForFp8<Head>::type, typename TilesFor<Head>::type>;
+  using SL = ShapeLauncher<T, Head, Layout, kFp8, Tiles>;
   return register_kernel(KernelEntry{
-      KernelKey{dtype_of<T>(), Head::DQK, Head::DV, Head::kSharedKV, Layout::kPaged},
-      std::string(dtype_name<T>()) + "-" + std::to_string(Head::DQK) + "x" + std::to_string(Head::DV) + "-" +
-          Layout::kName,
+      KernelKey{dtype_of<T>(), Head::DQK, Head::DV, Head::kSharedKV, Layout::kPaged, kFp8},
+      std::string(dtype_name<T>()) + (kFp8 ? "q-e4m3kv-" : "-") + std::to_string(Head::DQK) + "x" +
+          std::to_string(Head::DV) + "-" + Layout::kName,
       SL::tiles(), &SL::launch, &SL::smem});
 }
 
@@ -115,4 +120,9 @@ bool register_shape() {
 #define VA_TV_INSTANTIATE(T, HEAD, LAYOUT)                                                   \
   namespace va::tv {                                                                         \
   static const bool VA_TV_CONCAT(kRegistered_, __LINE__) = register_shape<T, HEAD, va::host::LAYOUT>(); \
+  }
+// e4m3 caches, q and out of type T: VA_TV_INSTANTIATE_FP8(__nv_bfloat16, HeadMLA, Page1Layout)
+#define VA_TV_INSTANTIATE_FP8(T, HEAD, LAYOUT)                                               \
+  namespace va::tv {                                                                         \
+  static const bool VA_TV_CONCAT(kRegistered_, __LINE__) = register_shape<T, HEAD, va::host::LAYOUT, true>(); \
   }

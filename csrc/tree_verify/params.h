@@ -51,8 +51,14 @@ struct Params {
   int32_t qo_indptr_i64;   // 1: qo_indptr is int64 (read by low words)
   int32_t kv_indptr_i64;   // 1: kv_indptr is int64
   int32_t kv_indices_i64;  // 1: kv_indices is int64
-  DType dtype;             // element type of q, caches and out
+  DType dtype;             // element type of q and out (and of the caches unless kv_fp8)
+  int32_t kv_fp8;          // 1: the caches hold e4m3 codes (value = code x k_scale / v_scale)
   float sm_scale;          // softmax scale (a model parameter)
+  // e4m3 caches' dequantization scales: the value, or a device float read by the kernel when the
+  // pointer is set (a 0-d tensor: CUDA-graph safe, the caller may change it between replays)
+  const float* __restrict__ k_scale_ptr;
+  const float* __restrict__ v_scale_ptr;
+  float k_scale, v_scale;
 };
 
 // Error bits in Params::errors (set on the device, read by the host when it chooses to sync).

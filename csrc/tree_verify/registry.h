@@ -21,6 +21,7 @@ struct KernelKey {
   int dv;
   bool shared_kv;
   bool paged;
+  bool kv_fp8;  // e4m3 caches (q and out of `dtype`)
 };
 
 struct KernelEntry {

@@ -67,6 +67,9 @@ VA_DEVICE void fill_rows(const Params& p, const RequestInfo& r, int kvh, int row
   }
 }
 
+// A dequantization scale of the e4m3 caches: read from the device when given as a tensor.
+VA_DEVICE float kv_scale(const float* ptr, float value) { return ptr != nullptr ? va::arch::ld_global(ptr) : value; }
+
 VA_DEVICE void report_error(const Params& p, int32_t bits) {
   if (p.errors != nullptr && threadIdx.x == 0) va::arch::st_global(p.errors, bits);  // same value from every CTA
 }

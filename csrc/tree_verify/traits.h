@@ -26,6 +26,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "../host/common.h"
 #include "config.h"
@@ -97,30 +98,35 @@ struct KernelTraits {
 // partial score tiles, P and alpha double-buffered (tile i read by PV while tile
 // i+1's softmax writes), 1/l and lse2. Q is staged once in the last pipeline
 // stages before their tiles are issued and then lives in registers.
-template <int BM, int BN, int STAGES, int KSPLIT, int DQK, int DV, bool kSharedKV>
+template <int BM, int BN, int STAGES, int KSPLIT, int DQK, int DV, bool kSharedKV, int KVB = 2>
 struct SharedMemoryPlanV1 {
-  static constexpr int kElem = 2;
-  static constexpr int kPad = 8;                                    // elements per row (16 B): conflict-free ldmatrix
-  static constexpr int kQPitch = DQK + kPad;
+  // KVB: bytes per K / V / P element (2: the 16-bit type of q; 1: e4m3). Q is staged as 16-bit.
+  static constexpr int kQElem = 2;
+  static constexpr int kKvElem = KVB;
+  static constexpr int kPad = 16 / KVB;                            // elements per K/V/P row (16 B): conflict-free ldmatrix
+  static constexpr int kQPitch = DQK + 8;                          // 16-bit elements per staged Q row
   static constexpr int kKPitch = DQK + kPad;
   static constexpr int kVPitch = kSharedKV ? kKPitch : DV + kPad;
   static constexpr int kStageElems = BN * kKPitch + (kSharedKV ? 0 : BN * kVPitch);  // one stage: K rows, V rows
+  static constexpr size_t kStageBytes = size_t(kStageElems) * KVB;
   static constexpr int kSPitch = BN + 8;   // floats per partial-score row: conflict-free float2 stores
-  static constexpr int kPPitch = BN + 8;   // elements per P row (ldmatrix rows on distinct banks)
-  static constexpr int kQStages = (BM * kQPitch + kStageElems - 1) / kStageElems;  // stages the Q tile borrows
+  static constexpr int kPPitch = BN + kPad;  // elements per P row (ldmatrix rows on distinct banks)
+  static constexpr int kQStages = int((size_t(BM) * kQPitch * kQElem + kStageBytes - 1) / kStageBytes);  // stages Q borrows
 
   static constexpr size_t kK = 0;
-  static constexpr size_t kV = size_t(BN) * kKPitch * kElem;       // V rows of a stage follow its K rows (GQA)
-  static constexpr size_t kPart = size_t(STAGES) * kStageElems * kElem;
+  static constexpr size_t kV = size_t(BN) * kKPitch * KVB;         // V rows of a stage follow its K rows (GQA)
+  static constexpr size_t kPart = size_t(STAGES) * kStageBytes;
   static constexpr size_t kP = kPart + size_t(KSPLIT) * BM * kSPitch * sizeof(float);
-  static constexpr size_t kStats = kP + size_t(2) * BM * kPPitch * kElem;
-  static constexpr size_t kIdx = kStats + size_t(4) * BM * sizeof(float);  // 2 x alpha, 1/l, lse2 per row
+  static constexpr size_t kStats = kP + size_t(2) * BM * kPPitch * KVB;
+  // 2 x alpha, 1/l, lse2 per row; with e4m3 operands also each Q row's quantization scale
+  static constexpr int kStatsPerRow = KVB == 1 ? 5 : 4;
+  static constexpr size_t kIdx = kStats + size_t(kStatsPerRow) * BM * sizeof(float);
   static constexpr int kIdxSlots = STAGES;  // kv_indices ring: each loader thread's index of a future tile
   template <int kThreads>
   static constexpr size_t total() { return kIdx + size_t(kIdxSlots) * kThreads * sizeof(int32_t); }
 
   static_assert(kQStages <= STAGES - 1, "the Q tile must fit in the stages the prologue does not fill first");
-  static_assert(kPart % 16 == 0 && kP % 16 == 0 && kStats % 16 == 0 && kIdx % 16 == 0,
+  static_assert(kPart % 16 == 0 && kP % 16 == 0 && kStats % 16 == 0 && kIdx % 16 == 0 && kStageBytes % 16 == 0,
                 "regions must stay 16-byte aligned");
 };
 
@@ -131,10 +137,16 @@ constexpr int largest_common_divisor_upto(int a, int b, int cap) {
   return 1;
 }
 
-template <class Elem_, class Head, class Layout_, class Tile>
+// kFp8: K / V are e4m3 codes (one scale per tensor); S and P.V use mma.m16n8k32 .e4m3 with Q
+// quantized per row and P stored as e4m3 (csrc/host/fp8.h has the fragment permutations).
+template <class Elem_, class Head, class Layout_, class Tile, bool kFp8_ = false>
 struct KernelTraitsV1 {
   using Elem = Elem_;
   using Layout = Layout_;
+  static constexpr bool kFp8 = kFp8_;
+  using KvElem = std::conditional_t<kFp8, uint8_t, Elem>;  // K / V / P storage
+  static constexpr int kKStep = kFp8 ? 32 : 16;             // MMA k per instruction
+  static constexpr int kKvPerChunk = 16 / int(sizeof(KvElem));  // K / V elements per 16-byte copy
   static constexpr int DQK = Head::DQK;
   static constexpr int DV = Head::DV;
   static constexpr bool kSharedKV = Head::kSharedKV;
@@ -148,21 +160,21 @@ struct KernelTraitsV1 {
   static constexpr int kSTok = BN / SN;              // tokens per warp in S
   static constexpr int kSN8 = kSTok / 8;             // n8 tiles per m tile in S
   static constexpr int kSDims = DQK / KSPLIT;        // head dims per warp in S
-  static constexpr int kSKSteps = kSDims / 16;       // k16 steps per S warp
+  static constexpr int kSKSteps = kSDims / kKStep;   // MMA k steps per S warp
   // accumulator sets over alternate k steps: at least 4 independent MMA chains per warp
   static constexpr int kSAcc = (kSMT * kSN8 >= 4 || kSKSteps < 2) ? 1 : 2;
   static constexpr int kODV = DV / kWarps;           // Dv columns per warp in O
   static constexpr int kON8 = kODV / 8;
-  static constexpr int kPKSteps = BN / 16;
+  static constexpr int kPKSteps = BN / kKStep;
   static constexpr int kQChunks = DQK / 8;           // 16-byte chunks per Q / K row
   // KV loader: kThreadsPerRow threads per tile row split its 16-byte chunks evenly (the largest such
   // count the block allows), so every copy sits at a constant offset from one row pointer; the
   // kLoadThreads = BN x kThreadsPerRow first threads load, the rest only compute.
-  static constexpr int kThreadsPerRow =
-      largest_common_divisor_upto(DQK / 8, kSharedKV ? DQK / 8 : DV / 8, kThreads / BN);
+  static constexpr int kThreadsPerRow = largest_common_divisor_upto(
+      DQK / kKvPerChunk, kSharedKV ? DQK / kKvPerChunk : DV / kKvPerChunk, kThreads / BN);
   static constexpr int kLoadThreads = BN * kThreadsPerRow;
-  static constexpr int kChunksK = DQK / 8 / kThreadsPerRow;  // cp.async per loader thread per tile (K)
-  static constexpr int kChunksV = kSharedKV ? 0 : DV / 8 / kThreadsPerRow;
+  static constexpr int kChunksK = DQK / kKvPerChunk / kThreadsPerRow;  // cp.async per loader thread per tile (K)
+  static constexpr int kChunksV = kSharedKV ? 0 : DV / kKvPerChunk / kThreadsPerRow;
   static constexpr int kTPL = BM * BN / kThreads;    // softmax: scores per lane, all in one row
   static constexpr int kLanesPerRow = BN / kTPL;
 
@@ -170,12 +182,13 @@ struct KernelTraitsV1 {
   VA_HD static int soft_row(int warp, int lane) { return warp * (32 / kLanesPerRow) + lane / kLanesPerRow; }
   VA_HD static int soft_col(int lane) { return (lane % kLanesPerRow) * kTPL; }
 
-  using Smem = SharedMemoryPlanV1<BM, BN, STAGES, KSPLIT, DQK, DV, kSharedKV>;
+  using Smem = SharedMemoryPlanV1<BM, BN, STAGES, KSPLIT, DQK, DV, kSharedKV, int(sizeof(KvElem))>;
   static constexpr int kQStages = Smem::kQStages;
   static constexpr size_t smem_bytes() { return Smem::template total<kThreads>(); }
 
   static_assert(sizeof(Elem) == 2, "16-bit element types only");
-  static_assert(DQK % (16 * KSPLIT) == 0, "each S warp's head dims must be whole k16 steps");
+  static_assert(DQK % (kKStep * KSPLIT) == 0, "each S warp's head dims must be whole MMA k steps");
+  static_assert(!kFp8 || (BN % 32 == 0 && kSharedKV), "e4m3 tiles: MLA rows, whole 32-token k steps for P.V");
   static_assert(kODV % 16 == 0, "each warp's Dv slice must be whole n16 pairs (ldmatrix x4 .trans)");
   static_assert(kTPL == 1 || kTPL == 2 || kTPL == 4 || kTPL == 8, "1, 2, 4 or 8 scores per softmax lane");
   static_assert(kLanesPerRow <= 32 && (32 % kLanesPerRow) == 0, "a row's softmax lanes stay inside one warp");

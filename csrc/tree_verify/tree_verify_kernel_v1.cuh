@@ -111,6 +111,7 @@ VA_DEVICE void sts_pack(T* dst, const float (&v)[N]) {
 template <class Tr>
 __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(const Params p, const int num_splits) {
   using T = typename Tr::Elem;
+  using KV = typename Tr::KvElem;  // K / V / P storage: T, or e4m3 codes (Tr::kFp8)
   using L = typename Tr::Layout;
   using Smem = typename Tr::Smem;
   namespace arch = va::arch;
@@ -148,16 +149,18 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
   const int warp = arch::warp_id();
 
   unsigned char* smem = arch::smem_dynamic<unsigned char>();
-  T* sK = reinterpret_cast<T*>(smem + Smem::kK);                  // (STAGES, BN, Dqk) padded rows
-  T* sV = Tr::kSharedKV ? sK : reinterpret_cast<T*>(smem + Smem::kV);
+  KV* sK = reinterpret_cast<KV*>(smem + Smem::kK);                // (STAGES, BN, Dqk) padded rows
+  KV* sV = Tr::kSharedKV ? sK : reinterpret_cast<KV*>(smem + Smem::kV);
   float* sPart = reinterpret_cast<float*>(smem + Smem::kPart);   // (KSPLIT, BM, BN) partial scores
-  T* sP = reinterpret_cast<T*>(smem + Smem::kP);                  // (2, BM, BN) probabilities
+  KV* sP = reinterpret_cast<KV*>(smem + Smem::kP);                // (2, BM, BN) probabilities
   float* sAlpha = reinterpret_cast<float*>(smem + Smem::kStats);  // (2, BM) rescale factor per tile
   float* sFin = sAlpha + 2 * BM;                                  // (2, BM) 1/l and log2-sum-exp2 at the end
+  float* sQScale = sFin + 2 * BM;                                 // (BM) e4m3 path: each Q row's scale
 
   const T* q = static_cast<const T*>(p.q);
-  const T* kc = static_cast<const T*>(p.k_cache);
-  const T* vc = static_cast<const T*>(p.v_cache);
+  const KV* kc = static_cast<const KV*>(p.k_cache);
+  const KV* vc = static_cast<const KV*>(p.v_cache);
+  constexpr int CH = Tr::kKvPerChunk;  // K / V elements per 16-byte copy
 
   // ---- loader: loader thread -> (row of every tile, first 16-byte chunk of that row)
   const bool loader = tid < Tr::kLoadThreads;
@@ -194,19 +197,19 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
       const int stage = issued % STAGES;
       const bool valid = range.begin + issued * BN + ld_row < range.end;  // past the end: zeros land, no read
       // one row offset per tile; the chunks sit at constant offsets from it
-      const T* ks = kc + ld_chunk * 8 +
-                    (valid ? copy_at.row_offset(id, p.k_stride_block, p.k_stride_tok) + kvh * p.k_stride_head : 0);
-      T* dK = sK + stage * Smem::kStageElems + ld_row * Smem::kKPitch + ld_chunk * 8;
+      const KV* ks = kc + ld_chunk * CH +
+                     (valid ? copy_at.row_offset(id, p.k_stride_block, p.k_stride_tok) + kvh * p.k_stride_head : 0);
+      KV* dK = sK + stage * Smem::kStageElems + ld_row * Smem::kKPitch + ld_chunk * CH;
 #pragma unroll
       for (int j = 0; j < Tr::kChunksK; ++j)
-        arch::cp_async_16_zfill(dK + j * Tr::kThreadsPerRow * 8, ks + j * Tr::kThreadsPerRow * 8, valid);
+        arch::cp_async_16_zfill(dK + j * Tr::kThreadsPerRow * CH, ks + j * Tr::kThreadsPerRow * CH, valid);
       if constexpr (!Tr::kSharedKV) {
-        const T* vs = vc + ld_chunk * 8 +
-                      (valid ? copy_at.row_offset(id, p.v_stride_block, p.v_stride_tok) + kvh * p.v_stride_head : 0);
-        T* dV = sV + stage * Smem::kStageElems + ld_row * Smem::kVPitch + ld_chunk * 8;
+        const KV* vs = vc + ld_chunk * CH +
+                       (valid ? copy_at.row_offset(id, p.v_stride_block, p.v_stride_tok) + kvh * p.v_stride_head : 0);
+        KV* dV = sV + stage * Smem::kStageElems + ld_row * Smem::kVPitch + ld_chunk * CH;
 #pragma unroll
         for (int j = 0; j < Tr::kChunksV; ++j)
-          arch::cp_async_16_zfill(dV + j * Tr::kThreadsPerRow * 8, vs + j * Tr::kThreadsPerRow * 8, valid);
+          arch::cp_async_16_zfill(dV + j * Tr::kThreadsPerRow * CH, vs + j * Tr::kThreadsPerRow * CH, valid);
       }
     }
     copy_at.advance();
@@ -215,7 +218,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
 
   // ---- prologue: the Q tile is staged in the last kQStages pipeline stages,
   // loaded to registers, then those stages get their KV tiles -------------------
-  T* sQ = sK + (STAGES - Tr::kQStages) * Smem::kStageElems;  // (BM, Dqk) padded rows
+  T* sQ = reinterpret_cast<T*>(sK + (STAGES - Tr::kQStages) * Smem::kStageElems);  // (BM, Dqk) padded rows
   for (int i = tid; i < BM * Tr::kQChunks; i += Tr::kThreads) {
     const int r = i / Tr::kQChunks, c = i % Tr::kQChunks;
     const int grow = row0 + r;
@@ -254,12 +257,46 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
   uint32_t qf[Tr::kSMT][Tr::kSKSteps][4];  // this warp's Q fragments: its m tiles x its dims
   arch::cp_async_wait<kFirst>();  // Q landed (this thread's copies)
   arch::block_sync();             // ... and everyone's
+  if constexpr (Tr::kFp8) {
+    // e4m3 Q: each row scaled by its own amax / 448 (the scale multiplies the row's scores later)
+    for (int r = warp; r < BM; r += Tr::kWarps) {
+      float amax = 0.f;
+      for (int c = lane; c < Tr::DQK / 2; c += 32) {
+        float x, y;
+        arch::unpack2<T>(*reinterpret_cast<const uint32_t*>(sQ + r * Smem::kQPitch + 2 * c), x, y);
+        amax = arch::max_f(amax, arch::max_f(fabsf(x), fabsf(y)));
+      }
 #pragma unroll
-  for (int i = 0; i < Tr::kSMT; ++i)
+      for (int x = 16; x > 0; x >>= 1) amax = arch::max_f(amax, arch::shfl_xor(amax, x));
+      if (lane == 0) sQScale[r] = amax > 0.f ? amax / h::kE4m3Max : 1.f;  // NaN amax: NaN scale, NaN scores
+    }
+    arch::block_sync();  // the row scales
 #pragma unroll
-    for (int kk = 0; kk < Tr::kSKSteps; ++kk)
-      arch::ldmatrix_x4(qf[i][kk], sQ + ((ws_m * Tr::kSMT + i) * 16 + a_addr.row) * Smem::kQPitch +
-                                       ws_k * Tr::kSDims + kk * 16 + a_addr.col);
+    for (int i = 0; i < Tr::kSMT; ++i) {
+      const int r0 = (ws_m * Tr::kSMT + i) * 16 + (lane >> 2);
+      const float inv[2] = {1.f / sQScale[r0], 1.f / sQScale[r0 + 8]};
+#pragma unroll
+      for (int kk = 0; kk < Tr::kSKSteps; ++kk)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {  // a[r]: row r0 + 8 (r & 1), dims 4 (lane % 4) + 16 (r >> 1) .. + 3
+          const T* src = sQ + (r0 + 8 * (r & 1)) * Smem::kQPitch + ws_k * Tr::kSDims + kk * 32 + 4 * (lane & 3) +
+                         16 * (r >> 1);
+          const uint2 w = *reinterpret_cast<const uint2*>(src);
+          float x0, x1, x2, x3;
+          arch::unpack2<T>(w.x, x0, x1);
+          arch::unpack2<T>(w.y, x2, x3);
+          const float s = inv[r & 1];
+          qf[i][kk][r] = uint32_t(arch::cvt_e4m3x2(x0 * s, x1 * s)) | (uint32_t(arch::cvt_e4m3x2(x2 * s, x3 * s)) << 16);
+        }
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < Tr::kSMT; ++i)
+#pragma unroll
+      for (int kk = 0; kk < Tr::kSKSteps; ++kk)
+        arch::ldmatrix_x4(qf[i][kk], sQ + ((ws_m * Tr::kSMT + i) * 16 + a_addr.row) * Smem::kQPitch +
+                                         ws_k * Tr::kSDims + kk * 16 + a_addr.col);
+  }
   // the staging stages are free again: needed only when a prologue tile refills them here; else
   // the first refill (tile STAGES - 1, in the main loop) comes after the loop's own barriers
   if constexpr (kFirst < STAGES - 1) arch::block_sync();
@@ -273,10 +310,16 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
 
   // ---- S(t) = Q K^T over this warp's dims -> partial scores in shared memory ---
   using SAcc = float[Tr::kSAcc][Tr::kSMT][Tr::kSN8][4];
+  auto mma = [](float (&acc)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+    if constexpr (Tr::kFp8) arch::mma_m16n8k32_e4m3(acc, a, b, acc);
+    else arch::mma_m16n8k16<T>(acc, a, b, acc);
+  };
   // `mid()` runs after half of the k steps: work the warp issues while its first MMAs are in the pipe
   auto s_mma = [&](int tile, SAcc& sacc, auto&& mid) {
-    const T* sKs = sK + (tile % STAGES) * Smem::kStageElems;
-    const T* sKw = sKs + (ws_n * Tr::kSTok + b_addr.row) * Smem::kKPitch + ws_k * Tr::kSDims + b_addr.col;
+    // ldmatrix columns are 16-bit; with e4m3 rows each 16-byte column block holds 16 codes
+    constexpr int kColScale = 2 / int(sizeof(KV));
+    const KV* sKs = sK + (tile % STAGES) * Smem::kStageElems;
+    const KV* sKw = sKs + (ws_n * Tr::kSTok + b_addr.row) * Smem::kKPitch + ws_k * Tr::kSDims + b_addr.col * kColScale;
 #pragma unroll
     for (int a = 0; a < Tr::kSAcc; ++a)
 #pragma unroll
@@ -292,12 +335,12 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
 #pragma unroll
       for (int j = 0; j + 1 < Tr::kSN8; j += 2) {
         uint32_t bb[4];
-        arch::ldmatrix_x4(bb, sKw + j * 8 * Smem::kKPitch + kk * 16);
+        arch::ldmatrix_x4(bb, sKw + j * 8 * Smem::kKPitch + kk * Tr::kKStep);
         const uint32_t b0[2] = {bb[0], bb[1]}, b1[2] = {bb[2], bb[3]};
 #pragma unroll
         for (int i = 0; i < Tr::kSMT; ++i) {
-          arch::mma_m16n8k16<T>(sacc[a][i][j], qf[i][kk], b0, sacc[a][i][j]);
-          arch::mma_m16n8k16<T>(sacc[a][i][j + 1], qf[i][kk], b1, sacc[a][i][j + 1]);
+          mma(sacc[a][i][j], qf[i][kk], b0);
+          mma(sacc[a][i][j + 1], qf[i][kk], b1);
         }
       }
       if constexpr (Tr::kSN8 % 2 == 1) {
@@ -305,9 +348,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
         constexpr int j = Tr::kSN8 - 1;
         uint32_t b0[2];
         arch::ldmatrix_x2(b0, sKs + (ws_n * Tr::kSTok + j * 8 + (lane & 7)) * Smem::kKPitch + ws_k * Tr::kSDims +
-                                  8 * ((lane >> 3) & 1) + kk * 16);
+                                  8 * kColScale * ((lane >> 3) & 1) + kk * Tr::kKStep);
 #pragma unroll
-        for (int i = 0; i < Tr::kSMT; ++i) arch::mma_m16n8k16<T>(sacc[a][i][j], qf[i][kk], b0, sacc[a][i][j]);
+        for (int i = 0; i < Tr::kSMT; ++i) mma(sacc[a][i][j], qf[i][kk], b0);
       }
     }
   };
@@ -331,10 +374,15 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
   };
 
   // ---- softmax on whole rows: this lane's row, TPL tokens of it ------------------
-  const float scale_log2 = p.sm_scale * h::kLog2e;
-  // lazy rescaling: a row's reference max moves only when a tile beats it by more than 2^8 (P <= 256)
-  constexpr float kMaxSlack = 8.f;
+  // lazy rescaling: a row's reference max moves only when a tile beats it by more than 2^8 (P <= 256).
+  // e4m3 P: the max is exact (P <= 1) and P is stored times 2^8, so the codes keep 3 bits of
+  // precision down to P = 2^-14 and reach zero only below 2^-18.
+  constexpr float kMaxSlack = Tr::kFp8 ? 0.f : 8.f;
+  constexpr float kPScale = 256.f;
   const int srow = Tr::soft_row(warp, lane);
+  // scores in log2 units: sm_scale, and with e4m3 operands the Q row's and the K cache's scales
+  const float scale_log2 = Tr::kFp8 ? p.sm_scale * h::kLog2e * sQScale[srow] * kv_scale(p.k_scale_ptr, p.k_scale)
+                                    : p.sm_scale * h::kLog2e;
   const int scol = Tr::soft_col(lane);
   const int sgrow = row0 + srow;
   const int smask_row = sgrow < nrows ? qo_begin + sgrow / group : -1;  // node's q row; -1: padding row
@@ -380,7 +428,16 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
 #pragma unroll
     for (int x = 1; x < Tr::kLanesPerRow; x <<= 1) rsum += arch::shfl_xor(rsum, x);
     l_run = l_run * alpha + rsum;
-    sts_pack<T, TPL>(sP + ((tile & 1) * BM + srow) * Smem::kPPitch + scol, s);
+    if constexpr (Tr::kFp8) {
+      // e4m3 pairs at the MMA's k positions (tokens t, t + 1 are adjacent there for even t)
+      KV* prow = sP + ((tile & 1) * BM + srow) * Smem::kPPitch;
+#pragma unroll
+      for (int e = 0; e < TPL; e += 2)
+        *reinterpret_cast<uint16_t*>(prow + h::fp8_pv_k_of_token(scol + e)) =
+            arch::cvt_e4m3x2(s[e] * kPScale, s[e + 1] * kPScale);
+    } else {
+      sts_pack<T, TPL>(sP + ((tile & 1) * BM + srow) * Smem::kPPitch + scol, s);
+    }
     if (scol == 0) sAlpha[(tile & 1) * BM + srow] = alpha;
   };
   auto tile_masked = [&](int tile) { return h::tile_needs_mask(range.begin + tile * BN, BN, prefix, range.end); };
@@ -422,17 +479,40 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
   // that publishes the next tile's partial scores, so the MMAs can issue the moment it opens.
   uint32_t pa[Tr::kPKSteps][Tr::MS][4];
   uint32_t vb[Tr::kPKSteps][Tr::kON8 / 2][4];
+  // e4m3: V's B fragments come from ldmatrix .trans .b16 over 4 matrices of 8 tokens x 16 dims (lane l
+  // gives the row of token l), joined by byte permutes: register pair {0, 1} for the chunk's even dims
+  // (n8 accumulator 2c), {2, 3} for its odd dims (2c + 1), tokens in fp8_pv_token_of_k order.
   auto pv_load = [&](int tile) {
-    const T* sVw = sV + (tile % STAGES) * Smem::kStageElems + bt_addr.row * Smem::kVPitch + warp * Tr::kODV +
-                   bt_addr.col;
-    const T* sPt = sP + (tile & 1) * BM * Smem::kPPitch;
+    const KV* sPt = sP + (tile & 1) * BM * Smem::kPPitch;
+    if constexpr (Tr::kFp8) {
+      const KV* sVw = sV + (tile % STAGES) * Smem::kStageElems + lane * Smem::kVPitch + warp * Tr::kODV;
 #pragma unroll
-    for (int kk = 0; kk < Tr::kPKSteps; ++kk) {
+      for (int kk = 0; kk < Tr::kPKSteps; ++kk) {
 #pragma unroll
-      for (int i = 0; i < Tr::MS; ++i)
-        arch::ldmatrix_x4(pa[kk][i], sPt + (i * 16 + a_addr.row) * Smem::kPPitch + kk * 16 + a_addr.col);
+        for (int i = 0; i < Tr::MS; ++i)
+          arch::ldmatrix_x4(pa[kk][i], sPt + (i * 16 + a_addr.row) * Smem::kPPitch + kk * 32 + 2 * a_addr.col);
 #pragma unroll
-      for (int j = 0; j < Tr::kON8; j += 2) arch::ldmatrix_x4_trans(vb[kk][j / 2], sVw + kk * 16 * Smem::kVPitch + j * 8);
+        for (int j = 0; j < Tr::kON8; j += 2) {
+          uint32_t r[4];
+          arch::ldmatrix_x4_trans(r, sVw + kk * 32 * Smem::kVPitch + j * 8);
+          vb[kk][j / 2][0] = arch::prmt(r[0], r[1], h::kPrmtEvenBytes);
+          vb[kk][j / 2][1] = arch::prmt(r[2], r[3], h::kPrmtEvenBytes);
+          vb[kk][j / 2][2] = arch::prmt(r[0], r[1], h::kPrmtOddBytes);
+          vb[kk][j / 2][3] = arch::prmt(r[2], r[3], h::kPrmtOddBytes);
+        }
+      }
+    } else {
+      const KV* sVw = sV + (tile % STAGES) * Smem::kStageElems + bt_addr.row * Smem::kVPitch + warp * Tr::kODV +
+                      bt_addr.col;
+#pragma unroll
+      for (int kk = 0; kk < Tr::kPKSteps; ++kk) {
+#pragma unroll
+        for (int i = 0; i < Tr::MS; ++i)
+          arch::ldmatrix_x4(pa[kk][i], sPt + (i * 16 + a_addr.row) * Smem::kPPitch + kk * 16 + a_addr.col);
+#pragma unroll
+        for (int j = 0; j < Tr::kON8; j += 2)
+          arch::ldmatrix_x4_trans(vb[kk][j / 2], sVw + kk * 16 * Smem::kVPitch + j * 8);
+      }
     }
   };
   auto pv_mma = [&]() {
@@ -443,8 +523,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
         const uint32_t b0[2] = {vb[kk][j / 2][0], vb[kk][j / 2][1]}, b1[2] = {vb[kk][j / 2][2], vb[kk][j / 2][3]};
 #pragma unroll
         for (int i = 0; i < Tr::MS; ++i) {
-          arch::mma_m16n8k16<T>(oacc[i][j], pa[kk][i], b0, oacc[i][j]);
-          arch::mma_m16n8k16<T>(oacc[i][j + 1], pa[kk][i], b1, oacc[i][j + 1]);
+          mma(oacc[i][j], pa[kk][i], b0);
+          mma(oacc[i][j + 1], pa[kk][i], b1);
         }
       }
   };
@@ -510,8 +590,33 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
       if (grow >= nrows) continue;
       const int qrow = qo_begin + grow / group;
       const int head = kvh * group + grow % group;
-      const float inv = sFin[r];
+      // e4m3: P was stored times 2^8 and V's codes carry v_scale
+      const float inv = Tr::kFp8 ? sFin[r] * (kv_scale(p.v_scale_ptr, p.v_scale) / kPScale) : sFin[r];
       const float lse2 = sFin[BM + r];
+      if constexpr (Tr::kFp8) {
+        // the chunk's even-dim (j) and odd-dim (j + 1) accumulators hold dims 16 (j / 2) + 4 (lane % 4) .. + 3
+        const int col0 = warp * Tr::kODV + 4 * (lane & 3);
+        if (direct) {
+          T* o = static_cast<T*>(p.out) + qrow * p.o_stride_tok + head * p.o_stride_head + col0;
+#pragma unroll
+          for (int j = 0; j < Tr::kON8; j += 2)
+            arch::st_global(reinterpret_cast<uint2*>(o + j * 8),
+                            make_uint2(arch::pack2<T>(oacc[i][j][2 * hf] * inv, oacc[i][j + 1][2 * hf] * inv),
+                                       arch::pack2<T>(oacc[i][j][2 * hf + 1] * inv, oacc[i][j + 1][2 * hf + 1] * inv)));
+          if (p.lse != nullptr && warp == 0 && (lane & 3) == 0)
+            arch::st_global(p.lse + qrow * p.lse_stride_tok + head * p.lse_stride_head, lse2 * h::kLn2);
+        } else {
+          const int64_t prow = (static_cast<int64_t>(split) * p.total_q + qrow) * p.num_q_heads + head;
+          float* o = ws_o + prow * p.head_dim_v + col0;
+#pragma unroll
+          for (int j = 0; j < Tr::kON8; j += 2)
+            arch::st_global(reinterpret_cast<float4*>(o + j * 8),
+                            make_float4(oacc[i][j][2 * hf] * inv, oacc[i][j + 1][2 * hf] * inv,
+                                        oacc[i][j][2 * hf + 1] * inv, oacc[i][j + 1][2 * hf + 1] * inv));
+          if (warp == 0 && (lane & 3) == 0) arch::st_global(ws_lse + prow, lse2);
+        }
+        continue;
+      }
       const int col0 = warp * Tr::kODV + 2 * (lane & 3);
       if (direct) {
         T* o = static_cast<T*>(p.out) + qrow * p.o_stride_tok + head * p.o_stride_head + col0;

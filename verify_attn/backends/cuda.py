@@ -35,8 +35,17 @@ _lock = threading.Lock()
 
 # ---------------------------------------------------------------- configs ----
 
-def _head_of(dqk: int, dv: int, shared_kv: bool) -> Optional[str]:
-    return vb.head_key(dqk, dv, shared_kv)
+def _head_of(dqk: int, dv: int, shared_kv: bool, kv_fp8: bool = False) -> Optional[str]:
+    return vb.head_key(dqk, dv, shared_kv, kv_fp8)
+
+
+def problem_head(p: Problem) -> Optional[str]:
+    """The head key of p's kernels: its shape, and the e4m3-cache variant for an fp8_e4m3 cache."""
+    return _head_of(p.head_dim_qk, p.head_dim_v, p.mla_shared_kv, p.kv_dtype == "fp8_e4m3")
+
+
+def _shape_head(shape: HeadShape, kv_dtype: str = "bf16") -> Optional[str]:
+    return _head_of(shape.head_dim_qk, shape.head_dim_v, shape.mla, kv_dtype == "fp8_e4m3")
 
 
 def _tile_of(head: str, cfg: KernelConfig) -> Optional[vb.Tile]:
@@ -51,21 +60,22 @@ def resources(config: KernelConfig, shape: HeadShape, arch: str, **_kw) -> dict:
     """Exact dynamic smem of the split kernel (SharedMemoryPlan), threads, and
     whether the tile config is compiled and fits the arch's per-block limit.
     Registers/spills are the compiler's: `python -m verify_attn.build --report`."""
-    head = _head_of(shape.head_dim_qk, shape.head_dim_v, shape.mla)
+    head = _shape_head(shape, _kw.get("kv_dtype", "bf16"))
     tile = _tile_of(head, config) if head else None
     limit = vb.SMEM_LIMIT.get(arch, 99 * 1024)
     if tile is None:
         return {"smem_bytes": 0, "smem_limit": limit, "threads": 32 * config.num_warps, "compiled": False,
                 "fits": False}
-    smem = vb.smem_bytes(tile, shape.head_dim_qk, shape.head_dim_v, shape.mla)
+    smem = vb.smem_bytes(tile, shape.head_dim_qk, shape.head_dim_v, shape.mla, kv_bytes=vb.kv_bytes_of(head))
     return {"smem_bytes": smem, "smem_limit": limit, "threads": 32 * tile.num_warps, "compiled": True,
             "fits": smem <= limit and tile.targets(arch)}
 
 
 def config_space(shape: HeadShape, arch: str, *, splits: tuple[int, ...] = (0,), **_kw) -> list[KernelConfig]:
     """Every compiled tile config of this head shape x the split counts asked for
-    (0 = the heuristic; the autotuner passes the counts it sweeps)."""
-    head = _head_of(shape.head_dim_qk, shape.head_dim_v, shape.mla)
+    (0 = the heuristic; the autotuner passes the counts it sweeps); kv_dtype="fp8_e4m3": the e4m3-cache tiles."""
+    kv_dtype = _kw.get("kv_dtype", "bf16")
+    head = _shape_head(shape, kv_dtype)
     if head is None:
         return []
     out = []
@@ -73,7 +83,7 @@ def config_space(shape: HeadShape, arch: str, *, splits: tuple[int, ...] = (0,),
         for s in splits:
             c = KernelConfig(num_splits=s, block_n=t.block_n, block_m=t.block_m, num_warps=t.num_warps,
                              num_stages=t.num_stages)
-            if resources(c, shape, arch)["fits"]:
+            if resources(c, shape, arch, kv_dtype=kv_dtype)["fits"]:
                 out.append(c)
     return out
 
@@ -84,7 +94,7 @@ def _problem_sms(p: Problem) -> int:
 
 
 def default_config(p: Problem) -> KernelConfig:
-    head = _head_of(p.head_dim_qk, p.head_dim_v, p.mla_shared_kv)
+    head = problem_head(p)
     if head is None:
         raise ValueError(f"cuda backend: no kernel for Dqk={p.head_dim_qk} Dv={p.head_dim_v} "
                          f"(V {'aliases' if p.mla_shared_kv else 'separate from'} K)")
@@ -102,7 +112,7 @@ def version_config(p: Problem, version: str) -> KernelConfig:
     benchmark times v0 and v1 side by side (`bench.verify --backend cuda@v0,cuda@v1`)."""
     if version not in KERNEL_VERSIONS:
         raise ValueError(f"kernel version {version!r}: known {', '.join(KERNEL_VERSIONS)}")
-    head = _head_of(p.head_dim_qk, p.head_dim_v, p.mla_shared_kv)
+    head = problem_head(p)
     if head is None:
         raise ValueError(f"cuda backend: no kernel for Dqk={p.head_dim_qk} Dv={p.head_dim_v}")
     arch = vdevice.props_for(p.device).arch
@@ -128,7 +138,7 @@ def _splits_for(p: Problem, t: vb.Tile) -> int:
 def resolve_config(p: Problem, config: Optional[KernelConfig]) -> KernelConfig:
     """Fill num_splits=0 with the heuristic; check the tile config is compiled."""
     cfg = config if config is not None else default_config(p)
-    head = _head_of(p.head_dim_qk, p.head_dim_v, p.mla_shared_kv)
+    head = problem_head(p)
     t = _tile_of(head, cfg)
     if t is None:
         have = ", ".join(f"(block_m={x.block_m}, block_n={x.block_n}, num_warps={x.num_warps}, "
@@ -153,20 +163,45 @@ def available() -> tuple[bool, str]:
 def supports(p: Problem) -> Optional[str]:
     if p.device.type != "cuda":
         return f"tensors are on {p.device}, the cuda backend needs a CUDA device"
+    return family_problem(p) or index_range_problem(p) or alignment_problem(p)
+
+
+def family_problem(p: Problem) -> Optional[str]:
+    """Why the kernel family has no kernel for p (dtype, head shape, cache format), or None."""
     if p.dtype not in _DTYPES:
         return f"dtype {p.dtype} (bfloat16 and float16 only)"
     if _head_of(p.head_dim_qk, p.head_dim_v, p.mla_shared_kv) is None:
         return (f"head shape Dqk={p.head_dim_qk} Dv={p.head_dim_v} with V "
                 f"{'aliasing' if p.mla_shared_kv else 'separate from'} K (compiled: MLA 576/512 with "
                 f"v_cache = k_cache[..., :512]; GQA 64, 128, 256)")
-    return index_range_problem(p) or alignment_problem(p)
+    if p.kv_dtype not in KV_FORMATS:
+        return f"KV cache format {p.kv_dtype!r} (the kernels read {', '.join(KV_FORMATS)})"
+    if problem_head(p) is None:
+        return "e4m3 caches: the kernels are built for MLA 576/512 (v_cache = k_cache[..., :512]) only"
+    return None
 
 
 def alignment_problem(p: Problem) -> Optional[str]:
     for name, t in (("q", p.q), ("k_cache", p.k_cache), ("v_cache", p.v_cache)):
-        if t.data_ptr() % 16 or any(s % 8 for s in t.stride()[:-1]):
-            return f"{name} rows must be 16-byte aligned (strides multiples of 8 elements) for cp.async"
+        per16 = 16 // t.element_size()
+        if t.data_ptr() % 16 or any(s % per16 for s in t.stride()[:-1]):
+            return (f"{name} rows must be 16-byte aligned (strides multiples of {per16} elements) for cp.async")
     return None
+
+
+KV_FORMATS = ("bf16", "fp16", "fp8_e4m3")  # Problem.kv_dtype values the kernels read
+
+
+def scale_args(p: Problem) -> dict:
+    """The op's k_scale / v_scale arguments: a float, or a 0-d device tensor the kernel reads."""
+    out = {}
+    for name in ("k_scale", "v_scale"):
+        v = getattr(p, name)
+        if isinstance(v, torch.Tensor):
+            out[name], out[name + "_t"] = 1.0, v.reshape(1)
+        else:
+            out[name], out[name + "_t"] = float(v), None
+    return out
 
 
 def index_range_problem(p: Problem) -> Optional[str]:
@@ -272,7 +307,8 @@ def _register_fake(ns: str) -> None:
     and dtypes come from the caller's tensors and the fake op does nothing."""
     @torch.library.register_fake(f"{ns}::tree_verify")
     def _fake(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_lens, tree_mask, out, lse, workspace,
-              errors, sm_scale, page_size, max_tree_nodes, num_splits, block_n, block_m, num_warps, num_stages):
+              errors, sm_scale, page_size, max_tree_nodes, num_splits, block_n, block_m, num_warps, num_stages,
+              k_scale=1.0, v_scale=1.0, k_scale_t=None, v_scale_t=None):
         return None
 
 
@@ -310,18 +346,17 @@ def reserve_workspace(device: torch.device, nbytes: int) -> torch.Tensor:
 
 def _run(p: Problem, config: Optional[KernelConfig], out: torch.Tensor, lse: Optional[torch.Tensor]) -> None:
     cfg = resolve_config(p, config)
-    head = _head_of(p.head_dim_qk, p.head_dim_v, p.mla_shared_kv)
-    ops = load_ops(_DTYPES[p.dtype], head, p.layout)
+    ops = load_ops(_DTYPES[p.dtype], problem_head(p), p.layout)
     need = workspace_bytes(p, cfg.num_splits)
     ws = reserve_workspace(p.device, need) if need else None
     ops.tree_verify(p.q, p.k_cache, p.v_cache, p.qo_indptr, p.kv_indptr, p.kv_indices, p.kv_lens, p.tree_mask,
                     out, lse, ws, error_flags(p.device), p.sm_scale, p.page_size, p.max_tree_nodes, cfg.num_splits,
-                    cfg.block_n, cfg.block_m, cfg.num_warps, cfg.num_stages)
+                    cfg.block_n, cfg.block_m, cfg.num_warps, cfg.num_stages, **scale_args(p))
 
 
 register(Backend(
     "cuda", _run, available=available, supports=supports, config_space=config_space, resources=resources,
-    default_config=default_config, tunable=True, prefix_only=True,
+    default_config=default_config, tunable=True, prefix_only=True, kv_formats=KV_FORMATS,
     meta={"kind": "split-kv", "grid": "(KV split, M tile x KV head, request) + combine",
           "sources": "csrc/tree_verify"},
 ))

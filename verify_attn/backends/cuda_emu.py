@@ -342,13 +342,8 @@ def resources(config: KernelConfig, shape, arch: str = "sm_120a", **kw) -> dict:
 def supports(p: Problem) -> Optional[str]:
     if p.device.type != "cpu":
         return f"tensors are on {p.device}; cuda-emu runs on CPU tensors"
-    if p.dtype not in _DTYPES:
-        return f"dtype {p.dtype} (bfloat16 and float16 only)"
     cuda = _cuda_configs()
-    if cuda._head_of(p.head_dim_qk, p.head_dim_v, p.mla_shared_kv) is None:
-        return (f"head shape Dqk={p.head_dim_qk} Dv={p.head_dim_v} with V "
-                f"{'aliasing' if p.mla_shared_kv else 'separate from'} K is not in the kernel family")
-    return cuda.index_range_problem(p) or cuda.alignment_problem(p)
+    return cuda.family_problem(p) or cuda.index_range_problem(p) or cuda.alignment_problem(p)
 
 
 def _run(p: Problem, config: Optional[KernelConfig], out: torch.Tensor, lse: Optional[torch.Tensor]) -> None:
@@ -359,12 +354,14 @@ def _run(p: Problem, config: Optional[KernelConfig], out: torch.Tensor, lse: Opt
     emu = load_extension()
     emu.binding.run(p.q, p.k_cache, p.v_cache, p.qo_indptr, p.kv_indptr, p.kv_indices, p.kv_lens, p.tree_mask,
                     out, lse, p.sm_scale, p.page_size, p.max_tree_nodes, cfg.num_splits, cfg.block_n, cfg.block_m,
-                    cfg.num_warps, cfg.num_stages, _cuda_configs().error_flags(p.device))
+                    cfg.num_warps, cfg.num_stages, _cuda_configs().error_flags(p.device),
+                    **_cuda_configs().scale_args(p))
 
 
 register(Backend(
     name="cuda-emu", run=_run, available=available, supports=supports, config_space=config_space,
     resources=resources, default_config=default_config, tunable=False, prefix_only=True,
+    kv_formats=("bf16", "fp16", "fp8_e4m3"),
     meta={"kind": "emulator", "runs": "the CUDA kernel sources on the CPU (csrc/emu)"},
 ))
 
