@@ -45,7 +45,8 @@ PY = sys.executable
 # The cuda backend JIT-builds one extension per (dtype, head, layout) on first use. The
 # build stage builds the ones the later stages run, in parallel processes (each its own
 # ninja build), so that no benchmark row pays for a compile.
-BUILD_VARIANTS = (("bf16", "mla576", "page1"), ("bf16", "mla576", "paged"), ("bf16", "gqa128", "page1"))
+BUILD_VARIANTS = (("bf16", "mla576", "page1"), ("bf16", "mla576", "paged"), ("bf16", "gqa128", "page1"),
+                  ("bf16", "mla576e4m3", "page1"))
 _BUILD_ONE = ("import sys, time; t = time.time(); from verify_attn.backends import get_backend; "
               "ok, why = get_backend('cuda').available(); ok or sys.exit(f'cuda backend unavailable: {why}'); "
               "from verify_attn.backends.cuda import load_ops; load_ops(*sys.argv[1:4]); "
@@ -108,10 +109,14 @@ def plan(out: Path, a: argparse.Namespace) -> list[Stage]:
                             "--plot", str(out / "sweep.png")], cap_s=200, min_s=40),
         Stage("gqa", v + ["--shape", "llama3-70b-tp8", "--ctx", "16k,185k", "--tree", "16", "--layout", "page1",
                           "--backend", "cuda,triton,triton-serial", "--json", str(out / "gqa.json")], cap_s=60),
+        # e4m3 caches (issue 17): the e4m3-MMA kernel and Triton's dequantizing one, against the fp8 floors
+        Stage("fp8", v + ["--ctx", "16k,185k", "--tree", "16", "--layout", "page1", "--kv-dtype", "fp8_e4m3",
+                          "--backend", "cuda,triton", "--json", str(out / "fp8.json")], cap_s=60),
     ]
     # predicted vs measured for every timed cuda row (the SASS model's calibration record)
     stages.append(Stage("model", [PY, "-m", "bench.model", "--calibrate", str(out / "headline.json"),
-                                  str(out / "sweep.json"), "--calibrate-json", str(out / "calibration.json")],
+                                  str(out / "sweep.json"), str(out / "fp8.json"),
+                                  "--calibrate-json", str(out / "calibration.json")],
                         cap_s=60, min_s=10))
     if a.tune:
         # export into the results folder: the repo's autotune/configs/ does not come back from a GPU machine

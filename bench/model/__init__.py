@@ -25,8 +25,10 @@ def predict(device: str, *, ctx: int, tree_nodes: int, shape="kimi-k2-tp8", layo
 
     dev = devices.get_device(device)
     sh = get_shape(shape) if isinstance(shape, str) else shape
-    head = vb.head_key(sh.head_dim_qk, sh.head_dim_v, sh.mla)
-    if head is None or kv_dtype not in ("bf16", "fp16") + tuple(getattr(kernels, "KV_DTYPES", ())):
+    if kv_dtype not in ("bf16", "fp16", "fp8_e4m3"):
+        return None
+    head = vb.head_key(sh.head_dim_qk, sh.head_dim_v, sh.mla, kv_dtype == "fp8_e4m3")
+    if head is None:
         return None
     try:
         ks = kernels.load(dev.arch, head, kv_dtype if kv_dtype in ("bf16", "fp16") else "bf16", layout)
@@ -39,6 +41,7 @@ def predict(device: str, *, ctx: int, tree_nodes: int, shape="kimi-k2-tp8", layo
         km = next((k for k in ks if kernel in k.name and k.tile.targets(dev.arch)), None)
     if km is None:
         return None
-    p = call.predict(km, dev, call.Case(sh, ctx, tree_nodes, batch, layout, page_size), num_splits)
+    p = call.predict(km, dev, call.Case(sh, ctx, tree_nodes, batch, layout, page_size, kv_dtype=kv_dtype),
+                     num_splits)
     return {"us": p.total_us, "bound": p.bound, "source": "sass-model", "kernel": km.name,
             "num_splits": p.num_splits, "floor_us": p.floor_us}

@@ -41,7 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--shape", default="kimi-k2-tp8", help=f"head-shape preset: {', '.join(PRESETS)}")
     ap.add_argument("--layout", default="page1", help="page1 and/or paged, comma-separated")
     ap.add_argument("--page-size", type=int, default=64, help="page size of the paged layout (default 64)")
-    ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
+    ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"], help="q and out dtype")
+    ap.add_argument("--kv-dtype", default=None, choices=["bf16", "fp16", "fp8_e4m3"],
+                    help="KV cache storage (default: --dtype); fp8_e4m3 reads the e4m3-cache kernels")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--kernel", default="all", help="all | default | a substring of the kernel name "
                     "(e.g. 'm32 n16' or 'v1')")
@@ -56,10 +58,11 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def _head_of(shape) -> str:
-    h = vb.head_key(shape.head_dim_qk, shape.head_dim_v, shape.mla)
+def _head_of(shape, kv_dtype: str = "bf16") -> str:
+    h = vb.head_key(shape.head_dim_qk, shape.head_dim_v, shape.mla, kv_dtype == "fp8_e4m3")
     if h is None:
-        raise ValueError(f"no CUDA kernel family for head shape {shape.name}")
+        raise ValueError(f"no CUDA kernel family for head shape {shape.name}"
+                         f"{' with an e4m3 cache (MLA 576/512 only)' if kv_dtype == 'fp8_e4m3' else ''}")
     return h
 
 
@@ -121,7 +124,8 @@ def best_splits(km, dev, case) -> predict.Prediction:
 
 def run(a: argparse.Namespace) -> dict:
     shape = get_shape(a.shape)
-    head = _head_of(shape)
+    kv_dtype = a.kv_dtype or a.dtype
+    head = _head_of(shape, kv_dtype)
     ctxs = parse_ctx(a.ctx)
     trees = parse_int_list(a.tree, "--tree")
     layouts = _layouts(a.layout, a.page_size)
@@ -134,7 +138,7 @@ def run(a: argparse.Namespace) -> dict:
             for km in ks:
                 for ctx in ctxs:
                     for n in trees:
-                        case = predict.Case(shape, ctx, n, a.batch, lay, ps)
+                        case = predict.Case(shape, ctx, n, a.batch, lay, ps, kv_dtype=kv_dtype)
                         if a.splits == "best":
                             p = best_splits(km, dev, case)
                         else:
@@ -142,7 +146,8 @@ def run(a: argparse.Namespace) -> dict:
                             p = predict.predict(km, dev, case, s)
                         entries.append(_entry(km, dev, case, p))
     return {"schema": SCHEMA_VERSION, "kind": "model", "date": _dt.datetime.now().isoformat(timespec="seconds"),
-            "commit": _commit(), "shape": shape.to_dict(), "dtype": a.dtype, "splits": a.splits,
+            "commit": _commit(), "shape": shape.to_dict(), "dtype": a.dtype, "kv_dtype": kv_dtype,
+            "splits": a.splits,
             "devices": {d.key: {"name": d.name, "arch": d.arch, "constants": d.constants()}
                         for _, d in _archs(a.arch)},
             "kernels": entries}
@@ -177,7 +182,7 @@ def _commit() -> str:
 
 
 def print_table(payload: dict, per_tile: bool) -> None:
-    print(f"bench.model (predictions from SASS, not measurements): {payload['shape']['name']}, {payload['dtype']}, "
+    print(f"bench.model (predictions from SASS, not measurements): {payload['shape']['name']}, {payload['dtype']} q, {payload['kv_dtype']} KV, "
           f"splits {payload['splits']}")
     hdr = (f"{'device':13} {'kernel':44} {'ctx':>7} {'T':>4} {'layout':7} {'S':>4} {'cta/SM':>6} {'w/sch':>5} "
            f"{'cyc/tile':>8} {'model us':>9} {'floor us':>8} {'%floor':>6}  bound")

@@ -49,7 +49,10 @@ def rows(paths: Optional[Iterable[Path]] = None) -> list[dict]:
             continue
         sh = pl["shape"]
         shape = HeadShape(sh["name"], sh["hq"], sh["hkv"], sh["dqk"], sh["dv"], sh["sm_scale"], sh["mla"])
-        head = vb.head_key(shape.head_dim_qk, shape.head_dim_v, shape.mla)
+        kv_dtype = pl.get("kv_dtype") or pl.get("dtype", "bf16")
+        head = vb.head_key(shape.head_dim_qk, shape.head_dim_v, shape.mla, kv_dtype == "fp8_e4m3")
+        if head is None:
+            continue
         for r in pl["results"]:
             cfg = r.get("config") or {}
             if r.get("backend", "").partition("@")[0] != "cuda" or r.get("status") != "ok" or not r.get("median_us") \
@@ -61,7 +64,7 @@ def rows(paths: Optional[Iterable[Path]] = None) -> list[dict]:
                 continue
             km = kernels.find(dev.arch, head, pl.get("dtype", "bf16"), r["layout"], tile)
             case = predict.Case(shape, r["ctx"], r["tree_nodes"], pl.get("batch", 1), r["layout"], r["page_size"],
-                                pl.get("tree_shape", "ddtree"))
+                                pl.get("tree_shape", "ddtree"), kv_dtype=kv_dtype)
             p = predict.predict(km, dev, case, cfg.get("num_splits") or None)
             out.append({"file": str(f), "device": dev.key, "ctx": r["ctx"], "tree_nodes": r["tree_nodes"],
                         "layout": r["layout"], "page_size": r["page_size"], "kernel": km.name,

@@ -41,6 +41,7 @@ class Case:
     layout: str = "page1"
     page_size: int = 1
     tree_shape: str = "ddtree"
+    kv_dtype: str = "bf16"   # the cache's storage format (verify_attn.fp8): "bf16" | "fp16" | "fp8_e4m3"
 
     @property
     def kv_len(self) -> int:
@@ -99,16 +100,18 @@ class Prediction:
 
 def counts(case: Case, elem_bytes: int = 2) -> rl.Counts:
     trees = make_trees(case.tree_nodes, case.tree_shape, case.batch)
+    fp8 = case.kv_dtype.startswith("fp8")
     return rl.count_shape(case.shape, [case.ctx] * case.batch, trees, elem_bytes=elem_bytes,
-                          page_size=case.page_size)
+                          page_size=case.page_size, kv_dtype=case.kv_dtype if fp8 else None)
 
 
-def floor(c: rl.Counts, dev: DeviceModel) -> rl.Floor:
+def floor(c: rl.Counts, dev: DeviceModel, tensor_speedup: float = 1.0) -> rl.Floor:
     """The roofline floor the model's predictions are judged against: datasheet bandwidth and the
     device's mma.sync-class tensor rate (for sm_120 that is the datasheet rate; for sm_90 it is the
-    sourced mma.sync fraction of the wgmma rate: our kernels cannot use wgmma)."""
+    sourced mma.sync fraction of the wgmma rate: our kernels cannot use wgmma), times
+    `tensor_speedup` for a kernel whose MMAs run at the fp8 rate (QMMA on sm_120)."""
     d = rl.Device(name=dev.name, sms=int(dev.sms.value), mem_bw_gbs=dev.dram_gbs.value,
-                  mma_tflops=dev.mma_tflops, l2_mb=0.0, source="bench.model device model")
+                  mma_tflops=dev.mma_tflops * tensor_speedup, l2_mb=0.0, source="bench.model device model")
     return rl.floor(c, d)
 
 
@@ -133,6 +136,9 @@ def default_splits(case: Case, km: KernelModel, dev: DeviceModel) -> int:
 
 def _row_bytes(case: Case, elem: int = 2) -> int:
     s = case.shape
+    if case.kv_dtype.startswith("fp8"):
+        from verify_attn.fp8 import kv_row_bytes
+        return kv_row_bytes(case.kv_dtype, s.head_dim_qk, s.head_dim_v, s.mla)
     return (s.head_dim_qk if s.mla else s.head_dim_qk + s.head_dim_v) * elem
 
 
@@ -251,7 +257,8 @@ def predict(km: KernelModel, dev: DeviceModel, case: Case, num_splits: Optional[
                                     if S > 1 else 0.0)
     total = main + prologue + comb + launch
     c = counts(case)
-    fl = floor(c, dev)
+    qmma = any(i.op == "QMMA" for i in km.hot.instrs)  # e4m3 MMAs at the device's fp8 rate
+    fl = floor(c, dev, dev.qmma_speedup.value if qmma else 1.0)
     l2_bytes = ctas * tiles * (km.tile.block_n * _row_bytes(case) + 4 * km.tile.block_n)
     dram_bytes = kv_total * (mt / sharers)
     parts = {"main loop": main, "prologue": prologue, "combine": comb, "launch": launch}

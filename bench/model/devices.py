@@ -67,6 +67,7 @@ class DeviceModel:
     bar_latency: Const
     launch_us: Const         # per dependent kernel boundary in a captured graph
     pdl_launch_us: Const     # the same with programmatic dependent launch (the dependent's launch overlaps)
+    qmma_speedup: Const      # FLOP rate of a native e4m3 mma.sync (QMMA.16832) over the 16-bit HMMA rate
     schedulers: int = 4
     notes: tuple[str, ...] = field(default_factory=tuple)
 
@@ -146,6 +147,9 @@ H200 = DeviceModel(
     hmma_latency=_HMMA_LAT, smem_bytes_per_clk_sm=_SMEM, smem_latency=_SMEM_LAT, fp32_per_clk_sm=_FP32,
     int_per_clk_sm=_INT, mufu_per_clk_sm=_MUFU, shfl_per_clk_sm=_SHFL, cvt_per_clk_sm=_CVT, alu_latency=_ALU_LAT,
     mufu_latency=_MUFU_LAT, shfl_latency=_SHFL_LAT, bar_latency=_BAR_LAT, launch_us=_LAUNCH, pdl_launch_us=_PDL,
+    qmma_speedup=Const(1.0, "derived", "this project's sm_90a cubins (nvcc 13.0): mma.sync .e4m3 is lowered to "
+                                       "F2FP.F16.E4M3.UNPACK_B + HMMA.16816.F32 (no QMMA on sm_90; wgmma's 2x fp8 "
+                                       "rate is out of reach of mma.sync), so its SASS is read as 16-bit HMMAs"),
 )
 
 RTX_PRO_6000 = DeviceModel(
@@ -168,6 +172,10 @@ RTX_PRO_6000 = DeviceModel(
     hmma_latency=_HMMA_LAT, smem_bytes_per_clk_sm=_SMEM, smem_latency=_SMEM_LAT, fp32_per_clk_sm=_FP32,
     int_per_clk_sm=_INT, mufu_per_clk_sm=_MUFU, shfl_per_clk_sm=_SHFL, cvt_per_clk_sm=_CVT, alu_latency=_ALU_LAT,
     mufu_latency=_MUFU_LAT, shfl_latency=_SHFL_LAT, bar_latency=_BAR_LAT, launch_us=_LAUNCH, pdl_launch_us=_PDL,
+    qmma_speedup=Const(2.0, "published", "RTX PRO 6000 Blackwell specifications (NVIDIA's 4,000 AI TOPS, FP4 "
+                                         "sparse; per-precision table e.g. hmc-tech.com/gpu): FP8 1.01 PFLOPS dense "
+                                         "with FP32 accumulate vs BF16 503.8 TFLOPS: QMMA.16832 at 2x HMMA.16816's "
+                                         "FLOP rate (same issue interval, twice the k)"),
     notes=("A public hand-written mma.sync GEMM reached 243 TFLOP/s on the 300 W Max-Q part "
            "(DESIGN.md section 5): the workstation card's sustained clock under tensor load may sit below 2.617 GHz.",),
 )

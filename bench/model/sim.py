@@ -40,8 +40,8 @@ def instr_timing(ins: Instr, dev: DeviceModel, ldg_latency: float) -> Timing:
     if c == "hmma":
         shape = ins.mods[0] if ins.mods else "16816"
         flops = {"16816": HMMA_FLOP, "1688": HMMA_FLOP // 2, "16832": HMMA_FLOP * 2}.get(shape, HMMA_FLOP)
-        if op == "QMMA":  # fp8 m16n8k32 runs at twice the 16-bit rate per instruction on sm_89+ / sm_120
-            flops //= 2
+        if op == "QMMA":  # native e4m3 m16n8k32: the device's fp8 tensor rate (devices.qmma_speedup)
+            flops /= dev.qmma_speedup.value
         return Timing("tensor", dev.hmma_interval * flops / HMMA_FLOP, dev.hmma_latency.value)
     if c == "ldgsts":
         # cp.async: issued through the LSU; its shared-memory write happens when the data arrives,
