@@ -379,7 +379,8 @@ def test_64_and_more_splits(emu, tile):
 from verify_attn.reference import reference_verify  # noqa: E402
 from verify_attn.tolerances import FP8_MMA_LSE_ATOL, FP8_MMA_REL_TOL  # noqa: E402
 
-FP8_TILE = (32, 32, 8, 4)  # TilesForFp8<HeadMLA> (config.h)
+FP8_TILE = (32, 32, 8, 4)      # TilesForFp8<HeadMLA> (config.h): e4m3 MMAs (Q and P rounded to e4m3)
+FP8_F16_TILE = (32, 32, 8, 3)  # K / V converted to f16 in registers, f16 MMAs (Q and P exact up to f16)
 FP8_MATRIX = [
     (CaseSpec((54,), (5,), "bushy", dtype=BF, kv_dtype="fp8_e4m3", seed=70, **MLA), 1),
     (CaseSpec((97, 3), (7, 2), "chain", dtype=FP, kv_dtype="fp8_e4m3", page_size=5, seed=71, **MLA), 3),
@@ -399,25 +400,37 @@ def _fp8_errors(case, out, lse) -> tuple[float, float]:
     return rel, float((lse.double() - ref_lse).abs().max())
 
 
+@pytest.mark.parametrize("tile", [FP8_TILE, FP8_F16_TILE], ids=["e4m3-mma", "f16-mma"])
 @pytest.mark.parametrize("i", range(len(FP8_MATRIX)),
                          ids=[f"{s.id}-{n}s" for s, n in FP8_MATRIX])
-def test_fp8_e4m3_matches_reference(emu, i):
+def test_fp8_e4m3_matches_reference(emu, i, tile):
     spec, splits = FP8_MATRIX[i]
     emu.set_schedule(SCHEDULES[i % len(SCHEDULES)], seed=i)
     emu.set_cp_async_landing("issue" if i % 2 else "wait")
     case = make_case(spec)
-    out, lse = _run(case, cfg(splits, *FP8_TILE))
-    rel, lse_err = _fp8_errors(case, out, lse)
-    assert rel <= FP8_MMA_REL_TOL and lse_err <= FP8_MMA_LSE_ATOL, (spec.id, rel, lse_err)
+    out, lse = _run(case, cfg(splits, *tile))
+    if tile == FP8_TILE:
+        rel, lse_err = _fp8_errors(case, out, lse)
+        assert rel <= FP8_MMA_REL_TOL and lse_err <= FP8_MMA_LSE_ATOL, (spec.id, rel, lse_err)
+    else:  # exact conversions, Q and P in f16: the 16-bit tolerance (tolerances.FP8_TOL)
+        check_against_reference(out, lse, case)
 
 
-def test_fp8_default_config_is_the_e4m3_kernel(emu):
+def test_fp8_default_config_is_the_arch_default_e4m3_kernel(emu):
+    from verify_attn import build as vb
+    from verify_attn import device as vdevice
+
     case = make_case(FP8_MATRIX[0][0])
-    c = cuda_emu.default_config(case.problem())
-    assert (c.block_m, c.block_n, c.num_warps, c.num_stages) == FP8_TILE
+    p = case.problem()
+    c = cuda_emu.default_config(p)
+    t = vb.default_tile("mla576e4m3", vdevice.props_for(p.device).arch)  # CPU tensors: the planning arch
+    assert (c.block_m, c.block_n, c.num_warps, c.num_stages) == (t.block_m, t.block_n, t.num_warps, t.num_stages)
+    assert vb.default_tile("mla576e4m3", "sm_90a").fp8_mma == 0 and vb.default_tile("mla576e4m3", "sm_120a").fp8_mma
     out, lse = _run(case, None)
-    rel, _ = _fp8_errors(case, out, lse)
-    assert rel <= FP8_MMA_REL_TOL
+    if t.fp8_mma:
+        assert _fp8_errors(case, out, lse)[0] <= FP8_MMA_REL_TOL
+    else:
+        check_against_reference(out, lse, case)
 
 
 def _binding_fp8(emu, case, config, k_scale, v_scale, k_scale_t=None, v_scale_t=None):
@@ -431,14 +444,15 @@ def _binding_fp8(emu, case, config, k_scale, v_scale, k_scale_t=None, v_scale_t=
     return out, lse
 
 
-def test_fp8_scales_tensor_or_float_and_exactly_linear_in_v_scale(emu):
+@pytest.mark.parametrize("tile", [FP8_TILE, FP8_F16_TILE], ids=["e4m3-mma", "f16-mma"])
+def test_fp8_scales_tensor_or_float_and_exactly_linear_in_v_scale(emu, tile):
     """k_scale / v_scale as 0-d tensors (read by the kernel) give the same bits as floats; out is
     exactly linear in v_scale (it multiplies O once, in fp32; a power of two here); the kernel given
     either scale 10% off, checked against the true cache, fails the tolerance."""
     spec, splits = FP8_MATRIX[1]
     case = make_case(spec)
     ks = case.kwargs["k_scale"]
-    config = cfg(splits, *FP8_TILE)
+    config = cfg(splits, *tile)
     base, base_lse = _run(case, config)
     o, l = tree_verify(**dict(case.kwargs, k_scale=torch.tensor(ks), v_scale=None), backend="cuda-emu",
                        out=poisoned_out(case), return_lse=True, config=config)
@@ -449,14 +463,19 @@ def test_fp8_scales_tensor_or_float_and_exactly_linear_in_v_scale(emu):
     assert (o.double() - 2 * base.double()).abs().max() <= 2.0 ** -24 and torch.equal(l, base_lse)
     for k_mul, v_mul in ((1.1, 1.0), (1.0, 1.1)):
         o, l = _binding_fp8(emu, case, config, ks * k_mul, ks * v_mul)
-        rel, lse_err = _fp8_errors(case, o, l)
-        assert rel > FP8_MMA_REL_TOL or lse_err > FP8_MMA_LSE_ATOL, (k_mul, v_mul, rel, lse_err)
+        if tile == FP8_TILE:
+            rel, lse_err = _fp8_errors(case, o, l)
+            assert rel > FP8_MMA_REL_TOL or lse_err > FP8_MMA_LSE_ATOL, (k_mul, v_mul, rel, lse_err)
+        else:
+            with pytest.raises(AssertionError):
+                check_against_reference(o, l, case)
 
 
-def test_every_fp8_barrier_is_needed_and_caught(emu):
+@pytest.mark.parametrize("tile", [FP8_TILE, FP8_F16_TILE], ids=["e4m3-mma", "f16-mma"])
+def test_every_fp8_barrier_is_needed_and_caught(emu, tile):
     # the e4m3 prologue adds one barrier (the Q row scales); then as v1: 2 before the loop, 2 per tile
     case = make_case(CaseSpec((300,), (7,), "bushy", dtype=BF, kv_dtype="fp8_e4m3", seed=77, **MLA))
-    missed = _missed_barriers_fp8(emu, case, cfg(1, *FP8_TILE), 12)
+    missed = _missed_barriers_fp8(emu, case, cfg(1, *tile), 12)
     assert not missed, f"skipping e4m3-kernel block_sync call(s) {missed} went unnoticed in every strict mode"
 
 
@@ -470,8 +489,12 @@ def _missed_barriers_fp8(emu, case, config, n_calls):
             emu.set_fault("skip_block_sync", nth)
             try:
                 out, lse = _run(case, config)
-                rel, lse_err = _fp8_errors(case, out, lse)
-                caught = rel > FP8_MMA_REL_TOL or lse_err > FP8_MMA_LSE_ATOL
+                if config.num_stages == FP8_TILE[3]:
+                    rel, lse_err = _fp8_errors(case, out, lse)
+                    caught = rel > FP8_MMA_REL_TOL or lse_err > FP8_MMA_LSE_ATOL
+                else:
+                    check_against_reference(out, lse, case)
+                    caught = False
             except (RuntimeError, AssertionError):
                 caught = True
             if caught:

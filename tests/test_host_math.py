@@ -239,6 +239,7 @@ def test_python_tile_table_matches_config_h(hm):
             py.append({"head": head, "dqk": dqk, "dv": dv, "shared_kv": shared, "block_m": t.block_m,
                        "block_n": t.block_n, "warps_m": t.warps_m, "warps_n": t.warps_n,
                        "num_warps": t.num_warps, "num_stages": t.num_stages, "version": t.version, "sn": t.sn,
+                       "fp8_mma": t.fp8_mma,
                        "smem_bytes": vb.smem_bytes(t, dqk, dv, shared, kv_bytes=vb.kv_bytes_of(head))})
     assert sorted(cpp, key=str) == sorted(py, key=str)
     targets = {(d["head"], d["block_m"], d["block_n"], d["num_warps"], d["num_stages"]): t.targets("sm_120a")
@@ -331,3 +332,17 @@ def test_fp8_pv_permutation_is_what_ldmatrix_trans_and_prmt_give(hm):
                 for i in range(4):  # B fragment of m16n8k32: register r, byte i holds k = 4c + i + 16r
                     k = 4 * c + i + 16 * r
                     assert (w >> (8 * i)) & 0xFF == byte(hm.fp8_pv_token_of_k(k), dim), (lane, sel, r, i)
+
+
+def test_e4m3_to_f16_is_exact_on_all_256_codes_and_q_row_scale(hm):
+    codes = torch.arange(256, dtype=torch.uint8)
+    want = codes.view(torch.float8_e4m3fn).to(torch.float16)
+    got = torch.tensor([hm.e4m3_to_f16_bits(c) for c in range(256)], dtype=torch.int32).to(torch.int16)
+    got = got.view(torch.float16)
+    nan = torch.isnan(want)
+    assert torch.equal(torch.isnan(got), nan) and torch.equal(got[~nan], want[~nan])
+    # the f16 path's Q row scale: a power of two >= 1 that brings amax below 2^15
+    for amax, s in [(0.0, 1.0), (1.0, 1.0), (32767.0, 1.0), (32768.0, 2.0), (1e6, 32.0), (3e38, 2.0 ** 113),
+                    (float("inf"), 1.0)]:
+        assert hm.f16_row_scale(amax) == s, amax
+    assert math.isnan(hm.f16_row_scale(float("nan")))

@@ -61,6 +61,7 @@ class Tile:
     version: int = 0  # 0: tree_verify_kernel.cuh (TileConfig), 1: tree_verify_kernel_v1.cuh (TileConfigV1)
     sn: int = 1       # v1: warps splitting the tile's tokens in S (SN)
     archs: tuple[str, ...] = ("sm_90a", "sm_120a")  # the archs whose per-block shared memory it fits
+    fp8_mma: int = 1  # e4m3 caches: 1, products on e4m3 MMAs; 0, K / V converted to f16, f16 MMAs
 
     def targets(self, arch: str) -> bool:
         return normalize_arch(arch) in self.archs
@@ -75,7 +76,8 @@ class Tile:
 
     def label(self) -> str:
         base = f"m{self.block_m} n{self.block_n} w{self.num_warps} s{self.num_stages}"
-        return f"v1 {base} k{self.ksplit} sn{self.sn}" if self.version == 1 else base
+        return (f"v1 {base} k{self.ksplit} sn{self.sn}" + ("" if self.fp8_mma else " f16")
+                if self.version == 1 else base)
 
 
 # head key -> compiled tile configs, default first (TilesFor<...> in config.h). A config is
@@ -86,7 +88,8 @@ TILES: dict[str, list[Tile]] = {
                Tile(32, 32, 2, 4, 4, version=1, sn=2, archs=("sm_90a",)),
                Tile(32, 16, 2, 2, 3), Tile(16, 32, 1, 4, 2)],
     # e4m3 caches: 32 tokens (one k step of the e4m3 P.V MMA), S warps 2 (dims) x 2 (tokens) x 2 (M)
-    "mla576e4m3": [Tile(32, 32, 4, 2, 4, version=1, sn=2)],
+    "mla576e4m3": [Tile(32, 32, 4, 2, 4, version=1, sn=2),
+                   Tile(32, 32, 4, 2, 3, version=1, sn=2, fp8_mma=0)],  # K / V to f16: the H200's, the accurate one
     "gqa64": [Tile(64, 64, 4, 1, 2)],
     "gqa128": [Tile(64, 32, 4, 1, 2), Tile(128, 32, 8, 1, 2)],
     "gqa256": [Tile(32, 32, 2, 2, 2)],
@@ -98,6 +101,9 @@ DEFAULT_TILE: dict[tuple[str, str], Tile] = {
     # sm_120: the two-token-group tile (3 stages, 75 KB) over the 4-stage one, 169 vs 184 us by the model
     # at 185k / 16 nodes (NOTES.md, v1); the 4-stage tile stays compiled for the autotuner
     ("mla576", "sm_120a"): Tile(32, 16, 2, 4, 3, version=1, sn=2),
+    # e4m3 caches on sm_90: mma.sync has no e4m3 rate there (nvcc lowers it to f16 HMMAs), so the
+    # tile that converts K / V to f16 itself, keeping Q and P exact, is the faster one too (NOTES.md)
+    ("mla576e4m3", "sm_90a"): Tile(32, 32, 4, 2, 3, version=1, sn=2, fp8_mma=0),
 }
 
 
@@ -134,13 +140,14 @@ def kv_bytes_of(head: str) -> int:
 
 def smem_bytes(tile: Tile, dqk: int, dv: int, shared_kv: bool, kv_bytes: int = 2) -> int:
     """Dynamic shared memory of the split kernel (SharedMemoryPlan / SharedMemoryPlanV1 in traits.h);
-    kv_bytes 1: the e4m3-cache kernels (K / V / P one byte per element)."""
+    kv_bytes 1: the e4m3-cache kernels (K / V one byte per element; P too on e4m3 MMAs, f16 otherwise)."""
     pad, elem = 8, 2
     if tile.version == 1:
         kpad = 16 // kv_bytes
+        pb = 1 if kv_bytes == 1 and tile.fp8_mma else 2  # P element bytes
         stage = tile.block_n * (dqk + kpad) + (0 if shared_kv else tile.block_n * (dv + kpad))
         part = tile.ksplit * tile.block_m * (tile.block_n + 8) * 4
-        p = 2 * tile.block_m * (tile.block_n + kpad) * kv_bytes
+        p = 2 * tile.block_m * (tile.block_n + 16 // pb) * pb
         stats = (5 if kv_bytes == 1 else 4) * tile.block_m * 4  # alpha x 2, 1/l, lse2 (+ Q row scale)
         idx_ring = tile.num_stages * 32 * tile.num_warps * 4  # kv_indices ring: a slot per stage and thread
         return tile.num_stages * stage * kv_bytes + part + p + stats + idx_ring
@@ -287,10 +294,10 @@ _ELEM = {"13__nv_bfloat16": "bf16", "6__half": "fp16"}
 def tile_of_mangled(mangled: str) -> Tile:
     """The tile config of a split kernel from its mangled name: TileConfig<BM, BN, WM, WN, STAGES> (v0)
     or TileConfigV1<BM, BN, W, STAGES, KSPLIT, SN> (v1)."""
-    m = re.search(r"TileConfigV1ILi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)E", mangled)
+    m = re.search(r"TileConfigV1ILi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)E(?:Li(\d+)E)?", mangled)
     if m:
-        bm, bn, w, st, ks, sn = map(int, m.groups())
-        return Tile(bm, bn, w // ks, ks, st, version=1, sn=sn)
+        bm, bn, w, st, ks, sn = map(int, m.groups()[:6])
+        return Tile(bm, bn, w // ks, ks, st, version=1, sn=sn, fp8_mma=int(m.group(7) or 1))
     t = [int(x) for x in re.search(r"TileConfigILi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)E", mangled).groups()]
     return Tile(t[0], t[1], t[2], t[3], t[4])
 
@@ -305,8 +312,8 @@ def _compiled_tile(mangled: str) -> Tile:
     t = tile_of_mangled(mangled)
     for tiles in TILES.values():
         for x in tiles:
-            if (x.block_m, x.block_n, x.warps_m, x.warps_n, x.num_stages, x.version, x.sn) == \
-                    (t.block_m, t.block_n, t.warps_m, t.warps_n, t.num_stages, t.version, t.sn):
+            if (x.block_m, x.block_n, x.warps_m, x.warps_n, x.num_stages, x.version, x.sn, x.fp8_mma) == \
+                    (t.block_m, t.block_n, t.warps_m, t.warps_n, t.num_stages, t.version, t.sn, t.fp8_mma):
                 return x
     return t
 

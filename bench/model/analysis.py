@@ -219,11 +219,18 @@ def trip_count(f: Function, loop: Loop) -> Optional[int]:
 def find_loop(f: Function, marker_lines, marker_file: str) -> Loop:
     """The function's loop whose backward branch sits on one of the marker lines (the largest)."""
     lines = (marker_lines,) if isinstance(marker_lines, int) else tuple(marker_lines)
+    mfile = Path(marker_file).resolve()
     cands = [lp for lp in f.loops() if lp.branch.line in lines and lp.branch.file and
-             Path(lp.branch.file).resolve() == Path(marker_file).resolve()]
-    if not cands:
+             Path(lp.branch.file).resolve() == mfile]
+    if cands:
+        return max(cands, key=lambda lp: lp.end - lp.start)
+    # the compiler may credit the backward branch to the body's last statement: then the innermost
+    # loop that holds the marker line's own instructions (the induction update and the exit test)
+    at_marker = [k for k, i in enumerate(f.instrs) if i.line in lines and i.file and Path(i.file).resolve() == mfile]
+    holders = [lp for lp in f.loops() if lp.end > lp.start and any(lp.start <= a <= lp.end for a in at_marker)]
+    if not holders:
         raise LookupError(f"{f.name[:60]}...: no loop closes at {marker_file}:{list(lines)}")
-    return max(cands, key=lambda lp: lp.end - lp.start)
+    return min(holders, key=lambda lp: lp.end - lp.start)
 
 
 @dataclass

@@ -69,6 +69,17 @@ VA_HOST_DEVICE void unpack2(uint32_t r, float& lo, float& hi) {
   }
 }
 
+// max that propagates NaN (max.NaN.f32, sm_80 and later): a NaN operand wins.
+VA_DEVICE float max_nan(float a, float b) {
+#if VA_EMULATION
+  return (a != a || b != b) ? __builtin_nanf("") : std::fmax(a, b);
+#else
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;\n" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+#endif
+}
+
 // Two floats -> two e4m3 codes in 16 bits, lo in the low byte; round to nearest even,
 // saturating to +-448. PTX cvt.rn.satfinite.e4m3x2.f32 d, a, b puts a in the upper byte.
 // https://docs.nvidia.com/cuda/parallel-thread-execution/#data-movement-and-conversion-instructions-cvt
@@ -78,6 +89,20 @@ VA_DEVICE uint16_t cvt_e4m3x2(float lo, float hi) {
 #else
   uint16_t r;
   asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(r) : "f"(hi), "f"(lo));
+  return r;
+#endif
+}
+
+// Two e4m3 codes (the low 16 bits, low byte first) -> f16x2 (low code in the low half), exact.
+// PTX cvt.rn.f16x2.e4m3x2 (sm_89 and later).
+VA_DEVICE uint32_t e4m3x2_to_f16x2(uint32_t codes) {
+#if VA_EMULATION
+  return uint32_t(::va::host::e4m3_to_f16_bits(uint8_t(codes & 0xFF))) |
+         (uint32_t(::va::host::e4m3_to_f16_bits(uint8_t((codes >> 8) & 0xFF))) << 16);
+#else
+  uint32_t r;
+  const uint16_t c = static_cast<uint16_t>(codes);
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(r) : "h"(c));
   return r;
 #endif
 }

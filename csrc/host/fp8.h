@@ -58,6 +58,33 @@ VA_HD uint8_t float_to_e4m3(float f) {
   return sign | static_cast<uint8_t>(((e + 7) << 3) | q);
 }
 
+// The power of two a row of 16-bit Q is divided by before it is rounded to f16 (the f16-MMA path for
+// e4m3 caches): the smallest 2^e >= 1 with amax / 2^e < 2^15, so f16 neither overflows nor, for
+// typical rows (amax < 2^15: 2^e = 1), changes a bf16 value that f16 holds. inf amax: 1 (the inf
+// stays inf); NaN amax: NaN (the row's scores become NaN, as the reference's do).
+VA_HD float f16_row_scale(float amax) {
+  if (amax != amax) return amax;
+  if (!(amax - amax == 0.0f)) return 1.0f;  // inf
+  int e = 0;
+  while (e < 113 && amax >= exp2_int(e + 15)) ++e;  // 2^(113 + 15) = inf ends it
+  return exp2_int(e);
+}
+
+// f16 bits of an e4m3 code (exact: every e4m3 value is an f16 value; NaN -> f16 NaN 0x7E00).
+VA_HD uint16_t e4m3_to_f16_bits(uint8_t x) {
+  const int e = (x >> 3) & 0xF, m = x & 7;
+  const uint16_t sign = static_cast<uint16_t>((x & 0x80) << 8);
+  if (e == 0xF && m == 7) return sign | 0x7E00;
+  if (e == 0) {  // m * 2^-9 = m * 2^-9: f16 normal for m >= 1 (2^-9 >= 2^-14)
+    if (m == 0) return sign;
+    int k = 2;  // m = 1.f * 2^k, k = floor(log2 m)
+    while (!(m >> k)) --k;
+    const uint16_t frac = static_cast<uint16_t>((m - (1 << k)) << (10 - k));
+    return sign | static_cast<uint16_t>(((k - 9 + 15) << 10) | frac);
+  }
+  return sign | static_cast<uint16_t>(((e - 7 + 15) << 10) | (m << 7));
+}
+
 // ---- fragment permutations of the fp8 MMA path (mma.m16n8k32 .e4m3) --------------------------
 //
 // P . V with P (rows x tokens) and V (tokens x dims) both e4m3 needs V's B fragment with 4

@@ -46,6 +46,7 @@ py::dict tile_dict(const char* head) {
   d["num_stages"] = Tile::STAGES;
   d["version"] = Tile::kVersion;
   if constexpr (Tile::kVersion == 1) d["sn"] = Tile::SN; else d["sn"] = 1;
+  if constexpr (Tile::kVersion == 1) d["fp8_mma"] = Tile::FP8_MMA; else d["fp8_mma"] = 1;
   d["smem_bytes"] = Tr::smem_bytes();
   return d;
 }
@@ -126,6 +127,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("e4m3_to_float", [](int code) { return e4m3_to_float(static_cast<uint8_t>(code)); });
   m.def("float_to_e4m3", [](float f) { return static_cast<int>(float_to_e4m3(f)); });
   m.def("fp8_pv_token_of_k", &fp8_pv_token_of_k);
+  m.def("e4m3_to_f16_bits", [](int code) { return static_cast<int>(e4m3_to_f16_bits(static_cast<uint8_t>(code))); });
+  m.def("f16_row_scale", &f16_row_scale);
   m.def("fp8_pv_k_of_token", &fp8_pv_k_of_token);
   m.def("prmt_bytes", [](uint32_t a, uint32_t b, uint32_t sel) { return prmt_bytes(a, b, sel); });
   m.attr("PRMT_EVEN_BYTES") = kPrmtEvenBytes;

@@ -38,8 +38,11 @@ struct TileConfig {
 // KSPLIT warps split Dqk (each keeps Q for its dims in registers), SN warps split
 // the tile's tokens, W / (KSPLIT * SN) warps split the m tiles. For O += P V
 // every warp owns Dv / W columns of all rows.
-template <int BM_, int BN_, int W_, int STAGES_, int KSPLIT_, int SN_>
+// FP8_MMA (e4m3 caches only): 1, S and P.V on e4m3 MMAs (Q and P rounded to e4m3); 0, K and V
+// converted to f16 in registers and both products on f16 MMAs (Q and P exact up to f16).
+template <int BM_, int BN_, int W_, int STAGES_, int KSPLIT_, int SN_, int FP8_MMA_ = 1>
 struct TileConfigV1 {
+  static constexpr int FP8_MMA = FP8_MMA_;
   static constexpr int BM = BM_;
   static constexpr int BN = BN_;
   static constexpr int STAGES = STAGES_;
@@ -102,8 +105,11 @@ template <> struct TilesFor<HeadMLA> {
 // k step of P.V; a 576-byte row (+16 B pad) makes a 32-token stage 18.5 KB, so 4 stages, 2 x 32 x 40
 // fp32 partial scores and e4m3 P fit in 92 KB. S warps 2 (dims: 288 = 9 k steps) x 2 (tokens) x 2 (M).
 template <class Head> struct TilesForFp8 { using type = TileList<>; };
+//  The second tile converts K / V to f16 in registers (F2FP on sm_90 and sm_120) and keeps Q and P in
+//  f16: the H200's fp8 tile (its mma.sync has no e4m3 rate) and the accurate one on sm_120. 3 stages,
+//  75.6 KB.
 template <> struct TilesForFp8<HeadMLA> {
-  using type = TileList<TileConfigV1<32, 32, 8, 4, 2, 2>>;
+  using type = TileList<TileConfigV1<32, 32, 8, 4, 2, 2, 1>, TileConfigV1<32, 32, 8, 3, 2, 2, 0>>;
 };
 template <> struct TilesFor<HeadG128> {
   using type = TileList<TileConfig<64, 32, 4, 1, 2>, TileConfig<128, 32, 8, 1, 2>>;

@@ -98,9 +98,9 @@ struct KernelTraits {
 // partial score tiles, P and alpha double-buffered (tile i read by PV while tile
 // i+1's softmax writes), 1/l and lse2. Q is staged once in the last pipeline
 // stages before their tiles are issued and then lives in registers.
-template <int BM, int BN, int STAGES, int KSPLIT, int DQK, int DV, bool kSharedKV, int KVB = 2>
+template <int BM, int BN, int STAGES, int KSPLIT, int DQK, int DV, bool kSharedKV, int KVB = 2, int PB = KVB>
 struct SharedMemoryPlanV1 {
-  // KVB: bytes per K / V / P element (2: the 16-bit type of q; 1: e4m3). Q is staged as 16-bit.
+  // KVB: bytes per K / V element (2: the 16-bit type of q; 1: e4m3); PB: per P element. Q is staged 16-bit.
   static constexpr int kQElem = 2;
   static constexpr int kKvElem = KVB;
   static constexpr int kPad = 16 / KVB;                            // elements per K/V/P row (16 B): conflict-free ldmatrix
@@ -110,14 +110,14 @@ struct SharedMemoryPlanV1 {
   static constexpr int kStageElems = BN * kKPitch + (kSharedKV ? 0 : BN * kVPitch);  // one stage: K rows, V rows
   static constexpr size_t kStageBytes = size_t(kStageElems) * KVB;
   static constexpr int kSPitch = BN + 8;   // floats per partial-score row: conflict-free float2 stores
-  static constexpr int kPPitch = BN + kPad;  // elements per P row (ldmatrix rows on distinct banks)
+  static constexpr int kPPitch = BN + 16 / PB;  // elements per P row (ldmatrix rows on distinct banks)
   static constexpr int kQStages = int((size_t(BM) * kQPitch * kQElem + kStageBytes - 1) / kStageBytes);  // stages Q borrows
 
   static constexpr size_t kK = 0;
   static constexpr size_t kV = size_t(BN) * kKPitch * KVB;         // V rows of a stage follow its K rows (GQA)
   static constexpr size_t kPart = size_t(STAGES) * kStageBytes;
   static constexpr size_t kP = kPart + size_t(KSPLIT) * BM * kSPitch * sizeof(float);
-  static constexpr size_t kStats = kP + size_t(2) * BM * kPPitch * KVB;
+  static constexpr size_t kStats = kP + size_t(2) * BM * kPPitch * PB;
   // 2 x alpha, 1/l, lse2 per row; with e4m3 operands also each Q row's quantization scale
   static constexpr int kStatsPerRow = KVB == 1 ? 5 : 4;
   static constexpr size_t kIdx = kStats + size_t(kStatsPerRow) * BM * sizeof(float);
@@ -144,8 +144,12 @@ struct KernelTraitsV1 {
   using Elem = Elem_;
   using Layout = Layout_;
   static constexpr bool kFp8 = kFp8_;
-  using KvElem = std::conditional_t<kFp8, uint8_t, Elem>;  // K / V / P storage
-  static constexpr int kKStep = kFp8 ? 32 : 16;             // MMA k per instruction
+  static constexpr bool kE4m3Mma = kFp8 && Tile::FP8_MMA == 1;  // products on e4m3 MMAs
+  static constexpr bool kFp8Deq = kFp8 && Tile::FP8_MMA == 0;   // K / V to f16 in registers, f16 MMAs
+  using KvElem = std::conditional_t<kFp8, uint8_t, Elem>;  // K / V storage
+  static constexpr int kPBytes = kE4m3Mma ? 1 : 2;          // P storage: e4m3, or 16-bit (T; f16 when kFp8Deq)
+  static constexpr int kKStep = kFp8 ? 32 : 16;             // K elements per S step (one 32-byte ldmatrix pair)
+  static constexpr int kMmaPerStep = kFp8Deq ? 2 : 1;       // k16 MMAs per S step
   static constexpr int kKvPerChunk = 16 / int(sizeof(KvElem));  // K / V elements per 16-byte copy
   static constexpr int DQK = Head::DQK;
   static constexpr int DV = Head::DV;
@@ -161,11 +165,12 @@ struct KernelTraitsV1 {
   static constexpr int kSN8 = kSTok / 8;             // n8 tiles per m tile in S
   static constexpr int kSDims = DQK / KSPLIT;        // head dims per warp in S
   static constexpr int kSKSteps = kSDims / kKStep;   // MMA k steps per S warp
+  static constexpr int kQFrags = kSKSteps * kMmaPerStep;  // Q A fragments per m tile
   // accumulator sets over alternate k steps: at least 4 independent MMA chains per warp
   static constexpr int kSAcc = (kSMT * kSN8 >= 4 || kSKSteps < 2) ? 1 : 2;
   static constexpr int kODV = DV / kWarps;           // Dv columns per warp in O
   static constexpr int kON8 = kODV / 8;
-  static constexpr int kPKSteps = BN / kKStep;
+  static constexpr int kPKSteps = BN / (kE4m3Mma ? 32 : 16);  // MMA k steps of P.V per tile
   static constexpr int kQChunks = DQK / 8;           // 16-byte chunks per Q / K row
   // KV loader: kThreadsPerRow threads per tile row split its 16-byte chunks evenly (the largest such
   // count the block allows), so every copy sits at a constant offset from one row pointer; the
@@ -182,18 +187,18 @@ struct KernelTraitsV1 {
   VA_HD static int soft_row(int warp, int lane) { return warp * (32 / kLanesPerRow) + lane / kLanesPerRow; }
   VA_HD static int soft_col(int lane) { return (lane % kLanesPerRow) * kTPL; }
 
-  using Smem = SharedMemoryPlanV1<BM, BN, STAGES, KSPLIT, DQK, DV, kSharedKV, int(sizeof(KvElem))>;
+  using Smem = SharedMemoryPlanV1<BM, BN, STAGES, KSPLIT, DQK, DV, kSharedKV, int(sizeof(KvElem)), kPBytes>;
   static constexpr int kQStages = Smem::kQStages;
   static constexpr size_t smem_bytes() { return Smem::template total<kThreads>(); }
 
   static_assert(sizeof(Elem) == 2, "16-bit element types only");
   static_assert(DQK % (kKStep * KSPLIT) == 0, "each S warp's head dims must be whole MMA k steps");
-  static_assert(!kFp8 || (BN % 32 == 0 && kSharedKV), "e4m3 tiles: MLA rows, whole 32-token k steps for P.V");
+  static_assert(!kFp8 || (BN == 32 && kSharedKV), "e4m3 tiles: MLA rows, 32 tokens (one e4m3 k step, one .trans load)");
   static_assert(kODV % 16 == 0, "each warp's Dv slice must be whole n16 pairs (ldmatrix x4 .trans)");
   static_assert(kTPL == 1 || kTPL == 2 || kTPL == 4 || kTPL == 8, "1, 2, 4 or 8 scores per softmax lane");
   static_assert(kLanesPerRow <= 32 && (32 % kLanesPerRow) == 0, "a row's softmax lanes stay inside one warp");
   static_assert(kTPL >= 2, "P is stored as pairs of 16-bit values");
-  static_assert(kSMT * kSKSteps * 4 + MS * kON8 * 4 + kSAcc * kSMT * kSN8 * 4 <= 176,
+  static_assert(kSMT * kQFrags * 4 + MS * kON8 * 4 + kSAcc * kSMT * kSN8 * 4 <= 176,
                 "Q fragments + O and S accumulators must leave registers for the rest");
   // sm_120's 99 KB is checked per tile by the build report for the tiles that target sm_120 (build.py TILES)
   static_assert(smem_bytes() <= 227 * 1024, "shared memory must fit sm_90's 227 KB per block");

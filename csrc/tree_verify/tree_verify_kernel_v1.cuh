@@ -111,7 +111,10 @@ VA_DEVICE void sts_pack(T* dst, const float (&v)[N]) {
 template <class Tr>
 __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(const Params p, const int num_splits) {
   using T = typename Tr::Elem;
-  using KV = typename Tr::KvElem;  // K / V / P storage: T, or e4m3 codes (Tr::kFp8)
+  using KV = typename Tr::KvElem;  // K / V storage: T, or e4m3 codes (Tr::kFp8)
+  // 16-bit MMA operand type: T, or f16 when e4m3 K / V are converted in registers (Tr::kFp8Deq)
+  using M16 = std::conditional_t<Tr::kFp8Deq, __half, T>;
+  using PE = std::conditional_t<Tr::kE4m3Mma, uint8_t, M16>;  // P storage
   using L = typename Tr::Layout;
   using Smem = typename Tr::Smem;
   namespace arch = va::arch;
@@ -152,7 +155,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
   KV* sK = reinterpret_cast<KV*>(smem + Smem::kK);                // (STAGES, BN, Dqk) padded rows
   KV* sV = Tr::kSharedKV ? sK : reinterpret_cast<KV*>(smem + Smem::kV);
   float* sPart = reinterpret_cast<float*>(smem + Smem::kPart);   // (KSPLIT, BM, BN) partial scores
-  KV* sP = reinterpret_cast<KV*>(smem + Smem::kP);                // (2, BM, BN) probabilities
+  PE* sP = reinterpret_cast<PE*>(smem + Smem::kP);                // (2, BM, BN) probabilities
   float* sAlpha = reinterpret_cast<float*>(smem + Smem::kStats);  // (2, BM) rescale factor per tile
   float* sFin = sAlpha + 2 * BM;                                  // (2, BM) 1/l and log2-sum-exp2 at the end
   float* sQScale = sFin + 2 * BM;                                 // (BM) e4m3 path: each Q row's scale
@@ -254,21 +257,25 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
   const h::RowCol a_addr = h::ldsm_a_addr(lane);
   const h::RowCol b_addr = h::ldsm_b_addr(lane);
   const h::RowCol bt_addr = h::ldsm_bt_addr(lane);
-  uint32_t qf[Tr::kSMT][Tr::kSKSteps][4];  // this warp's Q fragments: its m tiles x its dims
+  uint32_t qf[Tr::kSMT][Tr::kQFrags][4];  // this warp's Q fragments: its m tiles x its dims
   arch::cp_async_wait<kFirst>();  // Q landed (this thread's copies)
   arch::block_sync();             // ... and everyone's
   if constexpr (Tr::kFp8) {
-    // e4m3 Q: each row scaled by its own amax / 448 (the scale multiplies the row's scores later)
+    // each Q row scaled, the scale multiplying the row's scores later: e4m3 Q by amax / 448; f16 Q
+    // (Tr::kFp8Deq) by a power of two that keeps it below f16's range (1 for any usual row)
     for (int r = warp; r < BM; r += Tr::kWarps) {
       float amax = 0.f;
       for (int c = lane; c < Tr::DQK / 2; c += 32) {
         float x, y;
         arch::unpack2<T>(*reinterpret_cast<const uint32_t*>(sQ + r * Smem::kQPitch + 2 * c), x, y);
-        amax = arch::max_f(amax, arch::max_f(fabsf(x), fabsf(y)));
+        amax = arch::max_nan(amax, arch::max_nan(fabsf(x), fabsf(y)));  // a NaN in the row: NaN scale
       }
 #pragma unroll
-      for (int x = 16; x > 0; x >>= 1) amax = arch::max_f(amax, arch::shfl_xor(amax, x));
-      if (lane == 0) sQScale[r] = amax > 0.f ? amax / h::kE4m3Max : 1.f;  // NaN amax: NaN scale, NaN scores
+      for (int x = 16; x > 0; x >>= 1) amax = arch::max_nan(amax, arch::shfl_xor(amax, x));
+      if (lane == 0) {
+        if constexpr (Tr::kFp8Deq) sQScale[r] = h::f16_row_scale(amax);
+        else sQScale[r] = amax > 0.f ? amax / h::kE4m3Max : (amax == 0.f ? 1.f : amax);  // NaN amax: NaN scale
+      }
     }
     arch::block_sync();  // the row scales
 #pragma unroll
@@ -278,7 +285,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
 #pragma unroll
       for (int kk = 0; kk < Tr::kSKSteps; ++kk)
 #pragma unroll
-        for (int r = 0; r < 4; ++r) {  // a[r]: row r0 + 8 (r & 1), dims 4 (lane % 4) + 16 (r >> 1) .. + 3
+        for (int r = 0; r < 4; ++r) {  // row r0 + 8 (r & 1), dims 4 (lane % 4) + 16 (r >> 1) .. + 3 of the step
           const T* src = sQ + (r0 + 8 * (r & 1)) * Smem::kQPitch + ws_k * Tr::kSDims + kk * 32 + 4 * (lane & 3) +
                          16 * (r >> 1);
           const uint2 w = *reinterpret_cast<const uint2*>(src);
@@ -286,7 +293,16 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
           arch::unpack2<T>(w.x, x0, x1);
           arch::unpack2<T>(w.y, x2, x3);
           const float s = inv[r & 1];
-          qf[i][kk][r] = uint32_t(arch::cvt_e4m3x2(x0 * s, x1 * s)) | (uint32_t(arch::cvt_e4m3x2(x2 * s, x3 * s)) << 16);
+          if constexpr (Tr::kFp8Deq) {
+            // k16 step 2 kk + (r >> 1) with its k order permuted like K's (csrc/host/fp8.h): dims
+            // (4c, 4c+1) are k (2c, 2c+1) -> a[rh], dims (4c+2, 4c+3) are k (2c+8, 2c+9) -> a[rh + 2]
+            uint32_t* a = qf[i][2 * kk + (r >> 1)];
+            a[r & 1] = arch::pack2<__half>(x0 * s, x1 * s);
+            a[(r & 1) + 2] = arch::pack2<__half>(x2 * s, x3 * s);
+          } else {  // a[r]: e4m3 bytes of dims 4c .. 4c + 3 (+16 for r >= 2)
+            qf[i][kk][r] =
+                uint32_t(arch::cvt_e4m3x2(x0 * s, x1 * s)) | (uint32_t(arch::cvt_e4m3x2(x2 * s, x3 * s)) << 16);
+          }
         }
     }
   } else {
@@ -311,8 +327,14 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
   // ---- S(t) = Q K^T over this warp's dims -> partial scores in shared memory ---
   using SAcc = float[Tr::kSAcc][Tr::kSMT][Tr::kSN8][4];
   auto mma = [](float (&acc)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
-    if constexpr (Tr::kFp8) arch::mma_m16n8k32_e4m3(acc, a, b, acc);
-    else arch::mma_m16n8k16<T>(acc, a, b, acc);
+    if constexpr (Tr::kE4m3Mma) arch::mma_m16n8k32_e4m3(acc, a, b, acc);
+    else arch::mma_m16n8k16<M16>(acc, a, b, acc);
+  };
+  // f16 path: 4 e4m3 codes of K (one token, dims 4c .. 4c + 3 of a 16-dim block) -> the B fragment of
+  // one k16 step in the permuted k order: dims (4c, 4c+1) as k (2c, 2c+1), (4c+2, 4c+3) as (2c+8, 2c+9)
+  auto k_frag = [](uint32_t codes, uint32_t (&b)[2]) {
+    b[0] = arch::e4m3x2_to_f16x2(codes);
+    b[1] = arch::e4m3x2_to_f16x2(codes >> 16);
   };
   // `mid()` runs after half of the k steps: work the warp issues while its first MMAs are in the pipe
   auto s_mma = [&](int tile, SAcc& sacc, auto&& mid) {
@@ -336,11 +358,25 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
       for (int j = 0; j + 1 < Tr::kSN8; j += 2) {
         uint32_t bb[4];
         arch::ldmatrix_x4(bb, sKw + j * 8 * Smem::kKPitch + kk * Tr::kKStep);
-        const uint32_t b0[2] = {bb[0], bb[1]}, b1[2] = {bb[2], bb[3]};
+        if constexpr (Tr::kFp8Deq) {  // bb: tile j dims 0-15, 16-31 of the step; tile j + 1 the same
 #pragma unroll
-        for (int i = 0; i < Tr::kSMT; ++i) {
-          mma(sacc[a][i][j], qf[i][kk], b0);
-          mma(sacc[a][i][j + 1], qf[i][kk], b1);
+          for (int hf = 0; hf < 2; ++hf) {
+            uint32_t b0[2], b1[2];
+            k_frag(bb[hf], b0);
+            k_frag(bb[2 + hf], b1);
+#pragma unroll
+            for (int i = 0; i < Tr::kSMT; ++i) {
+              mma(sacc[a][i][j], qf[i][2 * kk + hf], b0);
+              mma(sacc[a][i][j + 1], qf[i][2 * kk + hf], b1);
+            }
+          }
+        } else {
+          const uint32_t b0[2] = {bb[0], bb[1]}, b1[2] = {bb[2], bb[3]};
+#pragma unroll
+          for (int i = 0; i < Tr::kSMT; ++i) {
+            mma(sacc[a][i][j], qf[i][kk], b0);
+            mma(sacc[a][i][j + 1], qf[i][kk], b1);
+          }
         }
       }
       if constexpr (Tr::kSN8 % 2 == 1) {
@@ -349,8 +385,18 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
         uint32_t b0[2];
         arch::ldmatrix_x2(b0, sKs + (ws_n * Tr::kSTok + j * 8 + (lane & 7)) * Smem::kKPitch + ws_k * Tr::kSDims +
                                   8 * kColScale * ((lane >> 3) & 1) + kk * Tr::kKStep);
+        if constexpr (Tr::kFp8Deq) {
 #pragma unroll
-        for (int i = 0; i < Tr::kSMT; ++i) mma(sacc[a][i][j], qf[i][kk], b0);
+          for (int hf = 0; hf < 2; ++hf) {
+            uint32_t b[2];
+            k_frag(b0[hf], b);
+#pragma unroll
+            for (int i = 0; i < Tr::kSMT; ++i) mma(sacc[a][i][j], qf[i][2 * kk + hf], b);
+          }
+        } else {
+#pragma unroll
+          for (int i = 0; i < Tr::kSMT; ++i) mma(sacc[a][i][j], qf[i][kk], b0);
+        }
       }
     }
   };
@@ -377,7 +423,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
   // lazy rescaling: a row's reference max moves only when a tile beats it by more than 2^8 (P <= 256).
   // e4m3 P: the max is exact (P <= 1) and P is stored times 2^8, so the codes keep 3 bits of
   // precision down to P = 2^-14 and reach zero only below 2^-18.
-  constexpr float kMaxSlack = Tr::kFp8 ? 0.f : 8.f;
+  constexpr float kMaxSlack = Tr::kE4m3Mma ? 0.f : 8.f;
   constexpr float kPScale = 256.f;
   const int srow = Tr::soft_row(warp, lane);
   // scores in log2 units: sm_scale, and with e4m3 operands the Q row's and the K cache's scales
@@ -428,15 +474,15 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
 #pragma unroll
     for (int x = 1; x < Tr::kLanesPerRow; x <<= 1) rsum += arch::shfl_xor(rsum, x);
     l_run = l_run * alpha + rsum;
-    if constexpr (Tr::kFp8) {
+    if constexpr (Tr::kE4m3Mma) {
       // e4m3 pairs at the MMA's k positions (tokens t, t + 1 are adjacent there for even t)
-      KV* prow = sP + ((tile & 1) * BM + srow) * Smem::kPPitch;
+      PE* prow = sP + ((tile & 1) * BM + srow) * Smem::kPPitch;
 #pragma unroll
       for (int e = 0; e < TPL; e += 2)
         *reinterpret_cast<uint16_t*>(prow + h::fp8_pv_k_of_token(scol + e)) =
             arch::cvt_e4m3x2(s[e] * kPScale, s[e + 1] * kPScale);
     } else {
-      sts_pack<T, TPL>(sP + ((tile & 1) * BM + srow) * Smem::kPPitch + scol, s);
+      sts_pack<M16, TPL>(sP + ((tile & 1) * BM + srow) * Smem::kPPitch + scol, s);
     }
     if (scol == 0) sAlpha[(tile & 1) * BM + srow] = alpha;
   };
@@ -483,8 +529,32 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
   // gives the row of token l), joined by byte permutes: register pair {0, 1} for the chunk's even dims
   // (n8 accumulator 2c), {2, 3} for its odd dims (2c + 1), tokens in fp8_pv_token_of_k order.
   auto pv_load = [&](int tile) {
-    const KV* sPt = sP + (tile & 1) * BM * Smem::kPPitch;
-    if constexpr (Tr::kFp8) {
+    const PE* sPt = sP + (tile & 1) * BM * Smem::kPPitch;
+    if constexpr (Tr::kFp8Deq) {
+      // f16 path: tokens in their natural order. A chunk's 4 .trans registers hold tokens 2c, 2c+1 of
+      // 8-token matrices 0..3; the even (odd) bytes of matrices (0, 1) are the step-0 k pairs (2c, 2c+1)
+      // and (2c+8, 2c+9) of the even (odd) dim, matrices (2, 3) step 1's: a permute, then two converts.
+      const KV* sVw = sV + (tile % STAGES) * Smem::kStageElems + lane * Smem::kVPitch + warp * Tr::kODV;
+#pragma unroll
+      for (int kk = 0; kk < Tr::kPKSteps; ++kk)
+#pragma unroll
+        for (int i = 0; i < Tr::MS; ++i)
+          arch::ldmatrix_x4(pa[kk][i], sPt + (i * 16 + a_addr.row) * Smem::kPPitch + kk * 16 + a_addr.col);
+#pragma unroll
+      for (int j = 0; j < Tr::kON8; j += 2) {
+        uint32_t r[4];
+        arch::ldmatrix_x4_trans(r, sVw + j * 8);
+#pragma unroll
+        for (int kk = 0; kk < 2; ++kk) {
+          const uint32_t ev = arch::prmt(r[2 * kk], r[2 * kk + 1], h::kPrmtEvenBytes);
+          const uint32_t od = arch::prmt(r[2 * kk], r[2 * kk + 1], h::kPrmtOddBytes);
+          vb[kk][j / 2][0] = arch::e4m3x2_to_f16x2(ev);
+          vb[kk][j / 2][1] = arch::e4m3x2_to_f16x2(ev >> 16);
+          vb[kk][j / 2][2] = arch::e4m3x2_to_f16x2(od);
+          vb[kk][j / 2][3] = arch::e4m3x2_to_f16x2(od >> 16);
+        }
+      }
+    } else if constexpr (Tr::kE4m3Mma) {
       const KV* sVw = sV + (tile % STAGES) * Smem::kStageElems + lane * Smem::kVPitch + warp * Tr::kODV;
 #pragma unroll
       for (int kk = 0; kk < Tr::kPKSteps; ++kk) {
@@ -591,7 +661,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
       const int qrow = qo_begin + grow / group;
       const int head = kvh * group + grow % group;
       // e4m3: P was stored times 2^8 and V's codes carry v_scale
-      const float inv = Tr::kFp8 ? sFin[r] * (kv_scale(p.v_scale_ptr, p.v_scale) / kPScale) : sFin[r];
+      const float inv = Tr::kE4m3Mma ? sFin[r] * (kv_scale(p.v_scale_ptr, p.v_scale) / kPScale)
+                        : Tr::kFp8 ? sFin[r] * kv_scale(p.v_scale_ptr, p.v_scale) : sFin[r];
       const float lse2 = sFin[BM + r];
       if constexpr (Tr::kFp8) {
         // the chunk's even-dim (j) and odd-dim (j + 1) accumulators hold dims 16 (j / 2) + 4 (lane % 4) .. + 3
