@@ -46,7 +46,7 @@ PY = sys.executable
 # build stage builds the ones the later stages run, in parallel processes (each its own
 # ninja build), so that no benchmark row pays for a compile.
 BUILD_VARIANTS = (("bf16", "mla576", "page1"), ("bf16", "mla576", "paged"), ("bf16", "gqa128", "page1"),
-                  ("bf16", "mla576e4m3", "page1"))
+                  ("bf16", "mla576e4m3", "page1"), ("bf16", "mla576x656", "page1"))
 _BUILD_ONE = ("import sys, time; t = time.time(); from verify_attn.backends import get_backend; "
               "ok, why = get_backend('cuda').available(); ok or sys.exit(f'cuda backend unavailable: {why}'); "
               "from verify_attn.backends.cuda import load_ops; load_ops(*sys.argv[1:4]); "
@@ -112,10 +112,12 @@ def plan(out: Path, a: argparse.Namespace) -> list[Stage]:
         # e4m3 caches (issue 17): the e4m3-MMA kernel and Triton's dequantizing one, against the fp8 floors
         Stage("fp8", v + ["--ctx", "16k,185k", "--tree", "16", "--layout", "page1", "--kv-dtype", "fp8_e4m3",
                           "--backend", "cuda,triton", "--json", str(out / "fp8.json")], cap_s=60),
+        Stage("fp8_656", v + ["--ctx", "185k", "--tree", "16", "--layout", "page1", "--kv-dtype", "fp8_mla656",
+                              "--backend", "cuda,triton", "--json", str(out / "fp8_656.json")], cap_s=45),
     ]
     # predicted vs measured for every timed cuda row (the SASS model's calibration record)
     stages.append(Stage("model", [PY, "-m", "bench.model", "--calibrate", str(out / "headline.json"),
-                                  str(out / "sweep.json"), str(out / "fp8.json"),
+                                  str(out / "sweep.json"), str(out / "fp8.json"), str(out / "fp8_656.json"),
                                   "--calibrate-json", str(out / "calibration.json")],
                         cap_s=60, min_s=10))
     if a.tune:

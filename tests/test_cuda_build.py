@@ -80,7 +80,7 @@ def test_every_tile_config_fits_the_archs_it_targets():
         for t in tiles:
             assert t.archs, (head, t)
             for arch in t.archs:
-                smem = vb.smem_bytes(t, dqk, dv, shared, kv_bytes=vb.kv_bytes_of(head))
+                smem = vb.tile_smem(head, t)
                 assert smem <= vb.SMEM_LIMIT[arch], (head, t, arch)
         for arch in ("sm_90a", "sm_120a"):  # the default of every arch runs on it
             d = vb.default_tile(head, arch)

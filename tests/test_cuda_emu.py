@@ -504,3 +504,39 @@ def _missed_barriers_fp8(emu, case, config, n_calls):
         if not hit:
             missed.append(nth)
     return missed
+
+
+
+# FlashMLA's 656-byte rows (TilesFor656): e4m3 codes x per-128 scales and bf16 RoPE, on the f16 tile
+MLA656_MATRIX = [
+    (CaseSpec((54,), (5,), "bushy", dtype=BF, kv_dtype="fp8_mla656", seed=80, **MLA), 1),
+    (CaseSpec((97, 3), (7, 2), "chain", dtype=FP, kv_dtype="fp8_mla656", page_size=5, seed=81, **MLA), 3),
+    (CaseSpec((300,), (9,), "star", dtype=BF, kv_dtype="fp8_mla656", page_size=16, seed=82, **MLA), 2),
+    (CaseSpec((0, 200, 1), (1, 16, 4), "deep", dtype=FP, kv_dtype="fp8_mla656", page_size=3, seed=83, **MLA), 4),
+    (CaseSpec((20,), (37,), "bushy", dtype=BF, kv_dtype="fp8_mla656", page_size=7, seed=84, **MLA), 2),
+]
+
+
+@pytest.mark.parametrize("i", range(len(MLA656_MATRIX)), ids=[f"{s.id}-{n}s" for s, n in MLA656_MATRIX])
+def test_fp8_mla656_rows_match_reference(emu, i):
+    spec, splits = MLA656_MATRIX[i]
+    emu.set_schedule(SCHEDULES[i % len(SCHEDULES)], seed=i)
+    emu.set_cp_async_landing("issue" if i % 2 else "wait")
+    case = make_case(spec)
+    config = None if i == 0 else cfg(splits, *FP8_F16_TILE)  # the default is that tile too
+    out, lse = _run(case, config)
+    check_against_reference(out, lse, case)  # tolerances.FP8_TOL: exact codes x power-of-two scales, f16 MMAs
+
+
+def test_fp8_mla656_scales_and_rope_are_read(emu):
+    """Every block's scale doubled and the RoPE negated in the rows: the kernel follows the reference on
+    the modified cache (a kernel that ignored the scales or read the RoPE as codes would not)."""
+    spec, splits = MLA656_MATRIX[0]
+    case = make_case(spec)
+    kw = case.kwargs
+    rows = kw["k_cache"]                              # uint8 [slots, 1, 656]
+    scales = rows[..., 512:528].view(torch.float32)   # 4 per row
+    scales.mul_(2.0)                                  # every block's scale doubled: values double
+    rows[..., 528:656].view(torch.bfloat16).mul_(-1)  # RoPE negated
+    out, lse = _run(case, cfg(splits, *FP8_F16_TILE))
+    check_against_reference(out, lse, case)           # the reference reads the same modified rows

@@ -244,3 +244,14 @@ def test_fp8_scale_tensor_is_read_on_the_device_in_a_graph():
         torch.cuda.synchronize()
         want = verify_attn.tree_verify(**dict(kw, k_scale=float(case.kwargs["k_scale"]) * mul), backend="cuda")
         assert torch.equal(out, want), mul
+
+
+@pytest.mark.parametrize("kv_dtype,tile", [("fp8_e4m3", (32, 32, 8, 3)), ("fp8_mla656", None)],
+                         ids=["e4m3-f16-tile", "mla656"])
+@pytest.mark.parametrize("page_size", [1, 64])
+def test_fp8_f16_path_matches_reference_at_16_bit_tolerance(kv_dtype, tile, page_size):
+    """The f16 tile (K / V converted in registers; the sm_90 default for e4m3) and the 656-byte rows:
+    exact conversions, so the 16-bit tolerance (tolerances.FP8_TOL through check_against_reference)."""
+    cfg = None if tile is None else KernelConfig(0, tile[1], tile[0], tile[2], tile[3])
+    _check(_spec("kimi-mla", torch.bfloat16, prefix_lens=(4097, 300, 0), tree_sizes=(16, 5, 1),
+                 page_size=page_size, seed=33, kv_dtype=kv_dtype), cfg)

@@ -240,7 +240,7 @@ def test_python_tile_table_matches_config_h(hm):
                        "block_n": t.block_n, "warps_m": t.warps_m, "warps_n": t.warps_n,
                        "num_warps": t.num_warps, "num_stages": t.num_stages, "version": t.version, "sn": t.sn,
                        "fp8_mma": t.fp8_mma,
-                       "smem_bytes": vb.smem_bytes(t, dqk, dv, shared, kv_bytes=vb.kv_bytes_of(head))})
+                       "smem_bytes": vb.tile_smem(head, t)})
     assert sorted(cpp, key=str) == sorted(py, key=str)
     targets = {(d["head"], d["block_m"], d["block_n"], d["num_warps"], d["num_stages"]): t.targets("sm_120a")
                for head, tiles in vb.TILES.items() for t in tiles

@@ -46,9 +46,14 @@ HEADS: dict[str, tuple[int, int, bool]] = {
     "gqa128": (128, 128, False),
     "gqa256": (256, 256, False),
     "mla576e4m3": (576, 512, True),  # e4m3 caches (TilesForFp8<HeadMLA>): q / out bf16 or fp16
+    "mla576x656": (576, 512, True),  # FlashMLA's 656-byte fp8 MLA rows (TilesFor656<HeadMLA>)
 }
 # head key -> its e4m3-cache variant (VA_TV_INSTANTIATE_FP8); the heads that have one
 FP8_HEADS: dict[str, str] = {"mla576": "mla576e4m3"}
+# head key -> its 656-byte-row variant (VA_TV_INSTANTIATE_656)
+MLA656_HEADS: dict[str, str] = {"mla576": "mla576x656"}
+# K row bytes in the cache where they are not Dqk x the element size
+KV_ROW_BYTES: dict[str, int] = {"mla576x656": 656}
 
 
 @dataclass(frozen=True)
@@ -90,6 +95,7 @@ TILES: dict[str, list[Tile]] = {
     # e4m3 caches: 32 tokens (one k step of the e4m3 P.V MMA), S warps 2 (dims) x 2 (tokens) x 2 (M)
     "mla576e4m3": [Tile(32, 32, 4, 2, 4, version=1, sn=2),
                    Tile(32, 32, 4, 2, 3, version=1, sn=2, fp8_mma=0)],  # K / V to f16: the H200's, the accurate one
+    "mla576x656": [Tile(32, 32, 4, 2, 3, version=1, sn=2, fp8_mma=0)],
     "gqa64": [Tile(64, 64, 4, 1, 2)],
     "gqa128": [Tile(64, 32, 4, 1, 2), Tile(128, 32, 8, 1, 2)],
     "gqa256": [Tile(32, 32, 2, 2, 2)],
@@ -125,27 +131,38 @@ LAYOUTS = ("page1", "paged")
 SMEM_LIMIT = {"sm_90": 227 * 1024, "sm_90a": 227 * 1024, "sm_120": 99 * 1024, "sm_120a": 99 * 1024}
 
 
-def head_key(dqk: int, dv: int, shared_kv: bool, kv_fp8: bool = False) -> Optional[str]:
-    """The kernel family's head key for a shape; with kv_fp8, its e4m3-cache variant (None if not built)."""
+def head_key(dqk: int, dv: int, shared_kv: bool, kv_fp8=False) -> Optional[str]:
+    """The kernel family's head key for a shape; kv_fp8 True / "fp8_e4m3": its e4m3-cache variant,
+    "fp8_mla656": its 656-byte-row variant (None if not built)."""
+    variants = set(FP8_HEADS.values()) | set(MLA656_HEADS.values())
     for k, v in HEADS.items():
-        if v == (dqk, dv, shared_kv) and k not in FP8_HEADS.values():
+        if v == (dqk, dv, shared_kv) and k not in variants:
+            if kv_fp8 == "fp8_mla656":
+                return MLA656_HEADS.get(k)
             return FP8_HEADS.get(k) if kv_fp8 else k
     return None
 
 
 def kv_bytes_of(head: str) -> int:
-    """Bytes per K / V element of a head key's kernels (1: e4m3 caches)."""
-    return 1 if head in FP8_HEADS.values() else 2
+    """Bytes per K / V element of a head key's kernels (1: the fp8 caches)."""
+    return 1 if head in FP8_HEADS.values() or head in MLA656_HEADS.values() else 2
 
 
-def smem_bytes(tile: Tile, dqk: int, dv: int, shared_kv: bool, kv_bytes: int = 2) -> int:
+def tile_smem(head: str, tile: "Tile") -> int:
+    """Dynamic shared memory of a head key's split kernel with `tile`."""
+    dqk, dv, shared = HEADS[head]
+    return smem_bytes(tile, dqk, dv, shared, kv_bytes=kv_bytes_of(head), kv_row=KV_ROW_BYTES.get(head, 0))
+
+
+def smem_bytes(tile: Tile, dqk: int, dv: int, shared_kv: bool, kv_bytes: int = 2, kv_row: int = 0) -> int:
     """Dynamic shared memory of the split kernel (SharedMemoryPlan / SharedMemoryPlanV1 in traits.h);
     kv_bytes 1: the e4m3-cache kernels (K / V one byte per element; P too on e4m3 MMAs, f16 otherwise)."""
     pad, elem = 8, 2
     if tile.version == 1:
         kpad = 16 // kv_bytes
         pb = 1 if kv_bytes == 1 and tile.fp8_mma else 2  # P element bytes
-        stage = tile.block_n * (dqk + kpad) + (0 if shared_kv else tile.block_n * (dv + kpad))
+        krow = (kv_row + 32) if kv_row else dqk + kpad   # kv_row: 656-byte rows, a 32-byte pad
+        stage = tile.block_n * krow + (0 if shared_kv else tile.block_n * (dv + kpad))
         part = tile.ksplit * tile.block_m * (tile.block_n + 8) * 4
         p = 2 * tile.block_m * (tile.block_n + 16 // pb) * pb
         stats = (5 if kv_bytes == 1 else 4) * tile.block_m * 4  # alpha x 2, 1/l, lse2 (+ Q row scale)
@@ -307,6 +324,11 @@ def is_fp8_mangled(mangled: str) -> bool:
     return re.search(r"TileConfigV1I(?:Li\d+E)+EELb1E", mangled) is not None
 
 
+def is_656_mangled(mangled: str) -> bool:
+    """A v1 split kernel built for the 656-byte MLA rows: KernelTraitsV1<..., TileConfigV1<...>, true, true>."""
+    return re.search(r"TileConfigV1I(?:Li\d+E)+EELb1ELb1E", mangled) is not None
+
+
 def _compiled_tile(mangled: str) -> Tile:
     """The TILES entry (with its target archs) of a split kernel's mangled name."""
     t = tile_of_mangled(mangled)
@@ -325,9 +347,9 @@ def _describe(mangled: str) -> tuple[str, int]:
         dqk, dv, shared = re.search(r"HeadConfigILi(\d+)ELi(\d+)ELb([01])E", mangled).groups()
         layout = "paged" if "PagedLayout" in mangled else "page1"
         tile = tile_of_mangled(mangled)
-        fp8 = is_fp8_mangled(mangled)
-        dyn = smem_bytes(tile, int(dqk), int(dv), shared == "1", kv_bytes=1 if fp8 else 2)
-        name = f"split {elem}{'q-e4m3kv' if fp8 else ''} {dqk}x{dv} {layout} {tile.label()}"
+        fp8, m656 = is_fp8_mangled(mangled), is_656_mangled(mangled)
+        dyn = smem_bytes(tile, int(dqk), int(dv), shared == "1", kv_bytes=1 if fp8 else 2, kv_row=656 if m656 else 0)
+        name = f"split {elem}{'q-656kv' if m656 else 'q-e4m3kv' if fp8 else ''} {dqk}x{dv} {layout} {tile.label()}"
         return name, dyn
     if "tree_verify_combine_kernel" in mangled:
         dv = re.search(r"Li(\d+)EEEv", mangled)

@@ -25,9 +25,9 @@ def predict(device: str, *, ctx: int, tree_nodes: int, shape="kimi-k2-tp8", layo
 
     dev = devices.get_device(device)
     sh = get_shape(shape) if isinstance(shape, str) else shape
-    if kv_dtype not in ("bf16", "fp16", "fp8_e4m3"):
+    if kv_dtype not in ("bf16", "fp16", "fp8_e4m3", "fp8_mla656"):
         return None
-    head = vb.head_key(sh.head_dim_qk, sh.head_dim_v, sh.mla, kv_dtype == "fp8_e4m3")
+    head = vb.head_key(sh.head_dim_qk, sh.head_dim_v, sh.mla, kv_dtype if kv_dtype.startswith("fp8") else False)
     if head is None:
         return None
     try:

@@ -42,8 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--layout", default="page1", help="page1 and/or paged, comma-separated")
     ap.add_argument("--page-size", type=int, default=64, help="page size of the paged layout (default 64)")
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"], help="q and out dtype")
-    ap.add_argument("--kv-dtype", default=None, choices=["bf16", "fp16", "fp8_e4m3"],
-                    help="KV cache storage (default: --dtype); fp8_e4m3 reads the e4m3-cache kernels")
+    ap.add_argument("--kv-dtype", default=None, choices=["bf16", "fp16", "fp8_e4m3", "fp8_mla656"],
+                    help="KV cache storage (default: --dtype); fp8_e4m3 / fp8_mla656 read the fp8-cache kernels")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--kernel", default="all", help="all | default | a substring of the kernel name "
                     "(e.g. 'm32 n16' or 'v1')")
@@ -59,10 +59,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _head_of(shape, kv_dtype: str = "bf16") -> str:
-    h = vb.head_key(shape.head_dim_qk, shape.head_dim_v, shape.mla, kv_dtype == "fp8_e4m3")
+    fp8 = kv_dtype if kv_dtype.startswith("fp8") else False
+    h = vb.head_key(shape.head_dim_qk, shape.head_dim_v, shape.mla, fp8)
     if h is None:
         raise ValueError(f"no CUDA kernel family for head shape {shape.name}"
-                         f"{' with an e4m3 cache (MLA 576/512 only)' if kv_dtype == 'fp8_e4m3' else ''}")
+                         f"{f' with an {kv_dtype} cache (MLA 576/512 only)' if fp8 else ''}")
     return h
 
 

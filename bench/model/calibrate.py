@@ -50,7 +50,8 @@ def rows(paths: Optional[Iterable[Path]] = None) -> list[dict]:
         sh = pl["shape"]
         shape = HeadShape(sh["name"], sh["hq"], sh["hkv"], sh["dqk"], sh["dv"], sh["sm_scale"], sh["mla"])
         kv_dtype = pl.get("kv_dtype") or pl.get("dtype", "bf16")
-        head = vb.head_key(shape.head_dim_qk, shape.head_dim_v, shape.mla, kv_dtype == "fp8_e4m3")
+        head = vb.head_key(shape.head_dim_qk, shape.head_dim_v, shape.mla,
+                           kv_dtype if kv_dtype.startswith("fp8") else False)
         if head is None:
             continue
         for r in pl["results"]:

@@ -106,7 +106,7 @@ def load(arch: str, head: str, dtype: str, layout: str) -> tuple[KernelModel, ..
         cold = analysis.tile_path(f, lp, mk.cold, kfile, include_cold=True)
         comb_path, comb_regs, comb_per = combines.get(tile.version, (None, 0, 1))
         out.append(KernelModel(arch, readable, name, tile, head, dtype, layout, regs.get(name, 0),
-                               vb.smem_bytes(tile, dqk, dv, shared, kv_bytes=vb.kv_bytes_of(head)), hot, cold,
+                               vb.tile_smem(head, tile), hot, cold,
                                analysis.read_tile(hot),
                                analysis.read_tile(cold), comb_path, comb_regs, comb_per))
     if not out:

@@ -35,11 +35,18 @@ inline Params params_from_tensors(const at::Tensor& q,            // [total_q, H
               "tree_verify: q must be bfloat16 or float16, got ", q.scalar_type());
   TORCH_CHECK(out.scalar_type() == q.scalar_type(), "tree_verify: out must have q's dtype ", q.scalar_type(),
               ", got ", out.scalar_type());
-  const bool kv_fp8 = k_cache.scalar_type() == at::kFloat8_e4m3fn;
+  // cache format: q's 16-bit type; float8_e4m3fn (per-tensor scales); uint8 656-byte MLA rows (FlashMLA's)
+  const bool mla656 = k_cache.scalar_type() == at::kByte;
+  const bool kv_fp8 = mla656 || k_cache.scalar_type() == at::kFloat8_e4m3fn;
   for (const at::Tensor* t : {&k_cache, &v_cache})
-    TORCH_CHECK(t->scalar_type() == (kv_fp8 ? at::kFloat8_e4m3fn : q.scalar_type()),
+    TORCH_CHECK(t->scalar_type() == (kv_fp8 ? k_cache.scalar_type() : q.scalar_type()),
                 "tree_verify: k_cache and v_cache must both have q's dtype ", q.scalar_type(),
-                " or both be float8_e4m3fn, got ", k_cache.scalar_type(), " and ", v_cache.scalar_type());
+                ", both be float8_e4m3fn, or both be the same uint8 656-byte rows; got ", k_cache.scalar_type(),
+                " and ", v_cache.scalar_type());
+  if (mla656)
+    TORCH_CHECK(k_cache.size(-1) == 656 && k_cache.size(-2) == 1 && v_cache.data_ptr() == k_cache.data_ptr() &&
+                    q.size(-1) == 576 && out.size(-1) == 512,
+                "tree_verify: uint8 caches are 656-byte MLA rows [..., 1, 656] (v_cache = k_cache, Dqk 576, Dv 512)");
   for (const std::optional<at::Tensor>* t : {&k_scale_t, &v_scale_t})
     if (*t) TORCH_CHECK((*t)->scalar_type() == at::kFloat && (*t)->numel() == 1 && (*t)->device() == q.device(),
                         "tree_verify: k_scale / v_scale tensors must be float32 with one element on q's device");
@@ -77,8 +84,8 @@ inline Params params_from_tensors(const at::Tensor& q,            // [total_q, H
               "-D for page_size ", page_size);
   if (page_size > 1) TORCH_CHECK(k_cache.size(1) == page_size, "tree_verify: k_cache.size(1) must be page_size");
   const int64_t total_q = q.size(0), hq = q.size(1), dqk = q.size(2);
-  const int64_t hkv = k_cache.size(-2), dv = v_cache.size(-1);
-  TORCH_CHECK(k_cache.size(-1) == dqk, "tree_verify: k_cache head dim must equal q's");
+  const int64_t hkv = k_cache.size(-2), dv = mla656 ? 512 : v_cache.size(-1);
+  TORCH_CHECK(mla656 || k_cache.size(-1) == dqk, "tree_verify: k_cache head dim must equal q's");
   TORCH_CHECK(hkv >= 1 && hq % hkv == 0, "tree_verify: Hq must be a multiple of Hkv");
   TORCH_CHECK(out.size(0) == total_q && out.size(1) == hq && out.size(2) == dv, "tree_verify: out must be [total_q, Hq, Dv]");
   const int64_t batch = qo_indptr.numel() - 1;
@@ -131,7 +138,7 @@ inline Params params_from_tensors(const at::Tensor& q,            // [total_q, H
   p.mla_shared_kv = v_cache.data_ptr() == k_cache.data_ptr() && v_cache.strides().slice(0, cache_dim - 1) ==
                                                                     k_cache.strides().slice(0, cache_dim - 1);
   p.dtype = q.scalar_type() == at::kBFloat16 ? DType::kBF16 : DType::kFP16;
-  p.kv_fp8 = kv_fp8;
+  p.kv_fp8 = mla656 ? 2 : kv_fp8 ? 1 : 0;
   p.sm_scale = static_cast<float>(sm_scale);
   p.k_scale_ptr = k_scale_t ? k_scale_t->data_ptr<float>() : nullptr;
   p.v_scale_ptr = v_scale_t ? v_scale_t->data_ptr<float>() : nullptr;

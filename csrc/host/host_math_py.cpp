@@ -29,9 +29,10 @@ struct HostLog2 {
 
 std::tuple<int, int> rc(RowCol x) { return {x.row, x.col}; }
 
-template <class Head, class Tile, bool kFp8 = false>
+template <class Head, class Tile, int kFmt = 0>
 py::dict tile_dict(const char* head) {
-  using Tr = std::conditional_t<Tile::kVersion == 1, va::tv::KernelTraitsV1<uint16_t, Head, Page1Layout, Tile, kFp8>,
+  using Tr = std::conditional_t<Tile::kVersion == 1,
+                                va::tv::KernelTraitsV1<uint16_t, Head, Page1Layout, Tile, kFmt != 0, kFmt == 2>,
                                 va::tv::KernelTraits<uint16_t, Head, Page1Layout, Tile>>;
   py::dict d;
   d["head"] = head;
@@ -51,9 +52,9 @@ py::dict tile_dict(const char* head) {
   return d;
 }
 
-template <class Head, bool kFp8 = false, class... Tiles>
+template <class Head, int kFmt = 0, class... Tiles>
 void add_tiles(py::list& out, const char* head, va::tv::TileList<Tiles...>) {
-  (out.append(tile_dict<Head, Tiles, kFp8>(head)), ...);
+  (out.append(tile_dict<Head, Tiles, kFmt>(head)), ...);
 }
 
 py::list tile_configs() {
@@ -62,7 +63,8 @@ py::list tile_configs() {
   add_tiles<va::tv::HeadG64>(out, "gqa64", va::tv::TilesFor<va::tv::HeadG64>::type{});
   add_tiles<va::tv::HeadG128>(out, "gqa128", va::tv::TilesFor<va::tv::HeadG128>::type{});
   add_tiles<va::tv::HeadG256>(out, "gqa256", va::tv::TilesFor<va::tv::HeadG256>::type{});
-  add_tiles<va::tv::HeadMLA, true>(out, "mla576e4m3", va::tv::TilesForFp8<va::tv::HeadMLA>::type{});
+  add_tiles<va::tv::HeadMLA, 1>(out, "mla576e4m3", va::tv::TilesForFp8<va::tv::HeadMLA>::type{});
+  add_tiles<va::tv::HeadMLA, 2>(out, "mla576x656", va::tv::TilesFor656<va::tv::HeadMLA>::type{});
   return out;
 }
 

@@ -111,6 +111,11 @@ template <class Head> struct TilesForFp8 { using type = TileList<>; };
 template <> struct TilesForFp8<HeadMLA> {
   using type = TileList<TileConfigV1<32, 32, 8, 4, 2, 2, 1>, TileConfigV1<32, 32, 8, 3, 2, 2, 0>>;
 };
+// FlashMLA's 656-byte rows (512 e4m3 codes, 4 fp32 scales, 64 bf16 RoPE values): the f16 tile only.
+template <class Head> struct TilesFor656 { using type = TileList<>; };
+template <> struct TilesFor656<HeadMLA> {
+  using type = TileList<TileConfigV1<32, 32, 8, 3, 2, 2, 0>>;
+};
 template <> struct TilesFor<HeadG128> {
   using type = TileList<TileConfig<64, 32, 4, 1, 2>, TileConfig<128, 32, 8, 1, 2>>;
 };

@@ -21,7 +21,7 @@ const char* dtype_str(DType d) { return d == DType::kBF16 ? "bf16" : d == DType:
 
 bool key_matches(const KernelKey& k, const Params& p) {
   return k.dtype == p.dtype && k.dqk == p.head_dim_qk && k.dv == p.head_dim_v &&
-         k.shared_kv == (p.mla_shared_kv != 0) && k.paged == (p.page_size > 1) && k.kv_fp8 == (p.kv_fp8 != 0);
+         k.shared_kv == (p.mla_shared_kv != 0) && k.paged == (p.page_size > 1) && k.kv_fp8 == p.kv_fp8;
 }
 
 void check(bool ok, const std::string& what) {
@@ -34,7 +34,8 @@ const KernelEntry& find_entry(const Params& p) {
     if (key_matches(k, p)) return e;
   }
   std::ostringstream os;
-  os << "unsupported combination: dtype " << dtype_str(p.dtype) << (p.kv_fp8 ? " (e4m3 caches)" : "") << ", Dqk "
+  os << "unsupported combination: dtype " << dtype_str(p.dtype)
+     << (p.kv_fp8 == 2 ? " (656-byte fp8 MLA rows)" : p.kv_fp8 ? " (e4m3 caches)" : "") << ", Dqk "
      << p.head_dim_qk << ", Dv "
      << p.head_dim_v << (p.mla_shared_kv ? " (V aliases K)" : " (separate V)") << ", "
      << (p.page_size > 1 ? "paged" : "page1") << " layout; compiled here:";

@@ -26,21 +26,22 @@ bool tile_matches(const LaunchConfig& c) {
 
 // The traits and split kernel of a tile config: v0 (TileConfig) or v1 (TileConfigV1); kFp8: e4m3 caches
 // (v1 only).
-template <class T, class Head, class Layout, class Tile, bool kFp8 = false, int V = Tile::kVersion>
+// kFmt: the cache format, 0 (q's 16-bit type), 1 (e4m3, per-tensor scales), 2 (656-byte MLA rows).
+template <class T, class Head, class Layout, class Tile, int kFmt = 0, int V = Tile::kVersion>
 struct KernelOf {
-  static_assert(!kFp8, "e4m3 caches: kernel v1 tiles only");
+  static_assert(kFmt == 0, "e4m3 caches: kernel v1 tiles only");
   using Tr = KernelTraits<T, Head, Layout, Tile>;
   static constexpr auto kernel = tree_verify_split_kernel<Tr>;
 };
-template <class T, class Head, class Layout, class Tile, bool kFp8>
-struct KernelOf<T, Head, Layout, Tile, kFp8, 1> {
-  using Tr = KernelTraitsV1<T, Head, Layout, Tile, kFp8>;
+template <class T, class Head, class Layout, class Tile, int kFmt>
+struct KernelOf<T, Head, Layout, Tile, kFmt, 1> {
+  using Tr = KernelTraitsV1<T, Head, Layout, Tile, kFmt != 0, kFmt == 2>;
   static constexpr auto kernel = tree_verify_split_kernel_v1<Tr>;
 };
 
-template <class T, class Head, class Layout, class Tile, bool kFp8>
+template <class T, class Head, class Layout, class Tile, int kFmt>
 void launch_one(const Params& p, const LaunchConfig& cfg, cudaStream_t stream) {
-  using K = KernelOf<T, Head, Layout, Tile, kFp8>;
+  using K = KernelOf<T, Head, Layout, Tile, kFmt>;
   using Tr = typename K::Tr;
   const int m_tiles = va::host::ceil_div(p.max_tree_nodes * p.group, Tile::BM);  // static: no qo_indptr read
   if (static_cast<int64_t>(m_tiles) * p.num_kv_heads > 65535 || p.batch > 65535)
@@ -67,14 +68,14 @@ inline std::string tile_str(const LaunchConfig& c) {
          " num_warps=" + std::to_string(c.num_warps) + " num_stages=" + std::to_string(c.num_stages);
 }
 
-template <class T, class Head, class Layout, bool kFp8, class... Tiles>
+template <class T, class Head, class Layout, int kFmt, class... Tiles>
 struct ShapeLauncher;
 
-template <class T, class Head, class Layout, bool kFp8, class... Tiles>
-struct ShapeLauncher<T, Head, Layout, kFp8, TileList<Tiles...>> {
+template <class T, class Head, class Layout, int kFmt, class... Tiles>
+struct ShapeLauncher<T, Head, Layout, kFmt, TileList<Tiles...>> {
   static void launch(const Params& p, const LaunchConfig& cfg, cudaStream_t stream) {
     bool done = false;
-    ((!done && tile_matches<Tiles>(cfg) ? (launch_one<T, Head, Layout, Tiles, kFp8>(p, cfg, stream), done = true)
+    ((!done && tile_matches<Tiles>(cfg) ? (launch_one<T, Head, Layout, Tiles, kFmt>(p, cfg, stream), done = true)
                                         : false),
      ...);
     if (!done) {
@@ -87,7 +88,7 @@ struct ShapeLauncher<T, Head, Layout, kFp8, TileList<Tiles...>> {
   }
   static size_t smem(const LaunchConfig& cfg) {
     size_t bytes = 0;
-    ((bytes = (bytes == 0 && tile_matches<Tiles>(cfg)) ? KernelOf<T, Head, Layout, Tiles, kFp8>::Tr::smem_bytes()
+    ((bytes = (bytes == 0 && tile_matches<Tiles>(cfg)) ? KernelOf<T, Head, Layout, Tiles, kFmt>::Tr::smem_bytes()
                                                        : bytes),
      ...);
     return bytes;
@@ -100,15 +101,17 @@ template <> constexpr DType dtype_of<__nv_bfloat16>() { return DType::kBF16; }
 template <> constexpr DType dtype_of<__half>() { return DType::kFP16; }
 template <class T> const char* dtype_name() { return std::is_same_v<T, __half> ? "fp16" : "bf16"; }
 
-// Registers the (T, Head, Layout[, e4m3 caches]) entry with all its tile configs.
-template <class T, class Head, class Layout, bool kFp8 = false>
+// Registers the (T, Head, Layout, cache format) entry with all its tile configs.
+template <class T, class Head, class Layout, int kFmt = 0>
 bool register_shape() {
-  using Tiles = std::conditional_t<kFp8, typename TilesForFp8<Head>::type, typename TilesFor<Head>::type>;
-  using SL = ShapeLauncher<T, Head, Layout, kFp8, Tiles>;
+  using Tiles = std::conditional_t<kFmt == 2, typename TilesFor656<Head>::type,
+                                   std::conditional_t<kFmt == 1, typename TilesForFp8<Head>::type,
+                                                      typename TilesFor<Head>::type>>;
+  using SL = ShapeLauncher<T, Head, Layout, kFmt, Tiles>;
   return register_kernel(KernelEntry{
-      KernelKey{dtype_of<T>(), Head::DQK, Head::DV, Head::kSharedKV, Layout::kPaged, kFp8},
-      std::string(dtype_name<T>()) + (kFp8 ? "q-e4m3kv-" : "-") + std::to_string(Head::DQK) + "x" +
-          std::to_string(Head::DV) + "-" + Layout::kName,
+      KernelKey{dtype_of<T>(), Head::DQK, Head::DV, Head::kSharedKV, Layout::kPaged, kFmt},
+      std::string(dtype_name<T>()) + (kFmt == 2 ? "q-656kv-" : kFmt == 1 ? "q-e4m3kv-" : "-") +
+          std::to_string(Head::DQK) + "x" + std::to_string(Head::DV) + "-" + Layout::kName,
       SL::tiles(), &SL::launch, &SL::smem});
 }
 
@@ -124,5 +127,10 @@ bool register_shape() {
 // e4m3 caches, q and out of type T: VA_TV_INSTANTIATE_FP8(__nv_bfloat16, HeadMLA, Page1Layout)
 #define VA_TV_INSTANTIATE_FP8(T, HEAD, LAYOUT)                                               \
   namespace va::tv {                                                                         \
-  static const bool VA_TV_CONCAT(kRegistered_, __LINE__) = register_shape<T, HEAD, va::host::LAYOUT, true>(); \
+  static const bool VA_TV_CONCAT(kRegistered_, __LINE__) = register_shape<T, HEAD, va::host::LAYOUT, 1>(); \
+  }
+// FlashMLA's 656-byte MLA rows, q and out of type T: VA_TV_INSTANTIATE_656(__nv_bfloat16, HeadMLA, PagedLayout)
+#define VA_TV_INSTANTIATE_656(T, HEAD, LAYOUT)                                               \
+  namespace va::tv {                                                                         \
+  static const bool VA_TV_CONCAT(kRegistered_, __LINE__) = register_shape<T, HEAD, va::host::LAYOUT, 2>(); \
   }

@@ -52,7 +52,8 @@ struct Params {
   int32_t kv_indptr_i64;   // 1: kv_indptr is int64
   int32_t kv_indices_i64;  // 1: kv_indices is int64
   DType dtype;             // element type of q and out (and of the caches unless kv_fp8)
-  int32_t kv_fp8;          // 1: the caches hold e4m3 codes (value = code x k_scale / v_scale)
+  int32_t kv_fp8;          // 1: the caches hold e4m3 codes (value = code x k_scale / v_scale); 2: FlashMLA's
+                           //    656-byte MLA rows (512 codes, 4 fp32 scales, 64 bf16 RoPE; k_cache = v_cache)
   float sm_scale;          // softmax scale (a model parameter)
   // e4m3 caches' dequantization scales: the value, or a device float read by the kernel when the
   // pointer is set (a 0-d tensor: CUDA-graph safe, the caller may change it between replays)

@@ -21,7 +21,7 @@ struct KernelKey {
   int dv;
   bool shared_kv;
   bool paged;
-  bool kv_fp8;  // e4m3 caches (q and out of `dtype`)
+  int kv_fp8;  // cache format: 0 q's 16-bit type, 1 e4m3 (per-tensor scales), 2 656-byte MLA rows
 };
 
 struct KernelEntry {

@@ -98,14 +98,16 @@ struct KernelTraits {
 // partial score tiles, P and alpha double-buffered (tile i read by PV while tile
 // i+1's softmax writes), 1/l and lse2. Q is staged once in the last pipeline
 // stages before their tiles are issued and then lives in registers.
-template <int BM, int BN, int STAGES, int KSPLIT, int DQK, int DV, bool kSharedKV, int KVB = 2, int PB = KVB>
+template <int BM, int BN, int STAGES, int KSPLIT, int DQK, int DV, bool kSharedKV, int KVB = 2, int PB = KVB,
+          int KROW = DQK, int KPADB = 16>
 struct SharedMemoryPlanV1 {
+  // KROW: K row elements in the cache (DQK; 656 bytes for the 656-byte MLA rows), KPADB: its pad in bytes
   // KVB: bytes per K / V element (2: the 16-bit type of q; 1: e4m3); PB: per P element. Q is staged 16-bit.
   static constexpr int kQElem = 2;
   static constexpr int kKvElem = KVB;
   static constexpr int kPad = 16 / KVB;                            // elements per K/V/P row (16 B): conflict-free ldmatrix
   static constexpr int kQPitch = DQK + 8;                          // 16-bit elements per staged Q row
-  static constexpr int kKPitch = DQK + kPad;
+  static constexpr int kKPitch = KROW + KPADB / KVB;
   static constexpr int kVPitch = kSharedKV ? kKPitch : DV + kPad;
   static constexpr int kStageElems = BN * kKPitch + (kSharedKV ? 0 : BN * kVPitch);  // one stage: K rows, V rows
   static constexpr size_t kStageBytes = size_t(kStageElems) * KVB;
@@ -139,13 +141,16 @@ constexpr int largest_common_divisor_upto(int a, int b, int cap) {
 
 // kFp8: K / V are e4m3 codes (one scale per tensor); S and P.V use mma.m16n8k32 .e4m3 with Q
 // quantized per row and P stored as e4m3 (csrc/host/fp8.h has the fragment permutations).
-template <class Elem_, class Head, class Layout_, class Tile, bool kFp8_ = false>
+// kMla656: the caches are FlashMLA's 656-byte MLA rows (512 e4m3 codes, 4 fp32 scales one per 128, 64
+// bf16 RoPE values), on the f16 tile: K / V codes times their row's scale, RoPE converted to f16.
+template <class Elem_, class Head, class Layout_, class Tile, bool kFp8_ = false, bool kMla656_ = false>
 struct KernelTraitsV1 {
   using Elem = Elem_;
   using Layout = Layout_;
   static constexpr bool kFp8 = kFp8_;
   static constexpr bool kE4m3Mma = kFp8 && Tile::FP8_MMA == 1;  // products on e4m3 MMAs
   static constexpr bool kFp8Deq = kFp8 && Tile::FP8_MMA == 0;   // K / V to f16 in registers, f16 MMAs
+  static constexpr bool kMla656 = kMla656_;
   using KvElem = std::conditional_t<kFp8, uint8_t, Elem>;  // K / V storage
   static constexpr int kPBytes = kE4m3Mma ? 1 : 2;          // P storage: e4m3, or 16-bit (T; f16 when kFp8Deq)
   static constexpr int kKStep = kFp8 ? 32 : 16;             // K elements per S step (one 32-byte ldmatrix pair)
@@ -154,6 +159,7 @@ struct KernelTraitsV1 {
   static constexpr int DQK = Head::DQK;
   static constexpr int DV = Head::DV;
   static constexpr bool kSharedKV = Head::kSharedKV;
+  static constexpr int kRowElems = kMla656 ? 656 : DQK;  // K row in the cache (elements of KvElem)
   static constexpr int BM = Tile::BM, BN = Tile::BN, STAGES = Tile::STAGES, KSPLIT = Tile::KSPLIT, SN = Tile::SN;
   static constexpr int kWarps = Tile::kWarps;
   static constexpr int kThreads = Tile::kThreads;
@@ -176,9 +182,9 @@ struct KernelTraitsV1 {
   // count the block allows), so every copy sits at a constant offset from one row pointer; the
   // kLoadThreads = BN x kThreadsPerRow first threads load, the rest only compute.
   static constexpr int kThreadsPerRow = largest_common_divisor_upto(
-      DQK / kKvPerChunk, kSharedKV ? DQK / kKvPerChunk : DV / kKvPerChunk, kThreads / BN);
+      kRowElems / kKvPerChunk, kSharedKV ? kRowElems / kKvPerChunk : DV / kKvPerChunk, kThreads / BN);
   static constexpr int kLoadThreads = BN * kThreadsPerRow;
-  static constexpr int kChunksK = DQK / kKvPerChunk / kThreadsPerRow;  // cp.async per loader thread per tile (K)
+  static constexpr int kChunksK = kRowElems / kKvPerChunk / kThreadsPerRow;  // cp.async per loader thread per tile
   static constexpr int kChunksV = kSharedKV ? 0 : DV / kKvPerChunk / kThreadsPerRow;
   static constexpr int kTPL = BM * BN / kThreads;    // softmax: scores per lane, all in one row
   static constexpr int kLanesPerRow = BN / kTPL;
@@ -187,13 +193,17 @@ struct KernelTraitsV1 {
   VA_HD static int soft_row(int warp, int lane) { return warp * (32 / kLanesPerRow) + lane / kLanesPerRow; }
   VA_HD static int soft_col(int lane) { return (lane % kLanesPerRow) * kTPL; }
 
-  using Smem = SharedMemoryPlanV1<BM, BN, STAGES, KSPLIT, DQK, DV, kSharedKV, int(sizeof(KvElem)), kPBytes>;
+  // 656-byte rows: a 32-byte pad keeps the 688-byte pitch an odd number of 16-byte units (conflict-free ldmatrix)
+  using Smem = SharedMemoryPlanV1<BM, BN, STAGES, KSPLIT, DQK, DV, kSharedKV, int(sizeof(KvElem)), kPBytes, kRowElems,
+                                  kMla656 ? 32 : 16>;
   static constexpr int kQStages = Smem::kQStages;
   static constexpr size_t smem_bytes() { return Smem::template total<kThreads>(); }
 
   static_assert(sizeof(Elem) == 2, "16-bit element types only");
   static_assert(DQK % (kKStep * KSPLIT) == 0, "each S warp's head dims must be whole MMA k steps");
   static_assert(!kFp8 || (BN == 32 && kSharedKV), "e4m3 tiles: MLA rows, 32 tokens (one e4m3 k step, one .trans load)");
+  static_assert(!kMla656 || (kFp8Deq && DQK == 576 && DV == 512 && KSPLIT == 2),
+                "656-byte rows: MLA 576/512 on the f16 tile, S split in two halves of 288 dims (9 steps of 32)");
   static_assert(kODV % 16 == 0, "each warp's Dv slice must be whole n16 pairs (ldmatrix x4 .trans)");
   static_assert(kTPL == 1 || kTPL == 2 || kTPL == 4 || kTPL == 8, "1, 2, 4 or 8 scores per softmax lane");
   static_assert(kLanesPerRow <= 32 && (32 % kLanesPerRow) == 0, "a row's softmax lanes stay inside one warp");

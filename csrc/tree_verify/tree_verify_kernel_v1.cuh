@@ -283,7 +283,24 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
       const int r0 = (ws_m * Tr::kSMT + i) * 16 + (lane >> 2);
       const float inv[2] = {1.f / sQScale[r0], 1.f / sQScale[r0 + 8]};
 #pragma unroll
-      for (int kk = 0; kk < Tr::kSKSteps; ++kk)
+      for (int kk = 0; kk < Tr::kSKSteps; ++kk) {
+        if constexpr (Tr::kMla656) {
+          if (ws_k * Tr::kSDims + kk * 32 >= 512) {  // RoPE dims: K's bf16 values keep their k order
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf)
+#pragma unroll
+              for (int rh = 0; rh < 2; ++rh) {
+                const T* src = sQ + (r0 + 8 * rh) * Smem::kQPitch + ws_k * Tr::kSDims + kk * 32 + 16 * hf +
+                               2 * (lane & 3);
+                float x0, x1, x2, x3;
+                arch::unpack2<T>(*reinterpret_cast<const uint32_t*>(src), x0, x1);
+                arch::unpack2<T>(*reinterpret_cast<const uint32_t*>(src + 8), x2, x3);
+                qf[i][2 * kk + hf][rh] = arch::pack2<__half>(x0 * inv[rh], x1 * inv[rh]);
+                qf[i][2 * kk + hf][rh + 2] = arch::pack2<__half>(x2 * inv[rh], x3 * inv[rh]);
+              }
+            continue;
+          }
+        }
 #pragma unroll
         for (int r = 0; r < 4; ++r) {  // row r0 + 8 (r & 1), dims 4 (lane % 4) + 16 (r >> 1) .. + 3 of the step
           const T* src = sQ + (r0 + 8 * (r & 1)) * Smem::kQPitch + ws_k * Tr::kSDims + kk * 32 + 4 * (lane & 3) +
@@ -304,6 +321,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
                 uint32_t(arch::cvt_e4m3x2(x0 * s, x1 * s)) | (uint32_t(arch::cvt_e4m3x2(x2 * s, x3 * s)) << 16);
           }
         }
+      }
     }
   } else {
 #pragma unroll
@@ -336,6 +354,49 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
     b[0] = arch::e4m3x2_to_f16x2(codes);
     b[1] = arch::e4m3x2_to_f16x2(codes >> 16);
   };
+  // 656-byte rows, S step kk for n tiles j, j + 1 (dims d0 .. d0 + 31 of this warp's half): the e4m3
+  // codes times the token's scale of their 128-value block (f16, exact for FlashMLA's power-of-two
+  // scales), or, past 512, the bf16 RoPE values (bytes 528 + 2 (d - 512)) converted to f16 in their
+  // natural k order. Returns false for a step the common path handles (none: every step is here).
+  [[maybe_unused]] auto s656_step = [&](const KV* sKs, int kk, int j, float (&acc)[Tr::kSMT][Tr::kSN8][4]) {
+    const int d0 = ws_k * Tr::kSDims + kk * 32;  // warp-uniform
+    uint32_t bb[4];
+    if (d0 < 512) {
+      arch::ldmatrix_x4(bb, sKs + (ws_n * Tr::kSTok + b_addr.row) * Smem::kKPitch + d0 + 2 * b_addr.col +
+                                j * 8 * Smem::kKPitch);
+      // a lane's B fragments hold one token of tile j (row lane / 4) and one of tile j + 1 (8 rows on)
+      const KV* sc = sKs + (ws_n * Tr::kSTok + j * 8 + (lane >> 2)) * Smem::kKPitch + 512 + 4 * (d0 >> 7);
+      const float s0 = *reinterpret_cast<const float*>(sc), s1 = *reinterpret_cast<const float*>(sc + 8 * Smem::kKPitch);
+      const uint32_t h0 = arch::pack2<__half>(s0, s0), h1 = arch::pack2<__half>(s1, s1);
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        uint32_t b0[2], b1[2];
+        k_frag(bb[hf], b0);
+        k_frag(bb[2 + hf], b1);
+        b0[0] = arch::hmul2_f16(b0[0], h0), b0[1] = arch::hmul2_f16(b0[1], h0);
+        b1[0] = arch::hmul2_f16(b1[0], h1), b1[1] = arch::hmul2_f16(b1[1], h1);
+#pragma unroll
+        for (int i = 0; i < Tr::kSMT; ++i) {
+          mma(acc[i][j], qf[i][2 * kk + hf], b0);
+          mma(acc[i][j + 1], qf[i][2 * kk + hf], b1);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        arch::ldmatrix_x4(bb, sKs + (ws_n * Tr::kSTok + b_addr.row + j * 8) * Smem::kKPitch + 528 + 2 * (d0 - 512) +
+                                  32 * hf + 2 * b_addr.col);
+        const uint32_t b0[2] = {arch::bf16x2_to_f16x2(bb[0]), arch::bf16x2_to_f16x2(bb[1])};
+        const uint32_t b1[2] = {arch::bf16x2_to_f16x2(bb[2]), arch::bf16x2_to_f16x2(bb[3])};
+#pragma unroll
+        for (int i = 0; i < Tr::kSMT; ++i) {
+          mma(acc[i][j], qf[i][2 * kk + hf], b0);
+          mma(acc[i][j + 1], qf[i][2 * kk + hf], b1);
+        }
+      }
+    }
+    return true;
+  };
   // `mid()` runs after half of the k steps: work the warp issues while its first MMAs are in the pipe
   auto s_mma = [&](int tile, SAcc& sacc, auto&& mid) {
     // ldmatrix columns are 16-bit; with e4m3 rows each 16-byte column block holds 16 codes
@@ -357,6 +418,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
 #pragma unroll
       for (int j = 0; j + 1 < Tr::kSN8; j += 2) {
         uint32_t bb[4];
+        if constexpr (Tr::kMla656) {
+          if (s656_step(sKs, kk, j, sacc[a])) continue;  // the 656-byte rows: their own step (above)
+        }
         arch::ldmatrix_x4(bb, sKw + j * 8 * Smem::kKPitch + kk * Tr::kKStep);
         if constexpr (Tr::kFp8Deq) {  // bb: tile j dims 0-15, 16-31 of the step; tile j + 1 the same
 #pragma unroll
@@ -552,6 +616,25 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
           vb[kk][j / 2][1] = arch::e4m3x2_to_f16x2(ev >> 16);
           vb[kk][j / 2][2] = arch::e4m3x2_to_f16x2(od);
           vb[kk][j / 2][3] = arch::e4m3x2_to_f16x2(od >> 16);
+        }
+      }
+      if constexpr (Tr::kMla656) {
+        // V = code x its token's scale of this warp's 128-value block: registers 0, 2 hold tokens
+        // 16 kk + 2c, +1; registers 1, 3 tokens 16 kk + 2c + 8, +9
+        const KV* sc = sV + (tile % STAGES) * Smem::kStageElems + 512 + 4 * ((warp * Tr::kODV) >> 7);
+        auto tok = [&](int t) { return *reinterpret_cast<const float*>(sc + t * Smem::kVPitch); };
+#pragma unroll
+        for (int kk = 0; kk < 2; ++kk) {
+          const int t0 = 16 * kk + 2 * (lane & 3);
+          const uint32_t lo = arch::pack2<__half>(tok(t0), tok(t0 + 1));
+          const uint32_t hi = arch::pack2<__half>(tok(t0 + 8), tok(t0 + 9));
+#pragma unroll
+          for (int c = 0; c < Tr::kON8 / 2; ++c) {
+            vb[kk][c][0] = arch::hmul2_f16(vb[kk][c][0], lo);
+            vb[kk][c][1] = arch::hmul2_f16(vb[kk][c][1], hi);
+            vb[kk][c][2] = arch::hmul2_f16(vb[kk][c][2], lo);
+            vb[kk][c][3] = arch::hmul2_f16(vb[kk][c][3], hi);
+          }
         }
       }
     } else if constexpr (Tr::kE4m3Mma) {

@@ -35,17 +35,21 @@ _lock = threading.Lock()
 
 # ---------------------------------------------------------------- configs ----
 
-def _head_of(dqk: int, dv: int, shared_kv: bool, kv_fp8: bool = False) -> Optional[str]:
+def _head_of(dqk: int, dv: int, shared_kv: bool, kv_fp8=False) -> Optional[str]:
     return vb.head_key(dqk, dv, shared_kv, kv_fp8)
 
 
+def _fp8_arg(kv_dtype: str):
+    return kv_dtype if kv_dtype in ("fp8_e4m3", "fp8_mla656") else False
+
+
 def problem_head(p: Problem) -> Optional[str]:
-    """The head key of p's kernels: its shape, and the e4m3-cache variant for an fp8_e4m3 cache."""
-    return _head_of(p.head_dim_qk, p.head_dim_v, p.mla_shared_kv, p.kv_dtype == "fp8_e4m3")
+    """The head key of p's kernels: its shape, and the fp8 variant for an fp8_e4m3 / fp8_mla656 cache."""
+    return _head_of(p.head_dim_qk, p.head_dim_v, p.mla_shared_kv, _fp8_arg(p.kv_dtype))
 
 
 def _shape_head(shape: HeadShape, kv_dtype: str = "bf16") -> Optional[str]:
-    return _head_of(shape.head_dim_qk, shape.head_dim_v, shape.mla, kv_dtype == "fp8_e4m3")
+    return _head_of(shape.head_dim_qk, shape.head_dim_v, shape.mla, _fp8_arg(kv_dtype))
 
 
 def _tile_of(head: str, cfg: KernelConfig) -> Optional[vb.Tile]:
@@ -66,7 +70,7 @@ def resources(config: KernelConfig, shape: HeadShape, arch: str, **_kw) -> dict:
     if tile is None:
         return {"smem_bytes": 0, "smem_limit": limit, "threads": 32 * config.num_warps, "compiled": False,
                 "fits": False}
-    smem = vb.smem_bytes(tile, shape.head_dim_qk, shape.head_dim_v, shape.mla, kv_bytes=vb.kv_bytes_of(head))
+    smem = vb.tile_smem(head, tile)
     return {"smem_bytes": smem, "smem_limit": limit, "threads": 32 * tile.num_warps, "compiled": True,
             "fits": smem <= limit and tile.targets(arch)}
 
@@ -177,7 +181,7 @@ def family_problem(p: Problem) -> Optional[str]:
     if p.kv_dtype not in KV_FORMATS:
         return f"KV cache format {p.kv_dtype!r} (the kernels read {', '.join(KV_FORMATS)})"
     if problem_head(p) is None:
-        return "e4m3 caches: the kernels are built for MLA 576/512 (v_cache = k_cache[..., :512]) only"
+        return "fp8 caches: the kernels are built for MLA 576/512 (v_cache = k_cache[..., :512]) only"
     return None
 
 
@@ -189,7 +193,7 @@ def alignment_problem(p: Problem) -> Optional[str]:
     return None
 
 
-KV_FORMATS = ("bf16", "fp16", "fp8_e4m3")  # Problem.kv_dtype values the kernels read
+KV_FORMATS = ("bf16", "fp16", "fp8_e4m3", "fp8_mla656")  # Problem.kv_dtype values the kernels read
 
 
 def scale_args(p: Problem) -> dict:

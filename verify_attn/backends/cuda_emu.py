@@ -361,7 +361,7 @@ def _run(p: Problem, config: Optional[KernelConfig], out: torch.Tensor, lse: Opt
 register(Backend(
     name="cuda-emu", run=_run, available=available, supports=supports, config_space=config_space,
     resources=resources, default_config=default_config, tunable=False, prefix_only=True,
-    kv_formats=("bf16", "fp16", "fp8_e4m3"),
+    kv_formats=("bf16", "fp16", "fp8_e4m3", "fp8_mla656"),
     meta={"kind": "emulator", "runs": "the CUDA kernel sources on the CPU (csrc/emu)"},
 ))
 
