@@ -341,42 +341,47 @@ float half_bits_to_float(uint16_t h) {
   else return __half2float(__ushort_as_half(h));
 }
 
-template <bool kBf16>
-void mma_fn(Warp& w) {
-  float A[16][16], B[16][8], C[16][8];
+// D = A B + C of one warp's m16n8kK MMA, A [16][K] and B [K][8] as floats, C gathered from the lanes:
+// the products are exact in fp32 (16-bit or e4m3 operands); the sum is formed in double and rounded
+// once (the hardware's accumulation order is not specified: this is the exact result rounded to fp32).
+// Scatters D back to the lanes' d[] (row g + 8 (i >> 1), column 2t + (i & 1)).
+template <int K>
+void mma_finish(Warp& w, const float (&A)[16][K], const float (&B)[K][8]) {
+  float D[16][8];
   for (int l = 0; l < 32; ++l) {
     const auto* x = static_cast<const MmaArgs*>(w.args[l]);
     const int g = l >> 2, t = l & 3;
-    for (int r = 0; r < 4; ++r) {
-      for (int h = 0; h < 2; ++h) {
-        A[g + 8 * (r & 1)][2 * t + h + 8 * (r >> 1)] =
-            half_bits_to_float<kBf16>(static_cast<uint16_t>(x->a[r] >> (16 * h)));
-      }
-    }
-    for (int r = 0; r < 2; ++r) {
-      for (int h = 0; h < 2; ++h) {
-        B[2 * t + h + 8 * r][g] = half_bits_to_float<kBf16>(static_cast<uint16_t>(x->b[r] >> (16 * h)));
-      }
-    }
-    for (int i = 0; i < 4; ++i) C[g + 8 * (i >> 1)][2 * t + (i & 1)] = x->c[i];
+    for (int i = 0; i < 4; ++i) D[g + 8 * (i >> 1)][2 * t + (i & 1)] = x->c[i];
   }
-  // Products of 16-bit values are exact in fp32; the sum is formed in double
-  // and rounded once (the hardware's internal accumulation order is not
-  // specified; this is the exact result rounded to fp32).
-  float D[16][8];
-  for (int m = 0; m < 16; ++m) {
+  for (int m = 0; m < 16; ++m)
     for (int n = 0; n < 8; ++n) {
-      double s = C[m][n];
-      for (int k = 0; k < 16; ++k) s += static_cast<double>(A[m][k]) * static_cast<double>(B[k][n]);
+      double s = D[m][n];
+      for (int k = 0; k < K; ++k) s += static_cast<double>(A[m][k]) * static_cast<double>(B[k][n]);
       D[m][n] = static_cast<float>(s);
     }
-  }
   for (int l = 0; l < 32; ++l) {
     auto* x = static_cast<MmaArgs*>(w.args[l]);
     const int g = l >> 2, t = l & 3;
     for (int i = 0; i < 4; ++i) x->d[i] = D[g + 8 * (i >> 1)][2 * t + (i & 1)];
   }
   ++w.block->mmas;
+}
+
+template <bool kBf16>
+void mma_fn(Warp& w) {
+  float A[16][16], B[16][8];
+  for (int l = 0; l < 32; ++l) {
+    const auto* x = static_cast<const MmaArgs*>(w.args[l]);
+    const int g = l >> 2, t = l & 3;
+    for (int r = 0; r < 4; ++r)
+      for (int h = 0; h < 2; ++h)
+        A[g + 8 * (r & 1)][2 * t + h + 8 * (r >> 1)] =
+            half_bits_to_float<kBf16>(static_cast<uint16_t>(x->a[r] >> (16 * h)));
+    for (int r = 0; r < 2; ++r)
+      for (int h = 0; h < 2; ++h)
+        B[2 * t + h + 8 * r][g] = half_bits_to_float<kBf16>(static_cast<uint16_t>(x->b[r] >> (16 * h)));
+  }
+  mma_finish(w, A, B);
 }
 const WarpOp kMmaBf16{"mma.m16n8k16.bf16", mma_fn<true>};
 const WarpOp kMmaF16{"mma.m16n8k16.f16", mma_fn<false>};
@@ -385,7 +390,7 @@ const WarpOp kMmaF16{"mma.m16n8k16.f16", mma_fn<false>};
 // A[g + 8*(r&1)][4t + i + 16*(r>>1)], byte i of b[r] is B[4t + i + 16*r][g]. A NaN code
 // (0x7F / 0xFF) makes its products NaN, as on the hardware.
 void mma_e4m3_fn(Warp& w) {
-  float A[16][32], B[32][8], C[16][8];
+  float A[16][32], B[32][8];
   for (int l = 0; l < 32; ++l) {
     const auto* x = static_cast<const MmaArgs*>(w.args[l]);
     const int g = l >> 2, t = l & 3;
@@ -396,22 +401,8 @@ void mma_e4m3_fn(Warp& w) {
     for (int r = 0; r < 2; ++r)
       for (int i = 0; i < 4; ++i)
         B[4 * t + i + 16 * r][g] = ::va::host::e4m3_to_float(static_cast<uint8_t>(x->b[r] >> (8 * i)));
-    for (int i = 0; i < 4; ++i) C[g + 8 * (i >> 1)][2 * t + (i & 1)] = x->c[i];
   }
-  // products of e4m3 values are exact in fp32; the sum in double, rounded once (as for 16-bit)
-  float D[16][8];
-  for (int m = 0; m < 16; ++m)
-    for (int n = 0; n < 8; ++n) {
-      double s = C[m][n];
-      for (int k = 0; k < 32; ++k) s += static_cast<double>(A[m][k]) * static_cast<double>(B[k][n]);
-      D[m][n] = static_cast<float>(s);
-    }
-  for (int l = 0; l < 32; ++l) {
-    auto* x = static_cast<MmaArgs*>(w.args[l]);
-    const int g = l >> 2, t = l & 3;
-    for (int i = 0; i < 4; ++i) x->d[i] = D[g + 8 * (i >> 1)][2 * t + (i & 1)];
-  }
-  ++w.block->mmas;
+  mma_finish(w, A, B);
 }
 const WarpOp kMmaE4m3{"mma.m16n8k32.e4m3", mma_e4m3_fn};
 

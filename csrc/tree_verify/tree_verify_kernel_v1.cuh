@@ -747,46 +747,40 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
       const float inv = Tr::kE4m3Mma ? sFin[r] * (kv_scale(p.v_scale_ptr, p.v_scale) / kPScale)
                         : Tr::kFp8 ? sFin[r] * kv_scale(p.v_scale_ptr, p.v_scale) : sFin[r];
       const float lse2 = sFin[BM + r];
-      if constexpr (Tr::kFp8) {
-        // the chunk's even-dim (j) and odd-dim (j + 1) accumulators hold dims 16 (j / 2) + 4 (lane % 4) .. + 3
-        const int col0 = warp * Tr::kODV + 4 * (lane & 3);
-        if (direct) {
-          T* o = static_cast<T*>(p.out) + qrow * p.o_stride_tok + head * p.o_stride_head + col0;
+      // this lane's columns: 16-bit caches, dims 8j + 2c, +1 of n8 tile j; e4m3 caches, the chunk's
+      // even-dim (j) and odd-dim (j + 1) accumulators hold dims 16 (j / 2) + 4c .. + 3 (c = lane % 4)
+      const int col0 = warp * Tr::kODV + (Tr::kFp8 ? 4 : 2) * (lane & 3);
+      if (direct) {
+        T* o = static_cast<T*>(p.out) + qrow * p.o_stride_tok + head * p.o_stride_head + col0;
+        if constexpr (Tr::kFp8) {
 #pragma unroll
           for (int j = 0; j < Tr::kON8; j += 2)
             arch::st_global(reinterpret_cast<uint2*>(o + j * 8),
                             make_uint2(arch::pack2<T>(oacc[i][j][2 * hf] * inv, oacc[i][j + 1][2 * hf] * inv),
                                        arch::pack2<T>(oacc[i][j][2 * hf + 1] * inv, oacc[i][j + 1][2 * hf + 1] * inv)));
-          if (p.lse != nullptr && warp == 0 && (lane & 3) == 0)
-            arch::st_global(p.lse + qrow * p.lse_stride_tok + head * p.lse_stride_head, lse2 * h::kLn2);
         } else {
-          const int64_t prow = (static_cast<int64_t>(split) * p.total_q + qrow) * p.num_q_heads + head;
-          float* o = ws_o + prow * p.head_dim_v + col0;
 #pragma unroll
-          for (int j = 0; j < Tr::kON8; j += 2)
-            arch::st_global(reinterpret_cast<float4*>(o + j * 8),
-                            make_float4(oacc[i][j][2 * hf] * inv, oacc[i][j + 1][2 * hf] * inv,
-                                        oacc[i][j][2 * hf + 1] * inv, oacc[i][j + 1][2 * hf + 1] * inv));
-          if (warp == 0 && (lane & 3) == 0) arch::st_global(ws_lse + prow, lse2);
+          for (int j = 0; j < Tr::kON8; ++j)
+            arch::st_global(reinterpret_cast<uint32_t*>(o + j * 8),
+                            arch::pack2<T>(oacc[i][j][2 * hf] * inv, oacc[i][j][2 * hf + 1] * inv));
         }
-        continue;
-      }
-      const int col0 = warp * Tr::kODV + 2 * (lane & 3);
-      if (direct) {
-        T* o = static_cast<T*>(p.out) + qrow * p.o_stride_tok + head * p.o_stride_head + col0;
-#pragma unroll
-        for (int j = 0; j < Tr::kON8; ++j)
-          arch::st_global(reinterpret_cast<uint32_t*>(o + j * 8),
-                          arch::pack2<T>(oacc[i][j][2 * hf] * inv, oacc[i][j][2 * hf + 1] * inv));
         if (p.lse != nullptr && warp == 0 && (lane & 3) == 0)
           arch::st_global(p.lse + qrow * p.lse_stride_tok + head * p.lse_stride_head, lse2 * h::kLn2);
       } else {
         const int64_t prow = (static_cast<int64_t>(split) * p.total_q + qrow) * p.num_q_heads + head;
         float* o = ws_o + prow * p.head_dim_v + col0;
+        if constexpr (Tr::kFp8) {
 #pragma unroll
-        for (int j = 0; j < Tr::kON8; ++j)
-          arch::st_global(reinterpret_cast<float2*>(o + j * 8),
-                          make_float2(oacc[i][j][2 * hf] * inv, oacc[i][j][2 * hf + 1] * inv));
+          for (int j = 0; j < Tr::kON8; j += 2)
+            arch::st_global(reinterpret_cast<float4*>(o + j * 8),
+                            make_float4(oacc[i][j][2 * hf] * inv, oacc[i][j + 1][2 * hf] * inv,
+                                        oacc[i][j][2 * hf + 1] * inv, oacc[i][j + 1][2 * hf + 1] * inv));
+        } else {
+#pragma unroll
+          for (int j = 0; j < Tr::kON8; ++j)
+            arch::st_global(reinterpret_cast<float2*>(o + j * 8),
+                            make_float2(oacc[i][j][2 * hf] * inv, oacc[i][j][2 * hf + 1] * inv));
+        }
         if (warp == 0 && (lane & 3) == 0) arch::st_global(ws_lse + prow, lse2);
       }
     }
