@@ -357,7 +357,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
   // 656-byte rows, S step kk for n tiles j, j + 1 (dims d0 .. d0 + 31 of this warp's half): the e4m3
   // codes times the token's scale of their 128-value block (f16, exact for FlashMLA's power-of-two
   // scales), or, past 512, the bf16 RoPE values (bytes 528 + 2 (d - 512)) converted to f16 in their
-  // natural k order. Returns false for a step the common path handles (none: every step is here).
+  // natural k order.
   [[maybe_unused]] auto s656_step = [&](const KV* sKs, int kk, int j, float (&acc)[Tr::kSMT][Tr::kSN8][4]) {
     const int d0 = ws_k * Tr::kSDims + kk * 32;  // warp-uniform
     uint32_t bb[4];
@@ -395,7 +395,6 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
         }
       }
     }
-    return true;
   };
   // `mid()` runs after half of the k steps: work the warp issues while its first MMAs are in the pipe
   auto s_mma = [&](int tile, SAcc& sacc, auto&& mid) {
@@ -419,7 +418,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
       for (int j = 0; j + 1 < Tr::kSN8; j += 2) {
         uint32_t bb[4];
         if constexpr (Tr::kMla656) {
-          if (s656_step(sKs, kk, j, sacc[a])) continue;  // the 656-byte rows: their own step (above)
+          s656_step(sKs, kk, j, sacc[a]);  // the 656-byte rows: their own step (above)
+          continue;
         }
         arch::ldmatrix_x4(bb, sKw + j * 8 * Smem::kKPitch + kk * Tr::kKStep);
         if constexpr (Tr::kFp8Deq) {  // bb: tile j dims 0-15, 16-31 of the step; tile j + 1 the same

@@ -77,7 +77,8 @@ def resources(config: KernelConfig, shape: HeadShape, arch: str, **_kw) -> dict:
 
 def config_space(shape: HeadShape, arch: str, *, splits: tuple[int, ...] = (0,), **_kw) -> list[KernelConfig]:
     """Every compiled tile config of this head shape x the split counts asked for
-    (0 = the heuristic; the autotuner passes the counts it sweeps); kv_dtype="fp8_e4m3": the e4m3-cache tiles."""
+    (0 = the heuristic; the autotuner passes the counts it sweeps); kv_dtype "fp8_e4m3" / "fp8_mla656": the
+    tiles of those cache formats."""
     kv_dtype = _kw.get("kv_dtype", "bf16")
     head = _shape_head(shape, kv_dtype)
     if head is None:
