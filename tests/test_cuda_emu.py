@@ -525,3 +525,13 @@ def test_fp8_mla656_scales_and_rope_are_read(emu):
     rows[..., 528:656].view(torch.bfloat16).mul_(-1)  # RoPE negated
     out, lse = _run(case, cfg(splits, *FP8_F16_TILE))
     check_against_reference(out, lse, case)           # the reference reads the same modified rows
+
+
+def test_fp8_gqa_is_refused_with_a_reason(emu):
+    """The CUDA kernels read fp8 caches for MLA 576/512 only: a GQA fp8 call names why (and auto falls
+    back to a backend that reads it, here the reference on CPU tensors)."""
+    case = make_case(CaseSpec((30,), (3,), "bushy", dtype=FP, kv_dtype="fp8_e4m3", seed=85, **gqa(4, 2, 64)))
+    with pytest.raises(ValueError, match="fp8 caches: the kernels are built for MLA 576/512"):
+        tree_verify(**case.kwargs, backend="cuda-emu")
+    out = tree_verify(**case.kwargs, backend="auto")
+    check_against_reference(out, None, case)
