@@ -85,6 +85,9 @@ class Tile:
                 if self.version == 1 else base)
 
 
+# the fp8 caches' f16 tile (TileFp8F16 in config.h): K / V converted to f16 in registers, f16 MMAs
+_FP8_F16_TILE = Tile(32, 32, 4, 2, 3, version=1, sn=2, fp8_mma=0)
+
 # head key -> compiled tile configs, default first (TilesFor<...> in config.h). A config is
 # selected by (block_m, block_n, num_warps, num_stages), unique across kernel versions: v0's
 # MLA tiles (32x16 w4 s3, 16x32 w4 s2) stay selectable next to v1's.
@@ -93,9 +96,8 @@ TILES: dict[str, list[Tile]] = {
                Tile(32, 32, 2, 4, 4, version=1, sn=2, archs=("sm_90a",)),
                Tile(32, 16, 2, 2, 3), Tile(16, 32, 1, 4, 2)],
     # e4m3 caches: 32 tokens (one k step of the e4m3 P.V MMA), S warps 2 (dims) x 2 (tokens) x 2 (M)
-    "mla576e4m3": [Tile(32, 32, 4, 2, 4, version=1, sn=2),
-                   Tile(32, 32, 4, 2, 3, version=1, sn=2, fp8_mma=0)],  # K / V to f16: the H200's, the accurate one
-    "mla576x656": [Tile(32, 32, 4, 2, 3, version=1, sn=2, fp8_mma=0)],
+    "mla576e4m3": [Tile(32, 32, 4, 2, 4, version=1, sn=2), _FP8_F16_TILE],  # f16: the H200's, the exact one
+    "mla576x656": [_FP8_F16_TILE],
     "gqa64": [Tile(64, 64, 4, 1, 2)],
     "gqa128": [Tile(64, 32, 4, 1, 2), Tile(128, 32, 8, 1, 2)],
     "gqa256": [Tile(32, 32, 2, 2, 2)],
@@ -109,7 +111,7 @@ DEFAULT_TILE: dict[tuple[str, str], Tile] = {
     ("mla576", "sm_120a"): Tile(32, 16, 2, 4, 3, version=1, sn=2),
     # e4m3 caches on sm_90: mma.sync has no e4m3 rate there (nvcc lowers it to f16 HMMAs), so the
     # tile that converts K / V to f16 itself, keeping Q and P exact, is the faster one too (NOTES.md)
-    ("mla576e4m3", "sm_90a"): Tile(32, 32, 4, 2, 3, version=1, sn=2, fp8_mma=0),
+    ("mla576e4m3", "sm_90a"): _FP8_F16_TILE,
 }
 
 

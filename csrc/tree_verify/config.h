@@ -108,14 +108,13 @@ template <class Head> struct TilesForFp8 { using type = TileList<>; };
 //  The second tile converts K / V to f16 in registers (F2FP on sm_90 and sm_120) and keeps Q and P in
 //  f16: the H200's fp8 tile (its mma.sync has no e4m3 rate) and the accurate one on sm_120. 3 stages,
 //  75.6 KB.
+using TileFp8F16 = TileConfigV1<32, 32, 8, 3, 2, 2, 0>;
 template <> struct TilesForFp8<HeadMLA> {
-  using type = TileList<TileConfigV1<32, 32, 8, 4, 2, 2, 1>, TileConfigV1<32, 32, 8, 3, 2, 2, 0>>;
+  using type = TileList<TileConfigV1<32, 32, 8, 4, 2, 2, 1>, TileFp8F16>;
 };
 // FlashMLA's 656-byte rows (512 e4m3 codes, 4 fp32 scales, 64 bf16 RoPE values): the f16 tile only.
 template <class Head> struct TilesFor656 { using type = TileList<>; };
-template <> struct TilesFor656<HeadMLA> {
-  using type = TileList<TileConfigV1<32, 32, 8, 3, 2, 2, 0>>;
-};
+template <> struct TilesFor656<HeadMLA> { using type = TileList<TileFp8F16>; };
 template <> struct TilesFor<HeadG128> {
   using type = TileList<TileConfig<64, 32, 4, 1, 2>, TileConfig<128, 32, 8, 1, 2>>;
 };

@@ -29,10 +29,8 @@ void check(bool ok, const std::string& what) {
 }
 
 const KernelEntry& find_entry(const Params& p) {
-  for (const KernelEntry& e : registry()) {
-    const KernelKey& k = e.key;
-    if (key_matches(k, p)) return e;
-  }
+  for (const KernelEntry& e : registry())
+    if (key_matches(e.key, p)) return e;
   std::ostringstream os;
   os << "unsupported combination: dtype " << dtype_str(p.dtype)
      << (p.kv_fp8 == 2 ? " (656-byte fp8 MLA rows)" : p.kv_fp8 ? " (e4m3 caches)" : "") << ", Dqk "
@@ -41,7 +39,7 @@ const KernelEntry& find_entry(const Params& p) {
      << (p.page_size > 1 ? "paged" : "page1") << " layout; compiled here:";
   for (const KernelEntry& e : registry()) os << ' ' << e.name;
   if (registry().empty()) os << " none";
-  os << " (supported: bf16/fp16 x {576x512 with V = K[..., :512], 64, 128, 256} x {page1, paged}; e4m3 caches: "
+  os << " (supported: bf16/fp16 x {576x512 with V = K[..., :512], 64, 128, 256} x {page1, paged}; fp8 caches: "
         "576x512 only)";
   throw std::invalid_argument(os.str());
 }

@@ -24,12 +24,11 @@ bool tile_matches(const LaunchConfig& c) {
          c.num_stages == Tile::STAGES;
 }
 
-// The traits and split kernel of a tile config: v0 (TileConfig) or v1 (TileConfigV1); kFp8: e4m3 caches
-// (v1 only).
-// kFmt: the cache format, 0 (q's 16-bit type), 1 (e4m3, per-tensor scales), 2 (656-byte MLA rows).
+// The traits and split kernel of a tile config: v0 (TileConfig) or v1 (TileConfigV1). kFmt: the cache
+// format, 0 (q's 16-bit type), 1 (e4m3, per-tensor scales), 2 (656-byte MLA rows); fp8 needs v1.
 template <class T, class Head, class Layout, class Tile, int kFmt = 0, int V = Tile::kVersion>
 struct KernelOf {
-  static_assert(kFmt == 0, "e4m3 caches: kernel v1 tiles only");
+  static_assert(kFmt == 0, "fp8 caches: kernel v1 tiles only");
   using Tr = KernelTraits<T, Head, Layout, Tile>;
   static constexpr auto kernel = tree_verify_split_kernel<Tr>;
 };
@@ -117,20 +116,15 @@ bool register_shape() {
 
 }  // namespace va::tv
 
-// One line per instantiation file: VA_TV_INSTANTIATE(__nv_bfloat16, HeadMLA, Page1Layout)
+// One line per instantiation file: VA_TV_INSTANTIATE(__nv_bfloat16, HeadMLA, Page1Layout); the fp8
+// caches (q and out of type T): VA_TV_INSTANTIATE_FP8 (e4m3, per-tensor scales), VA_TV_INSTANTIATE_656
+// (FlashMLA's 656-byte MLA rows).
 #define VA_TV_CONCAT_(a, b) a##b
 #define VA_TV_CONCAT(a, b) VA_TV_CONCAT_(a, b)
-#define VA_TV_INSTANTIATE(T, HEAD, LAYOUT)                                                   \
+#define VA_TV_INSTANTIATE_FMT(T, HEAD, LAYOUT, FMT)                                          \
   namespace va::tv {                                                                         \
-  static const bool VA_TV_CONCAT(kRegistered_, __LINE__) = register_shape<T, HEAD, va::host::LAYOUT>(); \
+  static const bool VA_TV_CONCAT(kRegistered_, __LINE__) = register_shape<T, HEAD, va::host::LAYOUT, FMT>(); \
   }
-// e4m3 caches, q and out of type T: VA_TV_INSTANTIATE_FP8(__nv_bfloat16, HeadMLA, Page1Layout)
-#define VA_TV_INSTANTIATE_FP8(T, HEAD, LAYOUT)                                               \
-  namespace va::tv {                                                                         \
-  static const bool VA_TV_CONCAT(kRegistered_, __LINE__) = register_shape<T, HEAD, va::host::LAYOUT, 1>(); \
-  }
-// FlashMLA's 656-byte MLA rows, q and out of type T: VA_TV_INSTANTIATE_656(__nv_bfloat16, HeadMLA, PagedLayout)
-#define VA_TV_INSTANTIATE_656(T, HEAD, LAYOUT)                                               \
-  namespace va::tv {                                                                         \
-  static const bool VA_TV_CONCAT(kRegistered_, __LINE__) = register_shape<T, HEAD, va::host::LAYOUT, 2>(); \
-  }
+#define VA_TV_INSTANTIATE(T, HEAD, LAYOUT) VA_TV_INSTANTIATE_FMT(T, HEAD, LAYOUT, 0)
+#define VA_TV_INSTANTIATE_FP8(T, HEAD, LAYOUT) VA_TV_INSTANTIATE_FMT(T, HEAD, LAYOUT, 1)
+#define VA_TV_INSTANTIATE_656(T, HEAD, LAYOUT) VA_TV_INSTANTIATE_FMT(T, HEAD, LAYOUT, 2)

@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include "arch/arch.cuh"
+#include "../host/host_math.h"
 #include "params.h"
 
 namespace va::tv {
@@ -26,6 +27,9 @@ struct RequestInfo {
   bool too_wide; // T_b > 32 * mask_words: the mask rows cannot describe the tree (value checks were off)
 };
 
+// A request whose tree has more nodes than its mask rows describe (value checks were off).
+VA_DEVICE bool tree_too_wide(const Params& p, int tb) { return p.tree_mask != nullptr && tb > 32 * p.mask_words; }
+
 VA_DEVICE RequestInfo read_request(const Params& p, int b) {
   RequestInfo r;
   r.qo_begin = ld_index(p.qo_indptr, b, p.qo_indptr_i64);
@@ -34,15 +38,14 @@ VA_DEVICE RequestInfo read_request(const Params& p, int b) {
   const bool masked = p.tree_mask != nullptr;
   r.prefix = masked ? r.kv_len - r.tb : r.kv_len;
   r.kv_base = ld_index(p.kv_indptr, b, p.kv_indptr_i64);
-  r.too_wide = masked && r.tb > 32 * p.mask_words;
+  r.too_wide = tree_too_wide(p, r.tb);
   return r;
 }
 
 // The combine's half of read_request: only whether request b's tree is wider than its mask rows.
 VA_DEVICE bool request_too_wide(const Params& p, int b) {
-  if (p.tree_mask == nullptr) return false;
-  const int tb = ld_index(p.qo_indptr, b + 1, p.qo_indptr_i64) - ld_index(p.qo_indptr, b, p.qo_indptr_i64);
-  return tb > 32 * p.mask_words;
+  return p.tree_mask != nullptr &&
+         tree_too_wide(p, ld_index(p.qo_indptr, b + 1, p.qo_indptr_i64) - ld_index(p.qo_indptr, b, p.qo_indptr_i64));
 }
 
 // The quiet-NaN bit pattern of a 16-bit element type (no conversion call on the device).
@@ -72,6 +75,25 @@ VA_DEVICE float kv_scale(const float* ptr, float value) { return ptr != nullptr 
 
 VA_DEVICE void report_error(const Params& p, int32_t bits) {
   if (p.errors != nullptr && threadIdx.x == 0) va::arch::st_global(p.errors, bits);  // same value from every CTA
+}
+
+// The split kernels' early exits after their rows [row0, row_end) and split range are known (block-
+// uniform, so returning is safe): true when the CTA has no tile to run. A tree wider than its mask rows
+// gets NaN rows and the error bit (with splits the combine writes the NaN rows); an empty split is
+// skipped by the combine; a request with no KV at all (a prefix-only call) gets out 0, lse -inf.
+template <class T>
+VA_DEVICE bool cta_exits_early(const Params& p, const RequestInfo& r, int kvh, int row0, int row_end,
+                               int num_splits, const va::host::SplitRange& range) {
+  if (r.too_wide) {
+    report_error(p, kErrTreeTooWide);
+    if (num_splits == 1) fill_rows<T>(p, r, kvh, row0, row_end, true, __builtin_nanf(""));
+    return true;
+  }
+  if (range.begin >= range.end) {
+    if (r.kv_len == 0 && num_splits == 1) fill_rows<T>(p, r, kvh, row0, row_end, false, va::host::neg_inf());
+    return true;
+  }
+  return false;
 }
 
 }  // namespace va::tv

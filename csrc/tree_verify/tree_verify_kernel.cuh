@@ -60,17 +60,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel(cons
   const int nrows = tb * group;
   const int row0 = mtile * BM;
   if (row0 >= nrows) return;  // rows past T_b * group: nothing to do, nothing to write
-  if (req.too_wide) {         // the mask rows cannot describe this tree: NaN rows and an error bit
-    report_error(p, kErrTreeTooWide);
-    if (num_splits == 1) fill_rows<T>(p, req, kvh, row0, row0 + BM < nrows ? row0 + BM : nrows, true, __builtin_nanf(""));
-    return;  // with splits the combine writes the NaN rows
-  }
   const h::SplitRange range = h::split_range(kv_len, num_splits, BN, split);
-  if (range.begin >= range.end) {  // empty split: the combine skips it; a request with no KV at all
-    if (kv_len == 0 && num_splits == 1)  // (prefix-only call) gets out 0 and lse -inf here
-      fill_rows<T>(p, req, kvh, row0, row0 + BM < nrows ? row0 + BM : nrows, false, h::neg_inf());
-    return;
-  }
+  if (cta_exits_early<T>(p, req, kvh, row0, row0 + BM < nrows ? row0 + BM : nrows, num_splits, range)) return;
   const int ntiles = h::num_tiles(range, BN);
   const int kv_base = req.kv_base;
 

@@ -133,17 +133,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
   const int nrows = tb * group;
   const int row0 = mtile * BM;
   if (row0 >= nrows) return;
-  const int row_end = row0 + BM < nrows ? row0 + BM : nrows;
-  if (req.too_wide) {  // the mask rows cannot describe this tree: NaN rows and an error bit
-    report_error(p, kErrTreeTooWide);
-    if (num_splits == 1) fill_rows<T>(p, req, kvh, row0, row_end, true, __builtin_nanf(""));
-    return;  // with splits the combine writes the NaN rows
-  }
   const h::SplitRange range = h::split_range(kv_len, num_splits, BN, split);
-  if (range.begin >= range.end) {  // empty split (the combine skips it); no KV at all: out 0, lse -inf
-    if (kv_len == 0 && num_splits == 1) fill_rows<T>(p, req, kvh, row0, row_end, false, h::neg_inf());
-    return;
-  }
+  if (cta_exits_early<T>(p, req, kvh, row0, row0 + BM < nrows ? row0 + BM : nrows, num_splits, range)) return;
   const int ntiles = h::num_tiles(range, BN);
   const int kv_base = req.kv_base;
 
@@ -348,6 +339,15 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
     if constexpr (Tr::kE4m3Mma) arch::mma_m16n8k32_e4m3(acc, a, b, acc);
     else arch::mma_m16n8k16<M16>(acc, a, b, acc);
   };
+  // one S k step of this warp's m tiles for the n tiles j (B fragment b0) and j + 1 (b1)
+  auto mma_pair = [&](float (&acc)[Tr::kSMT][Tr::kSN8][4], int j, int qstep, const uint32_t (&b0)[2],
+                      const uint32_t (&b1)[2]) {
+#pragma unroll
+    for (int i = 0; i < Tr::kSMT; ++i) {
+      mma(acc[i][j], qf[i][qstep], b0);
+      mma(acc[i][j + 1], qf[i][qstep], b1);
+    }
+  };
   // f16 path: 4 e4m3 codes of K (one token, dims 4c .. 4c + 3 of a 16-dim block) -> the B fragment of
   // one k16 step in the permuted k order: dims (4c, 4c+1) as k (2c, 2c+1), (4c+2, 4c+3) as (2c+8, 2c+9)
   auto k_frag = [](uint32_t codes, uint32_t (&b)[2]) {
@@ -375,11 +375,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
         k_frag(bb[2 + hf], b1);
         b0[0] = arch::hmul2_f16(b0[0], h0), b0[1] = arch::hmul2_f16(b0[1], h0);
         b1[0] = arch::hmul2_f16(b1[0], h1), b1[1] = arch::hmul2_f16(b1[1], h1);
-#pragma unroll
-        for (int i = 0; i < Tr::kSMT; ++i) {
-          mma(acc[i][j], qf[i][2 * kk + hf], b0);
-          mma(acc[i][j + 1], qf[i][2 * kk + hf], b1);
-        }
+        mma_pair(acc, j, 2 * kk + hf, b0, b1);
       }
     } else {
 #pragma unroll
@@ -388,11 +384,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
                                   32 * hf + 2 * b_addr.col);
         const uint32_t b0[2] = {arch::bf16x2_to_f16x2(bb[0]), arch::bf16x2_to_f16x2(bb[1])};
         const uint32_t b1[2] = {arch::bf16x2_to_f16x2(bb[2]), arch::bf16x2_to_f16x2(bb[3])};
-#pragma unroll
-        for (int i = 0; i < Tr::kSMT; ++i) {
-          mma(acc[i][j], qf[i][2 * kk + hf], b0);
-          mma(acc[i][j + 1], qf[i][2 * kk + hf], b1);
-        }
+        mma_pair(acc, j, 2 * kk + hf, b0, b1);
       }
     }
   };
@@ -428,19 +420,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
             uint32_t b0[2], b1[2];
             k_frag(bb[hf], b0);
             k_frag(bb[2 + hf], b1);
-#pragma unroll
-            for (int i = 0; i < Tr::kSMT; ++i) {
-              mma(sacc[a][i][j], qf[i][2 * kk + hf], b0);
-              mma(sacc[a][i][j + 1], qf[i][2 * kk + hf], b1);
-            }
+            mma_pair(sacc[a], j, 2 * kk + hf, b0, b1);
           }
         } else {
           const uint32_t b0[2] = {bb[0], bb[1]}, b1[2] = {bb[2], bb[3]};
-#pragma unroll
-          for (int i = 0; i < Tr::kSMT; ++i) {
-            mma(sacc[a][i][j], qf[i][kk], b0);
-            mma(sacc[a][i][j + 1], qf[i][kk], b1);
-          }
+          mma_pair(sacc[a], j, kk, b0, b1);
         }
       }
       if constexpr (Tr::kSN8 % 2 == 1) {
@@ -593,29 +577,39 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
   // gives the row of token l), joined by byte permutes: register pair {0, 1} for the chunk's even dims
   // (n8 accumulator 2c), {2, 3} for its odd dims (2c + 1), tokens in fp8_pv_token_of_k order.
   auto pv_load = [&](int tile) {
+    // P's A fragments, every path alike: an e4m3 P step is 32 tokens, 16 codes per 16-byte column
+    constexpr int kPStep = Tr::kE4m3Mma ? 32 : 16, kPCol = Tr::kE4m3Mma ? 2 : 1;
     const PE* sPt = sP + (tile & 1) * BM * Smem::kPPitch;
-    if constexpr (Tr::kFp8Deq) {
-      // f16 path: tokens in their natural order. A chunk's 4 .trans registers hold tokens 2c, 2c+1 of
-      // 8-token matrices 0..3; the even (odd) bytes of matrices (0, 1) are the step-0 k pairs (2c, 2c+1)
-      // and (2c+8, 2c+9) of the even (odd) dim, matrices (2, 3) step 1's: a permute, then two converts.
+#pragma unroll
+    for (int kk = 0; kk < Tr::kPKSteps; ++kk)
+#pragma unroll
+      for (int i = 0; i < Tr::MS; ++i)
+        arch::ldmatrix_x4(pa[kk][i], sPt + (i * 16 + a_addr.row) * Smem::kPPitch + kk * kPStep + kPCol * a_addr.col);
+    if constexpr (Tr::kFp8) {
+      // one .trans load per 16-dim chunk covers the 32-token tile (lane l gives the row of token l):
+      // register m holds tokens 8m + 2c, +1 of the lane's dim pair (c = lane % 4)
       const KV* sVw = sV + (tile % STAGES) * Smem::kStageElems + lane * Smem::kVPitch + warp * Tr::kODV;
-#pragma unroll
-      for (int kk = 0; kk < Tr::kPKSteps; ++kk)
-#pragma unroll
-        for (int i = 0; i < Tr::MS; ++i)
-          arch::ldmatrix_x4(pa[kk][i], sPt + (i * 16 + a_addr.row) * Smem::kPPitch + kk * 16 + a_addr.col);
 #pragma unroll
       for (int j = 0; j < Tr::kON8; j += 2) {
         uint32_t r[4];
         arch::ldmatrix_x4_trans(r, sVw + j * 8);
+        if constexpr (Tr::kE4m3Mma) {  // the e4m3 B fragments themselves (fp8_pv_token_of_k's token order)
+          vb[0][j / 2][0] = arch::prmt(r[0], r[1], h::kPrmtEvenBytes);
+          vb[0][j / 2][1] = arch::prmt(r[2], r[3], h::kPrmtEvenBytes);
+          vb[0][j / 2][2] = arch::prmt(r[0], r[1], h::kPrmtOddBytes);
+          vb[0][j / 2][3] = arch::prmt(r[2], r[3], h::kPrmtOddBytes);
+        } else {
+          // f16 path, tokens in their natural order: the even (odd) bytes of registers (0, 1) are the
+          // step-0 k pairs (2c, 2c+1) and (2c+8, 2c+9) of the even (odd) dim, registers (2, 3) step 1's
 #pragma unroll
-        for (int kk = 0; kk < 2; ++kk) {
-          const uint32_t ev = arch::prmt(r[2 * kk], r[2 * kk + 1], h::kPrmtEvenBytes);
-          const uint32_t od = arch::prmt(r[2 * kk], r[2 * kk + 1], h::kPrmtOddBytes);
-          vb[kk][j / 2][0] = arch::e4m3x2_to_f16x2(ev);
-          vb[kk][j / 2][1] = arch::e4m3x2_to_f16x2(ev >> 16);
-          vb[kk][j / 2][2] = arch::e4m3x2_to_f16x2(od);
-          vb[kk][j / 2][3] = arch::e4m3x2_to_f16x2(od >> 16);
+          for (int kk = 0; kk < 2; ++kk) {
+            const uint32_t ev = arch::prmt(r[2 * kk], r[2 * kk + 1], h::kPrmtEvenBytes);
+            const uint32_t od = arch::prmt(r[2 * kk], r[2 * kk + 1], h::kPrmtOddBytes);
+            vb[kk][j / 2][0] = arch::e4m3x2_to_f16x2(ev);
+            vb[kk][j / 2][1] = arch::e4m3x2_to_f16x2(ev >> 16);
+            vb[kk][j / 2][2] = arch::e4m3x2_to_f16x2(od);
+            vb[kk][j / 2][3] = arch::e4m3x2_to_f16x2(od >> 16);
+          }
         }
       }
       if constexpr (Tr::kMla656) {
@@ -637,35 +631,14 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
           }
         }
       }
-    } else if constexpr (Tr::kE4m3Mma) {
-      const KV* sVw = sV + (tile % STAGES) * Smem::kStageElems + lane * Smem::kVPitch + warp * Tr::kODV;
-#pragma unroll
-      for (int kk = 0; kk < Tr::kPKSteps; ++kk) {
-#pragma unroll
-        for (int i = 0; i < Tr::MS; ++i)
-          arch::ldmatrix_x4(pa[kk][i], sPt + (i * 16 + a_addr.row) * Smem::kPPitch + kk * 32 + 2 * a_addr.col);
-#pragma unroll
-        for (int j = 0; j < Tr::kON8; j += 2) {
-          uint32_t r[4];
-          arch::ldmatrix_x4_trans(r, sVw + kk * 32 * Smem::kVPitch + j * 8);
-          vb[kk][j / 2][0] = arch::prmt(r[0], r[1], h::kPrmtEvenBytes);
-          vb[kk][j / 2][1] = arch::prmt(r[2], r[3], h::kPrmtEvenBytes);
-          vb[kk][j / 2][2] = arch::prmt(r[0], r[1], h::kPrmtOddBytes);
-          vb[kk][j / 2][3] = arch::prmt(r[2], r[3], h::kPrmtOddBytes);
-        }
-      }
     } else {
       const KV* sVw = sV + (tile % STAGES) * Smem::kStageElems + bt_addr.row * Smem::kVPitch + warp * Tr::kODV +
                       bt_addr.col;
 #pragma unroll
-      for (int kk = 0; kk < Tr::kPKSteps; ++kk) {
-#pragma unroll
-        for (int i = 0; i < Tr::MS; ++i)
-          arch::ldmatrix_x4(pa[kk][i], sPt + (i * 16 + a_addr.row) * Smem::kPPitch + kk * 16 + a_addr.col);
+      for (int kk = 0; kk < Tr::kPKSteps; ++kk)
 #pragma unroll
         for (int j = 0; j < Tr::kON8; j += 2)
           arch::ldmatrix_x4_trans(vb[kk][j / 2], sVw + kk * 16 * Smem::kVPitch + j * 8);
-      }
     }
   };
   auto pv_mma = [&]() {
