@@ -411,8 +411,10 @@ def test_fp8_e4m3_matches_reference(emu, i, tile):
     emu.set_cp_async_landing("issue" if i % 2 else "wait")
     case = make_case(spec)
     out, lse = _run(case, cfg(splits, *tile))
+    rel, lse_err = _fp8_errors(case, out, lse)
+    print(f"{spec.id} {'e4m3-mma' if tile == FP8_TILE else 'f16-mma'}: max|err|/max|ref| {rel:.4f}, "
+          f"max|lse err| {lse_err:.2e}")  # the numbers tolerances.py quotes: pytest -s -k fp8_e4m3_matches
     if tile == FP8_TILE:
-        rel, lse_err = _fp8_errors(case, out, lse)
         assert rel <= FP8_MMA_REL_TOL and lse_err <= FP8_MMA_LSE_ATOL, (spec.id, rel, lse_err)
     else:  # exact conversions, Q and P in f16: the 16-bit tolerance (tolerances.FP8_TOL)
         check_against_reference(out, lse, case)
@@ -510,6 +512,8 @@ def test_fp8_mla656_rows_match_reference(emu, i):
     case = make_case(spec)
     config = None if i == 0 else cfg(splits, *FP8_F16_TILE)  # the default is that tile too
     out, lse = _run(case, config)
+    rel, lse_err = _fp8_errors(case, out, lse)
+    print(f"{spec.id}: max|err|/max|ref| {rel:.4f}, max|lse err| {lse_err:.2e}")  # NOTES.md's figures (pytest -s)
     check_against_reference(out, lse, case)  # tolerances.FP8_TOL: exact codes x power-of-two scales, f16 MMAs
 
 

@@ -59,7 +59,8 @@ FP8_LSE_ATOL: dict[tuple[str, torch.dtype], float] = {
 # backends its error includes 3-mantissa-bit rounding of Q and P (2^-4 relative per value). Against the
 # float64 reference on the dequantized cache, over random MLA trees (q, K, V ~ N(0, 1); cuda-emu,
 # tests/test_cuda_emu.py) the measured max |out - ref| / max |ref| is 1.9-3.3% and max |lse - ref|
-# 0.007-0.061 nat (largest for a request that sees one token: its LSE is that score, with its error).
-# Bounds: 2x those. A V scale off by 10% or a permuted token order exceeds them (tested).
+# 0.007-0.061 nat (largest for a request that sees one token: its LSE is that score, with its error);
+# `python -m pytest -s -q tests/test_cuda_emu.py -k fp8_e4m3_matches` prints them per case.
+# Bounds: 2x those. A K or V scale off by 10% exceeds them (tested).
 FP8_MMA_REL_TOL = 0.06   # max |out - ref| <= FP8_MMA_REL_TOL * max |ref|, per call
 FP8_MMA_LSE_ATOL = 0.12
