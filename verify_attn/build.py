@@ -67,6 +67,7 @@ class Tile:
     sn: int = 1       # v1: warps splitting the tile's tokens in S (SN)
     archs: tuple[str, ...] = ("sm_90a", "sm_120a")  # the archs whose per-block shared memory it fits
     fp8_mma: int = 1  # e4m3 caches: 1, products on e4m3 MMAs; 0, K / V converted to f16, f16 MMAs
+    bars: int = 2     # v1: CTA barriers per KV tile (1: S two tiles ahead, partial scores double-buffered)
 
     def targets(self, arch: str) -> bool:
         return normalize_arch(arch) in self.archs
@@ -82,7 +83,7 @@ class Tile:
     def label(self) -> str:
         base = f"m{self.block_m} n{self.block_n} w{self.num_warps} s{self.num_stages}"
         return (f"v1 {base} k{self.ksplit} sn{self.sn}" + ("" if self.fp8_mma else " f16")
-                if self.version == 1 else base)
+                + (" b1" if self.bars == 1 else "") if self.version == 1 else base)
 
 
 # the fp8 caches' f16 tile (TileFp8F16 in config.h): K / V converted to f16 in registers, f16 MMAs
@@ -92,11 +93,13 @@ _FP8_F16_TILE = Tile(32, 32, 4, 2, 3, version=1, sn=2, fp8_mma=0)
 # selected by (block_m, block_n, num_warps, num_stages), unique across kernel versions: v0's
 # MLA tiles (32x16 w4 s3, 16x32 w4 s2) stay selectable next to v1's.
 TILES: dict[str, list[Tile]] = {
-    "mla576": [Tile(32, 16, 2, 4, 4, version=1), Tile(32, 16, 2, 4, 3, version=1, sn=2),
-               Tile(32, 32, 2, 4, 4, version=1, sn=2, archs=("sm_90a",)),
+    "mla576": [Tile(32, 16, 4, 2, 4, version=1, sn=2, bars=1), Tile(32, 16, 2, 4, 3, version=1, sn=2),
+               Tile(32, 32, 2, 4, 4, version=1, sn=2, archs=("sm_90a",), bars=1),
                Tile(32, 16, 2, 2, 3), Tile(16, 32, 1, 4, 2)],
     # e4m3 caches: 32 tokens (one k step of the e4m3 P.V MMA), S warps 2 (dims) x 2 (tokens) x 2 (M)
-    "mla576e4m3": [Tile(32, 32, 4, 2, 4, version=1, sn=2), _FP8_F16_TILE],  # f16: the H200's, the exact one
+    # The e4m3-MMA tile is sm_120's: on sm_90 nvcc lowers its MMAs to f16 HMMAs (no e4m3 rate there) and
+    # the one-barrier loop needs more than 255 registers; the f16 tile is the H200's.
+    "mla576e4m3": [Tile(32, 32, 4, 2, 4, version=1, sn=2, bars=1, archs=("sm_120a",)), _FP8_F16_TILE],  # f16: the H200's, the exact one
     "mla576x656": [_FP8_F16_TILE],
     "gqa64": [Tile(64, 64, 4, 1, 2)],
     "gqa128": [Tile(64, 32, 4, 1, 2), Tile(128, 32, 8, 1, 2)],
@@ -105,10 +108,11 @@ TILES: dict[str, list[Tile]] = {
 # The default tile per (head, arch): the first compiled tile the arch can run, unless named here
 # (python -m bench.model reads both archs' SASS to choose; the autotuner refines per context).
 DEFAULT_TILE: dict[tuple[str, str], Tile] = {
-    ("mla576", "sm_90a"): Tile(32, 32, 2, 4, 4, version=1, sn=2, archs=("sm_90a",)),
-    # sm_120: the two-token-group tile (3 stages, 75 KB) over the 4-stage one, 169 vs 184 us by the model
-    # at 185k / 16 nodes (NOTES.md, v1); the 4-stage tile stays compiled for the autotuner
-    ("mla576", "sm_120a"): Tile(32, 16, 2, 4, 3, version=1, sn=2),
+    ("mla576", "sm_90a"): Tile(32, 32, 2, 4, 4, version=1, sn=2, archs=("sm_90a",), bars=1),
+    # sm_120: the one-barrier tile (4 stages, Dqk split 2 ways, 92.5 KB) over the two-barrier 3-stage one,
+    # 152 vs 172 us by the model at 185k / 16 nodes (NOTES.md, v1); the 3-stage tile stays compiled for
+    # the autotuner
+    ("mla576", "sm_120a"): Tile(32, 16, 4, 2, 4, version=1, sn=2, bars=1),
     # e4m3 caches on sm_90: mma.sync has no e4m3 rate there (nvcc lowers it to f16 HMMAs), so the
     # tile that converts K / V to f16 itself, keeping Q and P exact, is the faster one too (NOTES.md)
     ("mla576e4m3", "sm_90a"): _FP8_F16_TILE,
@@ -165,10 +169,13 @@ def smem_bytes(tile: Tile, dqk: int, dv: int, shared_kv: bool, kv_bytes: int = 2
         pb = 1 if kv_bytes == 1 and tile.fp8_mma else 2  # P element bytes
         krow = (kv_row + 32) if kv_row else dqk + kpad   # kv_row: 656-byte rows, a 32-byte pad
         stage = tile.block_n * krow + (0 if shared_kv else tile.block_n * (dv + kpad))
-        part = tile.ksplit * tile.block_m * (tile.block_n + 8) * 4
+        parts = 2 if tile.bars == 1 else 1  # one barrier per tile: two sets of partial scores
+        spitch = tile.block_n + (4 if parts == 2 and kv_bytes == 1 else 8)
+        part = tile.ksplit * tile.block_m * spitch * 4 * parts
         p = 2 * tile.block_m * (tile.block_n + 16 // pb) * pb
         stats = (5 if kv_bytes == 1 else 4) * tile.block_m * 4  # alpha x 2, 1/l, lse2 (+ Q row scale)
-        idx_ring = tile.num_stages * 32 * tile.num_warps * 4  # kv_indices ring: a slot per stage and thread
+        slots = tile.num_stages - (2 if parts == 2 else 1)  # kv_indices ring slots (kIdxSlots)
+        idx_ring = slots * 32 * tile.num_warps * 4
         return tile.num_stages * stage * kv_bytes + part + p + stats + idx_ring
     q = tile.block_m * (dqk + pad) * elem
     k = tile.num_stages * tile.block_n * (dqk + pad) * elem
@@ -296,6 +303,11 @@ class KernelReport:
     targets_arch: bool = True  # False: a tile meant for other archs only (its smem is not checked here)
 
     def problems(self) -> list[str]:
+        """What fails the report: spills, local memory, smem over the arch's limit, for a tile built to run on
+        this arch (a tile meant for other archs only is never launched here: see findings())."""
+        return self.findings() if self.targets_arch else []
+
+    def findings(self) -> list[str]:
         out = []
         if self.spill_stores or self.spill_loads:
             out.append(f"spills ({self.spill_stores} B stores, {self.spill_loads} B loads)")
@@ -312,11 +324,13 @@ _ELEM = {"13__nv_bfloat16": "bf16", "6__half": "fp16"}
 
 def tile_of_mangled(mangled: str) -> Tile:
     """The tile config of a split kernel from its mangled name: TileConfig<BM, BN, WM, WN, STAGES> (v0)
-    or TileConfigV1<BM, BN, W, STAGES, KSPLIT, SN> (v1)."""
-    m = re.search(r"TileConfigV1ILi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)E(?:Li(\d+)E)?", mangled)
+    or TileConfigV1<BM, BN, W, STAGES, KSPLIT, SN[, FP8_MMA[, BARS]]> (v1)."""
+    m = re.search(r"TileConfigV1ILi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)E(?:Li(\d+)E)?(?:Li(\d+)E)?",
+                  mangled)
     if m:
         bm, bn, w, st, ks, sn = map(int, m.groups()[:6])
-        return Tile(bm, bn, w // ks, ks, st, version=1, sn=sn, fp8_mma=int(m.group(7) or 1))
+        return Tile(bm, bn, w // ks, ks, st, version=1, sn=sn, fp8_mma=int(m.group(7) or 1),
+                    bars=int(m.group(8) or 2))
     t = [int(x) for x in re.search(r"TileConfigILi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)E", mangled).groups()]
     return Tile(t[0], t[1], t[2], t[3], t[4])
 
@@ -336,8 +350,8 @@ def _compiled_tile(mangled: str) -> Tile:
     t = tile_of_mangled(mangled)
     for tiles in TILES.values():
         for x in tiles:
-            if (x.block_m, x.block_n, x.warps_m, x.warps_n, x.num_stages, x.version, x.sn, x.fp8_mma) == \
-                    (t.block_m, t.block_n, t.warps_m, t.warps_n, t.num_stages, t.version, t.sn, t.fp8_mma):
+            if (x.block_m, x.block_n, x.warps_m, x.warps_n, x.num_stages, x.version, x.sn, x.fp8_mma, x.bars) == \
+                    (t.block_m, t.block_n, t.warps_m, t.warps_n, t.num_stages, t.version, t.sn, t.fp8_mma, t.bars):
                 return x
     return t
 
@@ -464,7 +478,12 @@ def format_table(reps: list[KernelReport]) -> str:
     lines = [hdr, "-" * len(hdr)]
     for r in reps:
         pr = r.problems()
-        status = ('FAIL: ' + '; '.join(pr)) if pr else ('ok' if r.targets_arch else 'ok (not a tile for this arch)')
+        if pr:
+            status = 'FAIL: ' + '; '.join(pr)
+        elif r.targets_arch:
+            status = 'ok'
+        else:  # informational: never launched on this arch (the backend refuses it there)
+            status = 'ok (not a tile for this arch' + ''.join(f'; {x}' for x in r.findings()) + ')'
         lines.append(f"{r.name:48} {r.arch:8} {r.registers:5d} {r.smem_bytes:8d} {r.spill_stores:9d} "
                      f"{r.spill_loads:9d} {r.local_bytes:8d}  {status}")
     return "\n".join(lines)

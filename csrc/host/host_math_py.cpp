@@ -48,6 +48,7 @@ py::dict tile_dict(const char* head) {
   d["version"] = Tile::kVersion;
   if constexpr (Tile::kVersion == 1) d["sn"] = Tile::SN; else d["sn"] = 1;
   if constexpr (Tile::kVersion == 1) d["fp8_mma"] = Tile::FP8_MMA; else d["fp8_mma"] = 1;
+  if constexpr (Tile::kVersion == 1) d["bars"] = Tile::BARS; else d["bars"] = 2;
   d["smem_bytes"] = Tr::smem_bytes();
   return d;
 }

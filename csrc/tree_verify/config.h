@@ -40,9 +40,14 @@ struct TileConfig {
 // every warp owns Dv / W columns of all rows.
 // FP8_MMA (e4m3 caches only): 1, S and P.V on e4m3 MMAs (Q and P rounded to e4m3); 0, K and V
 // converted to f16 in registers and both products on f16 MMAs (Q and P exact up to f16).
-template <int BM_, int BN_, int W_, int STAGES_, int KSPLIT_, int SN_, int FP8_MMA_ = 1>
+// BARS: CTA barriers per KV tile. 2: iteration i computes S(i+1), then PV(i) with the softmax of
+// i+1 after a second barrier. 1: iteration i runs S(i+2), the softmax of i+1 and PV(i) between
+// the same two barriers (the partial scores double-buffered, STAGES >= 4: tiles i .. i+2 are read
+// while i+3 loads), so the tensor pipe drains once per tile instead of twice.
+template <int BM_, int BN_, int W_, int STAGES_, int KSPLIT_, int SN_, int FP8_MMA_ = 1, int BARS_ = 2>
 struct TileConfigV1 {
   static constexpr int FP8_MMA = FP8_MMA_;
+  static constexpr int BARS = BARS_;
   static constexpr int BM = BM_;
   static constexpr int BN = BN_;
   static constexpr int STAGES = STAGES_;
@@ -61,6 +66,7 @@ struct TileConfigV1 {
   static_assert(BN % (8 * SN) == 0, "each S warp's tokens must be whole n8 tiles");
   static_assert((BM * BN) % (32 * kWarps) == 0, "the softmax gives every lane the same number of scores");
   static_assert(STAGES >= 3 && STAGES <= 8, "3..8 pipeline stages");
+  static_assert(BARS == 2 || (BARS == 1 && STAGES >= 4), "1 barrier per tile needs >= 4 stages, else 2 barriers");
   static_assert(kThreads % BN == 0, "the KV loader gives each tile row kThreads / BN threads");
 };
 
@@ -90,27 +96,29 @@ struct TileList {};
 //       16 rows x 32 tokens x 2 stages: Q 18 KB + KV 73 KB; 4 warps split Dv 4 ways.
 //  GQA: one warp per 16 rows owns all of Dv; P stays in registers (WN = 1) except d256.
 template <class Head> struct TilesFor;
-//  MLA v1 (default): 32 rows x 16 tokens x 4 stages, 8 warps, Dqk split 4 ways for S, 2 warps
-//       along M: KV 73 KB + partial scores 12 KB + 2 x P 3 KB = 90.6 KB; Q and O in registers.
+//  MLA v1, one barrier per tile: 32 rows x 16 tokens x 4 stages, 8 warps, S warps 2 (dims) x 2
+//       (tokens) x 2 (M): KV 73 KB + 2 sets of partial scores 12 KB + 2 x P 3 KB = 92.5 KB; Q and O
+//       in registers. (The 4-way Dqk split would need 24 KB of partial scores: over sm_120's 99 KB.)
 //  MLA v1, 3 stages, S warps 4 (dims) x 2 (tokens): each K fragment serves both m tiles, halving
 //       the shared-memory reads of S (the H200's limit with mma.sync): 71.9 KB.
 //  MLA v1 for sm_90 only (180 KB, over sm_120's 99 KB): 32 tokens x 4 stages, S warps 4 x 2: half the
 //       barriers per token of the 16-token tiles (build.py marks its target archs).
 template <> struct TilesFor<HeadMLA> {
-  using type = TileList<TileConfigV1<32, 16, 8, 4, 4, 1>, TileConfigV1<32, 16, 8, 3, 4, 2>,
-                        TileConfigV1<32, 32, 8, 4, 4, 2>,
+  using type = TileList<TileConfigV1<32, 16, 8, 4, 2, 2, 1, 1>, TileConfigV1<32, 16, 8, 3, 4, 2>,
+                        TileConfigV1<32, 32, 8, 4, 4, 2, 1, 1>,
                         TileConfig<32, 16, 2, 2, 3>, TileConfig<16, 32, 1, 4, 2>>;
 };
 // e4m3 caches (MLA only): kernel v1 with e4m3 MMAs (m16n8k32) for S and P.V. A 32-token tile is one
-// k step of P.V; a 576-byte row (+16 B pad) makes a 32-token stage 18.5 KB, so 4 stages, 2 x 32 x 40
-// fp32 partial scores and e4m3 P fit in 92 KB. S warps 2 (dims: 288 = 9 k steps) x 2 (tokens) x 2 (M).
+// k step of P.V; a 576-byte row (+16 B pad) makes a 32-token stage 18.5 KB, so 4 stages, one barrier
+// per tile with 2 sets of 2 x 32 x 36 fp32 partial scores, and e4m3 P fit in 97.6 KB. S warps 2 (dims:
+// 288 = 9 k steps) x 2 (tokens) x 2 (M).
 template <class Head> struct TilesForFp8 { using type = TileList<>; };
 //  The second tile converts K / V to f16 in registers (F2FP on sm_90 and sm_120) and keeps Q and P in
 //  f16: the H200's fp8 tile (its mma.sync has no e4m3 rate) and the accurate one on sm_120. 3 stages,
 //  75.6 KB.
 using TileFp8F16 = TileConfigV1<32, 32, 8, 3, 2, 2, 0>;
 template <> struct TilesForFp8<HeadMLA> {
-  using type = TileList<TileConfigV1<32, 32, 8, 4, 2, 2, 1>, TileFp8F16>;
+  using type = TileList<TileConfigV1<32, 32, 8, 4, 2, 2, 1, 1>, TileFp8F16>;
 };
 // FlashMLA's 656-byte rows (512 e4m3 codes, 4 fp32 scales, 64 bf16 RoPE values): the f16 tile only.
 template <class Head> struct TilesFor656 { using type = TileList<>; };

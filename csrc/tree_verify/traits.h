@@ -95,11 +95,12 @@ struct KernelTraits {
 };
 
 // Shared memory of the v1 kernel: STAGES x (K rows [+ V rows]), the KSPLIT fp32
-// partial score tiles, P and alpha double-buffered (tile i read by PV while tile
+// partial score tiles (PARTS sets: 2 with one barrier per tile, tile i+1's read while
+// i+2's are written), P and alpha double-buffered (tile i read by PV while tile
 // i+1's softmax writes), 1/l and lse2. Q is staged once in the last pipeline
 // stages before their tiles are issued and then lives in registers.
 template <int BM, int BN, int STAGES, int KSPLIT, int DQK, int DV, bool kSharedKV, int KVB = 2, int PB = KVB,
-          int KROW = DQK, int KPADB = 16>
+          int KROW = DQK, int KPADB = 16, int PARTS = 1>
 struct SharedMemoryPlanV1 {
   // KROW: K row elements in the cache (DQK; 656 bytes for the 656-byte MLA rows), KPADB: its pad in bytes
   // KVB: bytes per K / V element (2: the 16-bit type of q; 1: e4m3); PB: per P element. Q is staged 16-bit.
@@ -111,19 +112,24 @@ struct SharedMemoryPlanV1 {
   static constexpr int kVPitch = kSharedKV ? kKPitch : DV + kPad;
   static constexpr int kStageElems = BN * kKPitch + (kSharedKV ? 0 : BN * kVPitch);  // one stage: K rows, V rows
   static constexpr size_t kStageBytes = size_t(kStageElems) * KVB;
-  static constexpr int kSPitch = BN + 8;   // floats per partial-score row: conflict-free float2 stores
+  // floats per partial-score row: BN + 8 keeps the float2 stores conflict-free; the one-barrier e4m3 tile
+  // takes BN + 4 (2-way conflicts on those stores) to fit its two sets in sm_120's 99 KB
+  static constexpr int kSPitch = BN + ((PARTS == 2 && KVB == 1) ? 4 : 8);
   static constexpr int kPPitch = BN + 16 / PB;  // elements per P row (ldmatrix rows on distinct banks)
   static constexpr int kQStages = int((size_t(BM) * kQPitch * kQElem + kStageBytes - 1) / kStageBytes);  // stages Q borrows
 
   static constexpr size_t kK = 0;
   static constexpr size_t kV = size_t(BN) * kKPitch * KVB;         // V rows of a stage follow its K rows (GQA)
   static constexpr size_t kPart = size_t(STAGES) * kStageBytes;
-  static constexpr size_t kP = kPart + size_t(KSPLIT) * BM * kSPitch * sizeof(float);
+  static constexpr int kPartFloats = KSPLIT * BM * kSPitch;  // one set of partial scores
+  static constexpr size_t kP = kPart + size_t(PARTS) * kPartFloats * sizeof(float);
   static constexpr size_t kStats = kP + size_t(2) * BM * kPPitch * PB;
   // 2 x alpha, 1/l, lse2 per row; with e4m3 operands also each Q row's quantization scale
   static constexpr int kStatsPerRow = KVB == 1 ? 5 : 4;
   static constexpr size_t kIdx = kStats + size_t(kStatsPerRow) * BM * sizeof(float);
-  static constexpr int kIdxSlots = STAGES;  // kv_indices ring: each loader thread's index of a future tile
+  // kv_indices ring, a slot per thread: an index lives from its copy (iteration j) to its read (iteration
+  // j + STAGES - 3 with two barriers per tile, j + STAGES - 4 with one; tree_verify_kernel_v1.cuh)
+  static constexpr int kIdxSlots = PARTS == 2 ? STAGES - 2 : STAGES - 1;
   template <int kThreads>
   static constexpr size_t total() { return kIdx + size_t(kIdxSlots) * kThreads * sizeof(int32_t); }
 
@@ -161,6 +167,7 @@ struct KernelTraitsV1 {
   static constexpr bool kSharedKV = Head::kSharedKV;
   static constexpr int kRowElems = kMla656 ? 656 : DQK;  // K row in the cache (elements of KvElem)
   static constexpr int BM = Tile::BM, BN = Tile::BN, STAGES = Tile::STAGES, KSPLIT = Tile::KSPLIT, SN = Tile::SN;
+  static constexpr bool kOneBarrier = Tile::BARS == 1;  // one CTA barrier per KV tile (config.h)
   static constexpr int kWarps = Tile::kWarps;
   static constexpr int kThreads = Tile::kThreads;
 
@@ -195,7 +202,7 @@ struct KernelTraitsV1 {
 
   // 656-byte rows: a 32-byte pad keeps the 688-byte pitch an odd number of 16-byte units (conflict-free ldmatrix)
   using Smem = SharedMemoryPlanV1<BM, BN, STAGES, KSPLIT, DQK, DV, kSharedKV, int(sizeof(KvElem)), kPBytes, kRowElems,
-                                  kMla656 ? 32 : 16>;
+                                  kMla656 ? 32 : 16, Tile::BARS == 1 ? 2 : 1>;
   static constexpr int kQStages = Smem::kQStages;
   static constexpr size_t smem_bytes() { return Smem::template total<kThreads>(); }
 

@@ -120,6 +120,13 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
   namespace arch = va::arch;
   namespace h = va::host;
   constexpr int BM = Tr::BM, BN = Tr::BN, STAGES = Tr::STAGES, TPL = Tr::kTPL;
+  constexpr bool kOneBar = Tr::kOneBarrier;
+  // the loop's cp.async wait leaves this many groups pending: the tile whose S the iteration computes
+  // (it + 1 with two barriers, it + 2 with one) must have landed
+  constexpr int kLoopPending = kOneBar ? STAGES - 4 : STAGES - 3;
+  // ring distance: the index of tile it + kRingAhead is copied in iteration it, and read (for its KV
+  // copy) in iteration kRingAhead - STAGES + 1 later, whose top wait has landed that group
+  constexpr int kRingAhead = STAGES + kLoopPending;
 
   const int split = blockIdx.x;
   const int kvh = blockIdx.y % p.num_kv_heads;
@@ -145,7 +152,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
   unsigned char* smem = arch::smem_dynamic<unsigned char>();
   KV* sK = reinterpret_cast<KV*>(smem + Smem::kK);                // (STAGES, BN, Dqk) padded rows
   KV* sV = Tr::kSharedKV ? sK : reinterpret_cast<KV*>(smem + Smem::kV);
-  float* sPart = reinterpret_cast<float*>(smem + Smem::kPart);   // (KSPLIT, BM, BN) partial scores
+  float* sPart = reinterpret_cast<float*>(smem + Smem::kPart);   // (PARTS, KSPLIT, BM, BN) partial scores
+  // one barrier per tile: tile t's partial scores in set t % 2 (the softmax reads t + 1's, S writes t + 2's)
+  auto part_of = [&](int tile) { return kOneBar ? sPart + (tile & 1) * Smem::kPartFloats : sPart; };
   PE* sP = reinterpret_cast<PE*>(smem + Smem::kP);                // (2, BM, BN) probabilities
   float* sAlpha = reinterpret_cast<float*>(smem + Smem::kStats);  // (2, BM) rescale factor per tile
   float* sFin = sAlpha + 2 * BM;                                  // (2, BM) 1/l and log2-sum-exp2 at the end
@@ -162,11 +171,14 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
   const int ld_chunk = tid % Tr::kThreadsPerRow;
   int32_t* sIdx = reinterpret_cast<int32_t*>(smem + Smem::kIdx);  // (kIdxSlots, kThreads) kv_indices ring
   // Tiles 0..STAGES-2 (the prologue's) read their index directly; later tiles' indices are copied into
-  // the ring by cp.async, 2 * STAGES - 3 tiles ahead of their KV copy, so no register waits on the load.
+  // the ring by cp.async, kRingAhead - STAGES + 1 iterations before their KV copy, so no register waits
+  // on the load.
   TokenCursor<L> direct_at(range.begin + ld_row, BN, p.page_size);
   TokenCursor<L> ring_at(range.begin + (STAGES - 1) * BN + ld_row, BN, p.page_size);
   TokenCursor<L> copy_at = direct_at;
-  int ring_tile = STAGES - 1;  // next tile whose index goes into the ring
+  // running state of the loader: no division or signed modulo per tile
+  unsigned ring_tile = STAGES - 1;                        // next tile whose index goes into the ring
+  int ring_tok = range.begin + (STAGES - 1) * BN + ld_row;  // ... and this thread's token of it
   auto fetch_direct = [&](int tile) -> int32_t {
     const int t = range.begin + tile * BN + ld_row;
     const int32_t id =
@@ -175,24 +187,26 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
     direct_at.advance();
     return id;
   };
+  const int32_t* idx_base = index_at(p.kv_indices, kv_base, p.kv_indices_i64);
   auto fetch_ring = [&]() {
-    const int t = range.begin + ring_tile * BN + ld_row;
     if (loader)
       arch::cp_async_4_zfill(sIdx + (ring_tile % Smem::kIdxSlots) * Tr::kThreads + tid,
-                             index_at(p.kv_indices, static_cast<int64_t>(kv_base) + ring_at.pos, p.kv_indices_i64),
-                             t < range.end);
+                             index_at(idx_base, ring_at.pos, p.kv_indices_i64), ring_tok < range.end);
     ring_at.advance();
     ++ring_tile;
+    ring_tok += BN;
   };
-  auto ring_id = [&](int tile) -> int32_t { return sIdx[(tile % Smem::kIdxSlots) * Tr::kThreads + tid]; };
-  int issued = 0;
+  auto ring_id = [&](int tile) -> int32_t { return sIdx[(unsigned(tile) % Smem::kIdxSlots) * Tr::kThreads + tid]; };
+  unsigned issued = 0;
+  int issue_tok = range.begin + ld_row;  // this thread's token of tile `issued`
+  const KV* k_row0 = kc + ld_chunk * CH + kvh * p.k_stride_head;  // this thread's first chunk, minus the row
   auto issue_kv = [&](int32_t id) {
     if (loader) {
       const int stage = issued % STAGES;
-      const bool valid = range.begin + issued * BN + ld_row < range.end;  // past the end: zeros land, no read
-      // one row offset per tile; the chunks sit at constant offsets from it
-      const KV* ks = kc + ld_chunk * CH +
-                     (valid ? copy_at.row_offset(id, p.k_stride_block, p.k_stride_tok) + kvh * p.k_stride_head : 0);
+      const bool valid = issue_tok < range.end;  // past the end: zeros land, no read
+      // one row offset per tile; the chunks sit at constant offsets from it. A row past the end has
+      // id 0 (its index was zero-filled): an in-bounds address the zero-filling copy never reads.
+      const KV* ks = k_row0 + copy_at.row_offset(id, p.k_stride_block, p.k_stride_tok);
       KV* dK = sK + stage * Smem::kStageElems + ld_row * Smem::kKPitch + ld_chunk * CH;
 #pragma unroll
       for (int j = 0; j < Tr::kChunksK; ++j)
@@ -208,6 +222,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
     }
     copy_at.advance();
     ++issued;
+    issue_tok += BN;
   };
 
   // ---- prologue: the Q tile is staged in the last kQStages pipeline stages,
@@ -225,12 +240,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
     arch::cp_async_16_zfill(sQ + r * Smem::kQPitch + c * 8, src, valid);
   }
   arch::cp_async_commit();
-  // The ring indices of tiles STAGES-1 .. 2*STAGES-4 (copied in iterations 0 .. STAGES-3) go with the
-  // first KV group: a copy in group g is guaranteed landed at the top of iteration g - 2, and the index
-  // of tile j is read in iteration j - STAGES + 1.
+  // The ring indices of tiles STAGES-1 .. kRingAhead-1 (those the loop's first iterations would copy
+  // too late) go with the first KV group; the index of tile j is read in iteration j - STAGES + 1.
   auto ring_prologue = [&]() {
 #pragma unroll
-    for (int j = STAGES - 1; j <= 2 * STAGES - 4; ++j) fetch_ring();
+    for (int j = STAGES - 1; j < kRingAhead; ++j) fetch_ring();
   };
   // prologue tiles that do not overlap the Q staging (stages STAGES - kQStages .. STAGES - 1)
   constexpr int kFirst = STAGES - Tr::kQStages;
@@ -448,8 +462,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
       }
     }
   };
-  auto s_store = [&](const SAcc& sacc) {
-    float* part = sPart + ws_k * BM * Smem::kSPitch;
+  auto s_store = [&](const SAcc& sacc, int tile) {
+    float* part = part_of(tile) + ws_k * BM * Smem::kSPitch;
 #pragma unroll
     for (int i = 0; i < Tr::kSMT; ++i)
 #pragma unroll
@@ -485,11 +499,12 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
     constexpr bool kMasked = decltype(masked_tag)::value;
     const int tok0 = range.begin + tile * BN;
     float s[TPL];
-    lds_vec<TPL>(sPart + srow * Smem::kSPitch + scol, s);
+    const float* part = part_of(tile);
+    lds_vec<TPL>(part + srow * Smem::kSPitch + scol, s);
 #pragma unroll
     for (int k = 1; k < Tr::KSPLIT; ++k) {
       float v[TPL];
-      lds_vec<TPL>(sPart + (k * BM + srow) * Smem::kSPitch + scol, v);
+      lds_vec<TPL>(part + (k * BM + srow) * Smem::kSPitch + scol, v);
 #pragma unroll
       for (int e = 0; e < TPL; ++e) s[e] += v[e];
     }
@@ -661,28 +676,65 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
   {
     SAcc sacc;
     s_mma(0, sacc, [] {});
-    s_store(sacc);
+    s_store(sacc, 0);
   }
-  arch::block_sync();
-  if (tile_masked(0)) softmax(0, std::true_type{}); else softmax(0, std::false_type{});
+  if constexpr (kOneBar) {
+    // ... and S of tile 1 with it: the loop's iteration it starts with P(it) and the partial scores
+    // of it + 1 published
+    arch::cp_async_wait<STAGES - 3>();  // tile 1 landed (an empty group when there is none)
+    arch::block_sync();                 // S(0) published; tile 1 everyone's
+    SAcc sacc;
+    if (ntiles > 1) s_mma(1, sacc, [] {});
+    if (tile_masked(0)) softmax(0, std::true_type{}); else softmax(0, std::false_type{});
+    if (ntiles > 1) s_store(sacc, 1);
+  } else {
+    arch::block_sync();
+    if (tile_masked(0)) softmax(0, std::true_type{}); else softmax(0, std::false_type{});
+  }
 
   for (int it = 0; it < ntiles; ++it) {  // sass-model: tile-loop
-    const bool has_next = it + 1 < ntiles;
-    arch::cp_async_wait<STAGES - 3>();  // tile it+1 landed (this thread's copies)
-    arch::block_sync();  // everyone's; P(it) and alpha(it) published; tile it-1's stage free
-    // the copies of tile it+STAGES-1 (index from the ring, landed by the wait above) and the ring
-    // copy of a later tile's index issue between the S MMAs of tile it+1
+    arch::cp_async_wait<kLoopPending>();  // the tile this iteration's S reads landed (this thread's copies)
+    // the index of tile it+STAGES-1: this thread's own ring slot, landed by the wait above, read before
+    // the barrier so its latency hides there
+    const int32_t next_id = it + STAGES - 1 < ntiles ? ring_id(it + STAGES - 1) : 0;
+    // everyone's; P(it) and alpha(it) published (and with one barrier the partial scores of it + 1);
+    // tile it-1's stage free
+    arch::block_sync();
+    // the copies of tile it+STAGES-1 and the ring copy of a later tile's index issue between the S MMAs
     auto loads = [&] {
-      if (it + STAGES - 1 < ntiles) issue_kv(ring_id(it + STAGES - 1));
-      if (it + 2 * STAGES - 3 < ntiles) fetch_ring();
+      if (it + STAGES - 1 < ntiles) issue_kv(next_id);
+      if (it + kRingAhead < ntiles) fetch_ring();
       arch::cp_async_commit();
     };
     SAcc sacc;
+    if constexpr (kOneBar) {
+      // S(it+2), PV(it) and the softmax of it+1 between the same barriers: three independent streams
+      const bool has_s = it + 2 < ntiles;
+      if (!has_s || tile_masked(it + 1)) {  // sass-model: cold
+        if (has_s) s_mma(it + 2, sacc, loads); else loads();
+        pv_load(it);
+        rescale_o(it);
+        pv_mma();
+        if (it + 1 < ntiles) {
+          if (tile_masked(it + 1)) softmax(it + 1, std::true_type{}); else softmax(it + 1, std::false_type{});
+        }
+        if (has_s) s_store(sacc, it + 2);
+      } else {
+        s_mma(it + 2, sacc, loads);  // the tensor pipe starts right after the barrier
+        pv_load(it);                 // P(it), alpha(it) published by the barrier; V(it) landed long ago
+        rescale_o(it);
+        pv_mma();
+        softmax(it + 1, std::false_type{});  // its latencies under the MMAs
+        s_store(sacc, it + 2);       // the S results are long in by now
+      }
+      continue;
+    }
+    const bool has_next = it + 1 < ntiles;
     if (has_next) s_mma(it + 1, sacc, loads);  // the tensor pipe starts right after the barrier
     else loads();
     pv_load(it);    // P(it) was published by the barrier above; V(it) landed a tile ago
     rescale_o(it);  // alpha(it) too; the FMULs fill the wait for the S results
-    if (has_next) s_store(sacc);
+    if (has_next) s_store(sacc, it + 1);
     arch::block_sync();  // partial scores of tile it+1 published
     if (has_next && tile_masked(it + 1)) {  // sass-model: cold
       pv_mma();

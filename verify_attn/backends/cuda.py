@@ -351,6 +351,11 @@ def reserve_workspace(device: torch.device, nbytes: int) -> torch.Tensor:
 
 def _run(p: Problem, config: Optional[KernelConfig], out: torch.Tensor, lse: Optional[torch.Tensor]) -> None:
     cfg = resolve_config(p, config)
+    arch = vdevice.props_for(p.device).arch
+    t = _tile_of(problem_head(p), cfg)
+    if not t.targets(arch):  # e.g. the 180 KB sm_90 tile on sm_120, the e4m3-MMA tile on sm_90
+        raise ValueError(f"cuda backend: tile config {cfg} of {problem_head(p)} is built for "
+                         f"{', '.join(t.archs)}, not for this device's {arch}")
     ops = load_ops(_DTYPES[p.dtype], problem_head(p), p.layout)
     need = workspace_bytes(p, cfg.num_splits)
     ws = reserve_workspace(p.device, need) if need else None
