@@ -362,9 +362,13 @@ def test_k_and_v_with_different_strides(emu, mla):
     check_against_reference(out, lse, case, *TOL[spec.dtype])
 
 
-def test_256_node_tree(emu):
-    # 256 nodes: 8 mask words, 64 M tiles of 32 rows (MLA v1) with every tile past the prefix masked
-    spec = CaseSpec((40,), (256,), "bushy", dtype=BF, seed=62, **MLA)
+@pytest.mark.parametrize("lens,nodes,kind", [((40,), (256,), "bushy"), ((30, 50), (300, 20), "deep")],
+                         ids=["256", "300+20"])
+def test_wide_trees(emu, lens, nodes, kind):
+    # 256 nodes: 8 mask words, 64 M tiles of 32 rows (MLA v1) with every tile past the prefix masked; v1
+    # stages the first 8 words of each row in shared memory (kMaskStage). 300 nodes: 10 words, the last 2
+    # read from global memory; the 20-node request of the same batch has 10-word rows, 1 of them used.
+    spec = CaseSpec(lens, nodes, kind, dtype=BF, seed=62, **MLA)
     case = make_case(spec)
     out, lse = _run(case, cfg(2, *V1_A))
     check_against_reference(out, lse, case, *TOL[spec.dtype])

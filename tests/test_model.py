@@ -277,3 +277,36 @@ def test_fp8_kernel_predicted_at_least_1_6x_over_bf16_on_sm120():
     assert bf16 and fp8 and bf16["us"] / fp8["us"] >= 1.6, (bf16, fp8)
     h = predict("h200", ctx=185_000, tree_nodes=16, kv_dtype="fp8_e4m3")
     assert h and h["kernel"].endswith(" f16"), h
+
+
+def test_split_heuristic_fills_whole_waves():
+    """heuristic_num_splits compares 1..MAX_WAVES full waves: the 16-node headline keeps one wave
+    (47 x 4 M tiles = 188 CTAs on 188 SMs), the 64-node tree (16 M tiles) takes three (35 x 16 = 560
+    CTAs, 4 idle slots) over one that leaves 12 SMs idle; a grid one CTA over a wave is never chosen."""
+    from verify_attn.config import heuristic_num_splits
+
+    def h(m_tiles, sms=188, ctx=185_000, bn=16):
+        return heuristic_num_splits(batch=1, num_kv_heads=1, m_tiles=m_tiles, avg_kv_len=ctx, num_sms=sms,
+                                    block_n=bn)
+    assert h(4) == 47
+    assert h(16) == 35
+    assert heuristic_num_splits(batch=1, num_kv_heads=1, m_tiles=16, avg_kv_len=185_000, num_sms=188, block_n=16,
+                                max_waves=1) == 11
+    for m in (1, 3, 4, 7, 16, 33, 64):
+        s = h(m)
+        assert (s * m) % 188 == 0 or (s * m) % 188 > 188 // 2 or s * m < 188, (m, s)  # no nearly empty wave
+    assert h(4, ctx=2_000) == 2_000 // 256  # short contexts: the per-split token floor still caps it
+    with pytest.raises(ValueError):
+        heuristic_num_splits(batch=1, num_kv_heads=1, m_tiles=4, avg_kv_len=100, num_sms=188, max_waves=0)
+
+
+def test_split_heuristic_choice_is_the_models_faster_one():
+    """The 64-node choice (35 splits, 3 waves) against one wave (11): the SASS model predicts the
+    heuristic's pick faster on the RTX PRO 6000 (wave quantization: 176 of 188 SMs busy in one wave)."""
+    _tools_or_skip()
+    from bench.model import predict
+
+    auto = predict("rtx-pro-6000", ctx=185_000, tree_nodes=64)
+    one_wave = predict("rtx-pro-6000", ctx=185_000, tree_nodes=64, num_splits=11)
+    assert auto and one_wave and auto["num_splits"] == 35, auto
+    assert auto["us"] < one_wave["us"], (auto, one_wave)

@@ -176,7 +176,8 @@ def smem_bytes(tile: Tile, dqk: int, dv: int, shared_kv: bool, kv_bytes: int = 2
         stats = (5 if kv_bytes == 1 else 4) * tile.block_m * 4  # alpha x 2, 1/l, lse2 (+ Q row scale)
         slots = tile.num_stages - (2 if parts == 2 else 1)  # kv_indices ring slots (kIdxSlots)
         idx_ring = slots * 32 * tile.num_warps * 4
-        return tile.num_stages * stage * kv_bytes + part + p + stats + idx_ring
+        mask = tile.block_m * 8 * 4  # the first 8 tree-mask words of each row (kMaskStage)
+        return tile.num_stages * stage * kv_bytes + part + p + stats + idx_ring + mask
     q = tile.block_m * (dqk + pad) * elem
     k = tile.num_stages * tile.block_n * (dqk + pad) * elem
     v = 0 if shared_kv else tile.num_stages * tile.block_n * (dv + pad) * elem

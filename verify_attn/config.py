@@ -99,6 +99,14 @@ def heuristic_kv_len(*, index_capacity: int, page_size: int, batch: int, max_kv_
 MIN_TOKENS_PER_SPLIT = 256
 
 
+# The split heuristic's view of a wave's fixed cost, in KV tiles of one CTA: the prologue (index ->
+# row round trips, the Q tile), the masked tree tiles and the partial write (the SASS model reads
+# ~7 tiles of prologue and ~1 of masked-tile excess on the RTX PRO 6000 at 185k; NOTES.md, v1).
+WAVE_OVERHEAD_TILES = 8
+# full-wave split counts the heuristic compares (1 .. MAX_WAVES waves)
+MAX_WAVES = 4
+
+
 def heuristic_num_splits(
     *,
     batch: int,
@@ -110,21 +118,34 @@ def heuristic_num_splits(
     waves: float = 1.0,
     min_tokens_per_split: int = MIN_TOKENS_PER_SPLIT,
     max_splits: int = MAX_SPLITS,
+    max_waves: int = MAX_WAVES,
 ) -> int:
-    """Split count that fills about `waves` waves of the GPU from static shapes only.
+    """Split count that fills whole waves of the GPU from static shapes only.
 
     The grid is (splits, m_tiles * num_kv_heads, batch). CTAs that share a KV
     split across M tiles read the same KV (L2 hits), so they count as CTAs but
     not as extra DRAM traffic. Fewer, longer splits keep the fp32 partials small
-    (DESIGN.md section 4); about one wave is the default, the autotuner refines it.
-    No device data is read: CUDA-graph safe.
+    (DESIGN.md section 4). The candidates are the split counts that fill k x
+    `waves` waves (rounded down: a grid one CTA over a wave runs a second, nearly
+    empty wave as long as the first) for k = 1 .. max_waves; the one with the
+    least CTA time wins, counted as waves x (KV tiles per CTA + WAVE_OVERHEAD_TILES).
+    One wave wins unless it leaves many SMs idle: a 64-node MLA tree (16 M tiles)
+    on 188 SMs is 11 splits x 16 = 176 CTAs (12 SMs idle) in one wave, but 35 x
+    16 = 560 CTAs in three (4 idle slots), 6% less by the SASS model. The autotuner
+    refines it. No device data is read: CUDA-graph safe.
     """
-    if min(batch, num_kv_heads, m_tiles, num_sms, block_n) < 1:
-        raise ValueError("heuristic_num_splits: batch, num_kv_heads, m_tiles, num_sms, block_n must be >= 1")
+    if min(batch, num_kv_heads, m_tiles, num_sms, block_n, max_waves) < 1:
+        raise ValueError("heuristic_num_splits: batch, num_kv_heads, m_tiles, num_sms, block_n, max_waves "
+                         "must be >= 1")
     ctas_per_split = batch * num_kv_heads * m_tiles
-    # whole waves, rounded down: a grid one CTA over a wave runs a second, nearly empty wave as long
-    # as the first (the SASS model's reading of the 64-node tree: 12 splits x 16 M tiles = 192 CTAs
-    # on 188 SMs took twice the time of 11)
-    want = max(1, int(waves * num_sms) // ctas_per_split)
     by_len = max(1, avg_kv_len // max(min_tokens_per_split, block_n))
-    return int(max(1, min(want, by_len, max_splits)))
+    cap = max(1, min(by_len, max_splits))
+    best, best_cost = 1, None
+    for k in range(1, max_waves + 1):
+        s = min(cap, max(1, int(k * waves * num_sms) // ctas_per_split))
+        n_waves = -(-s * ctas_per_split // num_sms)
+        tiles = -(-max(1, avg_kv_len) // (s * block_n))
+        cost = n_waves * (tiles + WAVE_OVERHEAD_TILES)
+        if best_cost is None or cost < best_cost:
+            best, best_cost = s, cost
+    return int(best)

@@ -36,6 +36,8 @@ class Markers:
     split_loops: tuple[int, ...]
     cold: tuple[tuple[int, int], ...]        # inclusive line ranges
     per_iter: dict                           # marker line -> work items (tiles, splits) per loop iteration
+    hot: tuple[tuple[int, int], ...] = ()    # blocks only unmasked tiles run (the masked path leaves them out)
+    rare: tuple[tuple[int, int], ...] = ()   # blocks neither path runs (e.g. trees wider than the staged mask)
 
     @property
     def tile_loop(self) -> Optional[int]:
@@ -51,7 +53,7 @@ def read_markers(path: str) -> Markers:
     """Marker comments of one source file (1-based lines). `// sass-model: split-loop splits=4`
     says one iteration of that loop covers 4 splits (`tiles=N` likewise for a tile loop)."""
     lines = Path(path).read_text().splitlines()
-    tiles, splits, cold, per = [], [], [], {}
+    tiles, splits, cold, hot, rare, per = [], [], [], [], [], {}
     for i, text in enumerate(lines, start=1):
         if MARKER not in text:
             continue
@@ -66,9 +68,13 @@ def read_markers(path: str) -> Markers:
             splits.append(i)
         elif what == "cold":  # the block's body: the `if` line itself (its branch) runs on every tile
             cold.append((i + 1, _block_end(lines, i)))
+        elif what == "hot":  # e.g. `} else {  // sass-model: hot` after a cold block: its alternative
+            hot.append((i + 1, _block_end(lines, i)))
+        elif what == "rare":  # neither the hot nor the masked tile of the modelled shapes runs it
+            rare.append((i + 1, _block_end(lines, i)))
         else:
             raise ValueError(f"{path}:{i}: unknown sass-model marker {what!r}")
-    return Markers(tuple(tiles), tuple(splits), tuple(cold), per)
+    return Markers(tuple(tiles), tuple(splits), tuple(cold), per, tuple(hot), tuple(rare))
 
 
 def _block_end(lines: list[str], start: int) -> int:
@@ -242,7 +248,10 @@ class TilePath:
 
 
 def tile_path(f: Function, loop: Loop, cold: tuple[tuple[int, int], ...], cold_file: str,
-              include_cold: bool = False) -> TilePath:
+              include_cold: bool = False, hot: tuple[tuple[int, int], ...] = (),
+              rare: tuple[tuple[int, int], ...] = ()) -> TilePath:
+    """The instructions one tile runs: the hot path leaves out the `cold` blocks; the masked path
+    (include_cold) takes them and leaves out the `hot` ones (their alternatives)."""
     inner = [lp for lp in f.loops() if loop.contains(lp)]
     direct = [lp for lp in inner if not any(o.contains(lp) for o in inner)]
     out = TilePath([])
@@ -250,11 +259,11 @@ def tile_path(f: Function, loop: Loop, cold: tuple[tuple[int, int], ...], cold_f
     cold_path = Path(cold_file).resolve()
 
     def is_cold(ins: Instr) -> bool:
-        # cold when any frame of its inline chain (the kernel line, or a lambda's body line) is in a cold block
-        if include_cold:
-            return False
+        # left out when any frame of its inline chain (the kernel line, or a lambda's body line) is in a
+        # block of the other path: a cold block (hot path) or a hot-only block (masked path)
+        skip = (hot if include_cold else cold) + rare
         frames = ins.frames or ((ins.file, ins.line),)
-        return any(f and ln is not None and Path(f).resolve() == cold_path and any(a <= ln <= b for a, b in cold)
+        return any(f and ln is not None and Path(f).resolve() == cold_path and any(a <= ln <= b for a, b in skip)
                    for f, ln in frames)
 
     def emit(lo: int, hi: int, nested: list[Loop]) -> list[Instr]:

@@ -185,7 +185,9 @@ def combine_us(km: KernelModel, dev: DeviceModel, case: Case, splits: int) -> fl
         return 0.0
     pairs = case.tree_nodes * case.batch * case.shape.num_q_heads
     combine_warps_per_cta = 4
-    ctas = -(-pairs // combine_warps_per_cta)
+    # combine v1 gives each 128 columns of a row their own warp (tree_verify_combine.cuh), v0 one warp a row
+    warps = pairs * (case.shape.head_dim_v // 128 if km.tile.version == 1 else 1)
+    ctas = -(-warps // combine_warps_per_cta)
     per_sm = -(-ctas // int(dev.sms.value))
     per_sched = max(1, per_sm * combine_warps_per_cta // dev.schedulers)
     s = sim.simulate(km.combine.instrs, dev, warps=per_sched, warps_per_barrier_group=1,

@@ -102,8 +102,8 @@ def load(arch: str, head: str, dtype: str, layout: str) -> tuple[KernelModel, ..
         readable, dyn = vb._describe(name)
         tile = vb._compiled_tile(name)  # the TILES entry, with the archs it targets
         kfile, mk, lp = _marked_loop(f, "tile_loops")
-        hot = analysis.tile_path(f, lp, mk.cold, kfile)
-        cold = analysis.tile_path(f, lp, mk.cold, kfile, include_cold=True)
+        hot = analysis.tile_path(f, lp, mk.cold, kfile, rare=mk.rare)
+        cold = analysis.tile_path(f, lp, mk.cold, kfile, include_cold=True, hot=mk.hot, rare=mk.rare)
         comb_path, comb_regs, comb_per = combines.get(tile.version, (None, 0, 1))
         out.append(KernelModel(arch, readable, name, tile, head, dtype, layout, regs.get(name, 0),
                                vb.tile_smem(head, tile), hot, cold,

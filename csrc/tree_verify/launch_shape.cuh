@@ -53,7 +53,8 @@ void launch_one(const Params& p, const LaunchConfig& cfg, cudaStream_t stream) {
     const int pairs = p.total_q * p.num_q_heads;
     if constexpr (Tile::kVersion == 1) {
       va::arch::launch_dependent(tree_verify_combine_kernel_v1<T, Head::DV>,
-                                 dim3(va::host::ceil_div(pairs, kCombineV1Warps)), dim3(32 * kCombineV1Warps), 0,
+                                 dim3(va::host::ceil_div(pairs * kCombineV1WarpsPerRow<Head::DV>, kCombineV1Warps)),
+                                 dim3(32 * kCombineV1Warps), 0,
                                  stream, p, cfg.num_splits, Tile::BN);
     } else {
       va::arch::launch(tree_verify_combine_kernel<T, Head::DV>, dim3(va::host::ceil_div(pairs, kCombineWarps)),

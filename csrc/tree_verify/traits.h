@@ -130,8 +130,13 @@ struct SharedMemoryPlanV1 {
   // kv_indices ring, a slot per thread: an index lives from its copy (iteration j) to its read (iteration
   // j + STAGES - 3 with two barriers per tile, j + STAGES - 4 with one; tree_verify_kernel_v1.cuh)
   static constexpr int kIdxSlots = PARTS == 2 ? STAGES - 2 : STAGES - 1;
+  // tree-mask words staged per row after the ring (the first kMaskStage of each row: trees up to
+  // 32 * kMaskStage nodes; the words of wider trees are read from global memory)
+  static constexpr int kMaskStage = 8;
   template <int kThreads>
-  static constexpr size_t total() { return kIdx + size_t(kIdxSlots) * kThreads * sizeof(int32_t); }
+  static constexpr size_t mask_offset() { return kIdx + size_t(kIdxSlots) * kThreads * sizeof(int32_t); }
+  template <int kThreads>
+  static constexpr size_t total() { return mask_offset<kThreads>() + size_t(BM) * kMaskStage * sizeof(uint32_t); }
 
   static_assert(kQStages <= STAGES - 1, "the Q tile must fit in the stages the prologue does not fill first");
   static_assert(kPart % 16 == 0 && kP % 16 == 0 && kStats % 16 == 0 && kIdx % 16 == 0 && kStageBytes % 16 == 0,

@@ -89,25 +89,35 @@ __global__ void __launch_bounds__(32 * kCombineWarps) tree_verify_combine_kernel
 
 // Combine v1: the LSEs first, then every split's O loads independently.
 // v0 reads each split's lse, then (depending on it) its O: two dependent L2 round
-// trips per split, ~2 x splits round trips per row. Here the warp of a (row, head)
-// first takes the max of the row's lse2 over all splits (lanes stride the splits),
-// then streams the splits: each lane recomputes the split's weight from the same
-// (cached) lse2 word while its O loads are already in flight, so a row costs about
-// two round trips plus its bytes. Launched with programmatic dependent launch:
-// grid_dependency_wait() before the first read of the split kernel's workspace.
+// trips per split, ~2 x splits round trips per row. Here a warp owns 128 columns of
+// one (row, head): it first takes the max of the row's lse2 over all splits (lanes
+// stride the splits), then streams the splits kUnroll at a time: each lane recomputes
+// the split's weight from the same (cached) lse2 word while its O loads are already in
+// flight, so a row costs about two round trips plus splits / kUnroll more. Splitting
+// the columns over DV / 128 warps gives the grid 4x the warps of one warp per row (a
+// 16-node MLA tree is 128 rows: 32 CTAs would leave most SMs idle) and halves each
+// warp's registers of loads in flight, which buys the deeper unroll. Launched with
+// programmatic dependent launch: grid_dependency_wait() before the first read of the
+// split kernel's workspace.
 inline constexpr int kCombineV1Warps = 4;
+inline constexpr int kCombineV1Cols = 128;  // columns per warp: 4 per lane
+template <int DV>
+inline constexpr int kCombineV1WarpsPerRow = DV / kCombineV1Cols;
 
 template <class T, int DV>
-__global__ void __launch_bounds__(32 * kCombineV1Warps) tree_verify_combine_kernel_v1(const Params p,
+__global__ void __launch_bounds__(32 * kCombineV1Warps, 1) tree_verify_combine_kernel_v1(const Params p,
                                                                                       const int num_splits,
                                                                                       const int block_n) {
   namespace arch = va::arch;
   namespace h = va::host;
-  static_assert(DV % 128 == 0, "combine v1: each lane owns 4 consecutive columns of every 128");
-  constexpr int kChunks = DV / 128;
-  constexpr int kUnroll = 4;  // splits whose O loads are in flight together
+  static_assert(DV % kCombineV1Cols == 0, "combine v1: each warp owns 128 columns, 4 per lane");
+  constexpr int kWpr = kCombineV1WarpsPerRow<DV>;
+  constexpr int kUnroll = 8;  // splits whose O loads are in flight together
 
-  const int pair = blockIdx.x * kCombineV1Warps + arch::warp_id();  // (q row, head)
+  const int gw = blockIdx.x * kCombineV1Warps + arch::warp_id();
+  const int pair = gw / kWpr;  // (q row, head)
+  const int chunk = gw - pair * kWpr;
+  const int col0 = chunk * kCombineV1Cols + 4 * arch::lane_id();
   const bool active = pair < p.total_q * p.num_q_heads;
   const int qrow = active ? pair / p.num_q_heads : 0;
   const int head = active ? pair % p.num_q_heads : 0;
@@ -118,7 +128,7 @@ __global__ void __launch_bounds__(32 * kCombineV1Warps) tree_verify_combine_kern
   arch::grid_dependency_wait();  // the split kernel's partials are complete and visible
   if (!active) return;
   if (too_wide) {
-    combine_poison<T>(p, qrow, head, lane);
+    if (chunk == 0) combine_poison<T>(p, qrow, head, lane);  // one warp of the row poisons it
     return;
   }
 
@@ -134,43 +144,35 @@ __global__ void __launch_bounds__(32 * kCombineV1Warps) tree_verify_combine_kern
   const float mref = h::softmax_ref_max(m);
 
   // pass 2: sum_s w_s O_s with w_s = exp2(lse2_s - m); O loads do not wait on the weights
-  float acc[kChunks][4];
-#pragma unroll
-  for (int c = 0; c < kChunks; ++c) acc[c][0] = acc[c][1] = acc[c][2] = acc[c][3] = 0.f;
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
   float l = 0.f;
-  for (int s0 = 0; s0 < ns; s0 += kUnroll) {  // sass-model: split-loop splits=4
-    float4 o[kUnroll][kChunks];
+  for (int s0 = 0; s0 < ns; s0 += kUnroll) {  // sass-model: split-loop splits=8
+    float4 o[kUnroll];
     float w[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int s = s0 + u < ns ? s0 + u : s0;  // a tail slot re-reads split s0 with weight 0
-#pragma unroll
-      for (int c = 0; c < kChunks; ++c)
-        o[u][c] = arch::ld_global(reinterpret_cast<const float4*>(ws_o + prow(s) * DV + c * 128 + 4 * lane));
+      o[u] = arch::ld_global(reinterpret_cast<const float4*>(ws_o + prow(s) * DV + col0));
       const float lse2 = arch::ld_global(ws_lse + prow(s));
       w[u] = s0 + u < ns && lse2 != h::neg_inf() ? arch::exp2_approx(lse2 - mref) : 0.f;
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
+      // an empty split's O may be anything when its lse2 is -inf: selected away, not multiplied by 0
+      // (branch-free, so the compiler keeps every load of the group in flight before the first use)
+      const bool use = w[u] != 0.f;
       l += w[u];
-      if (w[u] == 0.f) continue;  // an empty split's O is 0 and may be anything when lse2 = -inf
-#pragma unroll
-      for (int c = 0; c < kChunks; ++c) {
-        acc[c][0] += w[u] * o[u][c].x;
-        acc[c][1] += w[u] * o[u][c].y;
-        acc[c][2] += w[u] * o[u][c].z;
-        acc[c][3] += w[u] * o[u][c].w;
-      }
+      acc[0] += w[u] * (use ? o[u].x : 0.f);
+      acc[1] += w[u] * (use ? o[u].y : 0.f);
+      acc[2] += w[u] * (use ? o[u].z : 0.f);
+      acc[3] += w[u] * (use ? o[u].w : 0.f);
     }
   }
   const float inv = h::row_inv_l(l);
   T* out = static_cast<T*>(p.out) + qrow * p.o_stride_tok + head * p.o_stride_head;
-#pragma unroll
-  for (int c = 0; c < kChunks; ++c)
-    arch::st_global(reinterpret_cast<uint2*>(out + c * 128 + 4 * lane),
-                    make_uint2(arch::pack2<T>(acc[c][0] * inv, acc[c][1] * inv),
-                               arch::pack2<T>(acc[c][2] * inv, acc[c][3] * inv)));
-  if (p.lse != nullptr && lane == 0)
+  arch::st_global(reinterpret_cast<uint2*>(out + col0),
+                  make_uint2(arch::pack2<T>(acc[0] * inv, acc[1] * inv), arch::pack2<T>(acc[2] * inv, acc[3] * inv)));
+  if (p.lse != nullptr && col0 == 0)
     arch::st_global(p.lse + qrow * p.lse_stride_tok + head * p.lse_stride_head,
                     h::row_lse2(mref, l, Log2{}) * h::kLn2);
 }

@@ -170,6 +170,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
   const int ld_row = loader ? tid / Tr::kThreadsPerRow : 0;
   const int ld_chunk = tid % Tr::kThreadsPerRow;
   int32_t* sIdx = reinterpret_cast<int32_t*>(smem + Smem::kIdx);  // (kIdxSlots, kThreads) kv_indices ring
+  // (BM, kMaskStage) the first tree-mask words of each row's node, staged with Q
+  uint32_t* sMask = reinterpret_cast<uint32_t*>(smem + Smem::template mask_offset<Tr::kThreads>());
+  constexpr int kMaskStage = Smem::kMaskStage;
   // Tiles 0..STAGES-2 (the prologue's) read their index directly; later tiles' indices are copied into
   // the ring by cp.async, kRingAhead - STAGES + 1 iterations before their KV copy, so no register waits
   // on the load.
@@ -238,6 +241,18 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
       src = q + (qo_begin + node) * p.q_stride_tok + (kvh * group + hh) * p.q_stride_head + c * 8;
     }
     arch::cp_async_16_zfill(sQ + r * Smem::kQPitch + c * 8, src, valid);
+  }
+  if (p.tree_mask != nullptr) {
+    // the masked tiles' softmax reads its words from here instead of paying a global round trip per tile
+    const int words = p.mask_words < kMaskStage ? p.mask_words : kMaskStage;
+    for (int i = tid; i < BM * words; i += Tr::kThreads) {
+      const int r = i / words, w = i - r * words;
+      const int grow = row0 + r;
+      const bool valid = grow < nrows;  // padding rows never read their words
+      const int32_t* src = valid ? p.tree_mask + static_cast<int64_t>(qo_begin + grow / group) * p.mask_words + w
+                                 : p.tree_mask;
+      arch::cp_async_4_zfill(sMask + r * kMaskStage + w, src, valid);
+    }
   }
   arch::cp_async_commit();
   // The ring indices of tiles STAGES-1 .. kRingAhead-1 (those the loop's first iterations would copy
@@ -515,9 +530,14 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
       if constexpr (kMasked) {
         const int t = tok0 + scol + e;
         uint32_t word = 0;
-        if (smask_row >= 0 && h::needs_mask_word(t, prefix, range.end))
-          word = static_cast<uint32_t>(arch::ld_global(p.tree_mask + static_cast<int64_t>(smask_row) * p.mask_words +
-                                                       h::mask_word_index(t - prefix)));
+        if (smask_row >= 0 && h::needs_mask_word(t, prefix, range.end)) {
+          const int wi = h::mask_word_index(t - prefix);
+          if (wi < kMaskStage) {
+            word = sMask[srow * kMaskStage + wi];
+          } else {  // sass-model: rare
+            word = static_cast<uint32_t>(arch::ld_global(p.tree_mask + static_cast<int64_t>(smask_row) * p.mask_words + wi));
+          }
+        }
         // padding rows see every real token (keeps them finite; they are never written)
         const bool vis = smask_row >= 0 ? h::token_visible(t, prefix, range.end, word) : t < range.end;
         if (!vis) s[e] = h::neg_inf();
@@ -719,7 +739,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
           if (tile_masked(it + 1)) softmax(it + 1, std::true_type{}); else softmax(it + 1, std::false_type{});
         }
         if (has_s) s_store(sacc, it + 2);
-      } else {
+      } else {  // sass-model: hot
         s_mma(it + 2, sacc, loads);  // the tensor pipe starts right after the barrier
         pv_load(it);                 // P(it), alpha(it) published by the barrier; V(it) landed long ago
         rescale_o(it);
@@ -741,7 +761,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
       softmax(it + 1, std::true_type{});
     } else if (!has_next) {  // sass-model: cold
       pv_mma();
-    } else {
+    } else {  // sass-model: hot
       pv_mma();  // the tensor pipe works on PV(it) while the softmax of it+1 waits on its latencies
       softmax(it + 1, std::false_type{});
     }
