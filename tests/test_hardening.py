@@ -324,3 +324,28 @@ def test_nonfinite_input_propagates_to_out_and_lse(backend):
         lse_bad = torch.isnan(lse) | torch.isposinf(lse)
         assert torch.equal(out_bad, hit) and torch.equal(lse_bad, hit), (
             torch.nonzero(out_bad != hit).tolist(), torch.nonzero(lse_bad != hit).tolist())
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_cache_strides_of_2_31_elements_or_more_are_refused(page_size):
+    """The CUDA kernels address a cache row as a 32-bit page / slot index times a 32-bit stride: a page
+    (or row) stride of 2**31 elements or more gets a ValueError naming the tensor and the dim. (Meta
+    tensors: no memory is allocated for the huge strides; validation runs before any backend.)"""
+    case = make_case(CaseSpec((20,), (3,), "bushy", dtype=torch.bfloat16, page_size=page_size, seed=5,
+                              hq=8, hkv=1, dqk=64, dv=64, mla=False))
+    kw = {n: (t.to("meta") if isinstance(t, torch.Tensor) else t) for n, t in case.kwargs.items()}
+    k = kw["k_cache"]
+    for d in ((0, 1) if page_size > 1 else (0,)):
+        strides = list(k.stride())
+        strides[d] = 2 ** 31
+        huge = torch.empty_strided(k.shape, strides, dtype=k.dtype, device="meta")
+        with pytest.raises(ValueError, match=rf"k_cache.stride\({d}\) must be below 2\*\*31"):
+            verify_attn.api.build_problem(kw["q"], huge, kw["v_cache"], kw["qo_indptr"], kw["kv_indptr"],
+                                          kw["kv_indices"], kw["kv_lens"], kw["tree_mask"], 0.1, page_size)
+    if page_size > 1:  # a row stride below 2**31 whose offset in a 16-row page is not
+        strides = list(k.stride())
+        strides[1] = 2 ** 31 // 15 + 1
+        tall = torch.empty_strided(k.shape, strides, dtype=k.dtype, device="meta")
+        with pytest.raises(ValueError, match=r"k_cache: \(page_size - 1\) x stride\(1\) must be below 2\*\*31"):
+            verify_attn.api.build_problem(kw["q"], tall, kw["v_cache"], kw["qo_indptr"], kw["kv_indptr"],
+                                          kw["kv_indices"], kw["kv_lens"], kw["tree_mask"], 0.1, page_size)

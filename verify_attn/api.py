@@ -143,6 +143,15 @@ def build_problem(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_lens
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         if t.stride(-1) != 1:
             raise ValueError(f"{name} must be contiguous in its last dim (stride 1), got stride {t.stride(-1)}")
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        # the CUDA kernels address a row as a 32-bit page (or slot) index times a 32-bit stride
+        for d in ((0, 1) if page_size > 1 else (0,)):
+            if t.stride(d) >= 2 ** 31:
+                raise ValueError(f"{name}.stride({d}) must be below 2**31 elements (the kernels multiply 32-bit "
+                                 f"page / row indices by it), got {t.stride(d)}")
+        if page_size > 1 and (page_size - 1) * t.stride(1) >= 2 ** 31:
+            raise ValueError(f"{name}: (page_size - 1) x stride(1) must be below 2**31 elements (a row's offset in "
+                             f"its page is a 32-bit product), got {(page_size - 1) * t.stride(1)}")
     if kv_dtype == "fp8_mla656":
         try:   # the kernels read the scales through a float32 view and the RoPE through a bf16 view
             k_cache.view(torch.float32)

@@ -109,9 +109,9 @@ TILES: dict[str, list[Tile]] = {
 # (python -m bench.model reads both archs' SASS to choose; the autotuner refines per context).
 DEFAULT_TILE: dict[tuple[str, str], Tile] = {
     ("mla576", "sm_90a"): Tile(32, 32, 2, 4, 4, version=1, sn=2, archs=("sm_90a",), bars=1),
-    # sm_120: the one-barrier tile (4 stages, Dqk split 2 ways, 92.5 KB) over the two-barrier 3-stage one,
-    # 152 vs 172 us by the model at 185k / 16 nodes (NOTES.md, v1); the 3-stage tile stays compiled for
-    # the autotuner
+    # sm_120: the one-barrier tile (4 stages, Dqk split 2 ways, 93.7 KB) over the two-barrier 3-stage one,
+    # 152 vs 172 us by the model at 185k / 16 nodes when it was chosen (NOTES.md, v1); the 3-stage tile
+    # stays compiled for the autotuner
     ("mla576", "sm_120a"): Tile(32, 16, 4, 2, 4, version=1, sn=2, bars=1),
     # e4m3 caches on sm_90: mma.sync has no e4m3 rate there (nvcc lowers it to f16 HMMAs), so the
     # tile that converts K / V to f16 itself, keeping Q and P exact, is the faster one too (NOTES.md)

@@ -2,6 +2,7 @@
 // split kernel and the combine. Included only by instantiations/*.cu.
 #pragma once
 
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -47,6 +48,17 @@ void launch_one(const Params& p, const LaunchConfig& cfg, cudaStream_t stream) {
     throw std::invalid_argument("tree_verify: grid too large (M tiles x Hkv = " +
                                 std::to_string(static_cast<int64_t>(m_tiles) * p.num_kv_heads) +
                                 ", batch = " + std::to_string(p.batch) + "; each must be <= 65535)");
+  if constexpr (Tile::kVersion == 1) {
+    // v1 addresses a row as a 32-bit index times a 32-bit stride (the Python API checks this first)
+    for (const int64_t s : {p.k_stride_block, p.k_stride_tok, p.v_stride_block, p.v_stride_tok})
+      if (s < 0 || s > INT32_MAX)
+        throw std::invalid_argument("tree_verify: cache page / row strides must be in [0, 2**31) elements, got " +
+                                    std::to_string(s));
+    for (const int64_t s : {p.k_stride_tok, p.v_stride_tok})
+      if (static_cast<int64_t>(p.page_size - 1) * s > INT32_MAX)
+        throw std::invalid_argument("tree_verify: (page_size - 1) x the cache's row stride must be below 2**31 "
+                                    "elements, got " + std::to_string(static_cast<int64_t>(p.page_size - 1) * s));
+  }
   const dim3 grid(cfg.num_splits, m_tiles * p.num_kv_heads, p.batch);
   va::arch::launch(K::kernel, grid, dim3(Tr::kThreads), Tr::smem_bytes(), stream, p, cfg.num_splits);
   if (cfg.num_splits > 1) {
