@@ -366,8 +366,8 @@ def test_k_and_v_with_different_strides(emu, mla):
                          ids=["256", "300+20"])
 def test_wide_trees(emu, lens, nodes, kind):
     # 256 nodes: 8 mask words, 64 M tiles of 32 rows (MLA v1) with every tile past the prefix masked; v1
-    # stages the first 8 words of each row in shared memory (kMaskStage). 300 nodes: 10 words, the last 2
-    # read from global memory; the 20-node request of the same batch has 10-word rows, 1 of them used.
+    # stages the first 4 words of each row in shared memory (kMaskStage) and reads the others from global
+    # memory. 300 nodes: 10 words; the 20-node request of the same batch has 10-word rows, 1 of them used.
     spec = CaseSpec(lens, nodes, kind, dtype=BF, seed=62, **MLA)
     case = make_case(spec)
     out, lse = _run(case, cfg(2, *V1_A))

@@ -93,7 +93,7 @@ _FP8_F16_TILE = Tile(32, 32, 4, 2, 3, version=1, sn=2, fp8_mma=0)
 # selected by (block_m, block_n, num_warps, num_stages), unique across kernel versions: v0's
 # MLA tiles (32x16 w4 s3, 16x32 w4 s2) stay selectable next to v1's.
 TILES: dict[str, list[Tile]] = {
-    "mla576": [Tile(32, 16, 4, 2, 4, version=1, sn=2, bars=1), Tile(32, 16, 2, 4, 3, version=1, sn=2),
+    "mla576": [Tile(32, 16, 2, 4, 4, version=1, sn=2, bars=1), Tile(32, 16, 2, 4, 3, version=1, sn=2),
                Tile(32, 32, 2, 4, 4, version=1, sn=2, archs=("sm_90a",), bars=1),
                Tile(32, 16, 2, 2, 3), Tile(16, 32, 1, 4, 2)],
     # e4m3 caches: 32 tokens (one k step of the e4m3 P.V MMA), S warps 2 (dims) x 2 (tokens) x 2 (M)
@@ -109,10 +109,10 @@ TILES: dict[str, list[Tile]] = {
 # (python -m bench.model reads both archs' SASS to choose; the autotuner refines per context).
 DEFAULT_TILE: dict[tuple[str, str], Tile] = {
     ("mla576", "sm_90a"): Tile(32, 32, 2, 4, 4, version=1, sn=2, archs=("sm_90a",), bars=1),
-    # sm_120: the one-barrier tile (4 stages, Dqk split 2 ways, 93.7 KB) over the two-barrier 3-stage one,
-    # 152 vs 172 us by the model at 185k / 16 nodes when it was chosen (NOTES.md, v1); the 3-stage tile
-    # stays compiled for the autotuner
-    ("mla576", "sm_120a"): Tile(32, 16, 4, 2, 4, version=1, sn=2, bars=1),
+    # sm_120: the one-barrier tile (4 stages, Dqk split 4 ways, 99 KB) over the two-barrier 3-stage one,
+    # 138 vs 172 us by the model at 185k / 16 nodes (NOTES.md, v1); the 3-stage tile stays compiled for
+    # the autotuner
+    ("mla576", "sm_120a"): Tile(32, 16, 2, 4, 4, version=1, sn=2, bars=1),
     # e4m3 caches on sm_90: mma.sync has no e4m3 rate there (nvcc lowers it to f16 HMMAs), so the
     # tile that converts K / V to f16 itself, keeping Q and P exact, is the faster one too (NOTES.md)
     ("mla576e4m3", "sm_90a"): _FP8_F16_TILE,
@@ -170,13 +170,13 @@ def smem_bytes(tile: Tile, dqk: int, dv: int, shared_kv: bool, kv_bytes: int = 2
         krow = (kv_row + 32) if kv_row else dqk + kpad   # kv_row: 656-byte rows, a 32-byte pad
         stage = tile.block_n * krow + (0 if shared_kv else tile.block_n * (dv + kpad))
         parts = 2 if tile.bars == 1 else 1  # one barrier per tile: two sets of partial scores
-        spitch = tile.block_n + (4 if parts == 2 and kv_bytes == 1 else 8)
+        spitch = tile.block_n + (4 if parts == 2 else 8)
         part = tile.ksplit * tile.block_m * spitch * 4 * parts
         p = 2 * tile.block_m * (tile.block_n + 16 // pb) * pb
         stats = (5 if kv_bytes == 1 else 4) * tile.block_m * 4  # alpha x 2, 1/l, lse2 (+ Q row scale)
         slots = tile.num_stages - (2 if parts == 2 else 1)  # kv_indices ring slots (kIdxSlots)
         idx_ring = slots * 32 * tile.num_warps * 4
-        mask = tile.block_m * 8 * 4  # the first 8 tree-mask words of each row (kMaskStage)
+        mask = tile.block_m * 4 * 4  # the first 4 tree-mask words of each row (kMaskStage)
         return tile.num_stages * stage * kv_bytes + part + p + stats + idx_ring + mask
     q = tile.block_m * (dqk + pad) * elem
     k = tile.num_stages * tile.block_n * (dqk + pad) * elem

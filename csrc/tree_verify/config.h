@@ -96,23 +96,23 @@ struct TileList {};
 //       16 rows x 32 tokens x 2 stages: Q 18 KB + KV 73 KB; 4 warps split Dv 4 ways.
 //  GQA: one warp per 16 rows owns all of Dv; P stays in registers (WN = 1) except d256.
 template <class Head> struct TilesFor;
-//  MLA v1, one barrier per tile: 32 rows x 16 tokens x 4 stages, 8 warps, S warps 2 (dims) x 2
-//       (tokens) x 2 (M): KV 73 KB + 2 sets of partial scores 12 KB + 2 x P 3 KB + ring and mask words
-//       = 93.7 KB; Q and O in registers. (The 4-way Dqk split would need 24 KB of partial scores:
-//       over sm_120's 99 KB.)
+//  MLA v1, one barrier per tile: 32 rows x 16 tokens x 4 stages, 8 warps, S warps 4 (dims) x 2
+//       (tokens): KV 73 KB + 2 sets of partial scores at a 20-float pitch 20 KB + 2 x P 3 KB + the
+//       index ring (2 KB) and 4 staged mask words per row = 99 KB exactly (sm_120's limit); Q and O
+//       in registers.
 //  MLA v1, 3 stages, S warps 4 (dims) x 2 (tokens): each K fragment serves both m tiles, halving
 //       the shared-memory reads of S (the H200's limit with mma.sync): 73.3 KB.
 //  MLA v1 for sm_90 only (199 KB, over sm_120's 99 KB): 32 tokens x 4 stages, one barrier per tile,
 //       S warps 4 x 2 (build.py marks its target archs).
 template <> struct TilesFor<HeadMLA> {
-  using type = TileList<TileConfigV1<32, 16, 8, 4, 2, 2, 1, 1>, TileConfigV1<32, 16, 8, 3, 4, 2>,
+  using type = TileList<TileConfigV1<32, 16, 8, 4, 4, 2, 1, 1>, TileConfigV1<32, 16, 8, 3, 4, 2>,
                         TileConfigV1<32, 32, 8, 4, 4, 2, 1, 1>,
                         TileConfig<32, 16, 2, 2, 3>, TileConfig<16, 32, 1, 4, 2>>;
 };
 // e4m3 caches (MLA only): kernel v1 with e4m3 MMAs (m16n8k32) for S and P.V. A 32-token tile is one
 // k step of P.V; a 576-byte row (+16 B pad) makes a 32-token stage 18.5 KB, so 4 stages, one barrier
-// per tile with 2 sets of 2 x 32 x 36 fp32 partial scores, e4m3 P and 1 KB of staged mask words fit in
-// 98.6 KB. S warps 2 (dims: 288 = 9 k steps) x 2 (tokens) x 2 (M).
+// per tile with 2 sets of 2 x 32 x 36 fp32 partial scores, e4m3 P and 512 B of staged mask words fit
+// in 98.1 KB. S warps 2 (dims: 288 = 9 k steps) x 2 (tokens) x 2 (M).
 template <class Head> struct TilesForFp8 { using type = TileList<>; };
 //  The second tile converts K / V to f16 in registers (F2FP on sm_90 and sm_120) and keeps Q and P in
 //  f16: the H200's fp8 tile (its mma.sync has no e4m3 rate) and the accurate one on sm_120. 3 stages,

@@ -112,9 +112,9 @@ struct SharedMemoryPlanV1 {
   static constexpr int kVPitch = kSharedKV ? kKPitch : DV + kPad;
   static constexpr int kStageElems = BN * kKPitch + (kSharedKV ? 0 : BN * kVPitch);  // one stage: K rows, V rows
   static constexpr size_t kStageBytes = size_t(kStageElems) * KVB;
-  // floats per partial-score row: BN + 8 keeps the float2 stores conflict-free; the one-barrier e4m3 tile
-  // takes BN + 4 (2-way conflicts on those stores) to fit its two sets in sm_120's 99 KB
-  static constexpr int kSPitch = BN + ((PARTS == 2 && KVB == 1) ? 4 : 8);
+  // floats per partial-score row: BN + 8 keeps the float2 stores conflict-free; the one-barrier tiles take
+  // BN + 4 (2-way conflicts on those stores) to fit their two sets in sm_120's 99 KB
+  static constexpr int kSPitch = BN + (PARTS == 2 ? 4 : 8);
   static constexpr int kPPitch = BN + 16 / PB;  // elements per P row (ldmatrix rows on distinct banks)
   static constexpr int kQStages = int((size_t(BM) * kQPitch * kQElem + kStageBytes - 1) / kStageBytes);  // stages Q borrows
 
@@ -131,8 +131,9 @@ struct SharedMemoryPlanV1 {
   // j + STAGES - 3 with two barriers per tile, j + STAGES - 4 with one; tree_verify_kernel_v1.cuh)
   static constexpr int kIdxSlots = PARTS == 2 ? STAGES - 2 : STAGES - 1;
   // tree-mask words staged per row after the ring (the first kMaskStage of each row: trees up to
-  // 32 * kMaskStage nodes; the words of wider trees are read from global memory)
-  static constexpr int kMaskStage = 8;
+  // 32 * kMaskStage = 128 nodes; the further words of wider trees are read from global memory). 4, not 8:
+  // the 4-way-split one-barrier tile fills sm_120's 99 KB to the byte with 4.
+  static constexpr int kMaskStage = 4;
   template <int kThreads>
   static constexpr size_t mask_offset() { return kIdx + size_t(kIdxSlots) * kThreads * sizeof(int32_t); }
   template <int kThreads>

@@ -17,14 +17,18 @@
 //     across the m tiles); P and V fragments are loaded before the barrier that
 //     publishes the next tile's scores. The running max is lazy: it moves only when
 //     a tile beats it by more than 2^8, so O is rescaled on a few tiles per split.
-//   * Software pipeline: iteration i computes S(i+1), then issues PV(i) and the
-//     softmax of tile i+1 in one basic block, so the tensor pipe runs PV while the
-//     softmax's shuffles and exponentials wait on their latencies. Two barriers
-//     per tile; P and alpha are double-buffered; STAGES >= 3 (tiles i and i+1 are
-//     read while later ones load).
-//   * Loader: one kv_indices entry per tile row, fetched two tiles ahead of its
-//     copy; one row offset per tile; fully unrolled 16-byte cp.async at constant
-//     offsets. Paged layouts advance (page, row) incrementally: no division per tile.
+//   * Software pipeline, one barrier per tile (BARS = 1, the default tiles): between
+//     two barriers iteration i computes S(i+2), the softmax of tile i+1 and PV(i),
+//     three independent streams, PV last so a warp reaches the barrier with its MMAs
+//     in flight; the partial scores are double-buffered and STAGES >= 4 (tiles i .. i+2
+//     are read while i+3 loads). Two barriers per tile (BARS = 2): iteration i computes
+//     S(i+1), then after a second barrier PV(i) with the softmax of i+1; STAGES >= 3.
+//     P and alpha are double-buffered in both.
+//   * Loader: one kv_indices entry per tile row, copied into an smem ring ahead of its
+//     KV copy and read before the barrier; one row offset per tile (32-bit products);
+//     fully unrolled 16-byte cp.async at constant offsets; running counters, no division
+//     or modulo per tile. Paged layouts advance (page, row) incrementally.
+//   * Masked tiles read the first tree-mask words of their rows from smem (staged with Q).
 #pragma once
 
 #include <type_traits>
