@@ -215,6 +215,12 @@ def test_backend_config_hooks():
     assert cuda.resolve_config(p, cfg.replace(num_splits=0)).num_splits == cfg.num_splits
     with pytest.raises(ValueError, match="not compiled"):
         cuda.resolve_config(p, KernelConfig(num_splits=2, block_m=64, block_n=64, num_warps=4, num_stages=2))
+    # a tile built for other archs only: refused for the device's arch, run by the emulator (no arch)
+    sm90_only = KernelConfig(num_splits=2, block_m=32, block_n=32, num_warps=8, num_stages=4)
+    assert cuda.resolve_config(p, sm90_only, arch="sm_90a") == sm90_only
+    assert cuda.resolve_config(p, sm90_only) == sm90_only
+    with pytest.raises(ValueError, match="built for sm_90a, not for this device's sm_120a"):
+        cuda.resolve_config(p, sm90_only, arch="sm_120a")
     space = cuda.config_space(get_shape("kimi-k2-tp8"), "sm_120a", splits=(0, 8))
     assert len(space) == 2 * sum(1 for x in vb.TILES["mla576"] if x.targets("sm_120a"))
     assert len(cuda.config_space(get_shape("kimi-k2-tp8"), "sm_90a", splits=(0,))) == len(vb.TILES["mla576"])

@@ -102,7 +102,7 @@ def test_loop_found_from_marker_and_cold_block_excluded(src):
     f, lp, hot = _read(src, chains=1, ksteps=4)
     assert lp.branch.line == 2 and f.instrs[lp.start].label == ".L_x_1"
     ops = [i.op for i in hot.instrs]
-    assert "LDG" not in ops and "FSEL" not in ops and hot.cold_excluded == 2
+    assert "LDG" not in ops and "FSEL" not in ops and hot.excluded == 2
     _, _, cold = _read(src, chains=1, ksteps=4, cold=True)
     assert [i.op for i in cold.instrs].count("LDG") == 1
 

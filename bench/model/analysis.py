@@ -244,7 +244,7 @@ class TilePath:
     """The instructions one warp issues per loop iteration (inner loops expanded)."""
     instrs: list[Instr]
     inner_loops: list[tuple[int, int, int]] = field(default_factory=list)   # (start addr, end addr, trips)
-    cold_excluded: int = 0
+    excluded: int = 0  # instructions of the loop left out (blocks of the other path, rare blocks)
 
 
 def tile_path(f: Function, loop: Loop, cold: tuple[tuple[int, int], ...], cold_file: str,
@@ -257,11 +257,11 @@ def tile_path(f: Function, loop: Loop, cold: tuple[tuple[int, int], ...], cold_f
     out = TilePath([])
 
     cold_path = Path(cold_file).resolve()
+    # the blocks of the other path: cold blocks (hot path) or hot-only blocks (masked path); rare blocks
+    skip = (hot if include_cold else cold) + rare
 
-    def is_cold(ins: Instr) -> bool:
-        # left out when any frame of its inline chain (the kernel line, or a lambda's body line) is in a
-        # block of the other path: a cold block (hot path) or a hot-only block (masked path)
-        skip = (hot if include_cold else cold) + rare
+    def left_out(ins: Instr) -> bool:
+        # when any frame of its inline chain (the kernel line, or a lambda's body line) is in a skipped block
         frames = ins.frames or ((ins.file, ins.line),)
         return any(f and ln is not None and Path(f).resolve() == cold_path and any(a <= ln <= b for a, b in skip)
                    for f, ln in frames)
@@ -284,8 +284,8 @@ def tile_path(f: Function, loop: Loop, cold: tuple[tuple[int, int], ...], cold_f
                 i = lp.end + 1
                 continue
             ins = f.instrs[i]
-            if is_cold(ins):
-                out.cold_excluded += 1
+            if left_out(ins):
+                out.excluded += 1
             else:
                 seq.append(ins)
             i += 1

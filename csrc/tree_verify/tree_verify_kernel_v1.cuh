@@ -207,8 +207,12 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
   auto ring_id = [&](int tile) -> int32_t { return sIdx[(unsigned(tile) % Smem::kIdxSlots) * Tr::kThreads + tid]; };
   unsigned issued = 0;
   int issue_tok = range.begin + ld_row;  // this thread's token of tile `issued`
-  const KV* k_row0 = kc + ld_chunk * CH + kvh * p.k_stride_head;  // this thread's first chunk, minus the row
+  // this thread's first K / V chunk, minus the row, and the 32-bit strides of the row offsets (V: only
+  // where it is not the K row)
+  const KV* k_row0 = kc + ld_chunk * CH + kvh * p.k_stride_head;
+  const KV* v_row0 = vc + ld_chunk * CH + kvh * p.v_stride_head;
   const int32_t k_sb = static_cast<int32_t>(p.k_stride_block), k_st = static_cast<int32_t>(p.k_stride_tok);
+  const int32_t v_sb = static_cast<int32_t>(p.v_stride_block), v_st = static_cast<int32_t>(p.v_stride_tok);
   auto issue_kv = [&](int32_t id) {
     if (loader) {
       const int stage = issued % STAGES;
@@ -221,8 +225,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
       for (int j = 0; j < Tr::kChunksK; ++j)
         arch::cp_async_16_zfill(dK + j * Tr::kThreadsPerRow * CH, ks + j * Tr::kThreadsPerRow * CH, valid);
       if constexpr (!Tr::kSharedKV) {
-        const KV* vs = vc + ld_chunk * CH +
-                       (valid ? copy_at.row_offset(id, static_cast<int32_t>(p.v_stride_block), static_cast<int32_t>(p.v_stride_tok)) + kvh * p.v_stride_head : 0);
+        const KV* vs = v_row0 + copy_at.row_offset(id, v_sb, v_st);  // as K's: id 0 past the end
         KV* dV = sV + stage * Smem::kStageElems + ld_row * Smem::kVPitch + ld_chunk * CH;
 #pragma unroll
         for (int j = 0; j < Tr::kChunksV; ++j)

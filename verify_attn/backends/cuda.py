@@ -140,8 +140,9 @@ def _splits_for(p: Problem, t: vb.Tile) -> int:
                                 avg_kv_len=p.avg_kv_len, num_sms=_problem_sms(p), block_n=t.block_n)
 
 
-def resolve_config(p: Problem, config: Optional[KernelConfig]) -> KernelConfig:
-    """Fill num_splits=0 with the heuristic; check the tile config is compiled."""
+def resolve_config(p: Problem, config: Optional[KernelConfig], arch: Optional[str] = None) -> KernelConfig:
+    """Fill num_splits=0 with the heuristic; check the tile config is compiled and, given the device's
+    `arch`, built for it (the emulator passes none: it runs every compiled tile)."""
     cfg = config if config is not None else default_config(p)
     head = problem_head(p)
     t = _tile_of(head, cfg)
@@ -149,6 +150,9 @@ def resolve_config(p: Problem, config: Optional[KernelConfig]) -> KernelConfig:
         have = ", ".join(f"(block_m={x.block_m}, block_n={x.block_n}, num_warps={x.num_warps}, "
                          f"num_stages={x.num_stages})" for x in vb.TILES[head])
         raise ValueError(f"cuda backend: tile config {cfg} is not compiled for {head}; compiled: {have}")
+    if arch is not None and not t.targets(arch):  # e.g. the 190 KB sm_90 tile, the e4m3-MMA tile on sm_90
+        raise ValueError(f"cuda backend: tile config {cfg} of {head} is built for {', '.join(t.archs)}, "
+                         f"not for this device's {arch}")
     if cfg.num_splits == 0:
         cfg = cfg.replace(num_splits=_splits_for(p, t))
     return cfg
@@ -350,12 +354,7 @@ def reserve_workspace(device: torch.device, nbytes: int) -> torch.Tensor:
 # -------------------------------------------------------------------- run ----
 
 def _run(p: Problem, config: Optional[KernelConfig], out: torch.Tensor, lse: Optional[torch.Tensor]) -> None:
-    cfg = resolve_config(p, config)
-    arch = vdevice.props_for(p.device).arch
-    t = _tile_of(problem_head(p), cfg)
-    if not t.targets(arch):  # e.g. the 180 KB sm_90 tile on sm_120, the e4m3-MMA tile on sm_90
-        raise ValueError(f"cuda backend: tile config {cfg} of {problem_head(p)} is built for "
-                         f"{', '.join(t.archs)}, not for this device's {arch}")
+    cfg = resolve_config(p, config, arch=vdevice.props_for(p.device).arch)
     ops = load_ops(_DTYPES[p.dtype], problem_head(p), p.layout)
     need = workspace_bytes(p, cfg.num_splits)
     ws = reserve_workspace(p.device, need) if need else None
