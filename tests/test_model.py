@@ -310,3 +310,19 @@ def test_split_heuristic_choice_is_the_models_faster_one():
     one_wave = predict("rtx-pro-6000", ctx=185_000, tree_nodes=64, num_splits=11)
     assert auto and one_wave and auto["num_splits"] == 35, auto
     assert auto["us"] < one_wave["us"], (auto, one_wave)
+
+
+def test_cli_trace_reads_the_simulated_tile(capsys):
+    """--trace prints, per kernel and device, the simulated hot tile's cycles and tensor-pipe share (the
+    same simulation the prediction uses) and where it waits, with source lines of the kernel."""
+    _tools_or_skip()
+    import re
+
+    from bench.model.__main__ import main
+    assert main(["--arch", "sm_120a", "--ctx", "185k", "--tree", "16", "--kernel", "default", "--trace"]) == 0
+    out = capsys.readouterr().out
+    m = re.search(r"rtx-pro-6000 .* (\d+) cycles/tile simulated, tensor pipe busy (\d+) \((\d+)%\)", out)
+    assert m, out
+    cycles, busy = int(m.group(1)), int(m.group(2))
+    assert 0 < busy <= cycles and int(m.group(3)) == round(100 * busy / cycles)
+    assert re.search(r"\+ +\d+ cyc @ +\d+ +line +\d+", out), out  # warp 0's stalls name their source lines

@@ -26,7 +26,7 @@ from verify_attn import build as vb
 from verify_attn.shapes import PRESETS, get_shape
 from verify_attn.utils import parse_ctx, parse_int_list
 
-from . import call as predict, devices, kernels
+from . import call as predict, devices, kernels, sim
 
 SCHEMA_VERSION = 1
 
@@ -51,6 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "best over the autotuner's split counts)")
     ap.add_argument("--json", metavar="PATH", help="write every prediction as JSON (schema in bench/model/README.md)")
     ap.add_argument("--per-tile", action="store_true", help="also print the per-tile SASS reading of each kernel")
+    ap.add_argument("--trace", action="store_true",
+                    help="also print where each kernel's simulated tile loses tensor-pipe time: the pipe's idle "
+                         "stretches (>= 30 cycles) and warp 0's long stalls, with their source lines")
     ap.add_argument("--constants", action="store_true", help="print the device constants with their sources and exit")
     ap.add_argument("--calibrate", nargs="*", metavar="RESULTS.json",
                     help="compare predictions with measured rows (default: every JSON under bench/results/)")
@@ -132,7 +135,7 @@ def run(a: argparse.Namespace) -> dict:
     layouts = _layouts(a.layout, a.page_size)
     if a.batch < 1:
         raise ValueError(f"--batch must be >= 1, got {a.batch}")
-    entries = []
+    entries, traces = [], []
     for arch, dev in _archs(a.arch):
         for lay, ps in layouts:
             ks = _pick_kernels([k for k in kernels.load(arch, head, a.dtype, lay) if k.tile.targets(arch)], a.kernel)
@@ -146,12 +149,26 @@ def run(a: argparse.Namespace) -> dict:
                             s = None if a.splits == "auto" else int(a.splits)
                             p = predict.predict(km, dev, case, s)
                         entries.append(_entry(km, dev, case, p))
+                        if getattr(a, "trace", False) and ctx == ctxs[0] and n == trees[0]:
+                            traces += trace_lines(km, dev, p.warps_per_scheduler)
     return {"schema": SCHEMA_VERSION, "kind": "model", "date": _dt.datetime.now().isoformat(timespec="seconds"),
             "commit": _commit(), "shape": shape.to_dict(), "dtype": a.dtype, "kv_dtype": kv_dtype,
             "splits": a.splits,
             "devices": {d.key: {"name": d.name, "arch": d.arch, "constants": d.constants()}
                         for _, d in _archs(a.arch)},
-            "kernels": entries}
+            "kernels": entries, "traces": traces}
+
+
+def trace_lines(km, dev, warps_per_scheduler: int) -> list[str]:
+    """The simulated hot tile of `km` on `dev` (the warps per scheduler of the call): where the tensor
+    pipe sits idle and what warp 0 waited on. How NOTES.md's per-tile explanations are read."""
+    body = km.hot.instrs
+    res = sim.simulate(body, dev, warps=warps_per_scheduler,
+                       warps_per_barrier_group=max(1, km.tile.num_warps // dev.schedulers))
+    busy = res.pipe_busy.get("tensor", 0.0)
+    return ([f"{dev.key} {km.name} ({km.layout}): {res.cycles_per_iter:.0f} cycles/tile simulated, tensor pipe "
+             f"busy {busy:.0f} ({100 * busy / res.cycles_per_iter:.0f}%)"]
+            + sim.pipe_gaps(body, res, "tensor", dev, 30) + sim.explain(body, res, 25))
 
 
 def _entry(km, dev, case, p: predict.Prediction) -> dict:
@@ -250,6 +267,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"bench.model: {e}", file=sys.stderr)
         return 2
     print_table(payload, a.per_tile)
+    if payload["traces"]:
+        print("\nsimulated tile traces (hot path; bench/model/sim.py)")
+        print("\n".join(payload["traces"]))
     if a.json:
         Path(a.json).write_text(json.dumps(payload, indent=1))
         print(f"wrote {a.json}")
