@@ -21,7 +21,7 @@ from setuptools import find_packages, setup
 from setuptools.command.build_py import build_py
 
 HERE = Path(__file__).resolve().parent
-CSRC_SUFFIXES = {".h", ".cuh", ".cu", ".cpp", ".md", ".sh", ".txt"}
+CSRC_SUFFIXES = {".h", ".cuh", ".cu", ".cpp", ".inc", ".md", ".sh", ".txt"}
 
 
 class build_py_with_csrc(build_py):

@@ -539,6 +539,100 @@ def test_other_schedules_give_same_results(emu, sched):
     np.testing.assert_array_equal(res, np.roll(src, -1, axis=1).sum(0))
 
 
+# ----------------------------------------------------------------- wgmma ----
+# wgmma.mma_async m64nNk16, D fragments (PTX ISA, "Register Fragments and Shared Memory Matrix
+# Layouts", the m64nNk16 accumulator figure): thread tid of a warpgroup, q = tid // 32 (warp in the
+# warpgroup), g = lane >> 2, t = lane % 4; d[i] is row 16q + g + 8 ((i % 4) // 2), column
+# 8 (i // 4) + 2t + (i % 2).
+def wgmma_d_elem(tid: int, i: int) -> tuple[int, int]:
+    q, lane = (tid % 128) // 32, tid % 32
+    g, t = lane >> 2, lane % 4
+    return 16 * q + g + 8 * ((i % 4) // 2), 8 * (i // 4) + 2 * t + (i % 2)
+
+
+def _wgmma_case(dev, bf16: bool, n: int, trans_b: bool, ss: bool, pad: int = 16, mode: int = 0, threads: int = 128):
+    a_bits, A = random_16bit((64, 32), bf16)
+    b_bits, B = random_16bit((32, n), bf16)  # B[k][n]
+    b_src = np.ascontiguousarray(b_bits if trans_b else b_bits.T)  # MN-major: k rows of n; K-major: n rows of k
+    out = np.full((threads, n // 2), -1.0, np.float32)
+    dev.register(a=a_bits, b=b_src, out=out)
+    err = dev.try_call("wgmma", int(bf16), n, a_bits, b_src, int(trans_b), int(ss), pad, mode, threads, out)
+    want = A @ B + (0.5 if mode & 64 else 0.0)
+    return err, out, want
+
+
+def _wgmma_expect(out: np.ndarray, want: np.ndarray) -> None:
+    threads, nd = out.shape
+    got = np.empty((threads // 128, 64, 2 * nd))
+    for tid in range(threads):
+        for i in range(nd):
+            r, c = wgmma_d_elem(tid, i)
+            got[tid // 128, r, c] = out[tid, i]
+    for wg in range(threads // 128):  # every warpgroup computes the same product
+        np.testing.assert_allclose(got[wg], want, rtol=1e-6, atol=1e-5)
+
+
+@pytest.fixture
+def wgmma_dev(dev):
+    if isinstance(dev, Gpu):
+        import torch
+
+        if torch.cuda.get_device_capability() != (9, 0):
+            pytest.skip("wgmma runs on sm_90a only")
+    return dev
+
+
+@pytest.mark.parametrize("bf16,n", [(True, 32), (False, 32), (True, 256)], ids=["bf16-n32", "f16-n32", "bf16-n256"])
+@pytest.mark.parametrize("trans_b", [False, True], ids=["b-kmajor", "b-mnmajor"])
+@pytest.mark.parametrize("ss", [False, True], ids=["a-regs", "a-smem"])
+def test_wgmma_matches_matrix_product(wgmma_dev, bf16, n, trans_b, ss):
+    """Two accumulating k16 steps, A from registers or shared memory, B K- or MN-major through no-swizzle
+    descriptors with padded strides; two warpgroups each compute the product."""
+    err, out, want = _wgmma_case(wgmma_dev, bf16, n, trans_b, ss, threads=256)
+    assert err is None, err
+    _wgmma_expect(out, want)
+
+
+def test_wgmma_accumulates_onto_registers(wgmma_dev):
+    err, out, want = _wgmma_case(wgmma_dev, True, 32, False, False, pad=0, mode=64)
+    assert err is None, err
+    _wgmma_expect(out, want)
+
+
+def test_wgmma_result_is_nan_until_the_wait(emu):
+    err, out, _ = _wgmma_case(emu, True, 32, False, False, mode=4)
+    assert err is None, err
+    assert np.isnan(out).all()
+
+
+@pytest.mark.parametrize("mode,needle", [
+    (1, "has not executed fence_proxy_async"),
+    (2, "without a wgmma_fence"),
+    (8, "was overwritten before the wgmma_wait"),
+    (16, "differs (shape, A source, descriptors or scale-d)"),
+    (32, "still in flight when its threads exited"),
+], ids=["no-proxy-fence", "no-wgmma-fence", "operand-overwritten", "warpgroup-diverges", "no-wait"])
+def test_wgmma_misuse_is_reported(emu, mode, needle):
+    err, _, _ = _wgmma_case(emu, True, 32, False, False, mode=mode)
+    assert err is not None and needle in err, err
+
+
+def test_wgmma_ptx_include_is_generated_from_its_script():
+    """csrc/arch/wgmma_ptx.inc is what csrc/arch/gen_wgmma.py writes (rerun the script after editing it)."""
+    import importlib.util
+
+    gen = Path(cuda_emu.CSRC) / "arch" / "gen_wgmma.py"
+    spec = importlib.util.spec_from_file_location("gen_wgmma", gen)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert (gen.with_name("wgmma_ptx.inc")).read_text() == mod.render()
+
+
+def test_wgmma_needs_whole_warpgroups(emu):
+    err, _, _ = _wgmma_case(emu, True, 32, False, False, threads=96)
+    assert err is not None and "whole warpgroups" in err, err
+
+
 # ------------------------------------------------------------ real side ----
 
 @pytest.mark.skipif(nvcc() is None, reason="no CUDA toolkit (nvcc)")

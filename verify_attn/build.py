@@ -205,7 +205,7 @@ def source_hash(extra: Iterable[str] = ()) -> str:
     h = hashlib.sha256()
     for d in ("arch", "host", "tree_verify"):
         for f in sorted((CSRC / d).rglob("*")):
-            if f.is_file() and f.suffix in (".h", ".cuh", ".cu", ".cpp"):
+            if f.is_file() and f.suffix in (".h", ".cuh", ".cu", ".cpp", ".inc"):
                 h.update(str(f.relative_to(CSRC)).encode())
                 h.update(f.read_bytes())
     for e in extra:

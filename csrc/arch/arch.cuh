@@ -10,3 +10,4 @@
 #include "mma.cuh"
 #include "sync.cuh"
 #include "warp.cuh"
+#include "wgmma.cuh"

@@ -70,6 +70,18 @@ enum class VoteKind { kBallot, kAny, kAll };
 uint32_t vote(VoteKind kind, bool p, std::source_location loc);
 void warp_sync(std::source_location loc);
 
+// ---- wgmma (warpgroup MMA, csrc/arch/wgmma.cuh): each warp's part is a warp collective; the 4 warps
+// of a warpgroup must issue the same sequence. Operands are read at issue; D lands at the wgmma_wait
+// that retires the op's commit group (NaN until then); smem operands must be unchanged at that wait
+// and, where cp.async wrote them, fenced by fence_proxy_async in the copying thread.
+uint64_t smem_offset(const void* p);
+void wgmma(int n, bool bf16, float* d, const uint32_t* a, uint64_t desc_a, uint64_t desc_b, bool trans_b,
+           bool accumulate, std::source_location loc);
+void wgmma_fence(std::source_location loc);
+void wgmma_commit(std::source_location loc);
+void wgmma_wait(int n, std::source_location loc);
+void fence_proxy_async();
+
 }  // namespace va::emu
 
 // CUDA's built-in variables, per emulated thread.

@@ -24,6 +24,7 @@
 #include <cstring>
 #include <deque>
 #include <exception>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -143,6 +144,30 @@ struct Fiber {
   std::deque<std::vector<PendingCopy>> committed;      // oldest first
   int block_sync_calls = 0;
   int cp_async_wait_calls = 0;
+  long long proxy_fences = 0;  // fence_proxy_async calls so far
+};
+
+// One warp's part of an issued wgmma: its result (computed at issue), where it lands, and the shared
+// memory it read (checked unchanged when it retires).
+struct WgmmaOp {
+  int n = 0;
+  float* d[32] = {};
+  std::vector<float> result;  // [32][n / 2]
+  std::vector<const unsigned char*> read_at;
+  std::vector<unsigned char> read_bytes;  // 16 per read_at
+  std::source_location loc;
+};
+
+// The sequence of wgmmas one warpgroup issued, for checking that its 4 warps agree.
+struct WgSig {
+  int n;
+  bool bf16, ss, trans_b, accumulate;
+  uint64_t desc_a, desc_b;
+  bool operator==(const WgSig&) const = default;
+};
+struct WgLog {
+  std::deque<WgSig> sigs;
+  long long base = 0;  // index of sigs.front()
 };
 
 // A warp collective kind; identity is the object's address.
@@ -160,6 +185,11 @@ struct Warp {
   const WarpOp* op = nullptr;
   std::source_location op_loc;
   void* args[32] = {};
+  // wgmma (this warp's part of its warpgroup's ops)
+  bool wg_fenced = false;                          // a wgmma_fence since the last wgmma_wait
+  std::vector<WgmmaOp> wg_open;             // issued, not yet committed
+  std::deque<std::vector<WgmmaOp>> wg_committed;
+  long long wg_issued = 0;
 };
 
 struct Block {
@@ -174,6 +204,11 @@ struct Block {
   std::source_location barrier_loc;
   bool abort = false;
   Context sched;
+  // per 16-byte chunk of shared memory: 1 + the thread whose cp.async landed there last (0: none), and that
+  // thread's fence_proxy_async count at the landing (a wgmma may read the chunk once the count moved on)
+  std::vector<int32_t> chunk_writer;
+  std::vector<long long> chunk_epoch;
+  std::vector<WgLog> wg_logs;  // per warpgroup
   // counters merged into the global Stats at the end of the launch
   long long syncs = 0, collectives = 0, mmas = 0, cp_bytes = 0;
 };
@@ -487,6 +522,232 @@ void nothing_fn(Warp&) {}
 const WarpOp kWarpSync{"warp_sync", nothing_fn};
 
 // ---------------------------------------------------------------------------
+// wgmma (PTX ISA, "Asynchronous Warpgroup Level Matrix Multiply-Accumulate"), one warp's part
+
+// A copy this thread's cp.async landed: the async proxy (wgmma) may read it only after this thread's
+// next fence_proxy_async (and a barrier, which the caller's data flow needs anyway).
+void mark_landed(Fiber* f, const unsigned char* dst, int bytes) {
+  Block& b = *f->block;
+  const size_t off = static_cast<size_t>(dst - b.smem);
+  for (size_t c = off / 16; c <= (off + bytes - 1) / 16 && c < b.chunk_writer.size(); ++c) {
+    b.chunk_writer[c] = f->tc.linear_tid + 1;
+    b.chunk_epoch[c] = f->proxy_fences;
+  }
+}
+
+struct WgmmaArgs {
+  int n;
+  bool bf16, trans_b, accumulate;
+  float* d;
+  const uint32_t* a;  // nullptr: A from shared memory (desc_a)
+  uint64_t desc_a, desc_b;
+};
+
+struct Desc {
+  size_t start, lbo, sbo;
+};
+
+// Decodes a matrix descriptor; only the no-swizzle canonical layouts are emulated.
+Desc decode_desc(Fiber* f, uint64_t desc, const char* which, std::source_location loc) {
+  const unsigned swz = static_cast<unsigned>(desc >> 62), base = static_cast<unsigned>((desc >> 49) & 7);
+  if (swz != 0 || base != 0) {
+    fatal(f, std::string("wgmma ") + which + " descriptor: swizzle mode " + std::to_string(swz) + ", base offset " +
+                 std::to_string(base) + " (the emulator implements the no-swizzle layout only)",
+          loc);
+  }
+  return {static_cast<size_t>(desc & 0x3FFF) << 4, static_cast<size_t>((desc >> 16) & 0x3FFF) << 4,
+          static_cast<size_t>((desc >> 32) & 0x3FFF) << 4};
+}
+
+// Reads one 16-byte core-matrix row at shared offset `off` into out[8] (16-bit elements): bounds,
+// alignment and async-proxy visibility checked; records the bytes for the retire-time check.
+template <bool kBf16>
+void read_core_row(Fiber* f, size_t off, float* out, WgmmaOp& op, const char* which, std::source_location loc) {
+  Block& b = *f->block;
+  const unsigned char* p = b.smem + off;
+  if (!check_smem(f, p, 16, which, loc)) fatal(f, std::string(which) + ": bad shared address", loc);
+  const size_t c = off / 16;
+  if (b.chunk_writer[c] != 0) {
+    const Fiber& w = b.fibers[b.chunk_writer[c] - 1];
+    if (w.proxy_fences <= b.chunk_epoch[c]) {
+      fatal(f, std::string(which) + " at shared offset " + std::to_string(off) + " was written by a cp.async of thread " +
+                   std::to_string(b.chunk_writer[c] - 1) +
+                   " that has not executed fence_proxy_async since it landed (the wgmma's async proxy may not see it)",
+            loc);
+    }
+  }
+  uint16_t h[8];
+  std::memcpy(h, p, 16);
+  for (int i = 0; i < 8; ++i) out[i] = half_bits_to_float<kBf16>(h[i]);
+  op.read_at.push_back(p);
+  op.read_bytes.insert(op.read_bytes.end(), p, p + 16);
+}
+
+const WgmmaOp* find_pending(const Warp& w, const float* d) {
+  for (auto it = w.wg_open.rbegin(); it != w.wg_open.rend(); ++it)
+    if (it->d[0] == d) return &*it;
+  for (auto g = w.wg_committed.rbegin(); g != w.wg_committed.rend(); ++g)
+    for (auto it = g->rbegin(); it != g->rend(); ++it)
+      if (it->d[0] == d) return &*it;
+  return nullptr;
+}
+
+template <bool kBf16>
+void wgmma_compute(Warp& w, const WgmmaArgs& x0, std::source_location loc) {
+  Fiber* f = cur_fiber();
+  Block& b = *w.block;
+  const int n = x0.n, nd = n / 2, q = w.index % 4;
+  WgmmaOp op;
+  op.n = n;
+  op.loc = loc;
+  // A: rows 16q .. 16q+15 of the warpgroup's 64
+  std::vector<float> A(16 * 16), B(16 * static_cast<size_t>(n));
+  if (x0.a != nullptr) {
+    for (int l = 0; l < 32; ++l) {
+      const auto* x = static_cast<const WgmmaArgs*>(w.args[l]);
+      const int g = l >> 2, t = l & 3;
+      for (int r = 0; r < 4; ++r)
+        for (int h = 0; h < 2; ++h)
+          A[(g + 8 * (r & 1)) * 16 + 2 * t + h + 8 * (r >> 1)] =
+              half_bits_to_float<kBf16>(static_cast<uint16_t>(x->a[r] >> (16 * h)));
+    }
+  } else {  // K-major: element (m, k) at (m % 8) * 16 + (m / 8) * SBO + (k / 8) * LBO + (k % 8) * 2 bytes
+    const Desc da = decode_desc(f, x0.desc_a, "A", loc);
+    for (int r = 0; r < 16; ++r)
+      for (int kb = 0; kb < 2; ++kb) {
+        const int m = 16 * q + r;
+        read_core_row<kBf16>(f, da.start + (m % 8) * 16 + (m / 8) * da.sbo + kb * da.lbo, &A[r * 16 + 8 * kb], op,
+                             "wgmma A row", loc);
+      }
+  }
+  const Desc db = decode_desc(f, x0.desc_b, "B", loc);
+  float row[8];
+  if (!x0.trans_b) {  // K-major: (n, k) at (n % 8) * 16 + (n / 8) * SBO + (k / 8) * LBO + (k % 8) * 2 bytes
+    for (int c = 0; c < n; ++c)
+      for (int kb = 0; kb < 2; ++kb) {
+        read_core_row<kBf16>(f, db.start + (c % 8) * 16 + (c / 8) * db.sbo + kb * db.lbo, row, op, "wgmma B row", loc);
+        for (int i = 0; i < 8; ++i) B[(8 * kb + i) * n + c] = row[i];
+      }
+  } else {  // MN-major: (n, k) at (k % 8) * 16 + (n / 8) * SBO + (k / 8) * LBO + (n % 8) * 2 bytes
+    for (int k = 0; k < 16; ++k)
+      for (int nb = 0; nb < n / 8; ++nb) {
+        read_core_row<kBf16>(f, db.start + (k % 8) * 16 + nb * db.sbo + (k / 8) * db.lbo, row, op, "wgmma B row", loc);
+        for (int i = 0; i < 8; ++i) B[k * n + 8 * nb + i] = row[i];
+      }
+  }
+  // C: the pending op accumulating into the same registers, else the registers themselves
+  std::vector<float> C(32 * static_cast<size_t>(nd), 0.f);
+  if (x0.accumulate) {
+    const WgmmaOp* prev = find_pending(w, x0.d);
+    if (prev != nullptr && prev->n != n) {
+      fatal(f, "wgmma accumulates into registers that an in-flight wgmma of another shape (m64n" +
+                   std::to_string(prev->n) + ") writes" + where(prev->loc),
+            loc);
+    }
+    for (int l = 0; l < 32; ++l) {
+      const auto* x = static_cast<const WgmmaArgs*>(w.args[l]);
+      for (int i = 0; i < nd; ++i) C[l * nd + i] = prev != nullptr ? prev->result[l * nd + i] : x->d[i];
+    }
+  }
+  op.result.assign(32 * static_cast<size_t>(nd), 0.f);
+  for (int l = 0; l < 32; ++l) {
+    auto* x = static_cast<WgmmaArgs*>(w.args[l]);
+    const int g = l >> 2, t = l & 3;
+    for (int i = 0; i < nd; ++i) {
+      const int r = g + 8 * ((i % 4) >> 1), c = 8 * (i / 4) + 2 * t + (i & 1);
+      double acc = C[l * nd + i];
+      for (int k = 0; k < 16; ++k) acc += static_cast<double>(A[r * 16 + k]) * static_cast<double>(B[k * n + c]);
+      op.result[l * nd + i] = static_cast<float>(acc);
+    }
+    op.d[l] = x->d;
+    for (int i = 0; i < nd; ++i) x->d[i] = std::numeric_limits<float>::quiet_NaN();  // valid only after the wait
+  }
+  w.wg_open.push_back(std::move(op));
+  ++b.mmas;
+}
+
+void wgmma_fn(Warp& w) {
+  Fiber* f = cur_fiber();
+  Block& b = *w.block;
+  const auto& x0 = *static_cast<const WgmmaArgs*>(w.args[0]);
+  const std::source_location loc = w.op_loc;
+  for (int l = 1; l < 32; ++l) {
+    const auto& x = *static_cast<const WgmmaArgs*>(w.args[l]);
+    if (x.n != x0.n || x.bf16 != x0.bf16 || x.trans_b != x0.trans_b || x.accumulate != x0.accumulate ||
+        (x.a == nullptr) != (x0.a == nullptr) || x.desc_b != x0.desc_b || (x0.a == nullptr && x.desc_a != x0.desc_a)) {
+      fatal(f, "wgmma: lane " + std::to_string(l) + " passes a different shape, descriptor or scale-d than lane 0 "
+                   "(they must be warp-uniform)",
+            loc);
+    }
+  }
+  if (b.nthreads % 128 != 0) {
+    fatal(f, "wgmma needs whole warpgroups: the block has " + std::to_string(b.nthreads) + " threads", loc);
+  }
+  if (!w.wg_fenced) {
+    fatal(f, "wgmma without a wgmma_fence since this warp's last wgmma_wait (or its start): the registers it "
+             "reads may not be ordered with earlier instructions",
+          loc);
+  }
+  // the 4 warps of the warpgroup must issue the same sequence
+  WgLog& lg = b.wg_logs[w.index / 4];
+  const WgSig sig{x0.n, x0.bf16, x0.a == nullptr, x0.trans_b, x0.accumulate, x0.a == nullptr ? x0.desc_a : 0, x0.desc_b};
+  const long long k = w.wg_issued++;
+  if (k - lg.base < static_cast<long long>(lg.sigs.size())) {
+    if (!(lg.sigs[k - lg.base] == sig)) {
+      fatal(f, "wgmma #" + std::to_string(k) + " of warp " + std::to_string(w.index) +
+                   " differs (shape, A source, descriptors or scale-d) from the same wgmma of another warp of "
+                   "warpgroup " + std::to_string(w.index / 4),
+            loc);
+    }
+  } else {
+    lg.sigs.push_back(sig);
+  }
+  long long lo = k + 1;
+  for (int i = 0; i < 4; ++i) {
+    const size_t wi = static_cast<size_t>(4 * (w.index / 4) + i);
+    if (wi < b.warps.size()) lo = std::min(lo, b.warps[wi].wg_issued);
+  }
+  while (lg.base < lo && !lg.sigs.empty()) {
+    lg.sigs.pop_front();
+    ++lg.base;
+  }
+  if (x0.bf16) wgmma_compute<true>(w, x0, loc);
+  else wgmma_compute<false>(w, x0, loc);
+}
+const WarpOp kWgmma{"wgmma.mma_async", wgmma_fn};
+
+void wgmma_fence_fn(Warp& w) { w.wg_fenced = true; }
+const WarpOp kWgmmaFence{"wgmma.fence", wgmma_fence_fn};
+
+void wgmma_commit_fn(Warp& w) {
+  w.wg_committed.push_back(std::move(w.wg_open));
+  w.wg_open.clear();
+}
+const WarpOp kWgmmaCommit{"wgmma.commit_group", wgmma_commit_fn};
+
+void wgmma_wait_fn(Warp& w) {
+  Fiber* f = cur_fiber();
+  const int n = *static_cast<const int*>(w.args[0]);
+  while (w.wg_committed.size() > static_cast<size_t>(n)) {
+    for (const WgmmaOp& op : w.wg_committed.front()) {
+      for (size_t i = 0; i < op.read_at.size(); ++i) {
+        if (std::memcmp(op.read_at[i], &op.read_bytes[16 * i], 16) != 0) {
+          fatal(f, "shared memory at offset " + std::to_string(op.read_at[i] - w.block->smem) +
+                       ", an operand of the wgmma issued" + where(op.loc) +
+                       ", was overwritten before the wgmma_wait that retires it",
+                w.op_loc);
+        }
+      }
+      const int nd = op.n / 2;
+      for (int l = 0; l < 32; ++l) std::memcpy(op.d[l], &op.result[l * nd], sizeof(float) * nd);
+    }
+    w.wg_committed.pop_front();
+  }
+  w.wg_fenced = false;
+}
+const WarpOp kWgmmaWait{"wgmma.wait_group", wgmma_wait_fn};
+
+// ---------------------------------------------------------------------------
 // scheduler
 
 void fiber_entry(void* arg) {
@@ -597,6 +858,9 @@ class Worker {
     b.smem_bytes = st.smem_bytes;
     b.smem = smem_for(st.smem_bytes);
     std::memset(b.smem, 0xFF, st.smem_bytes + kRedZoneBytes);
+    b.chunk_writer.assign(st.smem_bytes / 16 + 1, 0);
+    b.chunk_epoch.assign(st.smem_bytes / 16 + 1, 0);
+    b.wg_logs.assign(static_cast<size_t>((nthreads + 127) / 128), WgLog{});
 
     while (stacks_.size() < static_cast<size_t>(nthreads)) {
       stacks_.push_back(std::make_unique<Stack>(cfg.stack_bytes));
@@ -680,6 +944,7 @@ class Worker {
       }
     }
     if (!b.abort) check_red_zone(b);
+    if (!b.abort) check_wgmma_drained(b);
     blocks_ += 1;
     threads_ += nthreads;
     syncs_ += b.syncs;
@@ -708,6 +973,21 @@ class Worker {
     return smem_.get();
   }
 
+  void check_wgmma_drained(const Block& b) {
+    for (const Warp& w : b.warps) {
+      size_t n = w.wg_open.size();
+      for (const auto& g : w.wg_committed) n += g.size();
+      if (n > 0) {
+        const WgmmaOp& op = w.wg_open.empty() ? w.wg_committed.front().front() : w.wg_open.front();
+        report(b, &b.fibers[w.first_tid],
+               std::to_string(n) + " wgmma op(s) of warp " + std::to_string(w.index) +
+                   " still in flight when its threads exited (no wgmma_wait retired them; first issued" +
+                   where(op.loc) + ")",
+               std::source_location());
+        return;
+      }
+    }
+  }
   void check_red_zone(const Block& b) {
     for (size_t i = 0; i < kRedZoneBytes; ++i) {
       if (b.smem[b.smem_bytes + i] != 0xFF) {
@@ -799,6 +1079,7 @@ void cp_async(void* smem_dst, const void* gmem_src, int bytes, bool valid, std::
     // buffer overwritten while other threads still read it (a missing barrier
     // before reusing a pipeline stage)
     std::memcpy(c.dst, c.data, bytes);
+    mark_landed(f, c.dst, bytes);
     f->block->cp_bytes += bytes;
     return;
   }
@@ -826,6 +1107,7 @@ void cp_async_wait(int n, std::source_location) {
   while (f->committed.size() > static_cast<size_t>(n)) {
     for (const PendingCopy& c : f->committed.front()) {
       std::memcpy(c.dst, c.data, c.bytes);
+      mark_landed(f, c.dst, c.bytes);
       f->block->cp_bytes += c.bytes;
     }
     f->committed.pop_front();
@@ -863,6 +1145,28 @@ uint32_t vote(VoteKind kind, bool p, std::source_location loc) {
 }
 
 void warp_sync(std::source_location loc) { collective(&kWarpSync, nullptr, loc); }
+
+uint64_t smem_offset(const void* p) {
+  Fiber* f = cur_fiber();
+  const Block& b = *f->block;
+  const auto* c = static_cast<const unsigned char*>(p);
+  if (c < b.smem || c >= b.smem + b.smem_bytes) {
+    fatal(f, "wgmma_desc: " + hexaddr(p) + " is not in the block's dynamic shared memory", std::source_location());
+  }
+  return static_cast<uint64_t>(c - b.smem);
+}
+void wgmma(int n, bool bf16, float* d, const uint32_t* a, uint64_t desc_a, uint64_t desc_b, bool trans_b,
+           bool accumulate, std::source_location loc) {
+  WgmmaArgs args{n, bf16, trans_b, accumulate, d, a, desc_a, desc_b};
+  collective(&kWgmma, &args, loc);
+}
+void wgmma_fence(std::source_location loc) { collective(&kWgmmaFence, nullptr, loc); }
+void wgmma_commit(std::source_location loc) { collective(&kWgmmaCommit, nullptr, loc); }
+void wgmma_wait(int n, std::source_location loc) {
+  int arg = n;
+  collective(&kWgmmaWait, &arg, loc);
+}
+void fence_proxy_async() { ++cur_fiber()->proxy_fences; }
 
 // ---------------------------------------------------------------------------
 // host controls

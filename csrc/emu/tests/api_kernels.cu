@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <stdexcept>
 #include <string>
 
 #include "arch/arch.cuh"
@@ -265,6 +266,85 @@ __global__ void k_math(const float* x, const float* y, int n, float* out) {
   st_global(out + i * 4 + 3, hi);
 }
 
+// ---- wgmma: each warpgroup of the block computes D (64 x N) = A (64 x 32) B (32 x N) [+ 0.5] in two k16
+// steps. A is 64 x 32 16-bit, row-major; B is N x 32 (k contiguous; trans_b = 0, K-major) or 32 x N
+// (n contiguous; trans_b = 1, MN-major). Both go to shared memory through cp.async in the no-swizzle
+// canonical layout, core matrices `pad` bytes apart beyond the packed stride; A is read from there (ss)
+// or from global memory into mma.m16n8k16 A fragments (rs). out: [blockDim.x][N / 2] D fragments.
+// mode bits (each a planted misuse the emulator must report): 1 no fence_proxy_async, 2 no wgmma_fence,
+// 4 store D before the wait, 8 overwrite a B byte before the wait, 16 warp 1 passes another B descriptor,
+// 32 no wgmma_wait; 64 accumulate onto D = 0.5 in the first step.
+template <class T, int N>
+__global__ void k_wgmma(const uint16_t* a, const uint16_t* b, int trans_b, int ss, int pad, int mode, float* out) {
+  constexpr int K = 32;
+  unsigned char* sm = smem_dynamic<unsigned char>();
+  // B: K-major, (n, k) at (n % 8) 16 + (n / 8) sbo + (k / 8) lbo; MN-major, (n, k) at (k % 8) 16 + (n / 8) sbo + (k / 8) lbo
+  const int b_lbo = trans_b ? (N / 8) * (128 + pad) + pad : 128 + pad;
+  const int b_sbo = trans_b ? 128 + pad : (K / 8) * (128 + pad) + pad;
+  const int b_bytes = trans_b ? (K / 8) * b_lbo : (N / 8) * b_sbo;
+  unsigned char* sa = sm + ((b_bytes + 127) / 128) * 128;
+  const int a_lbo = 128 + pad, a_sbo = (K / 8) * (128 + pad) + pad;
+  const int nchunk_b = N * K / 8;
+  for (int c = threadIdx.x; c < nchunk_b; c += blockDim.x) {
+    int off, src;
+    if (!trans_b) {  // chunk (n, kc): 8 k values of row n
+      const int n = c / (K / 8), kc = c % (K / 8);
+      off = (n % 8) * 16 + (n / 8) * b_sbo + kc * b_lbo;
+      src = n * K + 8 * kc;
+    } else {  // chunk (k, nc): 8 n values of row k
+      const int k = c / (N / 8), nc = c % (N / 8);
+      off = (k % 8) * 16 + nc * b_sbo + (k / 8) * b_lbo;
+      src = k * N + 8 * nc;
+    }
+    cp_async_16(sm + off, b + src);
+  }
+  if (ss) {
+    for (int c = threadIdx.x; c < 64 * K / 8; c += blockDim.x) {
+      const int m = c / (K / 8), kc = c % (K / 8);
+      cp_async_16(sa + (m % 8) * 16 + (m / 8) * a_sbo + kc * a_lbo, a + m * K + 8 * kc);
+    }
+  }
+  cp_async_commit();
+  cp_async_wait<0>();
+  if (!(mode & 1)) fence_proxy_async();
+  block_sync();
+
+  const int q = (threadIdx.x / 32) % 4, l = lane_id(), g = l >> 2, t = l & 3;
+  uint32_t fa[2][4];
+  if (!ss) {
+    for (int s = 0; s < 2; ++s)
+      for (int r = 0; r < 4; ++r) {
+        const int row = 16 * q + g + 8 * (r & 1), col = 16 * s + 2 * t + 8 * (r >> 1);
+        fa[s][r] = ld_global(reinterpret_cast<const uint32_t*>(a + row * K + col));
+      }
+  }
+  float d[N / 2];
+  for (int i = 0; i < N / 2; ++i) d[i] = 0.5f;
+  uint64_t db = wgmma_desc(sm, b_lbo, b_sbo);
+  if ((mode & 16) && threadIdx.x / 32 == 1) db = wgmma_desc_advance(db, 16);
+  const uint64_t da = wgmma_desc(sa, a_lbo, a_sbo);
+  if (!(mode & 2)) wgmma_fence();
+  for (int s = 0; s < 2; ++s) {
+    const bool acc = s > 0 || (mode & 64);
+    const uint64_t dbs = wgmma_desc_advance(db, 2 * s * b_lbo);  // two core matrices along k per step
+    if (ss) {
+      const uint64_t das = wgmma_desc_advance(da, 2 * s * a_lbo);
+      if (trans_b) wgmma_ss<T, N, true>(d, das, dbs, acc); else wgmma_ss<T, N, false>(d, das, dbs, acc);
+    } else {
+      if (trans_b) wgmma_rs<T, N, true>(d, fa[s], dbs, acc); else wgmma_rs<T, N, false>(d, fa[s], dbs, acc);
+    }
+  }
+  wgmma_commit();
+  if (mode & 4) {
+    for (int i = 0; i < N / 2; ++i) st_global(out + threadIdx.x * (N / 2) + i, d[i]);
+    wgmma_wait<0>();
+    return;
+  }
+  if ((mode & 8) && threadIdx.x == 0) sm[16] ^= 1;
+  if (!(mode & 32)) wgmma_wait<0>();
+  for (int i = 0; i < N / 2; ++i) st_global(out + threadIdx.x * (N / 2) + i, d[i]);
+}
+
 }  // namespace va::emu_tests
 
 // ---- extern "C" entry points ---------------------------------------------------
@@ -338,6 +418,16 @@ VA_TEST_API const char* va_test_ids(int gx, int gy, int gz, int bx, int by, int 
 }
 VA_TEST_API const char* va_test_atomic(int blocks, int n, int* counter, int* olds) {
   return guarded([&] { launch(k_atomic, dim3(blocks), dim3(n), 0, nullptr, counter, olds); });
+}
+VA_TEST_API const char* va_test_wgmma(int bf16, int n, const uint16_t* a, const uint16_t* b, int trans_b, int ss,
+                                      int pad, int mode, int threads, float* out) {
+  return guarded([&] {
+    const size_t smem = 40 * 1024;
+    if (n == 32 && bf16) launch(k_wgmma<__nv_bfloat16, 32>, dim3(1), dim3(threads), smem, nullptr, a, b, trans_b, ss, pad, mode, out);
+    else if (n == 32) launch(k_wgmma<__half, 32>, dim3(1), dim3(threads), smem, nullptr, a, b, trans_b, ss, pad, mode, out);
+    else if (n == 256 && bf16) launch(k_wgmma<__nv_bfloat16, 256>, dim3(1), dim3(threads), smem, nullptr, a, b, trans_b, ss, pad, mode, out);
+    else throw std::invalid_argument("va_test_wgmma: n = 32 (bf16, f16) or 256 (bf16)");
+  });
 }
 VA_TEST_API const char* va_test_math(const float* x, const float* y, int n, float* out) {
   return guarded([&] { launch(k_math, dim3((n + 63) / 64), dim3(64), 0, nullptr, x, y, n, out); });

@@ -1,0 +1,157 @@
+// Warpgroup-level asynchronous MMA (sm_90a): wgmma.mma_async and its fences.
+//
+// PTX ISA, "Asynchronous Warpgroup Level Matrix Multiply-Accumulate Instructions":
+// https://docs.nvidia.com/cuda/parallel-thread-execution/#asynchronous-warpgroup-level-matrix-instructions
+//
+// A warpgroup is 4 consecutive warps (warp w of the block is warp w % 4 of warpgroup w / 4); all 128
+// threads execute every wgmma instruction below (.sync.aligned). One wgmma_rs / wgmma_ss computes
+// D (64 x N, fp32) = A (64 x 16) B (16 x N) + (accumulate ? D : 0) with 16-bit A and B:
+//   * A from registers (wgmma_rs): warp q of the warpgroup holds rows 16q .. 16q+15 as the A fragment of
+//     mma.m16n8k16 (csrc/arch/mma.cuh); or from shared memory through a matrix descriptor (wgmma_ss, K-major).
+//   * B from shared memory through a matrix descriptor: K-major (kTransB = false: B stored N x 16 with k
+//     contiguous, like the K rows of a KV cache for S = Q K^T) or MN-major (kTransB = true: stored 16 x N
+//     with n contiguous, like V rows for O = P V).
+//   * D: N / 2 floats per thread. Warp q, lane (g = lane / 4, t = lane % 4): d[i] is row 16q + g + 8 ((i % 4) / 2),
+//     column 8 (i / 4) + 2t + (i % 2): the mma.m16n8k16 C fragment of each n8 block in turn.
+// The instruction is asynchronous: its operands may be read and D written at any time until the
+// wgmma_wait that retires its commit group. Rules the caller keeps (the emulator checks the first four):
+//   1. wgmma_fence() before the first wgmma, and again after any register that a wgmma reads (A, D)
+//      was touched by other instructions (this API requires it after every wgmma_wait);
+//   2. D is not read or written, and the smem operands are not overwritten, until the wgmma_wait that
+//      retires the wgmma (a chain of wgmmas of one shape may accumulate into the same D meanwhile);
+//   3. shared memory written through the generic proxy (st.shared, cp.async) is made visible to the
+//      wgmma's async proxy by fence_proxy_async() in the writing thread, then a barrier;
+//   4. the 4 warps of a warpgroup issue the same wgmma sequence (same shapes and descriptors);
+//   5. A registers of wgmma_rs stay unchanged until the wait (the emulator reads them at issue).
+//
+// Matrix descriptors (wgmma_desc, no swizzle): the operand is made of 8 x 16-byte core matrices, each
+// 128 contiguous bytes (8 rows of 8 16-bit elements). In elements (PTX ISA "Shared Memory Matrix Layout",
+// canonical layouts, no swizzling):
+//   K-major  (row r of M / N, k):  (r % 8) * 8 + (r / 8) * SBO + (k % 8) + (k / 8) * LBO
+//   MN-major (n, k):               (n % 8)     + (n / 8) * SBO + (k % 8) * 8 + (k / 8) * LBO
+// LBO ("leading dimension byte offset") steps between core matrices along K, SBO ("stride dimension")
+// along M / N; both in bytes, multiples of 16, below 2^18.
+#pragma once
+
+#include <type_traits>
+
+#include "defs.cuh"
+#if VA_EMULATION
+#include <source_location>
+
+#include "../emu/device.h"
+#else
+#include "wgmma_ptx.inc"
+#endif
+
+namespace va::arch {
+
+// The 64-bit shared-memory matrix descriptor of an operand that starts at `smem` (16-byte aligned),
+// no swizzle: bits 0-13 start address >> 4, 16-29 LBO >> 4, 32-45 SBO >> 4, 49-51 base offset (0),
+// 62-63 swizzle mode (0).
+VA_DEVICE uint64_t wgmma_desc(const void* smem, uint32_t lbo_bytes, uint32_t sbo_bytes) {
+#if VA_EMULATION
+  const uint64_t addr = ::va::emu::smem_offset(smem);
+#else
+  const uint64_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+#endif
+  return ((addr >> 4) & 0x3FFFull) | (static_cast<uint64_t>((lbo_bytes >> 4) & 0x3FFFu) << 16) |
+         (static_cast<uint64_t>((sbo_bytes >> 4) & 0x3FFFu) << 32);
+}
+
+// The descriptor of the same layout `bytes` further on (a later k step or n block): the start address
+// field advances by bytes >> 4 (bytes a multiple of 16; the sum stays below 2^18).
+VA_DEVICE uint64_t wgmma_desc_advance(uint64_t desc, uint32_t bytes) { return desc + (bytes >> 4); }
+
+#if VA_EMULATION
+
+VA_DEVICE void wgmma_fence(std::source_location loc = std::source_location::current()) {
+  ::va::emu::wgmma_fence(loc);
+}
+VA_DEVICE void wgmma_commit(std::source_location loc = std::source_location::current()) {
+  ::va::emu::wgmma_commit(loc);
+}
+// Wait until at most N committed wgmma groups of this warp are pending; their D registers are then valid.
+template <int N>
+VA_DEVICE void wgmma_wait(std::source_location loc = std::source_location::current()) {
+  static_assert(N >= 0 && N <= 7, "wgmma.wait_group N: 0..7");
+  ::va::emu::wgmma_wait(N, loc);
+}
+// fence.proxy.async.shared::cta: this thread's earlier generic-proxy shared-memory writes (including its
+// landed cp.async copies) become visible to later async-proxy reads (wgmma operands) once a barrier follows.
+VA_DEVICE void fence_proxy_async() { ::va::emu::fence_proxy_async(); }
+
+template <class T, int N, bool kTransB>
+VA_DEVICE void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b, bool accumulate,
+                        std::source_location loc = std::source_location::current()) {
+  static_assert(std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>, "wgmma: T is bf16 or f16");
+  static_assert(N % 8 == 0 && N >= 8 && N <= 256, "wgmma m64nNk16: N = 8 .. 256 in steps of 8");
+  ::va::emu::wgmma(N, std::is_same_v<T, __nv_bfloat16>, d, a, 0, desc_b, kTransB, accumulate, loc);
+}
+template <class T, int N, bool kTransB>
+VA_DEVICE void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, bool accumulate,
+                        std::source_location loc = std::source_location::current()) {
+  static_assert(std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>, "wgmma: T is bf16 or f16");
+  static_assert(N % 8 == 0 && N >= 8 && N <= 256, "wgmma m64nNk16: N = 8 .. 256 in steps of 8");
+  ::va::emu::wgmma(N, std::is_same_v<T, __nv_bfloat16>, d, nullptr, desc_a, desc_b, kTransB, accumulate, loc);
+}
+
+#else  // nvcc
+
+// wgmma exists on sm_90a only; built for another target the wrappers trap (kernels that use them are
+// compiled for sm_90a only: build.py's tile archs).
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define VA_HAS_WGMMA 1
+#else
+#define VA_HAS_WGMMA 0
+#endif
+
+VA_DEVICE void wgmma_fence() {
+#if VA_HAS_WGMMA
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+VA_DEVICE void wgmma_commit() {
+#if VA_HAS_WGMMA
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+template <int N>
+VA_DEVICE void wgmma_wait() {
+  static_assert(N >= 0 && N <= 7, "wgmma.wait_group N: 0..7");
+#if VA_HAS_WGMMA
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+#endif
+}
+VA_DEVICE void fence_proxy_async() {
+#if VA_HAS_WGMMA
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+
+template <class T, int N, bool kTransB>
+VA_DEVICE void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b, bool accumulate) {
+  static_assert(std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>, "wgmma: T is bf16 or f16");
+  static_assert(N == 8 || N == 16 || N == 32 || N == 64 || N == 128 || N == 256,
+                "wgmma_rs: csrc/arch/gen_wgmma.py generates N = 8, 16, 32, 64, 128, 256");
+#if VA_HAS_WGMMA
+  VA_WGMMA_RS_BODY
+#else
+  __trap();
+#endif
+}
+template <class T, int N, bool kTransB>
+VA_DEVICE void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
+  static_assert(std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>, "wgmma: T is bf16 or f16");
+  static_assert(N == 8 || N == 16 || N == 32 || N == 64 || N == 128 || N == 256,
+                "wgmma_ss: csrc/arch/gen_wgmma.py generates N = 8, 16, 32, 64, 128, 256");
+#if VA_HAS_WGMMA
+  VA_WGMMA_SS_BODY
+#else
+  __trap();
+#endif
+}
+
+#endif  // VA_EMULATION
+
+}  // namespace va::arch
