@@ -48,6 +48,8 @@ MLA_A, MLA_B = (32, 16, 4, 3), (16, 32, 4, 2)
 # and the sm_90-only 32x32 s4 (one barrier per tile, Dqk split 4 ways)
 # (the emulator runs every compiled tile whatever arch it targets)
 V1_A, V1_B, V1_C = (32, 16, 8, 4), (32, 16, 8, 3), (32, 32, 8, 4)
+# v2 (wgmma, sm_90a only): 64 rows, 2 warpgroups, 32 tokens, 3 stages
+V2 = (64, 32, 8, 3)
 G128_A, G128_B = (64, 32, 4, 2), (128, 32, 8, 2)
 
 SCHEDULES = ("forward", "warp-ahead", "warp-ahead-reverse", "random", "reverse")
@@ -75,6 +77,16 @@ MATRIX: list[tuple[CaseSpec, KernelConfig | None]] = [
     (CaseSpec((61,), (5,), "star", dtype=BF, page_size=5, seed=26, **MLA), cfg(2, *V1_C)),
     (CaseSpec((33, 90), (3, 11), "bushy", dtype=BF, page_size=7, seed=27, **MLA), cfg(4, *V1_A)),
     (CaseSpec((130,), (3,), "chain", dtype=FP, page_size=64, seed=28, **MLA), cfg(16, *V1_B)),
+    # MLA, kernel v2 (wgmma): page sizes 1, 3, 5, 7, 16, 64, odd lengths, empty splits, 2 mask words, a
+    # 64-row tile over 2 M tiles (9 nodes x 8 heads), mixed batches
+    (CaseSpec((97,), (7,), "chain", dtype=BF, seed=31, **MLA), cfg(3, *V2)),
+    (CaseSpec((0,), (6,), "deep", dtype=FP, seed=32, **MLA), cfg(4, *V2)),
+    (CaseSpec((20,), (37,), "bushy", dtype=BF, seed=33, **MLA), cfg(2, *V2)),
+    (CaseSpec((0, 54, 1), (1, 9, 4), "bushy", dtype=BF, page_size=16, seed=34, **MLA), cfg(5, *V2)),
+    (CaseSpec((45, 7), (8, 2), "deep", dtype=FP, page_size=3, seed=35, **MLA), cfg(3, *V2)),
+    (CaseSpec((61,), (5,), "star", dtype=BF, page_size=5, seed=36, **MLA), cfg(2, *V2)),
+    (CaseSpec((33, 90), (3, 11), "bushy", dtype=BF, page_size=7, seed=37, **MLA), cfg(4, *V2)),
+    (CaseSpec((130,), (3,), "chain", dtype=FP, page_size=64, seed=38, **MLA), cfg(16, *V2)),
     # v0 at page sizes 3 and 7 too
     (CaseSpec((50, 3), (6, 2), "bushy", dtype=BF, page_size=3, seed=29, **MLA), cfg(2, *MLA_B)),
     (CaseSpec((44,), (9,), "deep", dtype=FP, page_size=7, seed=30, **MLA), cfg(3, *MLA_A)),
@@ -322,6 +334,26 @@ def test_every_v1_barrier_is_needed_and_caught(emu, tile):
     assert not missed, f"skipping v1 block_sync call(s) {missed} went unnoticed in every strict mode"
 
 
+def test_every_v2_barrier_is_needed_and_caught(emu):
+    # v2 (tree_verify_kernel_v2.cuh, wgmma): no prologue barrier; per tile, tile it landed (+ fenced for the
+    # async proxy) and stage it-1 free, then the partial scores published. The first 12 calls are 6 of the
+    # 10 tiles of 32.
+    case = make_case(CaseSpec((300,), (7,), "bushy", dtype=BF, seed=47, **MLA))
+    missed = _missed_barriers(emu, case, cfg(1, *V2), 12)
+    assert not missed, f"skipping v2 block_sync call(s) {missed} went unnoticed in every strict mode"
+
+
+def test_v2_runs_on_wgmma(emu):
+    # every warp issues Dqk / 2 / 16 = 18 S and 32 / 16 = 2 P V wgmmas per tile, nothing else counts as an MMA
+    case = make_case(CaseSpec((97,), (7,), "chain", dtype=BF, seed=48, **MLA))
+    emu.reset_stats()
+    out, lse = _run(case, cfg(1, *V2))
+    check_against_reference(out, lse, case, *TOL[BF])
+    st = emu.stats()
+    tiles = -(-(97 + 7) // 32)
+    assert st["threads"] == 256 and st["mma"] == 8 * tiles * (18 + 2), st
+
+
 def test_out_of_range_kv_index_reported_as_bounds_violation(emu):
     # Bypass the API's index validation and call the binding directly.
     case = make_case(CaseSpec((30,), (3,), "bushy", dtype=BF, seed=50, **MLA))
@@ -347,10 +379,11 @@ def _padded_view(t: torch.Tensor, pad: int, fill=float("nan")) -> torch.Tensor:
     return big[..., : t.shape[-1]]
 
 
-@pytest.mark.parametrize("mla", [False, True], ids=["gqa", "mla"])
+@pytest.mark.parametrize("mla", [False, True, "v2"], ids=["gqa", "mla", "mla-v2"])
 def test_k_and_v_with_different_strides(emu, mla):
     if mla:  # a K row padded to 640; V the first 512 values of the same (padded) rows
-        spec, config = CaseSpec((70, 3), (6, 2), "bushy", dtype=BF, page_size=5, seed=60, **MLA), cfg(2, *V1_A)
+        spec = CaseSpec((70, 3), (6, 2), "bushy", dtype=BF, page_size=5, seed=60, **MLA)
+        config = cfg(2, *(V2 if mla == "v2" else V1_A))
     else:
         spec, config = CaseSpec((70, 3), (6, 2), "deep", dtype=FP, page_size=5, seed=61, **gqa(8, 2)), cfg(2, *G128_A)
     case = make_case(spec)
@@ -362,22 +395,24 @@ def test_k_and_v_with_different_strides(emu, mla):
     check_against_reference(out, lse, case, *TOL[spec.dtype])
 
 
+@pytest.mark.parametrize("tile", [V1_A, V2], ids=["v1", "v2"])
 @pytest.mark.parametrize("lens,nodes,kind", [((40,), (256,), "bushy"), ((30, 50), (300, 20), "deep")],
                          ids=["256", "300+20"])
-def test_wide_trees(emu, lens, nodes, kind):
+def test_wide_trees(emu, lens, nodes, kind, tile):
     # 256 nodes: 8 mask words, 64 M tiles of 32 rows (MLA v1) with every tile past the prefix masked; v1
     # stages the first 4 words of each row in shared memory (kMaskStage) and reads the others from global
     # memory. 300 nodes: 10 words; the 20-node request of the same batch has 10-word rows, 1 of them used.
     spec = CaseSpec(lens, nodes, kind, dtype=BF, seed=62, **MLA)
     case = make_case(spec)
-    out, lse = _run(case, cfg(2, *V1_A))
+    out, lse = _run(case, cfg(2, *tile))
     check_against_reference(out, lse, case, *TOL[spec.dtype])
 
 
-@pytest.mark.parametrize("tile", [V1_B, MLA_A], ids=["v1", "v0"])
+@pytest.mark.parametrize("tile", [V1_B, MLA_A, V2], ids=["v1", "v0", "v2"])
 def test_64_and_more_splits(emu, tile):
-    # 1,100 + 5 tokens in 16-token tiles: 70 tiles over 64 splits (v1), 300 splits (v0: most empty)
-    splits = 64 if tile == V1_B else 300
+    # 1,100 + 5 tokens: 70 16-token tiles over 64 splits (v1), 300 splits (v0: most empty); 35 32-token
+    # tiles over 64 splits (v2: 29 empty)
+    splits = 300 if tile == MLA_A else 64
     spec = CaseSpec((1100,), (5,), "bushy", dtype=BF, seed=63, **MLA)
     case = make_case(spec)
     emu.set_schedule("random", seed=63)

@@ -63,7 +63,7 @@ class Tile:
     warps_m: int     # WM: v0, warps along M (16 rows each); v1, warps splitting the m tiles in S
     warps_n: int     # WN: v0, warps sharing 16 rows (tokens for S, Dv for O); v1, KSPLIT (Dqk split for S)
     num_stages: int  # cp.async stages
-    version: int = 0  # 0: tree_verify_kernel.cuh (TileConfig), 1: tree_verify_kernel_v1.cuh (TileConfigV1)
+    version: int = 0  # 0: tree_verify_kernel.cuh (TileConfig), 1: ..._v1.cuh (TileConfigV1), 2: ..._v2.cuh (wgmma)
     sn: int = 1       # v1: warps splitting the tile's tokens in S (SN)
     archs: tuple[str, ...] = ("sm_90a", "sm_120a")  # the archs whose per-block shared memory it fits
     fp8_mma: int = 1  # e4m3 caches: 1, products on e4m3 MMAs; 0, K / V converted to f16, f16 MMAs
@@ -78,10 +78,12 @@ class Tile:
 
     @property
     def ksplit(self) -> int:
-        return self.warps_n if self.version == 1 else 1
+        return self.warps_n if self.version >= 1 else 1
 
     def label(self) -> str:
         base = f"m{self.block_m} n{self.block_n} w{self.num_warps} s{self.num_stages}"
+        if self.version == 2:
+            return f"v2 {base} wg{self.warps_n} wgmma"
         return (f"v1 {base} k{self.ksplit} sn{self.sn}" + ("" if self.fp8_mma else " f16")
                 + (" b1" if self.bars == 1 else "") if self.version == 1 else base)
 
@@ -95,7 +97,9 @@ _FP8_F16_TILE = Tile(32, 32, 4, 2, 3, version=1, sn=2, fp8_mma=0)
 TILES: dict[str, list[Tile]] = {
     "mla576": [Tile(32, 16, 2, 4, 4, version=1, sn=2, bars=1), Tile(32, 16, 2, 4, 3, version=1, sn=2),
                Tile(32, 32, 2, 4, 4, version=1, sn=2, archs=("sm_90a",), bars=1),
-               Tile(32, 16, 2, 2, 3), Tile(16, 32, 1, 4, 2)],
+               Tile(32, 16, 2, 2, 3), Tile(16, 32, 1, 4, 2),
+               # v2 (wgmma, sm_90a only): 64 rows, 2 warpgroups (4 warps x 16 rows each; Dqk / Dv halves)
+               Tile(64, 32, 4, 2, 3, version=2, archs=("sm_90a",))],
     # e4m3 caches: 32 tokens (one k step of the e4m3 P.V MMA), S warps 2 (dims) x 2 (tokens) x 2 (M)
     # The e4m3-MMA tile is sm_120's: on sm_90 nvcc lowers its MMAs to f16 HMMAs (no e4m3 rate there) and
     # the one-barrier loop needs more than 255 registers; the f16 tile is the H200's.
@@ -164,6 +168,9 @@ def smem_bytes(tile: Tile, dqk: int, dv: int, shared_kv: bool, kv_bytes: int = 2
     """Dynamic shared memory of the split kernel (SharedMemoryPlan / SharedMemoryPlanV1 in traits.h);
     kv_bytes 1: the e4m3-cache kernels (K / V one byte per element; P too on e4m3 MMAs, f16 otherwise)."""
     pad, elem = 8, 2
+    if tile.version == 2:  # KernelTraitsV2: Q (BM rows) + STAGES x BN KV rows (core-matrix layout, no pad) + partials
+        return ((tile.block_m + tile.num_stages * tile.block_n) * dqk * kv_bytes
+                + tile.warps_n * 128 * (tile.block_n // 2) * 4)
     if tile.version == 1:
         kpad = 16 // kv_bytes
         pb = 1 if kv_bytes == 1 and tile.fp8_mma else 2  # P element bytes
@@ -325,7 +332,11 @@ _ELEM = {"13__nv_bfloat16": "bf16", "6__half": "fp16"}
 
 def tile_of_mangled(mangled: str) -> Tile:
     """The tile config of a split kernel from its mangled name: TileConfig<BM, BN, WM, WN, STAGES> (v0)
-    or TileConfigV1<BM, BN, W, STAGES, KSPLIT, SN[, FP8_MMA[, BARS]]> (v1)."""
+    or TileConfigV1<BM, BN, W, STAGES, KSPLIT, SN[, FP8_MMA[, BARS]]> (v1) or TileConfigV2<BM, BN, WG, STAGES>."""
+    m = re.search(r"TileConfigV2ILi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)E", mangled)
+    if m:
+        bm, bn, wg, st = map(int, m.groups())
+        return Tile(bm, bn, 4, wg, st, version=2)
     m = re.search(r"TileConfigV1ILi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)E(?:Li(\d+)E)?(?:Li(\d+)E)?",
                   mangled)
     if m:

@@ -70,6 +70,28 @@ struct TileConfigV1 {
   static_assert(kThreads % BN == 0, "the KV loader gives each tile row kThreads / BN threads");
 };
 
+// Tile of the v2 kernel (tree_verify_kernel_v2.cuh, sm_90a only: wgmma). BM = 64 rows, one wgmma m64
+// tile; WG warpgroups split Dqk for S = Q K^T (each keeps Q for its Dqk / WG dims in registers) and Dv
+// for O += P V (each owns Dv / WG columns of all 64 rows); BN tokens per KV tile, STAGES cp.async stages.
+template <int BM_, int BN_, int WG_, int STAGES_>
+struct TileConfigV2 {
+  static constexpr int BM = BM_;
+  static constexpr int BN = BN_;
+  static constexpr int WG = WG_;
+  static constexpr int STAGES = STAGES_;
+  static constexpr int KSPLIT = WG_;
+  static constexpr int kWarps = 4 * WG_;
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kVersion = 2;
+  // the tile as the host-side tables spell it: WM x WN warps = 4 (rows of a warpgroup) x WG
+  static constexpr int WM = 4;
+  static constexpr int WN = WG_;
+
+  static_assert(BM == 64, "v2: one wgmma m64 tile of rows per CTA");
+  static_assert(BN == 16 || BN == 32 || BN == 64, "v2: BN is the N of the S wgmma (16, 32 or 64)");
+  static_assert(STAGES >= 2 && STAGES <= 8, "2..8 pipeline stages");
+};
+
 // Head shape: Dqk, Dv and whether V is read from the K row (MLA absorbed).
 template <int DQK_, int DV_, bool SHARED_KV_>
 struct HeadConfig {
@@ -104,10 +126,13 @@ template <class Head> struct TilesFor;
 //       the shared-memory reads of S (the H200's limit with mma.sync): 73.3 KB.
 //  MLA v1 for sm_90 only (199 KB, over sm_120's 99 KB): 32 tokens x 4 stages, one barrier per tile,
 //       S warps 4 x 2 (build.py marks its target archs).
+//  MLA v2 for sm_90a only (wgmma): 64 rows x 32 tokens x 3 stages, 2 warpgroups (Dqk halves for S, Dv
+//       halves for P V): Q 72 KB + KV 108 KB in the core-matrix layout + 16 KB of partial scores = 196 KB.
 template <> struct TilesFor<HeadMLA> {
   using type = TileList<TileConfigV1<32, 16, 8, 4, 4, 2, 1, 1>, TileConfigV1<32, 16, 8, 3, 4, 2>,
                         TileConfigV1<32, 32, 8, 4, 4, 2, 1, 1>,
-                        TileConfig<32, 16, 2, 2, 3>, TileConfig<16, 32, 1, 4, 2>>;
+                        TileConfig<32, 16, 2, 2, 3>, TileConfig<16, 32, 1, 4, 2>,
+                        TileConfigV2<64, 32, 2, 3>>;
 };
 // e4m3 caches (MLA only): kernel v1 with e4m3 MMAs (m16n8k32) for S and P.V. A 32-token tile is one
 // k step of P.V; a 576-byte row (+16 B pad) makes a 32-token stage 18.5 KB, so 4 stages, one barrier

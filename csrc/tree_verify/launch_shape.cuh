@@ -16,6 +16,7 @@
 #include "tree_verify_combine.cuh"
 #include "tree_verify_kernel.cuh"
 #include "tree_verify_kernel_v1.cuh"
+#include "tree_verify_kernel_v2.cuh"
 
 namespace va::tv {
 
@@ -25,7 +26,7 @@ bool tile_matches(const LaunchConfig& c) {
          c.num_stages == Tile::STAGES;
 }
 
-// The traits and split kernel of a tile config: v0 (TileConfig) or v1 (TileConfigV1). kFmt: the cache
+// The traits and split kernel of a tile config: v0 (TileConfig), v1 (TileConfigV1) or v2 (TileConfigV2). kFmt: the cache
 // format, 0 (q's 16-bit type), 1 (e4m3, per-tensor scales), 2 (656-byte MLA rows); fp8 needs v1.
 template <class T, class Head, class Layout, class Tile, int kFmt = 0, int V = Tile::kVersion>
 struct KernelOf {
@@ -38,6 +39,12 @@ struct KernelOf<T, Head, Layout, Tile, kFmt, 1> {
   using Tr = KernelTraitsV1<T, Head, Layout, Tile, kFmt != 0, kFmt == 2>;
   static constexpr auto kernel = tree_verify_split_kernel_v1<Tr>;
 };
+template <class T, class Head, class Layout, class Tile, int kFmt>
+struct KernelOf<T, Head, Layout, Tile, kFmt, 2> {
+  static_assert(kFmt == 0, "kernel v2: 16-bit caches only");
+  using Tr = KernelTraitsV2<T, Head, Layout, Tile>;
+  static constexpr auto kernel = tree_verify_split_kernel_v2<Tr>;
+};
 
 template <class T, class Head, class Layout, class Tile, int kFmt>
 void launch_one(const Params& p, const LaunchConfig& cfg, cudaStream_t stream) {
@@ -48,8 +55,8 @@ void launch_one(const Params& p, const LaunchConfig& cfg, cudaStream_t stream) {
     throw std::invalid_argument("tree_verify: grid too large (M tiles x Hkv = " +
                                 std::to_string(static_cast<int64_t>(m_tiles) * p.num_kv_heads) +
                                 ", batch = " + std::to_string(p.batch) + "; each must be <= 65535)");
-  if constexpr (Tile::kVersion == 1) {
-    // v1 addresses a row as a 32-bit index times a 32-bit stride (the Python API checks this first)
+  if constexpr (Tile::kVersion >= 1) {
+    // v1 and v2 address a row as a 32-bit index times a 32-bit stride (the Python API checks this first)
     for (const int64_t s : {p.k_stride_block, p.k_stride_tok, p.v_stride_block, p.v_stride_tok})
       if (s < 0 || s > INT32_MAX)
         throw std::invalid_argument("tree_verify: cache page / row strides must be in [0, 2**31) elements, got " +
@@ -63,7 +70,7 @@ void launch_one(const Params& p, const LaunchConfig& cfg, cudaStream_t stream) {
   va::arch::launch(K::kernel, grid, dim3(Tr::kThreads), Tr::smem_bytes(), stream, p, cfg.num_splits);
   if (cfg.num_splits > 1) {
     const int pairs = p.total_q * p.num_q_heads;
-    if constexpr (Tile::kVersion == 1) {
+    if constexpr (Tile::kVersion >= 1) {
       va::arch::launch_dependent(tree_verify_combine_kernel_v1<T, Head::DV>,
                                  dim3(va::host::ceil_div(pairs * kCombineV1WarpsPerRow<Head::DV>, kCombineV1Warps)),
                                  dim3(32 * kCombineV1Warps), 0,

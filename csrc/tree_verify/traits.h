@@ -227,4 +227,47 @@ struct KernelTraitsV1 {
   static_assert(smem_bytes() <= 227 * 1024, "shared memory must fit sm_90's 227 KB per block");
 };
 
+// Kernel v2 (tree_verify_kernel_v2.cuh, sm_90a): MLA (V = the first Dv columns of the K row), 16-bit.
+// A KV stage holds BN rows in wgmma's no-swizzle core-matrix layout: token t, dims 8c .. 8c + 7 (one
+// 16-byte chunk) at byte (t / 8) kGroupBytes + c 128 + (t % 8) 16. S = Q K^T reads it K-major (LBO 128,
+// SBO kGroupBytes), O += P V MN-major (LBO kGroupBytes, SBO 128). Q (BM rows) sits before the stages in
+// the same layout and is the S wgmma's A operand.
+template <class Elem_, class Head, class Layout_, class Tile>
+struct KernelTraitsV2 {
+  using Elem = Elem_;
+  using Layout = Layout_;
+  static constexpr int DQK = Head::DQK;
+  static constexpr int DV = Head::DV;
+  static constexpr int BM = Tile::BM, BN = Tile::BN, STAGES = Tile::STAGES, WG = Tile::WG;
+  static constexpr int kWarps = Tile::kWarps;
+  static constexpr int kThreads = Tile::kThreads;
+  static constexpr int kSDims = DQK / WG;        // head dims per warpgroup in S
+  static constexpr int kSKSteps = kSDims / 16;   // wgmma k16 steps of S per warpgroup
+  static constexpr int kODV = DV / WG;           // Dv columns per warpgroup in O (the P V wgmma's N)
+  static constexpr int kPKSteps = BN / 16;       // k16 steps of P V
+  static constexpr int kChunks = DQK / 8;        // 16-byte chunks per KV row
+  static constexpr int kGroupBytes = kChunks * 128;             // 8 tokens x one row's chunks
+  static constexpr size_t kStageBytes = size_t(BN / 8) * kGroupBytes;
+  static constexpr int kTPR = kThreads / BN;     // loader threads per KV row
+  static constexpr int kChunksPerThread = kChunks / kTPR;
+  static constexpr int kSAccN = BN / 2;          // S accumulator floats per thread
+  static constexpr int kOAccN = kODV / 2;        // O accumulator floats per thread
+
+  static constexpr size_t kQ = 0;                                     // (BM rows) Q, core-matrix layout
+  static constexpr size_t kKV = size_t(BM / 8) * kGroupBytes;         // STAGES KV tiles
+  static constexpr size_t kPart = kKV + size_t(STAGES) * kStageBytes;  // (WG, 128 threads, kSAccN) partial scores
+  static constexpr size_t kTotal = kPart + size_t(WG) * 128 * kSAccN * sizeof(float);
+  static constexpr size_t smem_bytes() { return kTotal; }
+
+  static_assert(sizeof(Elem) == 2, "16-bit element types only");
+  static_assert(Head::kSharedKV && DV <= DQK, "v2: MLA rows, V = K[..., :Dv]");
+  static_assert(kSDims % 16 == 0 && (kSDims / 8) * 8 == kSDims, "each warpgroup's dims: whole k16 steps");
+  static_assert(kODV == 64 || kODV == 128 || kODV == 256, "the P V wgmma's N (csrc/arch/gen_wgmma.py)");
+  static_assert(kThreads % BN == 0 && kTPR % 1 == 0 && kChunks % kTPR == 0 && BN % 8 == 0 &&
+                kThreads / (8 * kTPR) == BN / 8, "loader: 8 tokens x kTPR chunk lanes per 8 * kTPR threads");
+  static_assert(BM % 8 == 0, "Q: whole 8-row core-matrix groups");
+  static_assert(kOAccN + kSAccN <= 176, "O and S accumulators per thread");
+  static_assert(smem_bytes() <= 227 * 1024, "shared memory must fit sm_90's 227 KB per block");
+};
+
 }  // namespace va::tv

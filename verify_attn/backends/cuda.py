@@ -108,13 +108,14 @@ def default_config(p: Problem) -> KernelConfig:
                         num_warps=t.num_warps, num_stages=t.num_stages)
 
 
-KERNEL_VERSIONS = {"v0": 0, "v1": 1}
+KERNEL_VERSIONS = {"v0": 0, "v1": 1, "v2": 2}
 
 
 def version_config(p: Problem, version: str) -> KernelConfig:
-    """The config a call uses with kernel `version` ("v0" or "v1") pinned: that version's default tile
-    for the device's arch (v1: build.default_tile; v0: its first tile), the split heuristic. How the
-    benchmark times v0 and v1 side by side (`bench.verify --backend cuda@v0,cuda@v1`)."""
+    """The config a call uses with kernel `version` ("v0", "v1" or "v2") pinned: that version's default tile
+    for the device's arch (build.default_tile when it is that version, else the version's first tile the arch
+    runs; v2 is sm_90a's wgmma kernel), the split heuristic. How the benchmark times the versions side by side
+    (`bench.verify --backend cuda@v0,cuda@v1,cuda@v2`)."""
     if version not in KERNEL_VERSIONS:
         raise ValueError(f"kernel version {version!r}: known {', '.join(KERNEL_VERSIONS)}")
     head = problem_head(p)
