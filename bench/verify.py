@@ -77,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--alloc", default="shuffled", choices=ALLOC_MODES,
                     help="slot/page placement: shuffled (churned pool, default) | contiguous (a sorted free list) | "
                          "fragmented (shuffled runs); recorded in every row")
-    ap.add_argument("--backend", default=None, help="comma-separated backends; cuda@v0 / cuda@v1 pin the CUDA "
+    ap.add_argument("--backend", default=None, help="comma-separated backends; cuda@v0 / cuda@v1 / cuda@v2 pin the CUDA "
                     "kernel version (default: all available; "
                     "on GPU the reference and cuda-emu are not timed; sglang-extend joins when SGLang is installed)")
     ap.add_argument("--dtype", default="bf16", choices=sorted(DTYPES), help="q (and 16-bit cache) dtype")

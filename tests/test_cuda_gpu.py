@@ -158,12 +158,15 @@ def test_cuda_graph_replay_with_changed_lengths(cfg):
 
 # ------------------------------------------------------- v0 and v1 agree ----
 
-@pytest.mark.parametrize("version", ["v0", "v1"])
+@pytest.mark.parametrize("version", ["v0", "v1", "v2"])
 @pytest.mark.parametrize("page_size", [1, 64])
 def test_kernel_versions_match_reference(version, page_size):
-    """The pinned versions bench.verify times as cuda@v0 / cuda@v1, on the headline shape at 20k."""
+    """The pinned versions bench.verify times as cuda@v0 / cuda@v1 / cuda@v2 (sm_90a's wgmma kernel), on the
+    headline shape at 20k."""
     from verify_attn.backends import cuda
 
+    if version == "v2" and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("kernel v2 (wgmma) is built for sm_90a only")
     spec = _spec("kimi-mla", prefix_lens=(20_000, 333), tree_sizes=(16, 5), page_size=page_size, seed=21)
     case = make_case(spec, device="cuda")
     cfg = cuda.version_config(case.problem(), version)
