@@ -15,6 +15,12 @@ Measured once per GPU (and torch version) and cached as JSON in
 - hmma_latency_cycles, l2_read_gbs, dram_read_gbs: the SASS model's calibration
   inputs (bench/model/devices.py): one dependent MMA chain timed with clock64, and a
   read sweep of an L2-resident buffer and of a 1 GiB one (csrc/ceilings/mma_peak.cu).
+- wgmma_tflops, wgmma_latency_cycles (compute capability 9.0 only; None with a
+  `*_skipped` reason elsewhere): the warpgroup MMA rate (wgmma_peak_kernel: m64n256k16
+  bf16, A in registers, B in shared memory, 8 per commit group, 2 warpgroups per SM)
+  and the cycles of one (wgmma + wait_group 0) round at N = 64 and N = 256: what the
+  SASS model predicts for the same kernels (`python -m bench.model --probes`). Not the
+  floor's rate: our kernels are mma.sync.
 """
 from __future__ import annotations
 
@@ -80,7 +86,8 @@ def _probe_module():
     vb.ensure_cuda_home()
     archs = jit_archs()
     src = vb.CSRC / "ceilings"
-    tag = vb.source_hash([str(src / "mma_peak.cu"), (src / "mma_peak.cu").read_text()])[:8]
+    tag = vb.source_hash([str(src / "mma_peak.cu"), *((src / f).read_text() for f in
+                                                      ("mma_peak.cu", "mma_peak.h", "mma_peak_binding.cpp"))])[:8]
     return load(name="va_mma_peak_" + "_".join(a.replace("sm_", "") for a in archs) + "_" + tag,
                 sources=[str(src / "mma_peak_binding.cpp"), str(src / "mma_peak.cu")],
                 extra_include_paths=[str(vb.CSRC)], extra_cuda_cflags=vb.nvcc_extension_flags(archs))
@@ -131,6 +138,44 @@ def measure_mma_sync_tflops(reps: int = 10, iters: int = 512) -> float:
     return mod.flops(blocks, iters) / (ms * 1e-3) / 1e12
 
 
+def _has_wgmma() -> bool:
+    """wgmma is sm_90a code: compute capability 9.0 only."""
+    return tuple(torch.cuda.get_device_capability()) == (9, 0)
+
+
+def measure_wgmma_tflops(reps: int = 10, iters: int = 1024) -> float:
+    """bf16 wgmma m64n256k16 rate of the whole GPU (csrc/ceilings/mma_peak.cu wgmma_peak_kernel),
+    one block (2 warpgroups) per SM. Compute capability 9.0 only."""
+    from verify_attn import device as vdevice
+
+    if not _has_wgmma():
+        raise RuntimeError(f"wgmma needs compute capability 9.0, this GPU is {torch.cuda.get_device_capability()}")
+    mod = _probe_module()
+    blocks = vdevice.query(torch.cuda.current_device()).sm_count
+    out = torch.full((blocks * mod.wgmma_threads(),), float("nan"), dtype=torch.float32, device="cuda")
+    ms = _event_median_ms(lambda: mod.wgmma_peak(out, blocks, iters), reps)
+    if not torch.isfinite(out).all():  # a build without sm_90a code leaves out unwritten
+        raise RuntimeError("wgmma_peak wrote no finite sums (was the probe built for sm_90a?)")
+    return mod.wgmma_flops(blocks, iters) / (ms * 1e-3) / 1e12
+
+
+def measure_wgmma_latency_cycles(iters: int = 1024) -> tuple[float, float]:
+    """SM cycles of one (wgmma + wait_group 0) round, one warpgroup: (N = 64, N = 256). The model's
+    HGMMA pipe time is N / 2 cycles; the rest is its hgmma_latency plus the round's issue."""
+    if not _has_wgmma():
+        raise RuntimeError(f"wgmma needs compute capability 9.0, this GPU is {torch.cuda.get_device_capability()}")
+    mod = _probe_module()
+    out = torch.full((4,), float("nan"), dtype=torch.float32, device="cuda")
+    vals = []
+    for _ in range(5):
+        mod.wgmma_latency(out, iters)
+        torch.cuda.synchronize()
+        vals.append((float(out[0]), float(out[2])))
+    if not all(v == v for pair in vals for v in pair):
+        raise RuntimeError("wgmma_latency wrote no cycles (was the probe built for sm_90a?)")
+    return statistics.median(v[0] for v in vals), statistics.median(v[1] for v in vals)
+
+
 def _load() -> dict:
     try:
         return json.loads((cache_dir() / _FILE).read_text())
@@ -167,6 +212,19 @@ def get_ceilings(refresh: bool = False) -> Optional[dict]:
         except Exception as e:
             probes[key] = None
             probes[key + "_error"] = f"{type(e).__name__}: {e}"
+    if _has_wgmma():  # the sm_90a wgmma probes: measured rate and latency (the model predicts both)
+        for key, fn in (("wgmma_tflops", measure_wgmma_tflops),
+                        ("wgmma_latency_cycles", measure_wgmma_latency_cycles)):
+            try:
+                probes[key] = fn()
+            except Exception as e:
+                probes[key] = None
+                probes[key + "_error"] = f"{type(e).__name__}: {e}"
+    else:
+        for key in ("wgmma_tflops", "wgmma_latency_cycles"):
+            probes[key] = None
+            probes[key + "_skipped"] = ("wgmma is sm_90a only; compute capability "
+                                        f"{torch.cuda.get_device_capability()}")
     entry = {
         "device": name,
         **probes,
@@ -178,7 +236,8 @@ def get_ceilings(refresh: bool = False) -> Optional[dict]:
         "date": _dt.datetime.now().isoformat(timespec="seconds"),
         "torch": torch.__version__,
         "method": "copy_: 1 GiB bf16, read+write bytes; matmul: bf16 8192^3 cuBLAS; mma.sync: bf16 m16n8k16 "
-                  "register-resident, 8 chains/warp, 8 CTAs/SM; CUDA events, median",
+                  "register-resident, 8 chains/warp, 8 CTAs/SM; wgmma (9.0 only): bf16 m64n256k16, A in "
+                  "registers, 8 per commit group, wait_group 1, 1 CTA of 2 warpgroups per SM; CUDA events, median",
     }
     entries = _load()  # re-read: another process may have written meanwhile
     entries[_key(name)] = entry
@@ -204,6 +263,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     lat, l2, rd = c.get("hmma_latency_cycles"), c.get("l2_read_gbs"), c.get("dram_read_gbs")
     print(f"  model calibration inputs: HMMA latency {'n/a' if lat is None else f'{lat:.1f} cycles'}, "
           f"L2 read {'n/a' if l2 is None else f'{l2:.0f} GB/s'}, DRAM read {'n/a' if rd is None else f'{rd:.0f} GB/s'}")
+    wg, wl = c.get("wgmma_tflops"), c.get("wgmma_latency_cycles")
+    if wg is not None or wl is not None:
+        print(f"  wgmma (sm_90a): bf16 m64n256k16 {'n/a' if wg is None else f'{wg:.0f} TFLOP/s'}, "
+              f"wgmma + wait round {'n/a' if not wl else f'{wl[0]:.1f} cycles at N = 64, {wl[1]:.1f} at N = 256'}")
+    else:
+        why = c.get("wgmma_tflops_skipped") or c.get("wgmma_tflops_error") or "not measured (cached entry; --refresh)"
+        print(f"  wgmma: {why}")
     if a.json:
         Path(a.json).write_text(json.dumps(c, indent=2))
     return 0

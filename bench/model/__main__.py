@@ -10,6 +10,8 @@ naming the bound. Every device constant carries its source (--constants).
     python -m bench.model --arch sm_120a,sm_90a --ctx 185k --tree 16 --json model.json
     python -m bench.model --ctx 4k..185k --tree 16,64 --layout page1,paged
     python -m bench.model --calibrate          # predicted vs measured (bench/results/**.json)
+    python -m bench.model --probes             # the ceiling probes as the model reads them (bench.ceilings
+                                               # measures the same kernels)
 
 Predictions are labelled "model"; they are not measurements.
 """
@@ -55,6 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="also print where each kernel's simulated tile loses tensor-pipe time: the pipe's idle "
                          "stretches (>= 30 cycles) and warp 0's long stalls, with their source lines")
     ap.add_argument("--constants", action="store_true", help="print the device constants with their sources and exit")
+    ap.add_argument("--probes", action="store_true",
+                    help="print the model's readings of the ceiling probes bench.ceilings measures (mma.sync rate; "
+                         "on sm_90a the wgmma rate and wgmma + wait round) for the --arch devices, and exit")
     ap.add_argument("--calibrate", nargs="*", metavar="RESULTS.json",
                     help="compare predictions with measured rows (default: every JSON under bench/results/)")
     ap.add_argument("--calibrate-json", metavar="PATH", help="with --calibrate: also write the rows as JSON")
@@ -222,7 +227,9 @@ def print_table(payload: dict, per_tile: bool) -> None:
             seen.add(key)
             t = e["per_tile"]
             det = t["detail"]
-            print(f"  {e['arch']:8} {e['kernel']}: {t['instructions']} instr, HMMA {t['hmma']} "
+            wg = (f"HGMMA {det['hgmma']} (N: {det['hgmma_n']}, {det['hgmma_groups']} commit groups, "
+                  f"{det['wgmma_waits']} waits, smem {det['hgmma_smem_read_bytes']} B), ") if det.get("hgmma") else ""
+            print(f"  {e['arch']:8} {e['kernel']}: {t['instructions']} instr, {wg}HMMA {t['hmma']} "
                   f"(chain depth {t['hmma_chain_depth']}, {det['hmma_accumulators']} accumulators), "
                   f"LDSM {t['ldsm']} {det['ldsm_kinds']}, LDGSTS {det['ldgsts']}, BAR {t['barriers']}, "
                   f"FMUL {det['fmul']}, smem read {t['smem_read_bytes']} B, global {t['global_bytes']} B, "
@@ -236,8 +243,21 @@ def print_constants() -> None:
             print(f"  {k:30} {c['value']:>12.4g}  [{c['kind']}] {c['source']}")
         print(f"  {'-> HMMA.16816 interval':30} {d.hmma_interval:>12.4g}  cycles per sub-partition")
         print(f"  {'-> mma.sync-class rate':30} {d.mma_tflops:>12.4g}  TFLOP/s")
+        if d.hgmma_latency is not None:
+            print(f"  {'-> HGMMA.64xNx16 interval':30} {d.hgmma_interval(8) / 8:>12.4g}  cycles per N per "
+                  f"sub-partition (N = 32: {d.hgmma_interval(32):g}, N = 256: {d.hgmma_interval(256):g})")
         for n in d.notes:
             print(f"  note: {n}")
+
+
+def print_probes(arch_spec: str) -> None:
+    from . import probes
+    print("bench.model: the ceiling probes (csrc/ceilings/mma_peak.cu) as the model reads them -- predictions; "
+          "`python -m bench.ceilings` measures the same kernels")
+    for _, dev in _archs(arch_spec):
+        for p in probes.predict(dev):
+            print(f"  {dev.key:13} {p.name:28} {p.value:9.1f} {p.unit:8} ({p.cycles_per_iter:.1f} cycles per loop "
+                  f"iteration, {p.warps_per_scheduler} warp(s)/scheduler, {p.bound}-bound; {p.detail})")
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -245,6 +265,15 @@ def main(argv: Optional[list[str]] = None) -> int:
     a = ap.parse_args(argv)
     if a.constants:
         print_constants()
+        return 0
+    if a.probes:
+        try:
+            print_probes(a.arch)
+        except ValueError as e:
+            ap.error(str(e))
+        except (RuntimeError, LookupError) as e:  # no toolkit / tools, or a probe loop not found
+            print(f"bench.model: {e}", file=sys.stderr)
+            return 2
         return 0
     if a.calibrate is not None:
         from .calibrate import calibrate

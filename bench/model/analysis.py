@@ -18,7 +18,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Optional
 
-from .sass import Function, Instr, Loop
+from .sass import Function, Instr, Loop, hgmma_shape
 
 MARKER = "sass-model:"
 
@@ -27,7 +27,9 @@ FP32_OPS = {"FADD", "FMUL", "FFMA", "FMNMX", "FSEL", "FSETP", "FCHK", "FSWZADD",
 CVT_OPS = {"F2F", "F2FP", "I2F", "F2I", "I2FP", "F2IP", "FRND"}
 CONTROL_OPS = {"BRA", "BRX", "EXIT", "RET", "BSSY", "BSYNC", "WARPSYNC", "NOP", "DEPBAR", "LDGDEPBAR", "YIELD",
                "CALL", "KILL", "BPT", "PREEXIT", "ACQBULK"}
-MMA_OPS = {"HMMA", "QMMA", "IMMA", "OMMA", "BMMA"}
+MMA_OPS = {"HMMA", "QMMA", "IMMA", "OMMA", "BMMA"}   # warp-synchronous mma.sync
+WGMMA_A_SMEM_BYTES = 64 * 32   # an SS-form HGMMA's A operand per warpgroup: 64 rows x 32 bytes of K
+WGMMA_K_BYTES = 32             # every wgmma k step is 32 bytes of K per row (k16 16-bit, k32 8-bit, k8 tf32)
 
 
 @dataclass(frozen=True)
@@ -121,6 +123,12 @@ def classify(ins: Instr) -> str:
     op = ins.op
     if op in MMA_OPS:
         return "hmma"
+    if op == "HGMMA":  # wgmma.mma_async: asynchronous, warpgroup-wide (sim.py)
+        return "hgmma"
+    if op == "WARPGROUP":  # WARPGROUP.ARRIVE = wgmma.fence; WARPGROUP.DEPBAR.LE gsb0, K = wgmma.wait_group K
+        return "wg_depbar" if "DEPBAR" in ins.mods else "wg_arrive"
+    if op == "FENCE" and "ASYNC" in ins.mods:  # fence.proxy.async (FENCE.VIEW.ASYNC.S)
+        return "fence_async"
     if op == "LDSM":
         return "ldsm"
     if op == "LDGSTS":
@@ -151,9 +159,31 @@ def classify(ins: Instr) -> str:
     return "int"
 
 
+def hgmma_a_from_smem(ins: Instr) -> bool:
+    """An HGMMA's A operand is a shared-memory descriptor (SS form: `D, gdesc[..], C`), not registers
+    (RS form: `D, Ra, gdesc[..], C`)."""
+    return len(ins.operands) > 1 and ins.operands[1].startswith("gdesc[")
+
+
+def hgmma_smem_bytes(ins: Instr) -> int:
+    """Shared bytes one warpgroup's HGMMA reads: B (N rows x 32 bytes of K) plus, in the SS form, A
+    (64 x 32). The warpgroup reads each operand once; each of its 4 warps issues the instruction."""
+    _, n, _ = hgmma_shape(ins.opcode)
+    return n * WGMMA_K_BYTES + (WGMMA_A_SMEM_BYTES if hgmma_a_from_smem(ins) else 0)
+
+
+def hgmma_flops(ins: Instr) -> int:
+    """FLOPs of one warp's share (16 of the 64 rows) of an HGMMA: 2 x 16 x N x K."""
+    m, n, k = hgmma_shape(ins.opcode)
+    return 2 * (m // 4) * n * k
+
+
 def smem_bytes(ins: Instr) -> tuple[int, int]:
-    """(shared bytes read, shared bytes written) by one warp instruction (all 32 lanes active)."""
+    """(shared bytes read, shared bytes written) by one warp instruction (all 32 lanes active). An HGMMA
+    is charged a quarter of its warpgroup's operand bytes per warp."""
     c = classify(ins)
+    if c == "hgmma":
+        return hgmma_smem_bytes(ins) // 4, 0
     if c == "ldsm":
         n = int(ldsm_kind(ins)[1])
         return 128 * n, 0
@@ -339,6 +369,15 @@ class TileReading:
     smem_write_bytes: int       # per warp (STS + cp.async landing)
     global_bytes: int           # per warp (cp.async + LDG)
     inner_loops: list
+    # sm_90a wgmma (HGMMA): per warp; hgmma_shapes by mnemonic, hgmma_n by N; groups = HGMMAs closing a
+    # commit group (`gsb0`), waits = WARPGROUP.DEPBAR; smem bytes are also in smem_read_bytes
+    hgmma: int = 0
+    hgmma_shapes: dict = field(default_factory=dict)
+    hgmma_n: dict = field(default_factory=dict)
+    hgmma_flops: int = 0
+    hgmma_smem_bytes: int = 0
+    hgmma_groups: int = 0
+    wgmma_waits: int = 0
 
     def to_dict(self, warps: int) -> dict:
         return {
@@ -351,6 +390,9 @@ class TileReading:
             "global_bytes": self.global_bytes * warps,
             "per_warp": {"smem_read_bytes": self.smem_read_bytes, "global_bytes": self.global_bytes},
             "inner_loops": [{"start": f"0x{a:x}", "end": f"0x{b:x}", "trips": t} for a, b, t in self.inner_loops],
+            "hgmma": self.hgmma, "hgmma_shapes": self.hgmma_shapes, "hgmma_n": self.hgmma_n,
+            "hgmma_flops": self.hgmma_flops, "hgmma_smem_read_bytes": self.hgmma_smem_bytes * warps,
+            "hgmma_groups": self.hgmma_groups, "wgmma_waits": self.wgmma_waits,
         }
 
 
@@ -368,6 +410,7 @@ def read_tile(path: TilePath) -> TileReading:
     widths = Counter(f"{i.op}.{8 * width_bytes(i)}" for i in ins if classify(i) in ("lds", "sts"))
     rd = sum(smem_bytes(i)[0] for i in ins)
     wr = sum(smem_bytes(i)[1] for i in ins)
+    hg = [i for i in ins if i.op == "HGMMA"]
     return TileReading(
         instructions=len(ins), classes=dict(classes), hmma=classes.get("hmma", 0), hmma_shapes=dict(shapes),
         hmma_flops=flops, hmma_chain_depth=mma_chain_depth(ins), hmma_accumulators=mma_independent_chains(ins),
@@ -375,4 +418,8 @@ def read_tile(path: TilePath) -> TileReading:
         ldgsts=classes.get("ldgsts", 0), barriers=classes.get("bar", 0),
         fmul_fp32=sum(1 for i in ins if i.op == "FMUL"), smem_read_bytes=rd, smem_write_bytes=wr,
         global_bytes=sum(global_bytes(i) for i in ins), inner_loops=path.inner_loops,
+        hgmma=len(hg), hgmma_shapes=dict(Counter(i.opcode for i in hg)),
+        hgmma_n=dict(Counter(hgmma_shape(i.opcode)[1] for i in hg)), hgmma_flops=sum(hgmma_flops(i) for i in hg),
+        hgmma_smem_bytes=sum(smem_bytes(i)[0] for i in hg), hgmma_groups=sum(1 for i in hg if "gsb0" in i.operands),
+        wgmma_waits=classes.get("wg_depbar", 0),
     )

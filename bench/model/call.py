@@ -108,8 +108,8 @@ def counts(case: Case, elem_bytes: int = 2) -> rl.Counts:
 def floor(c: rl.Counts, dev: DeviceModel, tensor_speedup: float = 1.0) -> rl.Floor:
     """The roofline floor the model's predictions are judged against: datasheet bandwidth and the
     device's mma.sync-class tensor rate (for sm_120 that is the datasheet rate; for sm_90 it is the
-    sourced mma.sync fraction of the wgmma rate: our kernels cannot use wgmma), times
-    `tensor_speedup` for a kernel whose MMAs run at the fp8 rate (QMMA on sm_120)."""
+    sourced mma.sync fraction of the wgmma rate), times `tensor_speedup` for a kernel whose MMAs run
+    faster: the fp8 rate (QMMA on sm_120) or, for a tile built on wgmma (HGMMA), the datasheet rate."""
     d = rl.Device(name=dev.name, sms=int(dev.sms.value), mem_bw_gbs=dev.dram_gbs.value,
                   mma_tflops=dev.mma_tflops * tensor_speedup, l2_mb=0.0, source="bench.model device model")
     return rl.floor(c, d)
@@ -260,7 +260,12 @@ def predict(km: KernelModel, dev: DeviceModel, case: Case, num_splits: Optional[
     total = main + prologue + comb + launch
     c = counts(case)
     qmma = any(i.op == "QMMA" for i in km.hot.instrs)  # e4m3 MMAs at the device's fp8 rate
-    fl = floor(c, dev, dev.qmma_speedup.value if qmma else 1.0)
+    wgmma = any(i.op == "HGMMA" for i in km.hot.instrs)  # sm_90a wgmma: judged at the datasheet (wgmma) rate
+    speedup = dev.qmma_speedup.value if qmma else 1.0
+    if wgmma:
+        speedup = dev.datasheet_mma_flop_per_clk_sm.value / dev.mma_flop_per_clk_sm.value
+        notes.append("HGMMA (wgmma) tile: the floor uses the datasheet tensor rate, not the mma.sync-class one")
+    fl = floor(c, dev, speedup)
     l2_bytes = ctas * tiles * (km.tile.block_n * _row_bytes(case) + 4 * km.tile.block_n)
     dram_bytes = kv_total * (mt / sharers)
     parts = {"main loop": main, "prologue": prologue, "combine": comb, "launch": launch}

@@ -16,6 +16,7 @@ issued on one of the 4 sub-partitions.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import Optional
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,9 @@ class DeviceModel:
     qmma_speedup: Const      # FLOP rate of a native e4m3 mma.sync (QMMA.16832) over the 16-bit HMMA rate
     schedulers: int = 4
     notes: tuple[str, ...] = field(default_factory=tuple)
+    # wgmma (sm_90a): cycles from the end of an HGMMA's tensor-pipe time to its commit group's completion
+    # (what WARPGROUP.DEPBAR waits for); None on a device without wgmma
+    hgmma_latency: Optional[Const] = None
 
     # ---- derived quantities used by the simulator --------------------------------
     @property
@@ -84,6 +88,15 @@ class DeviceModel:
     def hmma_interval(self) -> float:
         """Cycles between two HMMA.16816 on one sub-partition at the mma.sync-class rate."""
         return HMMA_FLOP / (self.mma_flop_per_clk_sm.value / self.schedulers)
+
+    def hgmma_interval(self, n: int) -> float:
+        """Cycles one warp's share of an m64nNk16 HGMMA (16 x N x 16, 2 FLOP per MAC) occupies its
+        sub-partition's tensor pipe at the datasheet (wgmma) rate: N / 2 on sm_90. Every wgmma type's k step is
+        32 bytes of K, and the datasheet rate scales with it (H100/H200 dense: bf16 989, fp8 1979, tf32 495
+        TFLOP/s), so the pipe time of any HGMMA.64xNxK is that of the 16-bit m64nNk16."""
+        if self.hgmma_latency is None:
+            raise ValueError(f"{self.name} ({self.arch}) has no wgmma: an HGMMA cannot run on it")
+        return 2 * 16 * n * 16 / (self.datasheet_mma_flop_per_clk_sm.value / self.schedulers)
 
     @property
     def dram_bytes_per_clk(self) -> float:
@@ -150,6 +163,14 @@ H200 = DeviceModel(
     qmma_speedup=Const(1.0, "derived", "this project's sm_90a cubins (nvcc 13.0): mma.sync .e4m3 is lowered to "
                                        "F2FP.F16.E4M3.UNPACK_B + HMMA.16816.F32 (no QMMA on sm_90; wgmma's 2x fp8 "
                                        "rate is out of reach of mma.sync), so its SASS is read as 16-bit HMMAs"),
+    hgmma_latency=Const(20, "assumed",
+                        "no published completion latency of one wgmma beyond its pipe time: the wgmma 'latency' "
+                        "tables (arXiv 2402.13499 Table VIII: m64n256k16 128.0 cycles; m64n64k16 32 / m64n128k16 64 "
+                        "/ m64n256k16 128 as quoted in arXiv 2512.02189) equal N / 2, the tensor-pipe time at 4096 "
+                        "FLOP/clk/SM, i.e. they time back-to-back wgmmas. The drain + accumulator write-back + "
+                        "scoreboard release after the pipe is taken as ~HMMA.16816's pipeline depth (24 cycles "
+                        "dependent latency on the H800, arXiv 2402.13499 Table VII, less its ~6-8 cycle pipe "
+                        "time), rounded to 20. bench.ceilings' wgmma_latency_cycles measures it (round - N / 2)"),
 )
 
 RTX_PRO_6000 = DeviceModel(

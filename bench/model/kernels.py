@@ -101,6 +101,8 @@ def load(arch: str, head: str, dtype: str, layout: str) -> tuple[KernelModel, ..
             continue
         readable, dyn = vb._describe(name)
         tile = vb._compiled_tile(name)  # the TILES entry, with the archs it targets
+        if not tile.targets(arch):  # e.g. the wgmma tile built for sm_120a: compiled to nothing, never launched
+            continue
         kfile, mk, lp = _marked_loop(f, "tile_loops")
         hot = analysis.tile_path(f, lp, mk.cold, kfile, rare=mk.rare)
         cold = analysis.tile_path(f, lp, mk.cold, kfile, include_cold=True, hot=mk.hot, rare=mk.rare)

@@ -171,9 +171,47 @@ def _mma_widths(opcode: str) -> tuple[int, int, int, int]:
     return acc, 4, 2, acc
 
 
+def hgmma_shape(opcode: str) -> tuple[int, int, int]:
+    """(M, N, K) of an HGMMA mnemonic: `HGMMA.64x256x16.F32.BF16` -> (64, 256, 16)."""
+    m = re.match(r"^HGMMA\.(\d+)x(\d+)x(\d+)", opcode)
+    if not m:
+        raise ValueError(f"not an HGMMA mnemonic with an MxNxK shape: {opcode!r}")
+    return int(m.group(1)), int(m.group(2)), int(m.group(3))
+
+
+def _decode_hgmma(ins: Instr) -> None:
+    """HGMMA (sm_90a wgmma.mma_async) operands: `D, [A regs,] gdesc[URx], C[, UPp][, gsb0]`.
+
+    D and C are the thread's accumulator fragment: N / 2 registers for fp32 accumulators (64 x N over 128
+    threads), N / 4 for f16 ones. A from registers (RS form) is 4 registers (16 x 32 bytes of a warp's rows);
+    `gdesc[URx]` reads the descriptor pair URx..URx+3 (A's and B's 64-bit descriptors; the RS form uses B's)."""
+    _, n, _ = hgmma_shape(ins.opcode)
+    acc = n // 2 if "F32" in ins.mods or "S32" in ins.mods else n // 4
+    ops = ins.operands
+    d = _reg_of(ops[0]) if ops else None
+    if d and not _is_zero(d[0]):
+        ins.dsts = [(d[0], acc)]
+    for i, o in enumerate(ops[1:], start=1):
+        if o.startswith("gdesc["):
+            ins.srcs += [(r, 4) for r, _ in _mem_regs(o)]
+            continue
+        r = _reg_of(o)
+        if r is None or _is_zero(r[0]):
+            continue
+        if r[0].startswith(("P", "UP")):
+            ins.srcs.append((r[0], 1))
+        elif i == 1:  # A fragment (RS form)
+            ins.srcs.append((r[0], 4))
+        else:  # C
+            ins.srcs.append((r[0], acc))
+
+
 def decode_registers(ins: Instr) -> None:
     """Fill ins.dsts / ins.srcs from its opcode and operands."""
     op, ops = ins.op, ins.operands
+    if op == "HGMMA":
+        _decode_hgmma(ins)
+        return
     if op in ("HMMA", "QMMA", "IMMA", "OMMA", "BMMA"):
         wd, wa, wb, wc = _mma_widths(ins.opcode)
         regs = [_reg_of(o) for o in ops[:4]]

@@ -13,6 +13,15 @@ resource; each scheduler gets a quarter of its bytes per clock.
 Memory is not simulated here: cp.async data is taken as landed at its wait
 (`predict` bounds the tile by DRAM / L2 bandwidth and Little's law instead),
 and LDG results arrive after a fixed latency.
+
+wgmma (sm_90a HGMMA) is asynchronous: its warp issues it and goes on. The HGMMA
+queues on the scheduler's tensor pipe (FIFO, shared with HMMAs) for its pipe time
+(`DeviceModel.hgmma_interval`) and streams its shared-memory operands through the
+scheduler's share of shared-memory bandwidth meanwhile; it finishes when both are
+done and completes `hgmma_latency` cycles later. Its accumulators are no scoreboard
+dependency (the next HGMMA of a chain issues at once); an HGMMA carrying `gsb0`
+closes the warp's open commit group, and `WARPGROUP.DEPBAR.LE gsb0, K` holds the warp
+until all but its K most recent committed groups have completed.
 """
 from __future__ import annotations
 
@@ -21,7 +30,7 @@ from typing import Callable
 
 from .analysis import classify, smem_bytes
 from .devices import HMMA_FLOP, DeviceModel
-from .sass import Instr
+from .sass import Instr, hgmma_shape
 
 
 @dataclass(frozen=True)
@@ -30,6 +39,8 @@ class Timing:
     interval: float   # cycles the pipe is busy
     latency: float    # cycles until the destination registers are readable
     async_smem: float = 0.0  # shared-memory cycles consumed later, off the issue path (cp.async landing)
+    wgmma: bool = False      # HGMMA: queued on `pipe` without holding its warp; `latency` counts from its pipe end
+    operand_smem: float = 0.0  # HGMMA: cycles its shared-memory operands take at the scheduler's smem share
 
 
 def instr_timing(ins: Instr, dev: DeviceModel, ldg_latency: float) -> Timing:
@@ -43,6 +54,14 @@ def instr_timing(ins: Instr, dev: DeviceModel, ldg_latency: float) -> Timing:
         if op == "QMMA":  # native e4m3 m16n8k32: the device's fp8 tensor rate (devices.qmma_speedup)
             flops /= dev.qmma_speedup.value
         return Timing("tensor", dev.hmma_interval * flops / HMMA_FLOP, dev.hmma_latency.value)
+    if c == "hgmma":
+        if dev.hgmma_latency is None:
+            raise ValueError(f"HGMMA (wgmma) in a loop simulated on {dev.name} ({dev.arch}), which has no wgmma")
+        rd, _ = smem_bytes(ins)  # the warp's quarter of the warpgroup's operand bytes
+        return Timing("tensor", dev.hgmma_interval(hgmma_shape(ins.opcode)[1]), dev.hgmma_latency.value,
+                      wgmma=True, operand_smem=rd / (dev.smem_bytes_per_clk_sm.value / dev.schedulers))
+    if c in ("wg_arrive", "wg_depbar", "fence_async"):  # an issue slot; DEPBAR's wait is the simulator's
+        return Timing("branch", 1.0, 0.0)
     if c == "ldgsts":
         # cp.async: issued through the LSU; its shared-memory write happens when the data arrives,
         # long after issue, so its bytes are charged to the smem bandwidth bound ("smem_async"),
@@ -80,6 +99,15 @@ def instr_timing(ins: Instr, dev: DeviceModel, ldg_latency: float) -> Timing:
     return Timing("branch", 1.0, 0.0)  # control, barriers (handled by the simulator)
 
 
+def wgmma_wait_depth(ins: Instr):
+    """K of `WARPGROUP.DEPBAR.LE gsb0, K` (wgmma.wait_group K), else None."""
+    if ins.op != "WARPGROUP" or "DEPBAR" not in ins.mods:
+        return None
+    if len(ins.operands) != 2 or ins.operands[0].strip() != "gsb0":
+        raise ValueError(f"WARPGROUP.DEPBAR at 0x{ins.addr:x}: expected `gsb0, K`, got {ins.operands}")
+    return int(ins.operands[1], 0)
+
+
 @dataclass
 class SimResult:
     cycles_per_iter: float          # steady-state cycles for every warp of the scheduler to finish one iteration
@@ -109,6 +137,8 @@ def simulate(body: list[Instr], dev: DeviceModel, *, warps: int, warps_per_barri
     reads = [i.regs_read() for i in body]
     writes = [i.regs_written() for i in body]
     is_bar = [i.op == "BAR" for i in body]
+    closes = [i.op == "HGMMA" and "gsb0" in i.operands for i in body]   # ends the warp's open commit group
+    depbar = [wgmma_wait_depth(i) for i in body]                          # K of WARPGROUP.DEPBAR.LE gsb0, K
     n = len(body)
     group_of = [w // max(1, warps_per_barrier_group) for w in range(warps)]
 
@@ -126,12 +156,19 @@ def simulate(body: list[Instr], dev: DeviceModel, *, warps: int, warps_per_barri
     trace: list[tuple[float, float, int]] = []
     full_trace: list[tuple[float, int, int]] = []
     prev_issue = 0.0
+    groups: list[list[float]] = [[] for _ in range(warps)]  # completion of each committed wgmma group, oldest first
+    open_done = [0.0] * warps       # latest completion among the HGMMAs of the warp's open (uncommitted) group
+    wgmma_done = [0.0] * warps      # latest completion of any HGMMA of the warp
+    smem_stream_free = 0.0          # the scheduler's share of shared memory, as HGMMA operands stream through it
 
     def earliest(w: int) -> float:
         if pc[w] >= total or waiting_bar[w]:
             return float("inf")
         i = pc[w] % n
-        e = max(t, held_until[w], pipe_free.get(tim[i].pipe, 0.0))
+        e = max(t, held_until[w], 0.0 if tim[i].wgmma else pipe_free.get(tim[i].pipe, 0.0))
+        k = depbar[i]
+        if k is not None and len(groups[w]) > k:
+            e = max(e, groups[w][-k - 1])
         rw = ready[w]
         for r in reads[i]:
             v = rw.get(r)
@@ -156,12 +193,27 @@ def simulate(body: list[Instr], dev: DeviceModel, *, warps: int, warps_per_barri
         w = best_w
         i = pc[w] % n
         tm = tim[i]
-        pipe_free[tm.pipe] = t + tm.interval
         pipe_busy[tm.pipe] = pipe_busy.get(tm.pipe, 0.0) + tm.interval
         if tm.async_smem:
             pipe_busy["smem_async"] = pipe_busy.get("smem_async", 0.0) + tm.async_smem
-        for r in writes[i]:
-            ready[w][r] = t + tm.latency
+        if tm.wgmma:
+            # queued: operands stream through shared memory while the pipe computes; done when both are
+            s0 = max(t, smem_stream_free)
+            smem_stream_free = s0 + tm.operand_smem
+            pipe_busy["smem_async"] = pipe_busy.get("smem_async", 0.0) + tm.operand_smem
+            end = max(max(t, pipe_free.get(tm.pipe, 0.0)) + tm.interval, smem_stream_free)
+            pipe_free[tm.pipe] = end
+            open_done[w] = max(open_done[w], end + tm.latency)
+            wgmma_done[w] = max(wgmma_done[w], end + tm.latency)
+            if closes[i]:
+                groups[w].append(open_done[w])
+                open_done[w] = 0.0
+        else:
+            pipe_free[tm.pipe] = t + tm.interval
+            for r in writes[i]:
+                ready[w][r] = t + tm.latency
+        if depbar[i] is not None:  # issued: every group older than the K most recent has completed
+            groups[w] = groups[w][-depbar[i]:] if depbar[i] else []
         it = pc[w] // n
         if w == 0 and it == iters - 1:
             trace.append((t, t - prev_issue, i))
@@ -184,8 +236,8 @@ def simulate(body: list[Instr], dev: DeviceModel, *, warps: int, warps_per_barri
                 del bar_arrivals[key]
             else:
                 waiting_bar[w] = True
-        if pc[w] % n == 0:
-            finish[w][it] = t + 1
+        if pc[w] % n == 0:  # an iteration ends when its last instruction issued and its wgmmas are done
+            finish[w][it] = max(t + 1, wgmma_done[w])
         t += 1  # one issue per cycle per scheduler
 
     # steady state: the later half of the iterations

@@ -21,7 +21,7 @@ __global__ void __launch_bounds__(kThreads) mma_peak_kernel(int iters, float* __
   const uint32_t a[4] = {one, one, one, one};
   const uint32_t b[2] = {one, one};
   float acc[kChains][4] = {};
-  for (int it = 0; it < iters; ++it) {
+  for (int it = 0; it < iters; ++it) {  // sass-model: tile-loop
 #pragma unroll
     for (int j = 0; j < kChains; ++j) arch::mma_m16n8k16<T>(acc[j], a, b, acc[j]);
   }
@@ -60,6 +60,117 @@ __global__ void __launch_bounds__(256) read_bw_kernel(const float4* __restrict__
     }
   if (acc == 12345.f) arch::st_global(out + blockIdx.x, acc);  // keeps the loads; never true for a zero buffer
 }
+
+// ---------------------------------------------------------------------------------------------
+// wgmma (sm_90a): the warpgroup MMA rate and its completion latency.
+//
+// Each warpgroup of the block runs `iters` rounds of one commit group: kWgKSteps dependent
+// wgmma_rs<bf16, kWgN, false> (m64n256k16, A from registers, B from a K-major shared-memory tile
+// of kWgN x kWgBK written once, the k steps cycling through its kWgBK / 16 slices), committed and
+// waited with wgmma_wait<1>, so one group runs while the next is issued. FLOPs =
+// blocks * warpgroups * iters * kWgKSteps * (2 * 64 * kWgN * 16). Shared-memory operand bytes per
+// wgmma: kWgN * 16 * 2 (B; A is in registers). The loop is marked for the SASS model
+// (bench/model/probes.py), which predicts this kernel's rate without a GPU.
+//
+// Built for another arch (sm_120a: VA_HAS_WGMMA is 0), the kernels compile to nothing: `out` is left
+// as the caller filled it (bench/ceilings.py fills it with NaN and refuses a non-finite result).
+constexpr int kWgN = 256;
+constexpr int kWgKSteps = 8;
+constexpr int kWgBK = 64;                     // K extent of the B tile in shared memory
+constexpr int kWgThreads = 256;               // two warpgroups
+constexpr int kWgSmemBytes = kWgN * kWgBK * 2;  // 32 KB
+
+// Pins the accumulators in place for the compiler (no instruction): without it nvcc may move the
+// reads of d after the loop above the wgmma_wait that retires them, and ptxas then serializes every
+// wgmma (C7514). CUTLASS's warpgroup_fence_operand does the same.
+template <int M>
+__device__ __forceinline__ void pin_accumulators(float (&d)[M]) {
+#pragma unroll
+  for (int j = 0; j < M; ++j) asm volatile("" : "+f"(d[j])::"memory");
+}
+
+// B (kWgN x kWgBK bf16, K-major, no swizzle): core matrices of 8 rows x 16 B; LBO 128 B between the
+// core matrices along K, SBO (kWgBK / 8) * 128 B between groups of 8 rows. 0x3c00 is 2^-7 in bf16.
+__device__ __forceinline__ uint64_t wgmma_peak_fill_b() {
+  uint16_t* sb = arch::smem_dynamic<uint16_t>();
+  for (int i = threadIdx.x; i < kWgN * kWgBK; i += blockDim.x) sb[i] = 0x3c00;
+  arch::fence_proxy_async();  // generic-proxy stores -> the wgmma's async-proxy reads
+  arch::block_sync();
+  return arch::wgmma_desc(sb, 128, (kWgBK / 8) * 128);
+}
+
+__global__ void __launch_bounds__(kWgThreads) wgmma_peak_kernel(int iters, float* __restrict__ out) {
+#if VA_HAS_WGMMA  // csrc/arch/wgmma.cuh: sm_90a device code
+  const uint64_t desc = wgmma_peak_fill_b();
+  const uint32_t one = 0x3c003c00u ^ (threadIdx.x & 1u);  // from the thread id: nothing folds
+  const uint32_t a[4] = {one, one ^ 2u, one ^ 4u, one ^ 6u};  // distinct: one register each, no copies
+  float d[kWgN / 2] = {};
+#pragma unroll 1
+  for (int it = 0; it < iters; ++it) {  // sass-model: tile-loop
+    arch::wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < kWgKSteps; ++k)  // k step k reads B's k slice k % (kWgBK / 16): 2 core matrices on
+      arch::wgmma_rs<__nv_bfloat16, kWgN, false>(d, a, arch::wgmma_desc_advance(desc, (k % (kWgBK / 16)) * 256),
+                                                 true);
+    arch::wgmma_commit();
+    arch::wgmma_wait<1>();
+  }
+  arch::wgmma_wait<0>();
+  pin_accumulators(d);
+  float sum = 0.f;
+#pragma unroll
+  for (int j = 0; j < kWgN / 2; ++j) sum += d[j];
+  arch::st_global(out + blockIdx.x * kWgThreads + threadIdx.x, sum);
+#endif
+}
+
+// wgmma completion latency: one warpgroup, each round one m64nNk16 wgmma then wgmma_wait<0> (nothing
+// in flight), timed with the SM clock. out[0] = cycles per round: the model's HGMMA pipe time (N / 2
+// cycles at 4096 FLOP/clk/SM) plus its hgmma_latency plus the round's few instructions. out[1] keeps the
+// chain alive (never written for finite sums).
+template <int N>
+__global__ void __launch_bounds__(128) wgmma_latency_kernel(int iters, float* __restrict__ out) {
+#if VA_HAS_WGMMA  // csrc/arch/wgmma.cuh: sm_90a device code
+  const uint64_t desc = wgmma_peak_fill_b();
+  const uint32_t one = 0x3c003c00u ^ (threadIdx.x & 1u);
+  const uint32_t a[4] = {one, one ^ 2u, one ^ 4u, one ^ 6u};
+  float d[N / 2] = {};
+#pragma unroll 1
+  for (int it = 0; it < 4; ++it) {  // warm up
+    arch::wgmma_fence();
+    arch::wgmma_rs<__nv_bfloat16, N, false>(d, a, desc, true);
+    arch::wgmma_commit();
+    arch::wgmma_wait<0>();
+  }
+  const long long t0 = clock64();
+#pragma unroll 1
+  for (int it = 0; it < iters; ++it) {  // sass-model: tile-loop
+    arch::wgmma_fence();
+    arch::wgmma_rs<__nv_bfloat16, N, false>(d, a, desc, true);
+    arch::wgmma_commit();
+    arch::wgmma_wait<0>();
+  }
+  const long long t1 = clock64();
+  pin_accumulators(d);
+  if (threadIdx.x == 0) arch::st_global(out, static_cast<float>(t1 - t0) / iters);
+  if (d[0] == 12345.f) arch::st_global(out + 1, d[1]);  // keeps the chain alive
+#endif
+}
+
+void launch_wgmma_peak(int blocks, int iters, float* out, cudaStream_t stream) {
+  arch::launch(wgmma_peak_kernel, dim3(blocks), dim3(kWgThreads), kWgSmemBytes, stream, iters, out);
+}
+
+void launch_wgmma_latency(int iters, float* out, cudaStream_t stream) {
+  arch::launch(wgmma_latency_kernel<64>, dim3(1), dim3(128), kWgSmemBytes, stream, iters, out);
+  arch::launch(wgmma_latency_kernel<256>, dim3(1), dim3(128), kWgSmemBytes, stream, iters, out + 2);
+}
+
+double wgmma_peak_flops(int blocks, int iters) {
+  return double(blocks) * (kWgThreads / 128) * iters * kWgKSteps * (2.0 * 64 * kWgN * 16);
+}
+
+int wgmma_peak_threads() { return kWgThreads; }
 
 void launch_mma_latency(int iters, float* out, cudaStream_t stream) {
   arch::launch(mma_latency_kernel, dim3(1), dim3(32), 0, stream, iters, out);

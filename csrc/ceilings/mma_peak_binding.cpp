@@ -1,4 +1,5 @@
-// torch binding of the mma.sync peak-rate kernel: the only file here that sees torch.
+// torch binding of the ceiling probes (mma.sync and wgmma rates, latencies, read bandwidth):
+// the only file here that sees torch.
 #include <c10/cuda/CUDAStream.h>
 #include <torch/extension.h>
 
@@ -21,6 +22,35 @@ void mma_latency(torch::Tensor out, int64_t iters) {
                                c10::cuda::getCurrentCUDAStream(out.get_device()).stream());
 }
 
+// The wgmma probes exist on compute capability 9.0 only (sm_90a code): elsewhere say so, launch nothing.
+void require_sm90(const torch::Tensor& out) {
+  int major = 0, minor = 0;
+  TORCH_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, out.get_device()) == cudaSuccess &&
+                  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, out.get_device()) == cudaSuccess,
+              "cudaDeviceGetAttribute failed");
+  TORCH_CHECK(major == 9 && minor == 0, "the wgmma probes need a compute capability 9.0 GPU (sm_90a), this is ",
+              major, ".", minor);
+}
+
+void wgmma_peak(torch::Tensor out, int64_t blocks, int64_t iters) {
+  TORCH_CHECK(out.is_cuda() && out.scalar_type() == torch::kFloat32 && out.is_contiguous(),
+              "out must be a contiguous float32 CUDA tensor");
+  TORCH_CHECK(blocks >= 1 && iters >= 1, "blocks and iters must be >= 1");
+  TORCH_CHECK(out.numel() >= blocks * va::ceil::wgmma_peak_threads(), "out needs blocks * ",
+              va::ceil::wgmma_peak_threads(), " elements");
+  require_sm90(out);
+  va::ceil::launch_wgmma_peak(static_cast<int>(blocks), static_cast<int>(iters), out.data_ptr<float>(),
+                              c10::cuda::getCurrentCUDAStream(out.get_device()).stream());
+}
+
+void wgmma_latency(torch::Tensor out, int64_t iters) {
+  TORCH_CHECK(out.is_cuda() && out.scalar_type() == torch::kFloat32 && out.numel() >= 4, "out: float32 CUDA [4]");
+  TORCH_CHECK(iters >= 1, "iters must be >= 1");
+  require_sm90(out);
+  va::ceil::launch_wgmma_latency(static_cast<int>(iters), out.data_ptr<float>(),
+                                 c10::cuda::getCurrentCUDAStream(out.get_device()).stream());
+}
+
 void read_bw(torch::Tensor buf, torch::Tensor out, int64_t blocks, int64_t repeats) {
   TORCH_CHECK(buf.is_cuda() && buf.is_contiguous() && buf.numel() * buf.element_size() % 16 == 0,
               "buf: a contiguous CUDA tensor of whole 16-byte units");
@@ -36,5 +66,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("flops", &va::ceil::mma_peak_flops, "FLOPs of one launch (blocks, iters)");
   m.def("threads", &va::ceil::mma_peak_threads, "threads per block");
   m.def("mma_latency", &mma_latency, "cycles per dependent bf16 m16n8k16 MMA into out[0] (out, iters)");
+  m.def("wgmma_peak", &wgmma_peak, "run the wgmma (m64n256k16 bf16) peak-rate kernel, sm_90a (out, blocks, iters)");
+  m.def("wgmma_flops", &va::ceil::wgmma_peak_flops, "FLOPs of one wgmma_peak launch (blocks, iters)");
+  m.def("wgmma_threads", &va::ceil::wgmma_peak_threads, "threads per wgmma_peak block");
+  m.def("wgmma_latency", &wgmma_latency,
+        "cycles per (wgmma + wait_group 0) round, N = 64 into out[0], N = 256 into out[2] (out, iters)");
   m.def("read_bw", &read_bw, "every block reads its share of buf, repeats times (buf, out, blocks, repeats)");
 }
