@@ -168,9 +168,9 @@ def smem_bytes(tile: Tile, dqk: int, dv: int, shared_kv: bool, kv_bytes: int = 2
     """Dynamic shared memory of the split kernel (SharedMemoryPlan / SharedMemoryPlanV1 in traits.h);
     kv_bytes 1: the e4m3-cache kernels (K / V one byte per element; P too on e4m3 MMAs, f16 otherwise)."""
     pad, elem = 8, 2
-    if tile.version == 2:  # KernelTraitsV2: Q (BM rows) + STAGES x BN KV rows (core-matrix layout, no pad) + partials
-        return ((tile.block_m + tile.num_stages * tile.block_n) * dqk * kv_bytes
-                + tile.warps_n * 128 * (tile.block_n // 2) * 4)
+    if tile.version == 2:  # KernelTraitsV2: Q (BM rows) + STAGES x BN KV rows (core-matrix layout, no pad)
+        return ((tile.block_m + tile.num_stages * tile.block_n) * dqk * kv_bytes  # + 2 sets of partial scores
+                + 2 * tile.warps_n * 128 * (tile.block_n // 2) * 4 + tile.block_m * 4 * 4)  # + 4 mask words a row
     if tile.version == 1:
         kpad = 16 // kv_bytes
         pb = 1 if kv_bytes == 1 and tile.fp8_mma else 2  # P element bytes

@@ -186,7 +186,7 @@ def combine_us(km: KernelModel, dev: DeviceModel, case: Case, splits: int) -> fl
     pairs = case.tree_nodes * case.batch * case.shape.num_q_heads
     combine_warps_per_cta = 4
     # combine v1 gives each 128 columns of a row their own warp (tree_verify_combine.cuh), v0 one warp a row
-    warps = pairs * (case.shape.head_dim_v // 128 if km.tile.version == 1 else 1)
+    warps = pairs * (case.shape.head_dim_v // 128 if km.tile.version >= 1 else 1)
     ctas = -(-warps // combine_warps_per_cta)
     per_sm = -(-ctas // int(dev.sms.value))
     per_sched = max(1, per_sm * combine_warps_per_cta // dev.schedulers)
@@ -255,7 +255,7 @@ def predict(km: KernelModel, dev: DeviceModel, case: Case, num_splits: Optional[
     main = main_cycles / dev.clock_hz * 1e6
     comb = combine_us(km, dev, case, S)
     # v1 launches its combine with programmatic dependent launch (launch_shape.cuh)
-    launch = dev.launch_us.value + ((dev.pdl_launch_us.value if km.tile.version == 1 else dev.launch_us.value)
+    launch = dev.launch_us.value + ((dev.pdl_launch_us.value if km.tile.version >= 1 else dev.launch_us.value)
                                     if S > 1 else 0.0)
     total = main + prologue + comb + launch
     c = counts(case)

@@ -106,7 +106,7 @@ def load(arch: str, head: str, dtype: str, layout: str) -> tuple[KernelModel, ..
         kfile, mk, lp = _marked_loop(f, "tile_loops")
         hot = analysis.tile_path(f, lp, mk.cold, kfile, rare=mk.rare)
         cold = analysis.tile_path(f, lp, mk.cold, kfile, include_cold=True, hot=mk.hot, rare=mk.rare)
-        comb_path, comb_regs, comb_per = combines.get(tile.version, (None, 0, 1))
+        comb_path, comb_regs, comb_per = combines.get(min(tile.version, 1), (None, 0, 1))  # v2 launches the v1 combine
         out.append(KernelModel(arch, readable, name, tile, head, dtype, layout, regs.get(name, 0),
                                vb.tile_smem(head, tile), hot, cold,
                                analysis.read_tile(hot),

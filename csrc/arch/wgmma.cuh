@@ -60,8 +60,26 @@ VA_DEVICE uint64_t wgmma_desc(const void* smem, uint32_t lbo_bytes, uint32_t sbo
 }
 
 // The descriptor of the same layout `bytes` further on (a later k step or n block): the start address
-// field advances by bytes >> 4 (bytes a multiple of 16; the sum stays below 2^18).
-VA_DEVICE uint64_t wgmma_desc_advance(uint64_t desc, uint32_t bytes) { return desc + (bytes >> 4); }
+// field advances by bytes >> 4 (bytes a multiple of 16; the address stays below 2^18, so nothing carries
+// out of the field). A 32-bit add on the low word: no 64-bit carry chain per wgmma.
+VA_DEVICE uint64_t wgmma_desc_advance(uint64_t desc, uint32_t bytes) {
+  const uint32_t lo = static_cast<uint32_t>(desc) + (bytes >> 4);
+  return (desc & 0xFFFFFFFF00000000ull) | lo;
+}
+
+// Pins an accumulator's registers at this point of the program (an empty asm that reads and writes each):
+// placed around a wgmma batch and after its wait, it keeps the compiler from moving other instructions'
+// reads of the accumulator into the batch's flight, which makes ptxas serialize every wgmma (C7514).
+// CUTLASS's warpgroup_fence_operand does the same. No-op in the emulator.
+template <int N>
+VA_DEVICE void wgmma_fence_operand(float (&d)[N]) {
+#if !VA_EMULATION
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+#else
+  (void)d;
+#endif
+}
 
 #if VA_EMULATION
 

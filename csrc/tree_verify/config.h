@@ -89,7 +89,7 @@ struct TileConfigV2 {
 
   static_assert(BM == 64, "v2: one wgmma m64 tile of rows per CTA");
   static_assert(BN == 16 || BN == 32 || BN == 64, "v2: BN is the N of the S wgmma (16, 32 or 64)");
-  static_assert(STAGES >= 2 && STAGES <= 8, "2..8 pipeline stages");
+  static_assert(STAGES >= 3 && STAGES <= 8, "3..8 pipeline stages (tile it + 1 is read while it + 2 lands)");
 };
 
 // Head shape: Dqk, Dv and whether V is read from the K row (MLA absorbed).
@@ -127,7 +127,8 @@ template <class Head> struct TilesFor;
 //  MLA v1 for sm_90 only (199 KB, over sm_120's 99 KB): 32 tokens x 4 stages, one barrier per tile,
 //       S warps 4 x 2 (build.py marks its target archs).
 //  MLA v2 for sm_90a only (wgmma): 64 rows x 32 tokens x 3 stages, 2 warpgroups (Dqk halves for S, Dv
-//       halves for P V): Q 72 KB + KV 108 KB in the core-matrix layout + 16 KB of partial scores = 196 KB.
+//       halves for P V): Q 72 KB + KV 108 KB in the core-matrix layout + 2 x 16 KB of partial scores + 1 KB of
+//       staged mask words = 213 KB.
 template <> struct TilesFor<HeadMLA> {
   using type = TileList<TileConfigV1<32, 16, 8, 4, 4, 2, 1, 1>, TileConfigV1<32, 16, 8, 3, 4, 2>,
                         TileConfigV1<32, 32, 8, 4, 4, 2, 1, 1>,

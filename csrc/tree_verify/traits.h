@@ -255,8 +255,10 @@ struct KernelTraitsV2 {
 
   static constexpr size_t kQ = 0;                                     // (BM rows) Q, core-matrix layout
   static constexpr size_t kKV = size_t(BM / 8) * kGroupBytes;         // STAGES KV tiles
-  static constexpr size_t kPart = kKV + size_t(STAGES) * kStageBytes;  // (WG, 128 threads, kSAccN) partial scores
-  static constexpr size_t kTotal = kPart + size_t(WG) * 128 * kSAccN * sizeof(float);
+  static constexpr size_t kPart = kKV + size_t(STAGES) * kStageBytes;  // (2, WG, 128 threads, kSAccN) partial scores
+  static constexpr size_t kMask = kPart + size_t(2) * WG * 128 * kSAccN * sizeof(float);
+  static constexpr int kMaskStage = 4;  // tree-mask words staged per row (trees up to 128 nodes)
+  static constexpr size_t kTotal = kMask + size_t(BM) * kMaskStage * sizeof(uint32_t);
   static constexpr size_t smem_bytes() { return kTotal; }
 
   static_assert(sizeof(Elem) == 2, "16-bit element types only");

@@ -7,23 +7,25 @@
 //   * BM = 64 rows (tree nodes x group heads); WG warpgroups; warpgroup g computes S over dims
 //     [g Dqk / WG, (g + 1) Dqk / WG) and O over Dv columns [g Dv / WG, (g + 1) Dv / WG).
 //   * S = Q K^T: Dqk / WG / 16 chained wgmma m64nBNk16, both operands from shared memory (Q staged once in
-//     the core-matrix layout: its 72 fragment registers do not fit next to O's 128), one commit group,
-//     waited for at once. The WG partial scores meet in shared memory: each thread
-//     adds the other warpgroups' values of its own fragment positions (their fragments coincide), so
-//     every warpgroup holds the full S of all 64 rows and runs the same softmax.
+//     the core-matrix layout: its 72 fragment registers do not fit next to O's 128), one commit group.
+//     The WG partial score sets meet in shared memory (double-buffered): every thread sums the values of
+//     its own fragment positions in warpgroup order (the positions coincide across warpgroups), so every
+//     warpgroup holds the same full S of all 64 rows and runs the same softmax.
 //   * Softmax in registers: a thread holds rows g and g + 8 of its warp's 16 (g = lane / 4), BN / 4
 //     columns of each; row max and sum over the 4 lanes of a quad. The lazy max of v1 (O rescaled only
 //     when a tile beats the reference max by more than 2^8). P becomes the A fragments of P V directly
 //     (the m64nN accumulator of two n8 blocks is the k16 A fragment).
-//   * O += P V: BN / 16 wgmma m64n(Dv / WG)k16 (A = P from registers, V from the same stage, MN-major),
-//     committed and left in flight: the next tile's S wait retires it.
-//   * Two CTA barriers per tile: after the tile landed (cp.async wait + fence.proxy.async, so the async
-//     proxy sees the copies), and after the partial scores are stored. The second also means every
-//     wgmma that read the oldest stage has retired, so the loader refills it right after.
+//   * O += P V: BN / 16 wgmma m64n(Dv / WG)k16 (A = P from registers, V from the same stage, MN-major).
+//   * One CTA barrier per tile: iteration it issues S(it + 1) right after it, so the tensor cores work on
+//     it while the warps run the softmax of it; then P V(it) queues behind S(it + 1); the warp retires
+//     S(it + 1) (stores its partial scores for the next barrier) and P V(it) before the next barrier, so
+//     the stage of it - 1 is free to refill right after that barrier. STAGES >= 3: tile it + 1 is read
+//     while it + 2 lands.
 //   * Loader: 8 tokens x (threads / BN) chunk lanes per group of threads, every copy 16 bytes at a constant
 //     offset from one row pointer, writes conflict-free (a warp fills 4 whole 128-byte core-matrix rows);
 //     each thread's kv_indices entry for the next tile is loaded one tile ahead into a register.
-//   * Masked tiles (the tree, the ragged end) read their mask words from global memory (a few per CTA).
+//   * Masked tiles (the tree, the ragged end) read the first kMaskStage mask words of their rows from shared
+//     memory (staged with Q), wider trees' further words from global memory.
 #pragma once
 
 #include <type_traits>
@@ -67,11 +69,13 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v2(c
   const int tid = threadIdx.x;
   const int lane = arch::lane_id();
   const int warp = arch::warp_id();
-  const int wg = warp / 4, wq = warp % 4;  // warpgroup; warp within it (its 16 rows)
+  // warpgroup (read from lane 0, so the compiler knows it warp-uniform and keeps the descriptors in
+  // uniform registers); warp within it (its 16 rows)
+  const int wg = arch::shfl(warp / 4, 0), wq = warp % 4;
   const int qg = lane >> 2, qt = lane & 3;  // fragment row group and column pair
 
   unsigned char* smem = arch::smem_dynamic<unsigned char>();
-  float* sPart = reinterpret_cast<float*>(smem + Tr::kPart);  // (WG, 128, kSAccN) partial scores
+  float* sPart = reinterpret_cast<float*>(smem + Tr::kPart);  // (2, WG, 128, kSAccN) partial scores
   const T* q = static_cast<const T*>(p.q);
   const T* kc = static_cast<const T*>(p.k_cache);
 
@@ -89,7 +93,22 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v2(c
       src = q + (qo_begin + node) * p.q_stride_tok + (kvh * group + hh) * p.q_stride_head + c * 8;
     }
     arch::cp_async_16_zfill(sQ + (r >> 3) * Tr::kGroupBytes + c * 128 + (r & 7) * 16, src, valid);
-  }  // committed with tile 0's copies: the loop's first wait covers both
+  }
+  // the first kMaskStage tree-mask words of each row's node, staged with Q: the masked tiles' softmax reads
+  // them here instead of a global round trip per score (wider trees read words kMaskStage.. from global memory)
+  uint32_t* sMask = reinterpret_cast<uint32_t*>(smem + Tr::kMask);
+  constexpr int kMaskStage = Tr::kMaskStage;
+  if (p.tree_mask != nullptr) {
+    const int words = p.mask_words < kMaskStage ? p.mask_words : kMaskStage;
+    for (int i = tid; i < BM * words; i += Tr::kThreads) {
+      const int r = i / words, w = i - r * words;
+      const int grow = row0 + r;
+      const bool valid = grow < nrows;  // padding rows never read their words
+      const int32_t* src = valid ? p.tree_mask + static_cast<int64_t>(qo_begin + grow / group) * p.mask_words + w
+                                 : p.tree_mask;
+      arch::cp_async_4_zfill(sMask + r * kMaskStage + w, src, valid);
+    }
+  }  // Q and the mask words are committed with tile 0's copies: the first wait covers them all
 
   // ---- loader: thread -> (token of every tile, first chunk lane); 8 consecutive threads fill one
   // 128-byte core-matrix row (8 tokens x 16 bytes) ----
@@ -140,68 +159,103 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v2(c
     const int grow = row0 + wq * 16 + qg + 8 * hf;
     smask_row[hf] = grow < nrows ? qo_begin + grow / group : -1;  // node's q row; -1: padding row
   }
+  const uint32_t* my_mask[2] = {sMask + (wq * 16 + qg) * kMaskStage, sMask + (wq * 16 + qg + 8) * kMaskStage};
   float m_run[2] = {h::neg_inf(), h::neg_inf()}, l_run[2] = {0.f, 0.f};
   float oacc[kOAccN];
 #pragma unroll
   for (int i = 0; i < kOAccN; ++i) oacc[i] = 0.f;
-  float* my_part = sPart + (wg * 128 + tid % 128) * kSAccN;
+  // partial scores of tile t: set t % 2, warpgroup g's at (g, thread in warpgroup) -- the fragment positions
+  // of a thread coincide across warpgroups
+  auto part_at = [&](int tile, int g) { return sPart + (((tile & 1) * WG + g) * 128 + tid % 128) * kSAccN; };
   auto tile_masked = [&](int tile) { return h::tile_needs_mask(range.begin + tile * BN, BN, prefix, range.end); };
 
-  for (int it = 0; it < ntiles; ++it) {  // sass-model: tile-loop
-    const int stage = it % STAGES;
-    arch::cp_async_wait<STAGES - 2>();  // tile it landed (this thread's copies)
-    arch::fence_proxy_async();          // ... visible to the wgmma's async proxy
-    arch::block_sync();                 // ... everyone's
-
-    // S(it) over this warpgroup's dims; the wait also retires P V(it - 1)
-    float sacc[kSAccN];
+  // S(tile) over this warpgroup's dims, issued and committed (not waited for)
+  float sacc[kSAccN];
+  const uint64_t k_desc_wg = arch::wgmma_desc_advance(k_desc0, wg * (Tr::kSDims / 8) * 128);
+  const uint64_t v_desc_wg = arch::wgmma_desc_advance(v_desc0, wg * (Tr::kODV / 8) * 128);
+  auto s_issue = [&](int stage) {
+    const uint64_t k_desc = arch::wgmma_desc_advance(k_desc_wg, stage * Tr::kStageBytes);
+    arch::wgmma_fence_operand(sacc);
     arch::wgmma_fence();
-    const uint64_t k_desc = arch::wgmma_desc_advance(k_desc0, stage * Tr::kStageBytes + wg * (Tr::kSDims / 8) * 128);
 #pragma unroll
     for (int kk = 0; kk < kSKSteps; ++kk)
       arch::wgmma_ss<T, BN, false>(sacc, arch::wgmma_desc_advance(q_desc, kk * 256),
                                    arch::wgmma_desc_advance(k_desc, kk * 256), kk > 0);
     arch::wgmma_commit();
-    arch::wgmma_wait<0>();
+    arch::wgmma_fence_operand(sacc);
+  };
+  auto s_store = [&](int tile) {
+    float* my = part_at(tile, wg);
 #pragma unroll
     for (int e = 0; e < kSAccN; e += 4)
-      *reinterpret_cast<float4*>(my_part + e) = make_float4(sacc[e], sacc[e + 1], sacc[e + 2], sacc[e + 3]);
-    arch::block_sync();  // partial scores published; every wgmma that read stage it - 1 retired
+      *reinterpret_cast<float4*>(my + e) = make_float4(sacc[e], sacc[e + 1], sacc[e + 2], sacc[e + 3]);
+  };
 
-    // refill the oldest stage; read the index of the tile after
-    if (it + STAGES - 1 < ntiles) issue_kv((it + STAGES - 1) % STAGES, next_id);
+  // ---- tile 0's S before the loop ----
+  arch::cp_async_wait<STAGES - 2>();  // Q and tile 0 landed (this thread's copies)
+  arch::fence_proxy_async();          // ... visible to the wgmma's async proxy
+  arch::block_sync();                 // ... everyone's
+  s_issue(0);  // stage 0
+  arch::wgmma_wait<0>();
+  arch::wgmma_fence_operand(sacc);
+  s_store(0);
+
+  // ---- main loop, one barrier per tile: S(it + 1) runs on the tensor cores while the softmax of it does
+  // not; then P V(it). Everything a tile's wgmmas read is retired by the end of its iteration. ----
+  // the stages of tiles it - 1, it and it + 1, advanced without a modulo
+  int st_prev = STAGES - 1, st_cur = 0, st_next = 1;
+  for (int it = 0; it < ntiles; ++it) {  // sass-model: tile-loop
+    arch::cp_async_wait<STAGES - 3>();  // tile it + 1 landed (this thread's copies)
+    arch::fence_proxy_async();          // ... visible to the wgmma's async proxy
+    // everyone's; the partial scores of it published; every wgmma of iteration it - 1 retired, so stage
+    // it - 1 is free
+    arch::block_sync();
+    if (it + STAGES - 1 < ntiles) issue_kv(st_prev, next_id);  // tile it + STAGES - 1 into stage (it - 1)
     arch::cp_async_commit();
     if (it + STAGES < ntiles) next_id = read_index();
+    // S(it + 1); in the last iteration it reads a stage nothing landed in for it, and its scores are never
+    // read: the same instruction stream in every iteration keeps ptxas from serializing the wgmmas
+    s_issue(st_next);
 
-    // the full scores of this thread's fragment positions: its own dims plus the other warpgroups'
+    // the full scores of tile it at this thread's fragment positions, summed in warpgroup order (every
+    // warpgroup gets the same bits); d[e]: row qg + 8 ((e % 4) / 2), column 8 (e / 4) + 2 qt + (e % 2)
+    float s[kSAccN];
 #pragma unroll
-    for (int o = 1; o < WG; ++o) {
-      const float* other = sPart + (((wg + o) % WG) * 128 + tid % 128) * kSAccN;
+    for (int e = 0; e < kSAccN; e += 4) {
+      const float4 v = *reinterpret_cast<const float4*>(part_at(it, 0) + e);
+      s[e] = v.x, s[e + 1] = v.y, s[e + 2] = v.z, s[e + 3] = v.w;
+    }
+#pragma unroll
+    for (int g = 1; g < WG; ++g)
 #pragma unroll
       for (int e = 0; e < kSAccN; e += 4) {
-        const float4 v = *reinterpret_cast<const float4*>(other + e);
-        sacc[e] += v.x, sacc[e + 1] += v.y, sacc[e + 2] += v.z, sacc[e + 3] += v.w;
+        const float4 v = *reinterpret_cast<const float4*>(part_at(it, g) + e);
+        s[e] += v.x, s[e + 1] += v.y, s[e + 2] += v.z, s[e + 3] += v.w;
       }
-    }
-    // d[e]: row qg + 8 ((e % 4) / 2), column 8 (e / 4) + 2 qt + (e % 2)
     const bool masked = tile_masked(it);
     const int tok0 = range.begin + it * BN;
     float tmax[2] = {h::neg_inf(), h::neg_inf()};
 #pragma unroll
     for (int e = 0; e < kSAccN; ++e) {
       const int hf = (e % 4) >> 1;
-      sacc[e] *= scale_log2;
+      s[e] *= scale_log2;
       if (masked) {  // sass-model: cold
         const int t = tok0 + 8 * (e / 4) + 2 * qt + (e & 1);
         uint32_t word = 0;
-        if (smask_row[hf] >= 0 && h::needs_mask_word(t, prefix, range.end))
-          word = static_cast<uint32_t>(arch::ld_global(p.tree_mask + static_cast<int64_t>(smask_row[hf]) * p.mask_words +
-                                                       h::mask_word_index(t - prefix)));
+        if (smask_row[hf] >= 0 && h::needs_mask_word(t, prefix, range.end)) {
+          const int wi = h::mask_word_index(t - prefix);
+          if (wi < kMaskStage) {
+            word = my_mask[hf][wi];
+          } else {  // sass-model: rare
+            word = static_cast<uint32_t>(
+                arch::ld_global(p.tree_mask + static_cast<int64_t>(smask_row[hf]) * p.mask_words + wi));
+          }
+        }
         // padding rows see every real token (keeps them finite; they are never written)
         const bool vis = smask_row[hf] >= 0 ? h::token_visible(t, prefix, range.end, word) : t < range.end;
-        if (!vis) sacc[e] = h::neg_inf();
+        if (!vis) s[e] = h::neg_inf();
       }
-      tmax[hf] = arch::max_f(tmax[hf], sacc[e]);
+      tmax[hf] = arch::max_f(tmax[hf], s[e]);
     }
     float alpha[2], mref[2], rsum[2] = {0.f, 0.f};
 #pragma unroll
@@ -213,8 +267,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v2(c
     }
 #pragma unroll
     for (int e = 0; e < kSAccN; ++e) {
-      sacc[e] = arch::exp2_approx(sacc[e] - mref[(e % 4) >> 1]);
-      rsum[(e % 4) >> 1] += sacc[e];
+      s[e] = arch::exp2_approx(s[e] - mref[(e % 4) >> 1]);
+      rsum[(e % 4) >> 1] += s[e];
     }
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
@@ -227,21 +281,31 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v2(c
 #pragma unroll
     for (int kk = 0; kk < kPKSteps; ++kk)
 #pragma unroll
-      for (int r = 0; r < 4; ++r) pa[kk][r] = arch::pack2<T>(sacc[8 * kk + 2 * r], sacc[8 * kk + 2 * r + 1]);
-    // O *= alpha per row; with the lazy max almost never (the branch is warp-uniform)
+      for (int r = 0; r < 4; ++r) pa[kk][r] = arch::pack2<T>(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
+    // O *= alpha per row; with the lazy max almost never (the branch is warp-uniform). O is not in flight:
+    // P V(it - 1) retired at the end of the last iteration.
     if (arch::any(alpha[0] != 1.f || alpha[1] != 1.f)) {  // sass-model: cold
 #pragma unroll
       for (int i = 0; i < kOAccN; ++i) oacc[i] *= alpha[(i % 4) >> 1];
     }
-    // O += P V over this warpgroup's Dv columns, left in flight
+    // O += P V(it) over this warpgroup's Dv columns, queued behind S(it + 1)
+    arch::wgmma_fence_operand(oacc);
     arch::wgmma_fence();
-    const uint64_t v_desc = arch::wgmma_desc_advance(v_desc0, stage * Tr::kStageBytes + wg * (Tr::kODV / 8) * 128);
+    const uint64_t v_desc = arch::wgmma_desc_advance(v_desc_wg, st_cur * Tr::kStageBytes);
 #pragma unroll
     for (int kk = 0; kk < kPKSteps; ++kk)
       arch::wgmma_rs<T, Tr::kODV, true>(oacc, pa[kk], arch::wgmma_desc_advance(v_desc, kk * 2 * Tr::kGroupBytes), true);
     arch::wgmma_commit();
+    arch::wgmma_fence_operand(oacc);
+    arch::wgmma_wait<1>();  // S(it + 1) retired (P V(it) may still run): its partial scores out for the next barrier
+    arch::wgmma_fence_operand(sacc);
+    s_store(it + 1);
+    arch::wgmma_wait<0>();  // P V(it) retired: stage it is free after the next barrier
+    arch::wgmma_fence_operand(oacc);
+    st_prev = st_cur;
+    st_cur = st_next;
+    st_next = st_next + 1 == STAGES ? 0 : st_next + 1;
   }
-  arch::wgmma_wait<0>();
   arch::cp_async_wait<0>();  // no copy outlives the CTA (only empty groups can be pending here)
   arch::launch_dependents();  // the combine may start launching; it waits for this grid's writes
 
