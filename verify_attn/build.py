@@ -90,16 +90,17 @@ class Tile:
 
 # the fp8 caches' f16 tile (TileFp8F16 in config.h): K / V converted to f16 in registers, f16 MMAs
 _FP8_F16_TILE = Tile(32, 32, 4, 2, 3, version=1, sn=2, fp8_mma=0)
+# v1's sm_90-only tile (199 KB: 32 tokens x 4 stages, one barrier per tile)
+_V1_SM90_TILE = Tile(32, 32, 2, 4, 4, version=1, sn=2, archs=("sm_90a",), bars=1)
+# v2 (wgmma, sm_90a only): 64 rows, 2 warpgroups (4 warps x 16 rows each; Dqk / Dv halves)
+_V2_TILE = Tile(64, 32, 4, 2, 3, version=2, archs=("sm_90a",))
 
 # head key -> compiled tile configs, default first (TilesFor<...> in config.h). A config is
 # selected by (block_m, block_n, num_warps, num_stages), unique across kernel versions: v0's
 # MLA tiles (32x16 w4 s3, 16x32 w4 s2) stay selectable next to v1's.
 TILES: dict[str, list[Tile]] = {
     "mla576": [Tile(32, 16, 2, 4, 4, version=1, sn=2, bars=1), Tile(32, 16, 2, 4, 3, version=1, sn=2),
-               Tile(32, 32, 2, 4, 4, version=1, sn=2, archs=("sm_90a",), bars=1),
-               Tile(32, 16, 2, 2, 3), Tile(16, 32, 1, 4, 2),
-               # v2 (wgmma, sm_90a only): 64 rows, 2 warpgroups (4 warps x 16 rows each; Dqk / Dv halves)
-               Tile(64, 32, 4, 2, 3, version=2, archs=("sm_90a",))],
+               _V1_SM90_TILE, Tile(32, 16, 2, 2, 3), Tile(16, 32, 1, 4, 2), _V2_TILE],
     # e4m3 caches: 32 tokens (one k step of the e4m3 P.V MMA), S warps 2 (dims) x 2 (tokens) x 2 (M)
     # The e4m3-MMA tile is sm_120's: on sm_90 nvcc lowers its MMAs to f16 HMMAs (no e4m3 rate there) and
     # the one-barrier loop needs more than 255 registers; the f16 tile is the H200's.
@@ -112,7 +113,9 @@ TILES: dict[str, list[Tile]] = {
 # The default tile per (head, arch): the first compiled tile the arch can run, unless named here
 # (python -m bench.model reads both archs' SASS to choose; the autotuner refines per context).
 DEFAULT_TILE: dict[tuple[str, str], Tile] = {
-    ("mla576", "sm_90a"): Tile(32, 32, 2, 4, 4, version=1, sn=2, archs=("sm_90a",), bars=1),
+    # sm_90: the wgmma kernel v2, 96 vs v1's 166 us by the model at 185k / 16 nodes (NOTES.md, v2); v1 keeps
+    # the shorter contexts in the autotuner's hands (4k: 16 vs 18 us by the model)
+    ("mla576", "sm_90a"): _V2_TILE,
     # sm_120: the one-barrier tile (4 stages, Dqk split 4 ways, 99 KB) over the two-barrier 3-stage one,
     # 138 vs 172 us by the model at 185k / 16 nodes (NOTES.md, v1); the 3-stage tile stays compiled for
     # the autotuner
@@ -121,6 +124,11 @@ DEFAULT_TILE: dict[tuple[str, str], Tile] = {
     # tile that converts K / V to f16 itself, keeping Q and P exact, is the faster one too (NOTES.md)
     ("mla576e4m3", "sm_90a"): _FP8_F16_TILE,
 }
+
+
+# The tile a kernel version pinned with cuda@vN uses on an arch when the arch's default is another version
+# (cuda@v1 on the H200 keeps v1's own sm_90 tile); else that version's first tile the arch runs.
+VERSION_DEFAULT_TILE: dict[tuple[str, str, int], Tile] = {("mla576", "sm_90a", 1): _V1_SM90_TILE}
 
 
 def normalize_arch(arch: str) -> str:

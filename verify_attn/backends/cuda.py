@@ -124,7 +124,8 @@ def version_config(p: Problem, version: str) -> KernelConfig:
     arch = vdevice.props_for(p.device).arch
     want = KERNEL_VERSIONS[version]
     d = vb.default_tile(head, arch)
-    t = d if d.version == want else next((x for x in vb.TILES[head] if x.version == want and x.targets(arch)), None)
+    t = d if d.version == want else vb.VERSION_DEFAULT_TILE.get((head, vb.normalize_arch(arch), want)) or next(
+        (x for x in vb.TILES[head] if x.version == want and x.targets(arch)), None)
     if t is None:
         raise LookupError(f"no {version} tile compiled for {head} on {arch}")
     return KernelConfig(num_splits=_splits_for(p, t), block_n=t.block_n, block_m=t.block_m, num_warps=t.num_warps,
