@@ -248,6 +248,7 @@ FAULT_CASES = [
     (CaseSpec((70,), (9,), "bushy", dtype=BF, seed=42, **gqa(8, 2)), cfg(2, *G128_A)),
     (CaseSpec((97,), (7,), "bushy", dtype=BF, seed=44, **MLA), cfg(2, *V1_A)),
     (CaseSpec((97,), (7,), "bushy", dtype=BF, seed=45, **MLA), cfg(2, *V1_C)),
+    (CaseSpec((97,), (7,), "bushy", dtype=BF, seed=49, **MLA), cfg(2, *V2)),
 ]
 
 
@@ -273,9 +274,17 @@ def test_planted_sync_bug_is_caught(emu, fault, k):
     # every call skipped, and only the first one (the wait that lands Q and tile 0 /
     # the barrier that publishes them to the other warps)
     for nth in (-1, 0):
-        emu.set_fault(fault, nth)
-        caught = _caught(emu, case, config)
-        assert emu.fault_hits() > 0, "the fault never fired"
+        # in any of the strict modes: with every warp in near lockstep (forward schedule) a kernel whose warps
+        # meet in warp collectives between the copy and its readers (v2's wgmmas) can hide a missing barrier
+        caught = False
+        for landing, sched in STRICT_MODES:
+            emu.set_cp_async_landing(landing)
+            emu.set_schedule(sched)
+            emu.set_fault(fault, nth)
+            if _caught(emu, case, config):
+                assert emu.fault_hits() > 0, "the fault never fired"
+                caught = True
+                break
         assert caught, f"{fault} nth={nth} was not caught"
 
 
@@ -341,6 +350,30 @@ def test_every_v2_barrier_is_needed_and_caught(emu):
     case = make_case(CaseSpec((300,), (7,), "bushy", dtype=BF, seed=47, **MLA))
     missed = _missed_barriers(emu, case, cfg(1, *V2), 11)
     assert not missed, f"skipping v2 block_sync call(s) {missed} went unnoticed in every strict mode"
+
+
+@pytest.mark.parametrize("fault", ["skip_wgmma_wait", "skip_fence_proxy_async"])
+def test_every_v2_wgmma_wait_and_proxy_fence_is_needed_and_caught(emu, fault):
+    # v2's per-thread calls: wgmma_wait -- the prologue's S(0) wait, then per tile wait<1> (S(it + 1) retired
+    # before its partial scores are stored) and wait<0> (P V(it) retired before the stage is refilled and O
+    # is read); fence_proxy_async -- before the prologue barrier, then one per tile. 307 tokens are 10 tiles:
+    # the first 12 waits (prologue + 5.5 tiles) and the first 8 fences, each removed alone.
+    case = make_case(CaseSpec((300,), (7,), "bushy", dtype=BF, seed=50, **MLA))
+    n_calls = 12 if fault == "skip_wgmma_wait" else 8
+    missed = []
+    for nth in range(n_calls):
+        hit = False
+        for landing, sched in STRICT_MODES:
+            emu.set_cp_async_landing(landing)
+            emu.set_schedule(sched)
+            emu.set_fault(fault, nth)
+            if _caught(emu, case, cfg(1, *V2)):
+                assert emu.fault_hits() > 0
+                hit = True
+                break
+        if not hit:
+            missed.append(nth)
+    assert not missed, f"{fault} call(s) {missed} went unnoticed in every strict mode"
 
 
 def test_v2_runs_on_wgmma(emu):

@@ -13,9 +13,9 @@ namespace va::emu {
 void register_global(const void* p, size_t bytes, const char* name);
 void clear_globals();
 
-// Fault injection for testing the test suite: what = "skip_block_sync" or
-// "skip_cp_async_wait"; nth = the per-thread call index (0-based, within each
-// block) that is skipped, -1 = every call. Throws std::invalid_argument on an
+// Fault injection for testing the test suite: what = "skip_block_sync",
+// "skip_cp_async_wait", "skip_wgmma_wait" or "skip_fence_proxy_async"; nth = the
+// per-thread call index (0-based, within each block) that is skipped, -1 = every call. Throws std::invalid_argument on an
 // unknown name. fault_hits() counts calls actually skipped since set_fault.
 void set_fault(const char* what, int nth);
 void clear_faults();

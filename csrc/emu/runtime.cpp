@@ -67,7 +67,7 @@ struct Range {
   std::string name;
 };
 
-enum class FaultKind { kNone, kSkipBlockSync, kSkipCpAsyncWait };
+enum class FaultKind { kNone, kSkipBlockSync, kSkipCpAsyncWait, kSkipWgmmaWait, kSkipFenceProxyAsync };
 enum class Schedule { kForward, kReverse, kRandom, kWarpAhead, kWarpAheadReverse };
 
 struct Settings {
@@ -144,6 +144,8 @@ struct Fiber {
   std::deque<std::vector<PendingCopy>> committed;      // oldest first
   int block_sync_calls = 0;
   int cp_async_wait_calls = 0;
+  int wgmma_wait_calls = 0;
+  int fence_proxy_calls = 0;
   long long proxy_fences = 0;  // fence_proxy_async calls so far
 };
 
@@ -1163,10 +1165,26 @@ void wgmma(int n, bool bf16, float* d, const uint32_t* a, uint64_t desc_a, uint6
 void wgmma_fence(std::source_location loc) { collective(&kWgmmaFence, nullptr, loc); }
 void wgmma_commit(std::source_location loc) { collective(&kWgmmaCommit, nullptr, loc); }
 void wgmma_wait(int n, std::source_location loc) {
+  Fiber* f = cur_fiber();
+  const int k = f->wgmma_wait_calls++;  // the same index in every lane of a warp: a skip is warp-uniform
+  const Settings& cfg = settings();
+  if (cfg.fault == FaultKind::kSkipWgmmaWait && (cfg.fault_nth < 0 || cfg.fault_nth == k)) {
+    ++g_fault_hits;
+    return;
+  }
   int arg = n;
   collective(&kWgmmaWait, &arg, loc);
 }
-void fence_proxy_async() { ++cur_fiber()->proxy_fences; }
+void fence_proxy_async() {
+  Fiber* f = cur_fiber();
+  const int k = f->fence_proxy_calls++;
+  const Settings& cfg = settings();
+  if (cfg.fault == FaultKind::kSkipFenceProxyAsync && (cfg.fault_nth < 0 || cfg.fault_nth == k)) {
+    ++g_fault_hits;
+    return;
+  }
+  ++f->proxy_fences;
+}
 
 // ---------------------------------------------------------------------------
 // host controls
@@ -1183,9 +1201,12 @@ void set_fault(const char* what, int nth) {
   Settings& s = settings();
   if (w == "skip_block_sync") s.fault = FaultKind::kSkipBlockSync;
   else if (w == "skip_cp_async_wait") s.fault = FaultKind::kSkipCpAsyncWait;
+  else if (w == "skip_wgmma_wait") s.fault = FaultKind::kSkipWgmmaWait;
+  else if (w == "skip_fence_proxy_async") s.fault = FaultKind::kSkipFenceProxyAsync;
   else if (w == "none" || w.empty()) s.fault = FaultKind::kNone;
   else throw std::invalid_argument("va::emu::set_fault: unknown fault '" + w +
-                                   "' (known: skip_block_sync, skip_cp_async_wait, none)");
+                                   "' (known: skip_block_sync, skip_cp_async_wait, skip_wgmma_wait, "
+                                   "skip_fence_proxy_async, none)");
   s.fault_nth = nth;
   g_fault_hits = 0;
 }
@@ -1233,7 +1254,8 @@ void reset_stats() {
 std::string describe_settings() {
   const Settings& s = settings();
   static const char* kSched[] = {"forward", "reverse", "random", "warp-ahead", "warp-ahead-reverse"};
-  static const char* kFault[] = {"none", "skip_block_sync", "skip_cp_async_wait"};
+  static const char* kFault[] = {"none", "skip_block_sync", "skip_cp_async_wait", "skip_wgmma_wait",
+                                 "skip_fence_proxy_async"};
   return std::string("schedule=") + kSched[static_cast<int>(s.schedule)] + " seed=" + std::to_string(s.seed) +
          " workers=" + std::to_string(s.workers) + " smem_limit=" + std::to_string(s.smem_limit) +
          " cp_async=" + (s.cp_async_at_issue ? "issue" : "wait") + " fault=" + kFault[static_cast<int>(s.fault)] + " nth=" + std::to_string(s.fault_nth) +
