@@ -96,4 +96,22 @@ VA_DEVICE bool cta_exits_early(const Params& p, const RequestInfo& r, int kvh, i
   return false;
 }
 
+// Stages the first kStageWords tree-mask words of each of a CTA's BM rows (folded row row0 + r: node
+// (row0 + r) / group) into smem, sMask[r * kStageWords + w], by cp.async (the caller commits): the masked
+// tiles' softmax reads them there instead of a global round trip per tile. Rows past nrows (padding) get
+// zeros and are never read; nothing is staged for a prefix-only call (no tree mask).
+template <int BM, int kThreads, int kStageWords>
+VA_DEVICE void stage_mask_words(const Params& p, const RequestInfo& r, int row0, int nrows, uint32_t* sMask) {
+  if (p.tree_mask == nullptr) return;
+  const int words = p.mask_words < kStageWords ? p.mask_words : kStageWords;
+  for (int i = threadIdx.x; i < BM * words; i += kThreads) {
+    const int row = i / words, w = i - row * words;
+    const int grow = row0 + row;
+    const bool valid = grow < nrows;
+    const int32_t* src =
+        valid ? p.tree_mask + static_cast<int64_t>(r.qo_begin + grow / p.group) * p.mask_words + w : p.tree_mask;
+    va::arch::cp_async_4_zfill(sMask + row * kStageWords + w, src, valid);
+  }
+}
+
 }  // namespace va::tv

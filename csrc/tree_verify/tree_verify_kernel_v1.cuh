@@ -251,18 +251,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
     }
     arch::cp_async_16_zfill(sQ + r * Smem::kQPitch + c * 8, src, valid);
   }
-  if (p.tree_mask != nullptr) {
-    // the masked tiles' softmax reads its words from here instead of paying a global round trip per tile
-    const int words = p.mask_words < kMaskStage ? p.mask_words : kMaskStage;
-    for (int i = tid; i < BM * words; i += Tr::kThreads) {
-      const int r = i / words, w = i - r * words;
-      const int grow = row0 + r;
-      const bool valid = grow < nrows;  // padding rows never read their words
-      const int32_t* src = valid ? p.tree_mask + static_cast<int64_t>(qo_begin + grow / group) * p.mask_words + w
-                                 : p.tree_mask;
-      arch::cp_async_4_zfill(sMask + r * kMaskStage + w, src, valid);
-    }
-  }
+  stage_mask_words<BM, Tr::kThreads, kMaskStage>(p, req, row0, nrows, sMask);
   arch::cp_async_commit();
   // The ring indices of tiles STAGES-1 .. kRingAhead-1 (those the loop's first iterations would copy
   // too late) go with the first KV group; the index of tile j is read in iteration j - STAGES + 1.

@@ -98,17 +98,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v2(c
   // them here instead of a global round trip per score (wider trees read words kMaskStage.. from global memory)
   uint32_t* sMask = reinterpret_cast<uint32_t*>(smem + Tr::kMask);
   constexpr int kMaskStage = Tr::kMaskStage;
-  if (p.tree_mask != nullptr) {
-    const int words = p.mask_words < kMaskStage ? p.mask_words : kMaskStage;
-    for (int i = tid; i < BM * words; i += Tr::kThreads) {
-      const int r = i / words, w = i - r * words;
-      const int grow = row0 + r;
-      const bool valid = grow < nrows;  // padding rows never read their words
-      const int32_t* src = valid ? p.tree_mask + static_cast<int64_t>(qo_begin + grow / group) * p.mask_words + w
-                                 : p.tree_mask;
-      arch::cp_async_4_zfill(sMask + r * kMaskStage + w, src, valid);
-    }
-  }  // Q and the mask words are committed with tile 0's copies: the first wait covers them all
+  stage_mask_words<BM, Tr::kThreads, kMaskStage>(p, req, row0, nrows, sMask);
+  // Q and the mask words are committed with tile 0's copies: the first wait covers them all
 
   // ---- loader: thread -> (token of every tile, first chunk lane); 8 consecutive threads fill one
   // 128-byte core-matrix row (8 tokens x 16 bytes) ----
