@@ -96,6 +96,35 @@ VA_DEVICE bool cta_exits_early(const Params& p, const RequestInfo& r, int kvh, i
   return false;
 }
 
+// What one CTA of a split kernel works on (grid: x = split, y = M tile x KV head, z = request): its
+// request, folded rows [row0, row0 + BM) of nrows, and KV range. cta_work() returns false when the CTA
+// has nothing to run (rows past the tree, an empty split, a refused or KV-less request: cta_exits_early
+// writes what such a request's rows need); the result is block-uniform, so returning is safe.
+struct CtaWork {
+  int split, kvh, b;
+  RequestInfo req;
+  int nrows, row0, ntiles;
+  va::host::SplitRange range;
+};
+
+template <class T, int BM, int BN>
+VA_DEVICE bool cta_work(const Params& p, int num_splits, CtaWork& w) {
+  w.split = blockIdx.x;
+  w.kvh = blockIdx.y % p.num_kv_heads;
+  const int mtile = blockIdx.y / p.num_kv_heads;
+  w.b = blockIdx.z;
+  w.req = read_request(p, w.b);
+  w.nrows = w.req.tb * p.group;
+  w.row0 = mtile * BM;
+  if (w.row0 >= w.nrows) return false;  // rows past T_b * group: nothing to do, nothing to write
+  w.range = va::host::split_range(w.req.kv_len, num_splits, BN, w.split);
+  if (cta_exits_early<T>(p, w.req, w.kvh, w.row0, w.row0 + BM < w.nrows ? w.row0 + BM : w.nrows, num_splits,
+                         w.range))
+    return false;
+  w.ntiles = va::host::num_tiles(w.range, BN);
+  return true;
+}
+
 // Stages the first kStageWords tree-mask words of each of a CTA's BM rows (folded row row0 + r: node
 // (row0 + r) / group) into smem, sMask[r * kStageWords + w], by cp.async (the caller commits): the masked
 // tiles' softmax reads them there instead of a global round trip per tile. Rows past nrows (padding) get

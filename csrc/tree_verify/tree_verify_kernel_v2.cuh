@@ -49,21 +49,15 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v2(c
   constexpr int BM = Tr::BM, BN = Tr::BN, STAGES = Tr::STAGES, WG = Tr::WG;
   constexpr int kSKSteps = Tr::kSKSteps, kPKSteps = Tr::kPKSteps, kSAccN = Tr::kSAccN, kOAccN = Tr::kOAccN;
 
-  const int split = blockIdx.x;
-  const int kvh = blockIdx.y % p.num_kv_heads;
-  const int mtile = blockIdx.y / p.num_kv_heads;
-  const int b = blockIdx.z;
-
   // ---- this CTA's rows and KV range (block-uniform: early exits are safe) ----
-  const RequestInfo req = read_request(p, b);
-  const int qo_begin = req.qo_begin, tb = req.tb, prefix = req.prefix;
+  CtaWork work;
+  if (!cta_work<T, BM, BN>(p, num_splits, work)) return;
+  const int split = work.split, kvh = work.kvh;
+  const RequestInfo& req = work.req;
+  const int qo_begin = req.qo_begin, prefix = req.prefix;
   const int group = p.group;
-  const int nrows = tb * group;
-  const int row0 = mtile * BM;
-  if (row0 >= nrows) return;
-  const h::SplitRange range = h::split_range(req.kv_len, num_splits, BN, split);
-  if (cta_exits_early<T>(p, req, kvh, row0, row0 + BM < nrows ? row0 + BM : nrows, num_splits, range)) return;
-  const int ntiles = h::num_tiles(range, BN);
+  const int nrows = work.nrows, row0 = work.row0, ntiles = work.ntiles;
+  const h::SplitRange range = work.range;
   const int kv_base = req.kv_base;
 
   const int tid = threadIdx.x;
