@@ -125,7 +125,8 @@ def print_report(payload: dict, console: Optional[Console] = None) -> None:
                 cells += [f"{_us(p['us'])} ({p['bound']})", f"{100 * p['frac_of_floor']:.0f}%"] if p else ["-", "-"]
             mt.add_row(*cells)
         con.print(mt)
-        con.print("  % floor of the model's device floor (H200: at the mma.sync-class tensor rate); "
+        con.print("  % floor of the model's device floor (H200: at the mma.sync-class tensor rate for mma.sync "
+                  "kernels, at the datasheet rate for the wgmma kernel v2, its default); "
                   "`python -m bench.model --per-tile` explains each number.")
     for n in payload.get("notes", []):
         con.print(f"  note: {n}")
