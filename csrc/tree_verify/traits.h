@@ -263,13 +263,14 @@ struct KernelTraitsV2 {
 
   static_assert(sizeof(Elem) == 2, "16-bit element types only");
   static_assert(Head::kSharedKV && DV <= DQK, "v2: MLA rows, V = K[..., :Dv]");
-  static_assert(kSDims % 16 == 0 && (kSDims / 8) * 8 == kSDims, "each warpgroup's dims: whole k16 steps");
+  static_assert(DQK % WG == 0 && kSDims % 16 == 0, "each warpgroup's dims: whole k16 steps");
   static_assert(kODV == 64 || kODV == 128 || kODV == 256, "the P V wgmma's N (csrc/arch/gen_wgmma.py)");
-  static_assert(kThreads % BN == 0 && kTPR % 1 == 0 && kChunks % kTPR == 0 && BN % 8 == 0 &&
-                kThreads / (8 * kTPR) == BN / 8, "loader: 8 tokens x kTPR chunk lanes per 8 * kTPR threads");
+  static_assert(kThreads % BN == 0 && kChunks % kTPR == 0 && BN % 8 == 0 && kThreads / (8 * kTPR) == BN / 8,
+                "loader: 8 tokens x kTPR chunk lanes per 8 * kTPR threads");
   static_assert(BM % 8 == 0, "Q: whole 8-row core-matrix groups");
   static_assert(kOAccN + kSAccN <= 176, "O and S accumulators per thread");
-  static_assert(smem_bytes() <= 227 * 1024, "shared memory must fit sm_90's 227 KB per block");
+  static_assert(smem_bytes() <= 227 * 1024, "shared memory must fit sm_90's 227 KB per block (and the 14-bit "
+                "descriptor address field's 256 KB)");
 };
 
 }  // namespace va::tv
