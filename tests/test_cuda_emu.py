@@ -276,16 +276,7 @@ def test_planted_sync_bug_is_caught(emu, fault, k):
     for nth in (-1, 0):
         # in any of the strict modes: with every warp in near lockstep (forward schedule) a kernel whose warps
         # meet in warp collectives between the copy and its readers (v2's wgmmas) can hide a missing barrier
-        caught = False
-        for landing, sched in STRICT_MODES:
-            emu.set_cp_async_landing(landing)
-            emu.set_schedule(sched)
-            emu.set_fault(fault, nth)
-            if _caught(emu, case, config):
-                assert emu.fault_hits() > 0, "the fault never fired"
-                caught = True
-                break
-        assert caught, f"{fault} nth={nth} was not caught"
+        assert _caught_in_a_strict_mode(emu, case, config, fault, nth), f"{fault} nth={nth} was not caught"
 
 
 # (cp.async landing, schedule): together they expose missing waits (bytes land at
@@ -296,24 +287,24 @@ STRICT_MODES = (("wait", "forward"), ("wait", "warp-ahead"), ("issue", "warp-ahe
                 ("issue", "warp-ahead-reverse"))
 
 
-def _missed_barriers(emu, case, config, n_calls: int, caught=None) -> list[int]:
-    """The block_sync calls (0-based, in issue order) whose removal no strict mode catches;
+def _caught_in_a_strict_mode(emu, case, config, fault: str, nth: int, caught=None) -> bool:
+    """Whether some strict mode catches the run with `fault` planted at call nth (-1: every call);
     caught(emu, case, config) -> bool decides a run (default: _caught, the 16-bit tolerance)."""
     caught = caught or _caught
-    missed = []
-    for nth in range(n_calls):
-        hit = False
-        for landing, sched in STRICT_MODES:
-            emu.set_cp_async_landing(landing)
-            emu.set_schedule(sched)
-            emu.set_fault("skip_block_sync", nth)
-            if caught(emu, case, config):
-                assert emu.fault_hits() > 0
-                hit = True
-                break
-        if not hit:
-            missed.append(nth)
-    return missed
+    for landing, sched in STRICT_MODES:
+        emu.set_cp_async_landing(landing)
+        emu.set_schedule(sched)
+        emu.set_fault(fault, nth)
+        if caught(emu, case, config):
+            assert emu.fault_hits() > 0, "the fault never fired"
+            return True
+    return False
+
+
+def _missed_barriers(emu, case, config, n_calls: int, caught=None, fault: str = "skip_block_sync") -> list[int]:
+    """The calls (0-based, in issue order; block_sync unless `fault` names another) whose removal no
+    strict mode catches."""
+    return [nth for nth in range(n_calls) if not _caught_in_a_strict_mode(emu, case, config, fault, nth, caught)]
 
 
 def test_every_mainloop_barrier_is_needed_and_caught(emu):
@@ -360,19 +351,7 @@ def test_every_v2_wgmma_wait_and_proxy_fence_is_needed_and_caught(emu, fault):
     # the first 12 waits (prologue + 5.5 tiles) and the first 8 fences, each removed alone.
     case = make_case(CaseSpec((300,), (7,), "bushy", dtype=BF, seed=50, **MLA))
     n_calls = 12 if fault == "skip_wgmma_wait" else 8
-    missed = []
-    for nth in range(n_calls):
-        hit = False
-        for landing, sched in STRICT_MODES:
-            emu.set_cp_async_landing(landing)
-            emu.set_schedule(sched)
-            emu.set_fault(fault, nth)
-            if _caught(emu, case, cfg(1, *V2)):
-                assert emu.fault_hits() > 0
-                hit = True
-                break
-        if not hit:
-            missed.append(nth)
+    missed = _missed_barriers(emu, case, cfg(1, *V2), n_calls, fault=fault)
     assert not missed, f"{fault} call(s) {missed} went unnoticed in every strict mode"
 
 

@@ -1018,15 +1018,22 @@ class Worker {
 // ---------------------------------------------------------------------------
 // device-side entry points
 
+// Fault injection: true (and counted) when this call, the thread's `calls`-th of its kind, is one
+// set_fault told the emulator to skip.
+static bool skipped_by_fault(FaultKind kind, int& calls) {
+  const int k = calls++;
+  const Settings& cfg = settings();
+  if (cfg.fault == kind && (cfg.fault_nth < 0 || cfg.fault_nth == k)) {
+    ++g_fault_hits;
+    return true;
+  }
+  return false;
+}
+
 void block_sync(std::source_location loc) {
   Fiber* f = cur_fiber();
   Block& b = *f->block;
-  const int k = f->block_sync_calls++;
-  const Settings& cfg = settings();
-  if (cfg.fault == FaultKind::kSkipBlockSync && (cfg.fault_nth < 0 || cfg.fault_nth == k)) {
-    ++g_fault_hits;
-    return;
-  }
+  if (skipped_by_fault(FaultKind::kSkipBlockSync, f->block_sync_calls)) return;
   if (b.barrier_arrived == 0) {
     b.barrier_loc = loc;
   } else if (b.barrier_loc.line() != loc.line() ||
@@ -1100,12 +1107,7 @@ void cp_async_commit() {
 
 void cp_async_wait(int n, std::source_location) {
   Fiber* f = cur_fiber();
-  const int k = f->cp_async_wait_calls++;
-  const Settings& cfg = settings();
-  if (cfg.fault == FaultKind::kSkipCpAsyncWait && (cfg.fault_nth < 0 || cfg.fault_nth == k)) {
-    ++g_fault_hits;
-    return;
-  }
+  if (skipped_by_fault(FaultKind::kSkipCpAsyncWait, f->cp_async_wait_calls)) return;
   while (f->committed.size() > static_cast<size_t>(n)) {
     for (const PendingCopy& c : f->committed.front()) {
       std::memcpy(c.dst, c.data, c.bytes);
@@ -1166,23 +1168,14 @@ void wgmma_fence(std::source_location loc) { collective(&kWgmmaFence, nullptr, l
 void wgmma_commit(std::source_location loc) { collective(&kWgmmaCommit, nullptr, loc); }
 void wgmma_wait(int n, std::source_location loc) {
   Fiber* f = cur_fiber();
-  const int k = f->wgmma_wait_calls++;  // the same index in every lane of a warp: a skip is warp-uniform
-  const Settings& cfg = settings();
-  if (cfg.fault == FaultKind::kSkipWgmmaWait && (cfg.fault_nth < 0 || cfg.fault_nth == k)) {
-    ++g_fault_hits;
-    return;
-  }
+  // the same call index in every lane of a warp: a skip is warp-uniform
+  if (skipped_by_fault(FaultKind::kSkipWgmmaWait, f->wgmma_wait_calls)) return;
   int arg = n;
   collective(&kWgmmaWait, &arg, loc);
 }
 void fence_proxy_async() {
   Fiber* f = cur_fiber();
-  const int k = f->fence_proxy_calls++;
-  const Settings& cfg = settings();
-  if (cfg.fault == FaultKind::kSkipFenceProxyAsync && (cfg.fault_nth < 0 || cfg.fault_nth == k)) {
-    ++g_fault_hits;
-    return;
-  }
+  if (skipped_by_fault(FaultKind::kSkipFenceProxyAsync, f->fence_proxy_calls)) return;
   ++f->proxy_fences;
 }
 

@@ -71,15 +71,14 @@ struct TileConfigV1 {
 };
 
 // Tile of the v2 kernel (tree_verify_kernel_v2.cuh, sm_90a only: wgmma). BM = 64 rows, one wgmma m64
-// tile; WG warpgroups split Dqk for S = Q K^T (each keeps Q for its Dqk / WG dims in registers) and Dv
-// for O += P V (each owns Dv / WG columns of all 64 rows); BN tokens per KV tile, STAGES cp.async stages.
+// tile; WG warpgroups split Dqk for S = Q K^T (each reads Q for its Dqk / WG dims from shared memory) and
+// Dv for O += P V (each owns Dv / WG columns of all 64 rows); BN tokens per KV tile, STAGES cp.async stages.
 template <int BM_, int BN_, int WG_, int STAGES_>
 struct TileConfigV2 {
   static constexpr int BM = BM_;
   static constexpr int BN = BN_;
   static constexpr int WG = WG_;
   static constexpr int STAGES = STAGES_;
-  static constexpr int KSPLIT = WG_;
   static constexpr int kWarps = 4 * WG_;
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int kVersion = 2;
