@@ -1,17 +1,26 @@
-"""Outside baselines that join the table when their packages are installed (optional imports).
+"""Outside baselines that join the table when their code is at hand (optional imports).
 
 - "sglang-extend": SGLang's Triton `extend_attention_fwd` with a custom (tree) mask,
   the kernel the seed story measured (serial over the prefix). page_size=1 only.
   The tree nodes' own K/V go in as the contiguous "extend" tensors, the prefix
-  through the slot pool, as SGLang's verify step passes them. The adapter follows
-  the keyword names of recent SGLang releases; it has not been run in this repo's
-  CI (SGLang is not installed there), so its output is checked against the
-  reference like every backend before it is timed.
+  through the slot pool, as SGLang's verify step passes them. Found as an installed
+  `sglang`, or as SGLang's own `extend_attention.py` (+ `score_mod.py`) under
+  $SGLANG_SITE or tests/sglang_ref/ (`bash tests/fetch_sglang_ref.sh` extracts the two
+  files from the 0.5.23 wheel), loaded by path with its few sglang imports stubbed
+  (`load_sglang_extend`): the GPU machine has no sglang and no network, so that copy is
+  what travels there. Its output is checked against the reference like every backend
+  before it is timed.
 - FlashInfer: its custom-mask path is the FA2 prefill wrapper; no adapter yet (noted).
 """
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import inspect
+import os
+import sys
+import types
+from pathlib import Path
 from typing import Callable, Optional
 
 import torch
@@ -22,15 +31,112 @@ _SGLANG_MODULES = (
     "sglang.srt.layers.attention.triton_ops.extend_attention",
     "sglang.kernels.ops.attention.extend_attention",
 )
+SGLANG_REF = Path(__file__).resolve().parent.parent / "tests" / "sglang_ref"
+_KERNEL_FILES = ("kernels/ops/attention/extend_attention.py", "srt/layers/attention/triton_ops/extend_attention.py")
 
 
-def _find_sglang_extend() -> Optional[Callable]:
+def sglang_root() -> Optional[Path]:
+    """The `sglang` folder to read SGLang's kernel from: $SGLANG_SITE (a pip --target dir or an unzipped
+    wheel), then tests/sglang_ref/, then an installed sglang (found without importing it)."""
+    for site in (os.environ.get("SGLANG_SITE"), str(SGLANG_REF)):
+        if site and (Path(site) / "sglang").is_dir():
+            return Path(site) / "sglang"
+    try:
+        spec = importlib.util.find_spec("sglang")   # does not execute sglang/__init__.py
+    except (ImportError, ValueError):
+        spec = None
+    if spec is not None and spec.submodule_search_locations:
+        return Path(list(spec.submodule_search_locations)[0])
+    return None
+
+
+def sglang_kernel_file(root: Optional[Path] = None) -> Optional[Path]:
+    root = root if root is not None else sglang_root()
+    if root is None:
+        return None
+    return next((root / c for c in _KERNEL_FILES if (root / c).is_file()), None)
+
+
+def load_sglang_extend(path: Path) -> types.ModuleType:
+    """SGLang's extend_attention.py loaded by path, its sglang imports stubbed with what the kernel reads
+    (every opt-in env flag off, CUDA iff a GPU is present, the 3-D pool's strides)."""
+    def stub(name: str, **attrs) -> types.ModuleType:
+        m = types.ModuleType(name)
+        m.__dict__.update(attrs)
+        return m
+
+    class _Env:   # envs.X.get() -> False: every opt-in flag off, as by default
+        def __getattr__(self, _name):
+            return types.SimpleNamespace(get=lambda: False)
+
+    def extract_kv_strides(buf, page_size):   # (slot, head, page, token) strides of a 3-D pool
+        return buf.stride(0), buf.stride(1), buf.stride(0) * page_size, buf.stride(0)
+
+    score_spec = importlib.util.spec_from_file_location("_sgl_score_mod", path.parent / "score_mod.py")
+    score_mod = importlib.util.module_from_spec(score_spec)
+    sys.modules["_sgl_score_mod"] = score_mod
+    score_spec.loader.exec_module(score_mod)
+    on_gpu = torch.cuda.is_available()
+    stubs = {
+        "sglang": stub("sglang"), "sglang.kernels": stub("sglang.kernels"),
+        "sglang.kernels.ops": stub("sglang.kernels.ops"),
+        "sglang.kernels.ops.attention": stub("sglang.kernels.ops.attention"),
+        "sglang.kernels.ops.attention.decode_attention":
+            stub("sglang.kernels.ops.attention.decode_attention", _extract_kv_strides=extract_kv_strides),
+        "sglang.kernels.ops.attention.score_mod": score_mod,
+        "sglang.srt": stub("sglang.srt"), "sglang.srt.environ": stub("sglang.srt.environ", envs=_Env()),
+        "sglang.srt.utils": stub("sglang.srt.utils", is_cuda=lambda: on_gpu, is_hip=lambda: False,
+                                 is_gfx95_supported=lambda: False, is_gfx1250_supported=lambda: False),
+    }
+    saved = {k: sys.modules.get(k) for k in stubs}
+    sys.modules.update(stubs)
+    try:
+        spec = importlib.util.spec_from_file_location("_sgl_extend_attention", path)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules["_sgl_extend_attention"] = mod   # triton.jit reads the source through the module
+        spec.loader.exec_module(mod)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                sys.modules.pop(k, None)
+            else:
+                sys.modules[k] = v
+    return mod
+
+
+def _find_sglang_extend() -> tuple[Optional[Callable], str]:
+    """(SGLang's extend_attention_fwd, where it came from), or (None, why not)."""
     for mod in _SGLANG_MODULES:
         try:
-            return getattr(importlib.import_module(mod), "extend_attention_fwd")
-        except Exception:  # absent, or present with unmet imports: not a baseline here
+            return getattr(importlib.import_module(mod), "extend_attention_fwd"), f"module {mod}"
+        except Exception:  # absent, or present with unmet imports: try the file
             continue
-    return None
+    path = sglang_kernel_file()
+    if path is None:
+        return None, ("SGLang not found (no sglang package, $SGLANG_SITE or tests/sglang_ref/; "
+                      "bash tests/fetch_sglang_ref.sh): its extend_attention baseline is not in the table")
+    try:
+        return load_sglang_extend(path).extend_attention_fwd, f"file {path}"
+    except Exception as e:
+        return None, f"SGLang's {path.name} did not load ({type(e).__name__}: {e}): not in the table"
+
+
+def outside_baselines() -> tuple[dict[str, Callable], list[str]]:
+    """({name: prepare(kw) -> run(out)}, notes about what is absent or where it came from)."""
+    found: dict[str, Callable] = {}
+    notes: list[str] = []
+    fn, where = _find_sglang_extend()
+    if fn is not None:
+        found["sglang-extend"] = lambda kw, fn=fn: sglang_extend_prepare(fn, kw)
+        notes.append(f"sglang-extend: SGLang's extend_attention_fwd from {where}")
+    else:
+        notes.append(where)
+    try:
+        importlib.import_module("flashinfer")
+        notes.append("FlashInfer found, but no tree-mask adapter is written yet: not in the table")
+    except Exception:
+        notes.append("FlashInfer not installed: not in the table")
+    return found, notes
 
 
 def sglang_extend_prepare(fn: Callable, kw: dict) -> Callable[[torch.Tensor], None]:
@@ -58,24 +164,14 @@ def sglang_extend_prepare(fn: Callable, kw: dict) -> Callable[[torch.Tensor], No
     custom_mask, mask_indptr = custom_mask.to(dev), mask_indptr.to(dev)
     max_t = max(qo[b + 1] - qo[b] for b in range(len(qo) - 1))
 
+    try:   # SGLang 0.5.23 takes k_scale / v_scale after max_len_extend; older releases do not
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        params = {}
+    scales = {k: 1.0 for k in ("k_scale", "v_scale") if k in params}
+
     def run(out: torch.Tensor) -> None:
         fn(kw["q"], k_ext, v_ext, out, kw["k_cache"], kw["v_cache"], kw["qo_indptr"], p_indptr, p_indices,
-           custom_mask, False, mask_indptr, max_t, sm_scale=kw["sm_scale"])
+           custom_mask, False, mask_indptr, max_t, sm_scale=kw["sm_scale"], **scales)
     return run
 
-
-def outside_baselines() -> tuple[dict[str, Callable], list[str]]:
-    """({name: prepare(kw) -> run(out)}, notes about what is absent)."""
-    found: dict[str, Callable] = {}
-    notes: list[str] = []
-    fn = _find_sglang_extend()
-    if fn is not None:
-        found["sglang-extend"] = lambda kw, fn=fn: sglang_extend_prepare(fn, kw)
-    else:
-        notes.append("SGLang not installed: its extend_attention baseline is not in the table")
-    try:
-        importlib.import_module("flashinfer")
-        notes.append("FlashInfer found, but no tree-mask adapter is written yet: not in the table")
-    except Exception:
-        notes.append("FlashInfer not installed: not in the table")
-    return found, notes

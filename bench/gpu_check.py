@@ -1,28 +1,43 @@
 """python -m bench.gpu_check: one prepared command for a short GPU window.
 
-Stages, in order, each a subprocess with its own time cap inside a global budget
-(default 420 s); a stage that fails is recorded and the next one runs; a stage
-that no longer fits the budget is skipped and said so:
+A lent GPU machine (one H200) comes with 15 minutes of device time in all, of which its
+start takes minutes; so this is one command, with a time cap per stage and a global
+budget (default 460 s; the caps of the default plan add up to <= 480 s, a test checks
+it). A stage that fails is recorded and the next one runs; a stage that no longer fits
+the budget is skipped and said so. Stages, in order of value:
 
-  build      JIT-build the cuda backend once with every kernel instantiation
-             (VERIFY_ATTN_JIT_ALL=1, ninja in parallel), timed; later stages reuse it
-  tests      pytest -m gpu -q (all failures listed; a collection error does not stop the rest)
-  ceilings   bench/ceilings.py: copy bandwidth, bf16 mma.sync and cuBLAS rates, cached per GPU
-  headline   bench.verify at 185k, 16 nodes, page1: cuda v1 and v0 side by side, triton, triton-serial
-  sweep      bench.verify ctx 4k..185k x trees 1,16,64 x page1/paged: cuda v1 and v0, triton;
-             triton-serial only up to 64k (the slow baseline), time-capped
-  model      python -m bench.model --calibrate: the SASS model's prediction of every timed cuda row
-             against its measurement (and the ceilings' HMMA latency, L2 and DRAM read bandwidth)
-  gqa        bench.verify on one GQA preset (llama3-70b-tp8) at 16k and 185k
-  tune       (--tune) python -m autotune, if the package is there
-  e2e        (--e2e) integration.bench_e2e, kimi-k2-tp8 --simulate-rank: decode step time vs context
-  sanitize   (--sanitize) compute-sanitizer memcheck on one small cuda call, if the tool exists
+  build      one parallel JIT build of the kernel instantiations the later stages run
+             (VERIFY_ATTN_JIT_SET; the rest stay JIT-on-demand), beside the ceiling probes
+             and, when the tests run, the GPU tests' own libraries; each part timed
+  tests      pytest -m gpu on the wgmma layouts (tests/test_arch_emu.py) and the cuda backend
+             (tests/test_cuda_gpu.py: matrix, trees, odd lengths, splits, graphs, versions)
+  ceilings   bench/ceilings.py: copy bandwidth, bf16 mma.sync / wgmma / cuBLAS rates, HMMA and
+             wgmma latency, L2 and DRAM read bandwidth (the model's calibration inputs)
+  headline   bench.verify at 185k, 16 nodes, page1: cuda v2, v1, v0 side by side, triton, triton-serial
+  sweep      bench.verify 185k..4k x trees 16, 64, 1 x page1 / paged: cuda v2 and v1
+  ncu        Nsight Compute on one v2 and one v1 split kernel at 185k / 16 nodes (speed of light,
+             shared-memory wavefronts and bank conflicts, warp stalls), if ncu is there
+  peers      the serving engines' kernels beside ours: SGLang's Triton extend_attention (the serial
+             baseline SGLang ships; tests/sglang_ref carried, see bench/baselines.py), FlashInfer
+             where installed, at 4k / 32k / 185k
+  fp8 / fp8_656   e4m3 and 656-byte caches: the CUDA kernels and Triton's, against the fp8 floors
+  gqa        one GQA preset (llama3-70b-tp8) at 16k and 185k
+  tune       python -m autotune at 16k and 185k (the measured configs, autotune's format)
+  tests_rest the other gpu-marked tests (Triton, fp8, serving adapter, autotune, device, probes)
+  model      python -m bench.model --calibrate: the model's prediction of every timed cuda row
+             (also runs on a CPU from the returned files: nothing of it needs the GPU)
+  e2e        (--e2e) integration.bench_e2e, kimi-k2-tp8 --simulate-rank
+  sanitize   (--sanitize) compute-sanitizer memcheck on one small cuda call
 
-Everything lands under $OUT when set, else bench/results/gpu_check-<date>/:
-one .log per stage, JSON/CSV/PNG from the benchmark, and gpu_check.json with the
-status of every stage. Under $OUT (the device tool, which returns at most 8 files)
-everything is then packed into gpu_check_results.tar.gz. The short table prints last. Without a GPU (or with
---dry-run) it prints the plan and exits 0.
+Everything lands under $OUT when set, else bench/results/gpu_check-<date>/: one .log per
+stage, JSON/CSV/PNG from the benchmarks, build.json, and gpu_check.json with every stage's
+status; under $OUT (the device tool returns at most 8 files) it is packed into
+gpu_check_results.tar.gz. The short table prints last. Without a GPU (or with --dry-run)
+it prints the plan with every stage's cap and exits 0.
+
+Back on the CPU machine, `python -m bench.gpu_check --collect DIR` unpacks a returned run
+into bench/results/h200/ (committable), the tuned configs into autotune/configs/, and
+prints the table again with the model's predictions.
 """
 from __future__ import annotations
 
@@ -41,37 +56,9 @@ from typing import Optional
 
 REPO = Path(__file__).resolve().parent.parent
 PY = sys.executable
-
-# The cuda backend JIT-builds one extension per (dtype, head, layout) on first use. The
-# build stage builds the ones the later stages run, in parallel processes (each its own
-# ninja build), so that no benchmark row pays for a compile.
-BUILD_VARIANTS = (("bf16", "mla576", "page1"), ("bf16", "mla576", "paged"), ("bf16", "gqa128", "page1"),
-                  ("bf16", "mla576e4m3", "page1"), ("bf16", "mla576x656", "page1"))
-_BUILD_ONE = ("import sys, time; t = time.time(); from verify_attn.backends import get_backend; "
-              "ok, why = get_backend('cuda').available(); ok or sys.exit(f'cuda backend unavailable: {why}'); "
-              "from verify_attn.backends.cuda import load_ops; load_ops(*sys.argv[1:4]); "
-              "print(f'built {sys.argv[1:4]} in {time.time() - t:.1f} s')")
-
-
-def build_variants(variants=BUILD_VARIANTS, timeout: float = 600) -> int:
-    """Build the cuda extension variants in parallel subprocesses; 0 if all built.
-    With VERIFY_ATTN_JIT_ALL=1 (run_stage sets it) one build holds every instantiation
-    (ninja compiles them in parallel), so one variant builds it for every stage."""
-    if os.environ.get("VERIFY_ATTN_JIT_ALL") == "1":
-        variants = variants[:1]
-    t0 = time.perf_counter()
-    procs = [(v, subprocess.Popen([PY, "-c", _BUILD_ONE, *v], cwd=REPO)) for v in variants]
-    rc = 0
-    for v, p in procs:
-        try:
-            r = p.wait(timeout=max(1.0, timeout - (time.perf_counter() - t0)))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            r = 124
-        print(f"[build] {'/'.join(v)}: {'ok' if r == 0 else f'failed (rc {r})'}", flush=True)
-        rc = rc or r
-    print(f"[build] {len(variants)} variants in {time.perf_counter() - t0:.1f} s wall", flush=True)
-    return rc
+PLAN_CAP_S = 480.0          # the default plan's caps add up to at most this (tests/test_bench.py checks)
+DEVICE_CORES = 16           # the lent GPU machine's CPU cores (the build estimate scales to them)
+BUILD_TIMES = REPO / "bench" / "results" / "build_times.json"  # --time-build's measurement on this machine
 
 
 @dataclass
@@ -81,6 +68,7 @@ class Stage:
     cap_s: float                 # the most this stage may take
     min_s: float = 15.0          # skip it when less than this is left
     needs: Optional[str] = None  # a python module or an executable the stage requires
+    kernels: tuple = ()          # instantiation stems it runs ("*": every one); the build stage builds the union
     status: str = "pending"      # ok | failed (rc) | timeout | skipped: why
     wall_s: float = 0.0
     rc: Optional[int] = None
@@ -94,48 +82,198 @@ def out_dir() -> Path:
     return REPO / "bench" / "results" / f"gpu_check-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"
 
 
+# ------------------------------------------------------------------ the kernels a stage runs
+
+def verify_stems(argv: list[str]) -> tuple[str, ...]:
+    """The instantiation stems a `bench.verify` argv runs on the cuda backend (its shape, dtype, kv dtype and
+    layouts), or () when it names no cuda backend."""
+    from verify_attn import build as vb
+    from verify_attn.shapes import get_shape
+
+    def arg(flag: str, default: str) -> str:
+        return argv[argv.index(flag) + 1] if flag in argv else default
+
+    if "cuda" not in {b.partition("@")[0] for b in arg("--backend", "cuda").split(",")}:
+        return ()
+    shape = get_shape(arg("--shape", "kimi-k2-tp8"))
+    kv = arg("--kv-dtype", "")
+    head = vb.head_key(shape.head_dim_qk, shape.head_dim_v, shape.mla, kv if kv.startswith("fp8") else False)
+    layouts = [x.strip() for x in arg("--layout", "page1").split(",") if x.strip()]
+    return tuple(vb.instantiation_file(arg("--dtype", "bf16"), head, lay).stem for lay in layouts) if head else ()
+
+
+def jit_set_of(stages: list[Stage]) -> list[str]:
+    """The union of the stages' instantiation stems (every one if a stage runs '*')."""
+    from verify_attn import build as vb
+    allstems = [f.stem for f in vb.instantiation_files()]
+    want: set[str] = set()
+    for s in stages:
+        ks = s.kernels or (verify_stems(s.argv) if "bench.verify" in s.argv else ())
+        want |= set(allstems) if "*" in ks else set(ks)
+    return sorted(want)
+
+
+# ------------------------------------------------------------------ the build stage
+
+_LOAD_KERNELS = ("from verify_attn.backends.cuda import load_ops; load_ops(*sys.argv[1:4]); "
+                 "print(f'built kernels {sys.argv[1:4]} (+ the JIT set) in {time.time() - t:.1f} s')")
+_BUILD_KERNELS = ("import sys, time; t = time.time(); from verify_attn.backends import get_backend; "
+                  "ok, why = get_backend('cuda').available(); ok or sys.exit(f'cuda backend unavailable: {why}'); "
+                  + _LOAD_KERNELS)
+_BUILD_PROBES = ("import time; t = time.time(); from bench.ceilings import _probe_module; _probe_module(); "
+                 "print(f'built the ceiling probes in {time.time() - t:.1f} s')")
+_BUILD_TEST_LIBS = ("import sys, time; t = time.time(); sys.path.insert(0, 'tests'); import test_arch_emu as T; "
+                    "from verify_attn.backends import cuda_emu; T.build_gpu_library(); "
+                    "cuda_emu.build_shared_library('va_api_tests', [T.SRC, T.C_API]); "
+                    "print(f'built the wgmma/mma test libraries (GPU and emulator) in {time.time() - t:.1f} s')")
+
+
+def build_parts(test_libs: bool) -> list[tuple[str, list[str]]]:
+    """(name, argv) of the builds the build stage runs side by side."""
+    from verify_attn.backends.cuda import jit_set
+    stems = jit_set() or []
+    parts = []
+    if stems:
+        head, dt, layout = _split_stem(stems[0])
+        parts.append(("kernels", [PY, "-c", _BUILD_KERNELS, dt, head, layout]))
+    parts.append(("probes", [PY, "-c", _BUILD_PROBES]))
+    if test_libs:
+        parts.append(("test_libs", [PY, "-c", _BUILD_TEST_LIBS]))
+    return parts
+
+
+def _split_stem(stem: str) -> tuple[str, str, str]:
+    """'mla576e4m3_bf16_page1' -> ('mla576e4m3', 'bf16', 'page1')."""
+    head, dtype, layout = stem.rsplit("_", 2)
+    return head, dtype, layout
+
+
+def build_stage(test_libs: bool, timeout: float = 600) -> int:
+    """Run the build parts in parallel subprocesses (each part's ninja uses every core); 0 if all built.
+    Writes $OUT/build.json (each part's wall time) when OUT is set."""
+    t0 = time.perf_counter()
+    procs = [(n, argv, subprocess.Popen(argv, cwd=REPO), time.perf_counter()) for n, argv in build_parts(test_libs)]
+    rc, record = 0, {"jit_set": os.environ.get("VERIFY_ATTN_JIT_SET", ""), "cores": os.cpu_count(), "parts": {}}
+    for n, _argv, p, ts in procs:
+        try:
+            r = p.wait(timeout=max(1.0, timeout - (time.perf_counter() - t0)))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            r = 124
+        record["parts"][n] = {"rc": r, "wall_s": round(time.perf_counter() - ts, 1)}
+        print(f"[build] {n}: {'ok' if r == 0 else f'failed (rc {r})'}", flush=True)
+        rc = rc or r
+    record["wall_s"] = round(time.perf_counter() - t0, 1)
+    print(f"[build] {len(procs)} parts in {record['wall_s']:.1f} s wall on {os.cpu_count()} cores", flush=True)
+    if os.environ.get("OUT"):
+        (Path(os.environ["OUT"]) / "build.json").write_text(json.dumps(record, indent=1))
+    return rc
+
+
+def time_build(stems: list[str], arch: str = "sm_90a", cores: int = DEVICE_CORES) -> dict:
+    """Build the kernel set here (fresh JIT folder, `arch`), read ninja's per-target times and scale them to
+    `cores`: max(the longest target, all targets' seconds / cores). On a 2-core machine ninja runs several
+    jobs at once, so each target's time is contended: the estimate is an upper bound."""
+    import tempfile
+
+    env = {**os.environ, "VERIFY_ATTN_JIT_SET": ",".join(stems), "VERIFY_ATTN_CUDA_ARCHS": arch}
+    env.pop("VERIFY_ATTN_JIT_ALL", None)
+    with tempfile.TemporaryDirectory() as d:
+        env["TORCH_EXTENSIONS_DIR"] = d
+        head, dt, layout = _split_stem(stems[0])
+        t0 = time.perf_counter()
+        r = subprocess.run([PY, "-c", "import sys, time; t = time.time(); " + _LOAD_KERNELS, dt, head, layout],
+                           cwd=REPO, env=env, capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError(f"the kernel build failed:\n{(r.stdout + r.stderr)[-4000:]}")
+        wall = time.perf_counter() - t0
+        targets = {}
+        for log in Path(d).rglob(".ninja_log"):
+            for line in log.read_text().splitlines()[1:]:
+                start, end, _mt, name, _h = line.split("\t")
+                targets[name] = (int(end) - int(start)) / 1000
+    total = sum(targets.values())
+    est = max(max(targets.values(), default=0.0), total / cores)
+    return {"arch": arch, "stems": stems, "here_cores": os.cpu_count(), "here_wall_s": round(wall, 1),
+            "targets_s": {k: round(v, 1) for k, v in sorted(targets.items(), key=lambda kv: -kv[1])},
+            "sum_target_s": round(total, 1), "device_cores": cores, "device_estimate_s": round(est, 1),
+            "date": _dt.datetime.now().isoformat(timespec="seconds")}
+
+
+MODEL_STEMS = ("mla576_bf16_page1", "mla576_bf16_paged", "mla576e4m3_bf16_page1", "mla576x656_bf16_page1")
+CARRY = REPO / ".carry"
+
+
+def prepare_carry(arch: str = "sm_90a") -> int:
+    """The cubins the model stage reads (the cuda rows of headline, sweep, peers, fp8, fp8_656), built here into
+    .carry/cache/cubins: the same cache key (sources, flags, nvcc version) hits on the device when its nvcc is
+    this one's version."""
+    from verify_attn import build as vb
+    os.environ["VERIFY_ATTN_CACHE"] = str(CARRY / "cache")
+    for stem in MODEL_STEMS:
+        head, dtype, layout = _split_stem(stem)
+        print(vb.compile_cubin(vb.instantiation_file(dtype, head, layout), arch))
+    print(f"carry {CARRY.relative_to(REPO)} with the run (bench/gpu_session.sh sets VERIFY_ATTN_CACHE to it)")
+    return 0
+
+
+# ------------------------------------------------------------------ the plan
+
 def plan(out: Path, a: argparse.Namespace) -> list[Stage]:
-    v = [PY, "-m", "bench.verify", "--results-dir", str(out), "--quiet", "--reps", str(a.reps), "--max-seconds", "3"]
+    v = [PY, "-m", "bench.verify", "--results-dir", str(out), "--quiet", "--reps", str(a.reps), "--max-seconds", "2",
+         "--no-model"]   # the model's predictions are a CPU job: `model` below, or --collect back home
+    pytest = [PY, "-m", "pytest", "-m", "gpu", "-v", "-rfE", "-p", "no:cacheprovider"]
     stages = [
-        Stage("build", [PY, "-m", "bench.gpu_check", "--build-variants"], cap_s=300, min_s=30),
-        Stage("tests", [PY, "-m", "pytest", "-m", "gpu", "-q", "-rf", "--continue-on-collection-errors", "tests"], cap_s=120, needs="pytest"),
-        Stage("ceilings", [PY, "-m", "bench.ceilings", "--refresh", "--json", str(out / "ceilings.json")], cap_s=150),
+        Stage("build", [PY, "-m", "bench.gpu_check", "--build-stage"], cap_s=70, min_s=30),
+        Stage("tests", pytest + ["tests/test_arch_emu.py", "tests/test_cuda_gpu.py"], cap_s=75, needs="pytest",
+              kernels=("*",)),
+        Stage("ceilings", [PY, "-m", "bench.ceilings", "--refresh", "--json", str(out / "ceilings.json")], cap_s=35),
         Stage("headline", v + ["--ctx", "185k", "--tree", "16", "--layout", "page1",
-                               "--backend", "cuda@v2,cuda@v1,cuda@v0,triton,triton-serial", "--json", str(out / "headline.json"),
-                               "--csv", str(out / "headline.csv")], cap_s=90, min_s=30),
-        Stage("sweep", v + ["--ctx", "4k,16k,64k,128k,185k", "--tree", "1,16,64", "--layout", "page1,paged",
-                            "--backend", "cuda@v2,cuda@v1,cuda@v0,triton,triton-serial", "--serial-max-ctx", "64k",
-                            "--json", str(out / "sweep.json"), "--csv", str(out / "sweep.csv"),
-                            "--plot", str(out / "sweep.png")], cap_s=200, min_s=40),
-        Stage("gqa", v + ["--shape", "llama3-70b-tp8", "--ctx", "16k,185k", "--tree", "16", "--layout", "page1",
-                          "--backend", "cuda,triton,triton-serial", "--json", str(out / "gqa.json")], cap_s=60),
-        # e4m3 caches (issue 17): the e4m3-MMA kernel and Triton's dequantizing one, against the fp8 floors
+                               "--backend", "cuda@v2,cuda@v1,cuda@v0,triton,triton-serial", "--json",
+                               str(out / "headline.json"), "--csv", str(out / "headline.csv")], cap_s=40, min_s=20),
+        Stage("sweep", v + ["--ctx", "185k,64k,16k,4k", "--tree", "16,64,1", "--layout", "page1,paged",
+                            "--backend", "cuda@v2,cuda@v1", "--json", str(out / "sweep.json"),
+                            "--csv", str(out / "sweep.csv"), "--plot", str(out / "sweep.png")], cap_s=60, min_s=25),
+        Stage("ncu", ["ncu", "--clock-control", "none", "--target-processes", "all", "-k",
+                      "regex:tree_verify_split", "--launch-skip", "2", "-c", "2", "--section", "SpeedOfLight", "--section",
+                      "MemoryWorkloadAnalysis_Tables", "--section", "ComputeWorkloadAnalysis", "--section",
+                      "SchedulerStats", "--section", "WarpStateStats", "--section", "LaunchStats", "--page", "raw",
+                      "--csv", "--log-file", str(out / "ncu_raw.csv"), PY, "-m", "bench.ncu_probe", "--warm"],
+              cap_s=30, min_s=20, needs="ncu", kernels=("mla576_bf16_page1",)),
+        Stage("peers", v + ["--ctx", "4k,32k,185k", "--tree", "16", "--layout", "page1",
+                            "--backend", "cuda,sglang-extend,triton-serial", "--reps", "10",
+                            "--json", str(out / "peers.json")], cap_s=35, min_s=20),
+        # e4m3 caches (issue 17): the e4m3 kernels and Triton's dequantizing one, against the fp8 floors
         Stage("fp8", v + ["--ctx", "16k,185k", "--tree", "16", "--layout", "page1", "--kv-dtype", "fp8_e4m3",
-                          "--backend", "cuda,triton", "--json", str(out / "fp8.json")], cap_s=60),
+                          "--backend", "cuda,triton", "--json", str(out / "fp8.json")], cap_s=20),
         Stage("fp8_656", v + ["--ctx", "185k", "--tree", "16", "--layout", "page1", "--kv-dtype", "fp8_mla656",
-                              "--backend", "cuda,triton", "--json", str(out / "fp8_656.json")], cap_s=45),
-    ]
-    # predicted vs measured for every timed cuda row (the SASS model's calibration record)
-    stages.append(Stage("model", [PY, "-m", "bench.model", "--calibrate", str(out / "headline.json"),
-                                  str(out / "sweep.json"), str(out / "fp8.json"), str(out / "fp8_656.json"),
-                                  "--calibrate-json", str(out / "calibration.json")],
-                        cap_s=60, min_s=10))
-    if a.tune:
+                              "--backend", "cuda,triton", "--json", str(out / "fp8_656.json")], cap_s=15),
+        Stage("gqa", v + ["--shape", "llama3-70b-tp8", "--ctx", "16k,185k", "--tree", "16", "--layout", "page1",
+                          "--backend", "cuda,triton", "--json", str(out / "gqa.json")], cap_s=15),
         # export into the results folder: the repo's autotune/configs/ does not come back from a GPU machine
-        stages.append(Stage("tune", [PY, "-m", "autotune", *a.tune_args.split(), "--export", str(out / "tuned"),
-                                     "--cache", str(out / "autotune_cache.json"), "--json", str(out / "autotune.json")],
-                            cap_s=120, needs="autotune"))
+        Stage("tune", [PY, "-m", "autotune", *a.tune_args.split(), "--export", str(out / "tuned"),
+                       "--cache", str(out / "autotune_cache.json"), "--json", str(out / "autotune.json")],
+              cap_s=40, min_s=25, needs="autotune", kernels=("mla576_bf16_page1",)),
+        Stage("tests_rest", pytest + ["--deselect", "tests/test_autotune.py::test_gpu_tune_export_and_lookup_through"
+                                      "_tree_verify", "tests", "--ignore", "tests/test_arch_emu.py",
+                                      "--ignore", "tests/test_cuda_gpu.py"],
+              cap_s=25, needs="pytest", kernels=("*",)),
+        # predicted vs measured for every timed cuda row (the SASS model; a CPU job that --collect repeats)
+        Stage("model", [PY, "-m", "bench.model", "--calibrate", *(str(out / f) for f in
+                        ("headline.json", "sweep.json", "fp8.json", "fp8_656.json", "peers.json")),
+                        "--calibrate-json", str(out / "calibration.json")], cap_s=20, min_s=15),
+    ]
     if a.e2e:
-        # issue 9 item 6: the field report's table shape (decode step time against context), per backend
         stages.append(Stage("e2e", [PY, "-m", "integration.bench_e2e", "--model", "kimi-k2-tp8", "--simulate-rank",
                                     "--ctx", a.e2e_ctx, "--steps", "4", "--warmup", "1", "--simulate-accept-len", "4",
                                     "--attn-backend", "cuda,triton-serial", "--json", str(out / "e2e.json"),
-                                    "--plot", str(out / "e2e.png")], cap_s=240, min_s=60))
+                                    "--plot", str(out / "e2e.png")], cap_s=120, min_s=60,
+                            kernels=("mla576_bf16_page1",)))
     if a.sanitize:
         stages.append(Stage("sanitize", ["compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "9",
                                          PY, "-m", "bench.verify", "--ctx", "1000", "--tree", "4", "--backend", "cuda",
                                          "--reps", "1", "--warmup", "0", "--no-ceilings", "--no-graph", "--no-save",
-                                         "--quiet"], cap_s=120, needs="compute-sanitizer"))
+                                         "--no-model", "--quiet"], cap_s=60, needs="compute-sanitizer"))
     return stages
 
 
@@ -154,12 +292,14 @@ def _missing(need: Optional[str]) -> Optional[str]:
 def _budget_arg(st: Stage, timeout: float) -> None:
     """Give bench.verify stages an inner budget so they stop between rows before the hard kill."""
     if "bench.verify" in st.argv and "--budget-s" not in st.argv and st.name != "sanitize":
-        st.argv += ["--budget-s", f"{max(5.0, timeout - 25):.0f}"]
+        st.argv += ["--budget-s", f"{max(5.0, timeout - 12):.0f}"]
 
 
 def _drop_cuda(st: Stage) -> None:
     """Remove the cuda backend from a bench.verify stage's --backend list (skip the stage if nothing is left)."""
     if "--backend" not in st.argv:
+        if st.kernels:
+            st.needs = "__cuda_build__"
         return
     i = st.argv.index("--backend") + 1
     rest = [b for b in st.argv[i].split(",") if b.partition("@")[0] != "cuda"]
@@ -170,7 +310,15 @@ def _drop_cuda(st: Stage) -> None:
         st.needs = "__cuda_build__"
 
 
-def run_stage(st: Stage, out: Path, remaining: float) -> None:
+def stage_env(jit_set: list[str]) -> dict:
+    """Every stage sees the same JIT set (so the build stage's module is the one later stages load)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if jit_set:
+        env["VERIFY_ATTN_JIT_SET"] = ",".join(jit_set)
+    return env
+
+
+def run_stage(st: Stage, out: Path, remaining: float, env: Optional[dict] = None) -> None:
     why = _missing(st.needs)
     if why:
         st.status = f"skipped: {why}"
@@ -183,15 +331,12 @@ def run_stage(st: Stage, out: Path, remaining: float) -> None:
     log = out / f"{st.name}.log"
     st.log = str(log)
     t0 = time.perf_counter()
-    # JIT_ALL: one module with every kernel instantiation, built once by the build stage
-    # and reused by the tests and benchmarks, instead of one serial build per
-    # (dtype, head, layout) inside the time-capped stages
-    env = {"VERIFY_ATTN_JIT_ALL": "1", **os.environ, "PYTHONUNBUFFERED": "1"}
     try:
         with open(log, "w") as f:
             f.write("$ " + " ".join(st.argv) + "\n")
             f.flush()
-            r = subprocess.run(st.argv, cwd=REPO, stdout=f, stderr=subprocess.STDOUT, timeout=timeout, env=env)
+            r = subprocess.run(st.argv, cwd=REPO, stdout=f, stderr=subprocess.STDOUT, timeout=timeout,
+                               env=env or {**os.environ, "PYTHONUNBUFFERED": "1"})
         st.rc = r.returncode
         st.status = "ok" if r.returncode == 0 else f"failed (rc {r.returncode})"
     except subprocess.TimeoutExpired:
@@ -209,81 +354,206 @@ def _tail(path: str, n: int = 6) -> str:
         return ""
 
 
-def summary_rows(out: Path) -> list[str]:
-    """One short line per timed row of the headline and sweep JSONs."""
+# ------------------------------------------------------------------ the short table
+
+def _load(out: Path, name: str) -> Optional[dict]:
+    p = out / f"{name}.json"
+    try:
+        return json.loads(p.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def summary_rows(out: Path, predictions: Optional[dict] = None) -> list[str]:
+    """One short line per timed 16-node row of the headline, sweep, peers, fp8 and GQA JSONs; with
+    `predictions` ({(file stem, backend, ctx, tree, layout, page size): (central, low, high) us}) the model's
+    reading beside each measured cuda row."""
     lines = []
-    for name in ("headline", "sweep", "gqa"):
-        p = out / f"{name}.json"
-        if not p.exists():
+    for name in ("headline", "sweep", "peers", "fp8", "fp8_656", "gqa"):
+        d = _load(out, name)
+        if d is None:
             continue
-        d = json.loads(p.read_text())
         fd = d.get("floor_device")
         for r in d["results"]:
-            if name == "sweep" and r["tree_nodes"] != 16:
-                continue  # keep the last screen short: the 16-node rows
+            if name == "sweep" and (r["tree_nodes"] != 16 or r["ctx"] != 185_000):
+                continue  # keep the last screen short: the sweep's 185k / 16-node rows
             floor = r["floor_us"].get(fd) if fd else None
             med = r["median_us"]
+            key = (name, r["backend"], r["ctx"], r["tree_nodes"], r["layout"], r.get("page_size", 1))
+            pred = (predictions or {}).get(key)
+            model = "" if pred is None else (f"  model {pred[0]:.1f} [{pred[1]:.0f}-{pred[2]:.0f}]"
+                                             if len(pred) == 3 else f"  model {pred[0]:.1f}")
             lines.append(f"{name:8s} {r['backend']:14s} ctx {r['ctx']:>7,} T{r['tree_nodes']:<3d} {r['layout']:6s} "
                          f"{'-' if med is None else f'{med:10.1f} us'}  floor {'-' if floor is None else f'{floor:.1f}'} "
                          f"frac {'-' if r['frac_of_floor'] is None else format(r['frac_of_floor'], '.2f')} "
                          f"x{'-' if not r['speedup_vs_serial'] else format(r['speedup_vs_serial'], '.1f')} "
-                         f"err {'-' if r['max_rel_err'] is None else format(r['max_rel_err'], '.1e')} {r['status']}")
+                         f"err {'-' if r['max_rel_err'] is None else format(r['max_rel_err'], '.1e')} {r['status']}"
+                         + model)
     return lines
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def peer_ratios(out: Path) -> list[str]:
+    """Each peer's time over our cuda backend's on the same row (the peers stage)."""
+    d = _load(out, "peers")
+    if d is None:
+        return []
+    by = {}
+    for r in d["results"]:
+        if r.get("median_us"):
+            by.setdefault((r["ctx"], r["tree_nodes"], r["layout"]), {})[r["backend"]] = r["median_us"]
+    lines = []
+    for (ctx, t, lay), m in sorted(by.items()):
+        ours = m.get("cuda")
+        if not ours:
+            continue
+        peers = ", ".join(f"{b} {us / ours:.1f}x slower" if us >= ours else f"{b} {ours / us:.1f}x faster"
+                          for b, us in sorted(m.items()) if b != "cuda")
+        lines.append(f"peers    ctx {ctx:>7,} T{t:<3d} {lay:6s} cuda {ours:.1f} us; {peers or 'no peer timed'}")
+    return lines
+
+
+def ceilings_line(out: Path) -> Optional[str]:
+    c = _load(out, "ceilings")
+    if not c:
+        return None
+
+    def f(k, fmt):
+        v = c.get(k)
+        return "n/a" if v is None else fmt(v)
+
+    return (f"ceilings copy {f('copy_gbs', lambda v: f'{v:.0f} GB/s')}, DRAM read "
+            f"{f('dram_read_gbs', lambda v: f'{v:.0f} GB/s')}, L2 read {f('l2_read_gbs', lambda v: f'{v:.0f} GB/s')}, "
+            f"mma.sync {f('mma_sync_tflops', lambda v: f'{v:.0f} TFLOP/s')}, wgmma "
+            f"{f('wgmma_tflops', lambda v: f'{v:.0f} TFLOP/s')}, cuBLAS {f('cublas_tflops', lambda v: f'{v:.0f}')}, "
+            f"HMMA latency {f('hmma_latency_cycles', lambda v: f'{v:.1f} cyc')}, wgmma round "
+            f"{f('wgmma_latency_cycles', lambda v: f'{v[0]:.0f}/{v[1]:.0f} cyc (N 64/256)')}")
+
+
+def print_table(out: Path, predictions: Optional[dict] = None) -> None:
+    rows = summary_rows(out, predictions)
+    extra = [x for x in (ceilings_line(out),) if x] + peer_ratios(out)
+    if rows or extra:
+        print("\n".join(["", "short table (16-node rows; us = median per call, cold L2, CUDA graph):", *rows, *extra]))
+
+
+# ------------------------------------------------------------------ main
+
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m bench.gpu_check", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--budget-s", type=float, default=420.0, help="global time budget (default 420)")
-    ap.add_argument("--dry-run", action="store_true", help="print the plan, run nothing")
-    ap.add_argument("--tune", action="store_true", help="also run a quick `python -m autotune`")
-    ap.add_argument("--tune-args", default="--backend cuda --ctx 16k,185k --tree 16",
-                    help="arguments for the tune stage")
+    ap.add_argument("--budget-s", type=float, default=460.0, help="global time budget (default 460)")
+    ap.add_argument("--dry-run", action="store_true", help="print the plan with every stage's cap, run nothing")
+    ap.add_argument("--tune-args", default="--backend cuda --ctx 16k,185k --tree 16 --reps 5 --max-seconds 0.3 "
+                    "--refine-rounds 1", help="arguments for the tune stage")
     ap.add_argument("--e2e", action="store_true", help="also run the e2e decode sweep (kimi-k2-tp8, simulated rank)")
     ap.add_argument("--e2e-ctx", default="1.4k,32k,185k", help="contexts for the e2e stage")
     ap.add_argument("--sanitize", action="store_true", help="compute-sanitizer memcheck on one small case")
+    ap.add_argument("--tune", action="store_true", help=argparse.SUPPRESS)   # the tune stage is in the plan now
     ap.add_argument("--only", default=None, help="comma-separated stage names to run (default: all)")
+    ap.add_argument("--skip", default=None, help="comma-separated stage names to leave out")
     ap.add_argument("--reps", type=int, default=30, help="timing samples per benchmark row")
-    ap.add_argument("--build-variants", action="store_true", help="(the build stage) build the cuda extension "
-                    "variants the benchmark uses, in parallel, and exit")
-    a = ap.parse_args(argv)
-    if a.build_variants:
-        return build_variants()
+    ap.add_argument("--build-stage", action="store_true", help="(the build stage) build the JIT set, the ceiling "
+                    "probes and the GPU tests' libraries in parallel, and exit")
+    ap.add_argument("--time-build", action="store_true", help="build the plan's kernel set here for sm_90a (no GPU "
+                    f"needed), time it and scale it to {DEVICE_CORES} cores; writes {BUILD_TIMES.relative_to(REPO)}")
+    ap.add_argument("--prepare-carry", action="store_true", help="build here the sm_90a cubins the model stage "
+                    "reads into .carry/cache (bench/gpu_session.sh points VERIFY_ATTN_CACHE there; carry .carry)")
+    ap.add_argument("--collect", metavar="DIR", help="unpack a returned run (DIR holds gpu_check_results.tar.gz) "
+                    "into bench/results/h200/ and autotune/configs/, and print the table with the model's readings")
+    return ap
 
-    import torch  # after argument parsing: --help stays instant
-    gpu = torch.cuda.is_available()
-    out = out_dir()
-    stages = plan(out, a)
+
+def select(stages: list[Stage], a: argparse.Namespace) -> list[Stage]:
     if a.only:
         keep = {s.strip() for s in a.only.split(",")}
+        unknown = keep - {s.name for s in stages}
+        if unknown:
+            raise SystemExit(f"--only: unknown stage(s) {', '.join(sorted(unknown))}; "
+                             f"known: {', '.join(s.name for s in stages)}")
         stages = [s for s in stages if s.name in keep]
+    if a.skip:
+        drop = {s.strip() for s in a.skip.split(",")}
+        stages = [s for s in stages if s.name not in drop]
+    return stages
+
+
+def print_plan(stages: list[Stage], out: Path, a: argparse.Namespace, header: str) -> None:
+    jit = jit_set_of(stages)
+    print(f"{header}; with a GPU it would run, within {a.budget_s:.0f} s, writing under {out}:")
+    for s in stages:
+        need = f" (needs {s.needs})" if s.needs else ""
+        print(f"  {s.name:10s} cap {s.cap_s:4.0f} s{need}: {' '.join(s.argv)}")
+    print(f"  caps add up to {sum(s.cap_s for s in stages):.0f} s (budget {a.budget_s:.0f} s)")
+    from verify_attn import build as vb
+    n_all = len(vb.instantiation_files())
+    est = ""
+    try:
+        bt = json.loads(BUILD_TIMES.read_text())
+        est = (f"; measured here {bt['date'][:10]} ({bt['here_cores']} cores, {len(bt['stems'])} files, "
+               f"{bt['here_wall_s']:.0f} s wall, {bt['sum_target_s']:.0f} s of targets): ~{bt['device_estimate_s']:.0f} "
+               f"s on {bt['device_cores']} cores (upper bound)")
+    except (OSError, ValueError, KeyError):
+        est = "; not timed here yet (python -m bench.gpu_check --time-build)"
+    print(f"  build: {len(jit)} of {n_all} kernel instantiations (VERIFY_ATTN_JIT_SET; the others JIT on demand)"
+          f"{est}")
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    a = _parser().parse_args(argv)
+    if a.build_stage:
+        return build_stage(test_libs=os.environ.get("VA_GPU_CHECK_TEST_LIBS", "1") == "1")
+    if a.collect:
+        from bench.gpu_results import collect
+        return collect(Path(a.collect))
+    if a.prepare_carry:
+        return prepare_carry()
+
+    import torch  # after argument parsing: --help stays instant
+    out = out_dir()
+    stages = select(plan(out, a), a)
+    if a.time_build:
+        rec = time_build(jit_set_of(stages))
+        BUILD_TIMES.parent.mkdir(parents=True, exist_ok=True)
+        BUILD_TIMES.write_text(json.dumps(rec, indent=1))
+        print(f"built {len(rec['stems'])} instantiation files for {rec['arch']} here in {rec['here_wall_s']:.0f} s "
+              f"({rec['here_cores']} cores; {rec['sum_target_s']:.0f} s of ninja targets, longest "
+              f"{next(iter(rec['targets_s'].values()))} s): ~{rec['device_estimate_s']:.0f} s on "
+              f"{rec['device_cores']} cores; written to {BUILD_TIMES}")
+        return 0
+    gpu = torch.cuda.is_available()
     if a.dry_run or not gpu:
-        print("bench.gpu_check " + ("dry run" if a.dry_run else "found no CUDA GPU: nothing run") +
-              f"; with a GPU it would run, within {a.budget_s:.0f} s, writing under {out}:")
-        for s in stages:
-            need = f" (needs {s.needs})" if s.needs else ""
-            print(f"  {s.name:9s} cap {s.cap_s:4.0f} s{need}: {' '.join(s.argv)}")
+        print_plan(stages, out, a, "bench.gpu_check " + ("dry run" if a.dry_run else "found no CUDA GPU: nothing run"))
         return 0
 
     out.mkdir(parents=True, exist_ok=True)
+    jit = jit_set_of(stages)
+    env = stage_env(jit)
+    env["VA_GPU_CHECK_TEST_LIBS"] = "1" if any(s.name.startswith("tests") for s in stages) else "0"
+    print(f"[gpu_check] {torch.cuda.get_device_name()}, torch {torch.__version__}; JIT set: {len(jit)} files",
+          flush=True)
     t_end = time.perf_counter() + a.budget_s
     for st in stages:
         if st.name != "build" and any(s.name == "build" and s.status != "ok" for s in stages):
             _drop_cuda(st)  # a failed build would be retried (minutes) inside every later stage
-        run_stage(st, out, t_end - time.perf_counter())
-        print(f"[gpu_check] {st.name:9s} {st.status} ({st.wall_s:.0f} s)", flush=True)
+        if "bench.verify" in st.argv and not any(s.name == "ceilings" and s.status == "ok" for s in stages):
+            st.argv.append("--no-ceilings")  # else every benchmark stage would measure (or fail to) on its own
+        run_stage(st, out, t_end - time.perf_counter(), env)
+        print(f"[gpu_check] {st.name:10s} {st.status} ({st.wall_s:.0f} s)", flush=True)
         if st.status not in ("ok",) and not st.status.startswith("skipped") and st.log:
             print(_tail(st.log), flush=True)
     record = {"device": torch.cuda.get_device_name(), "date": _dt.datetime.now().isoformat(timespec="seconds"),
-              "torch": torch.__version__, "budget_s": a.budget_s, "out": str(out),
+              "torch": torch.__version__, "budget_s": a.budget_s, "out": str(out), "jit_set": jit,
               "stages": [asdict(s) for s in stages]}
     (out / "gpu_check.json").write_text(json.dumps(record, indent=2))
     print(f"\n[gpu_check] {torch.cuda.get_device_name()}: results under {out}")
     for s in stages:
-        print(f"  {s.name:9s} {s.status:40s} {s.wall_s:6.0f} s")
-    rows = summary_rows(out)
-    if rows:
-        print("\n".join(["", "short table (16-node rows; us = median per call):", *rows]))
+        print(f"  {s.name:10s} {s.status:40s} {s.wall_s:6.0f} s")
+    cal = _load(out, "calibration")
+    preds = None
+    if cal:
+        from bench.gpu_results import predictions_of
+        preds = predictions_of(cal)
+    print_table(out, preds)
     if os.environ.get("OUT"):
         _pack(out)
     return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -301,11 +302,92 @@ def test_ceilings_without_gpu_and_cache_round_trip(tmp_path, monkeypatch):
 def test_gpu_check_dry_run(capsys, tmp_path, monkeypatch):
     from bench import gpu_check
     monkeypatch.setenv("OUT", str(tmp_path / "o"))
-    assert gpu_check.main(["--dry-run", "--tune", "--sanitize"]) == 0
+    assert gpu_check.main(["--dry-run", "--e2e", "--sanitize"]) == 0
     text = capsys.readouterr().out
-    for stage in ("build", "tests", "ceilings", "headline", "sweep", "gqa", "tune", "sanitize"):
-        assert f"  {stage}" in text
+    for stage in ("build", "tests", "ceilings", "headline", "sweep", "ncu", "peers", "fp8", "gqa", "tune",
+                  "tests_rest", "model", "e2e", "sanitize"):
+        assert f"  {stage} " in text
     assert str(tmp_path / "o") in text and not (tmp_path / "o").exists()   # nothing run, nothing written
+    assert "caps add up to" in text and "kernel instantiations" in text
+
+
+def test_gpu_check_default_plan_fits_the_device_window():
+    """The GPU machine is lent for 15 minutes of device time, minutes of which go to its start: the default
+    plan's caps add up to <= 480 s, the build's cap to <= 90 s, and the global budget stays inside the caps."""
+    from bench import gpu_check
+    a = gpu_check._parser().parse_args([])
+    stages = gpu_check.plan(Path("/tmp/o"), a)
+    assert sum(s.cap_s for s in stages) <= gpu_check.PLAN_CAP_S == 480
+    assert next(s for s in stages if s.name == "build").cap_s <= 90
+    assert a.budget_s <= sum(s.cap_s for s in stages)
+    assert all(s.min_s <= s.cap_s for s in stages)
+    # every bench.verify stage leaves the model to the CPU (it would compile cubins for two archs on the device)
+    assert all("--no-model" in s.argv for s in stages if "bench.verify" in s.argv)
+
+
+def test_gpu_check_builds_only_what_its_stages_run():
+    from bench import gpu_check
+    from verify_attn import build as vb
+    a = gpu_check._parser().parse_args([])
+    stages = {s.name: s for s in gpu_check.plan(Path("/tmp/o"), a)}
+    assert gpu_check.verify_stems(stages["sweep"].argv) == ("mla576_bf16_page1", "mla576_bf16_paged")
+    assert gpu_check.verify_stems(stages["fp8"].argv) == ("mla576e4m3_bf16_page1",)
+    assert gpu_check.verify_stems(stages["fp8_656"].argv) == ("mla576x656_bf16_page1",)
+    assert gpu_check.verify_stems(stages["gqa"].argv) == ("gqa128_bf16_page1",)
+    assert gpu_check.verify_stems(["-m", "bench.verify", "--backend", "triton"]) == ()
+    benches = [stages[n] for n in ("headline", "sweep", "peers", "fp8", "fp8_656", "gqa", "ncu", "tune")]
+    assert gpu_check.jit_set_of(benches) == sorted(
+        ["mla576_bf16_page1", "mla576_bf16_paged", "mla576e4m3_bf16_page1", "mla576x656_bf16_page1",
+         "gqa128_bf16_page1"])
+    assert gpu_check.jit_set_of(list(stages.values())) == sorted(f.stem for f in vb.instantiation_files())
+    for stem in gpu_check.jit_set_of(benches):   # every stem names a real file, and splits back into its parts
+        head, dtype, layout = gpu_check._split_stem(stem)
+        assert vb.instantiation_file(dtype, head, layout).exists()
+
+
+def test_jit_set_names_one_module_for_its_members(monkeypatch):
+    """VERIFY_ATTN_JIT_SET: the set's members load from one module (what the build stage built); a variant
+    outside it gets its own; a misspelt stem is refused by name."""
+    from verify_attn.backends import cuda
+    monkeypatch.delenv("VERIFY_ATTN_JIT_ALL", raising=False)
+    monkeypatch.setenv("VERIFY_ATTN_JIT_SET", "mla576_bf16_paged,mla576_bf16_page1")
+    n1, f1 = cuda._module_plan("bf16", "mla576", "page1", ["sm_90a"])
+    n2, f2 = cuda._module_plan("bf16", "mla576", "paged", ["sm_90a"])
+    n3, f3 = cuda._module_plan("bf16", "gqa128", "page1", ["sm_90a"])
+    assert n1 == n2 and [f.stem for f in f1] == ["mla576_bf16_page1", "mla576_bf16_paged"]
+    assert n3 != n1 and [f.stem for f in f3] == ["gqa128_bf16_page1"]
+    monkeypatch.setenv("VERIFY_ATTN_JIT_SET", "mla576_bf16_page1")
+    assert cuda._module_plan("bf16", "mla576", "page1", ["sm_90a"])[0] != n1   # another set, another module
+    monkeypatch.setenv("VERIFY_ATTN_JIT_SET", "mla576_bf17_page1")
+    with pytest.raises(ValueError, match="VERIFY_ATTN_JIT_SET: no instantiation file mla576_bf17_page1"):
+        cuda._module_plan("bf16", "mla576", "page1", ["sm_90a"])
+
+
+def test_gpu_check_collect_makes_the_run_committable(tmp_path, monkeypatch, capsys):
+    """A returned archive unpacks into results/<device>/ (logs apart) and its tuned configs into the configs
+    folder; the table prints the rows and the peers' ratios."""
+    import tarfile
+    from bench import gpu_results
+    run = tmp_path / "run"
+    (run / "tuned").mkdir(parents=True)
+    row = {"backend": "cuda", "ctx": 185_000, "tree_nodes": 16, "layout": "page1", "page_size": 1, "median_us": 80.0,
+           "floor_us": {"H200": 52.1}, "frac_of_floor": 0.65, "speedup_vs_serial": None, "max_rel_err": 3e-3,
+           "status": "ok"}
+    peer = dict(row, backend="sglang-extend", median_us=8000.0, frac_of_floor=None)
+    (run / "gpu_check.json").write_text(json.dumps({"device": "NVIDIA H200", "stages": []}))
+    (run / "peers.json").write_text(json.dumps({"floor_device": "H200", "results": [row, peer]}))
+    (run / "tests.log").write_text("passed")
+    (run / "tuned" / "h200.json").write_text("{}")
+    with tarfile.open(tmp_path / "gpu_check_results.tar.gz", "w:gz") as tar:
+        for p in run.rglob("*"):
+            if p.is_file():
+                tar.add(p, arcname=str(p.relative_to(run)))
+    assert gpu_results.collect(tmp_path, dest_root=tmp_path / "res", configs=tmp_path / "cfg", calibrate=False) == 0
+    assert (tmp_path / "res" / "h200" / "peers.json").exists() and (tmp_path / "res" / "h200" / "logs" / "tests.log").exists()
+    assert (tmp_path / "cfg" / "h200.json").exists()
+    text = capsys.readouterr().out
+    assert "sglang-extend 100.0x slower" in text and "80.0 us" in text
+    assert gpu_results.device_slug("NVIDIA H200") == "h200" and gpu_results.device_slug("") == "unknown"
 
 
 def test_gpu_check_stage_skips_when_budget_spent(tmp_path):

@@ -11,12 +11,8 @@ Three independent checks, all on CPU with small shapes:
 """
 from __future__ import annotations
 
-import importlib.util
 import math
 import os
-import sys
-import types
-from pathlib import Path
 
 import pytest
 import torch
@@ -490,73 +486,18 @@ def _need_interpreter() -> None:
         pytest.skip("CPU tensors in a Triton kernel need TRITON_INTERPRET=1 (conftest sets it without a GPU)")
 
 
-def _sglang_root() -> Path | None:
-    # $SGLANG_SITE (a pip --target dir or an unzipped wheel), then tests/sglang_ref/ (the
-    # same, extracted by CI; not committed), then an installed sglang
-    for site in (os.environ.get("SGLANG_SITE"), str(Path(__file__).parent / "sglang_ref")):
-        if site and (Path(site) / "sglang").is_dir():
-            return Path(site) / "sglang"
-    spec = importlib.util.find_spec("sglang")   # does not execute sglang/__init__.py
-    if spec is not None and spec.submodule_search_locations:
-        return Path(list(spec.submodule_search_locations)[0])
-    return None
-
-
 def _load_sglang_kernel():
-    """Load SGLang's extend_attention.py by path with its sglang imports stubbed."""
-    root = _sglang_root()
+    """SGLang's extend_attention.py by path with its sglang imports stubbed (bench.baselines, which the
+    benchmark's sglang-extend peer uses too)."""
+    from bench.baselines import load_sglang_extend, sglang_kernel_file, sglang_root
+    root = sglang_root()
     if root is None:
         pytest.skip("sglang not found: pip install --no-deps sglang==0.5.23, or unzip its wheel into "
                     "tests/sglang_ref/ or $SGLANG_SITE")
-    cands = [root / "kernels/ops/attention/extend_attention.py",
-             root / "srt/layers/attention/triton_ops/extend_attention.py"]
-    path = next((c for c in cands if c.is_file()), None)
+    path = sglang_kernel_file(root)
     if path is None:
         pytest.skip(f"no extend_attention.py under {root}")
-
-    def stub(name: str, **attrs) -> types.ModuleType:
-        m = types.ModuleType(name)
-        m.__dict__.update(attrs)
-        return m
-
-    class _Env:   # envs.X.get() -> False: every opt-in flag off, as by default
-        def __getattr__(self, _name):
-            return types.SimpleNamespace(get=lambda: False)
-
-    def extract_kv_strides(buf, page_size):   # (slot, head, page, token) strides of a 3-D pool
-        return buf.stride(0), buf.stride(1), buf.stride(0) * page_size, buf.stride(0)
-
-    score_mod_path = path.parent / "score_mod.py"
-    score_spec = importlib.util.spec_from_file_location("_sgl_score_mod", score_mod_path)
-    score_mod = importlib.util.module_from_spec(score_spec)
-    sys.modules["_sgl_score_mod"] = score_mod
-    score_spec.loader.exec_module(score_mod)
-    on_gpu = torch.cuda.is_available()
-    stubs = {
-        "sglang": stub("sglang"), "sglang.kernels": stub("sglang.kernels"),
-        "sglang.kernels.ops": stub("sglang.kernels.ops"),
-        "sglang.kernels.ops.attention": stub("sglang.kernels.ops.attention"),
-        "sglang.kernels.ops.attention.decode_attention":
-            stub("sglang.kernels.ops.attention.decode_attention", _extract_kv_strides=extract_kv_strides),
-        "sglang.kernels.ops.attention.score_mod": score_mod,
-        "sglang.srt": stub("sglang.srt"), "sglang.srt.environ": stub("sglang.srt.environ", envs=_Env()),
-        "sglang.srt.utils": stub("sglang.srt.utils", is_cuda=lambda: on_gpu, is_hip=lambda: False,
-                                 is_gfx95_supported=lambda: False, is_gfx1250_supported=lambda: False),
-    }
-    saved = {k: sys.modules.get(k) for k in stubs}
-    sys.modules.update(stubs)
-    try:
-        spec = importlib.util.spec_from_file_location("_sgl_extend_attention", path)
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules["_sgl_extend_attention"] = mod   # triton.jit reads the source through the module
-        spec.loader.exec_module(mod)
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                sys.modules.pop(k, None)
-            else:
-                sys.modules[k] = v
-    return mod
+    return load_sglang_extend(path)
 
 
 @pytest.fixture(scope="module")

@@ -67,7 +67,7 @@ def rows(paths: Optional[Iterable[Path]] = None) -> list[dict]:
             case = predict.Case(shape, r["ctx"], r["tree_nodes"], pl.get("batch", 1), r["layout"], r["page_size"],
                                 pl.get("tree_shape", "ddtree"), kv_dtype=kv_dtype)
             p = predict.predict(km, dev, case, cfg.get("num_splits") or None)
-            out.append({"file": str(f), "device": dev.key, "ctx": r["ctx"], "tree_nodes": r["tree_nodes"],
+            out.append({"file": str(f), "device": dev.key, "backend": r["backend"], "ctx": r["ctx"], "tree_nodes": r["tree_nodes"],
                         "layout": r["layout"], "page_size": r["page_size"], "kernel": km.name,
                         "num_splits": p.num_splits, "measured_us": r["median_us"], "predicted_us": p.total_us,
                         "ratio": r["median_us"] / p.total_us, "bound": p.bound})

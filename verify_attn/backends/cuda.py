@@ -6,7 +6,10 @@ torch.utils.cpp_extension + ninja of just the (dtype, head shape, layout)
 asked for (op namespace = the module name, so several variants load side by
 side; cached under torch's extensions dir). JIT targets the local GPU's arch
 (sm_90a / sm_120a) or $VERIFY_ATTN_CUDA_ARCHS (e.g. "sm_90a,sm_120a");
-VERIFY_ATTN_JIT_ALL=1 builds every instantiation into one module instead.
+VERIFY_ATTN_JIT_ALL=1 builds every instantiation into one module instead, and
+VERIFY_ATTN_JIT_SET="mla576_bf16_page1,gqa128_bf16_page1,..." (instantiation file
+stems) builds just those into one module (what `bench.gpu_check` does: one parallel
+build of the instantiations its stages run); a variant outside the set is built alone.
 
 The launch path is CUDA-graph safe: the config (tile + split count) comes from
 static shapes, the grid's M tiles from problem.max_tree_nodes, the fp32
@@ -283,24 +286,48 @@ def variant_name(dtype: str, head: str, layout: str, archs: list[str]) -> str:
 _LOADED: dict[str, str] = {}
 
 
+def jit_set() -> Optional[list[str]]:
+    """The instantiation stems of $VERIFY_ATTN_JIT_SET (validated against the files), sorted; None if unset."""
+    env = os.environ.get("VERIFY_ATTN_JIT_SET", "").strip()
+    if not env:
+        return None
+    stems = sorted({s.strip() for s in env.split(",") if s.strip()})
+    known = {f.stem for f in vb.instantiation_files()}
+    unknown = [s for s in stems if s not in known]
+    if unknown:
+        raise ValueError(f"VERIFY_ATTN_JIT_SET: no instantiation file {', '.join(unknown)}; "
+                         f"known: {', '.join(sorted(known))}")
+    return stems
+
+
+def _module_plan(dtype: str, head: str, layout: str, archs: list[str]) -> tuple[str, list]:
+    """(module name, instantiation files) of the JIT build that holds (dtype, head, layout)."""
+    if os.environ.get("VERIFY_ATTN_JIT_ALL") == "1":
+        return variant_name("all", "kernels", "any", archs), vb.instantiation_files()
+    stems = jit_set()
+    one = vb.instantiation_file(dtype, head, layout)
+    if stems and one.stem in stems:
+        tag = vb.source_hash(stems)[:6]   # the set is part of the name: another set is another module
+        return variant_name("set", f"k{len(stems)}x{tag}", "any", archs), [vb.INST_DIR / f"{s}.cu" for s in stems]
+    return variant_name(dtype, head, layout, archs), [one]
+
+
 def load_ops(dtype: str, head: str, layout: str, archs: Optional[list[str]] = None, verbose: bool = False):
     """The torch.ops namespace holding the kernels for (dtype, head, layout):
-    the AOT module's, or a JIT build of just that instantiation (built once, cached)."""
+    the AOT module's, or a JIT build of just that instantiation (built once, cached),
+    or of the JIT set / every instantiation that holds it (VERIFY_ATTN_JIT_SET / _ALL)."""
     if _aot_module() is not None:
         _fake_registered_aot()
         return getattr(torch.ops, "verify_attn")
     archs = archs or jit_archs()
-    build_all = os.environ.get("VERIFY_ATTN_JIT_ALL") == "1"
-    name = variant_name("all", "kernels", "any", archs) if build_all else variant_name(dtype, head, layout, archs)
+    name, files = _module_plan(dtype, head, layout, archs)
     with _lock:
         if name not in _LOADED:
             vb.ensure_cuda_home()
             from torch.utils.cpp_extension import load
 
-            # one instantiation, or (VERIFY_ATTN_JIT_ALL=1) every one in a single build,
-            # which ninja compiles in parallel: the quickest way to cover the whole
-            # matrix on a many-core GPU machine
-            files = vb.instantiation_files() if build_all else [vb.instantiation_file(dtype, head, layout)]
+            # one instantiation, or several in a single build, which ninja compiles in
+            # parallel: the quickest way to cover a matrix on a many-core GPU machine
             srcs = vb.extension_sources(files)
             lib = load(name=name, sources=srcs, extra_include_paths=[str(vb.CSRC)],
                        extra_cflags=["-O2", f"-DVA_OP_NAMESPACE={name}"],
