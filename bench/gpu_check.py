@@ -224,25 +224,25 @@ def plan(out: Path, a: argparse.Namespace) -> list[Stage]:
          "--no-model"]   # the model's predictions are a CPU job: `model` below, or --collect back home
     pytest = [PY, "-m", "pytest", "-m", "gpu", "-v", "-rfE", "-p", "no:cacheprovider"]
     stages = [
-        Stage("build", [PY, "-m", "bench.gpu_check", "--build-stage"], cap_s=70, min_s=30),
-        Stage("tests", pytest + ["tests/test_arch_emu.py", "tests/test_cuda_gpu.py"], cap_s=75, needs="pytest",
+        Stage("build", [PY, "-m", "bench.gpu_check", "--build-stage"], cap_s=60, min_s=30),
+        Stage("tests", pytest + ["tests/test_arch_emu.py", "tests/test_cuda_gpu.py"], cap_s=60, needs="pytest",
               kernels=("*",)),
-        Stage("ceilings", [PY, "-m", "bench.ceilings", "--refresh", "--json", str(out / "ceilings.json")], cap_s=35),
+        Stage("ceilings", [PY, "-m", "bench.ceilings", "--refresh", "--json", str(out / "ceilings.json")], cap_s=20),
         Stage("headline", v + ["--ctx", "185k", "--tree", "16", "--layout", "page1",
                                "--backend", "cuda@v2,cuda@v1,cuda@v0,triton,triton-serial", "--json",
-                               str(out / "headline.json"), "--csv", str(out / "headline.csv")], cap_s=40, min_s=20),
+                               str(out / "headline.json"), "--csv", str(out / "headline.csv")], cap_s=30, min_s=20),
         Stage("sweep", v + ["--ctx", "185k,64k,16k,4k", "--tree", "16,64,1", "--layout", "page1,paged",
                             "--backend", "cuda@v2,cuda@v1", "--json", str(out / "sweep.json"),
-                            "--csv", str(out / "sweep.csv"), "--plot", str(out / "sweep.png")], cap_s=60, min_s=25),
+                            "--csv", str(out / "sweep.csv"), "--plot", str(out / "sweep.png")], cap_s=50, min_s=25),
         Stage("ncu", ["ncu", "--clock-control", "none", "--target-processes", "all", "-k",
                       "regex:tree_verify_split", "--launch-skip", "2", "-c", "2", "--section", "SpeedOfLight", "--section",
                       "MemoryWorkloadAnalysis_Tables", "--section", "ComputeWorkloadAnalysis", "--section",
                       "SchedulerStats", "--section", "WarpStateStats", "--section", "LaunchStats", "--page", "raw",
                       "--csv", "--log-file", str(out / "ncu_raw.csv"), PY, "-m", "bench.ncu_probe", "--warm"],
-              cap_s=30, min_s=20, needs="ncu", kernels=("mla576_bf16_page1",)),
+              cap_s=25, min_s=20, needs="ncu", kernels=("mla576_bf16_page1",)),
         Stage("peers", v + ["--ctx", "4k,32k,185k", "--tree", "16", "--layout", "page1",
                             "--backend", "cuda,sglang-extend,triton-serial", "--reps", "10",
-                            "--json", str(out / "peers.json")], cap_s=35, min_s=20),
+                            "--json", str(out / "peers.json")], cap_s=30, min_s=20),
         # e4m3 caches (issue 17): the e4m3 kernels and Triton's dequantizing one, against the fp8 floors
         Stage("fp8", v + ["--ctx", "16k,185k", "--tree", "16", "--layout", "page1", "--kv-dtype", "fp8_e4m3",
                           "--backend", "cuda,triton", "--json", str(out / "fp8.json")], cap_s=20),
@@ -253,16 +253,20 @@ def plan(out: Path, a: argparse.Namespace) -> list[Stage]:
         # export into the results folder: the repo's autotune/configs/ does not come back from a GPU machine
         Stage("tune", [PY, "-m", "autotune", *a.tune_args.split(), "--export", str(out / "tuned"),
                        "--cache", str(out / "autotune_cache.json"), "--json", str(out / "autotune.json")],
-              cap_s=40, min_s=25, needs="autotune", kernels=("mla576_bf16_page1",)),
+              cap_s=30, min_s=25, needs="autotune", kernels=("mla576_bf16_page1",)),
         Stage("tests_rest", pytest + ["--deselect", "tests/test_autotune.py::test_gpu_tune_export_and_lookup_through"
                                       "_tree_verify", "tests", "--ignore", "tests/test_arch_emu.py",
                                       "--ignore", "tests/test_cuda_gpu.py"],
-              cap_s=25, needs="pytest", kernels=("*",)),
+              cap_s=80, needs="pytest", kernels=("*",)),
         # predicted vs measured for every timed cuda row (the SASS model; a CPU job that --collect repeats)
         Stage("model", [PY, "-m", "bench.model", "--calibrate", *(str(out / f) for f in
                         ("headline.json", "sweep.json", "fp8.json", "fp8_656.json", "peers.json")),
-                        "--calibrate-json", str(out / "calibration.json")], cap_s=20, min_s=15),
+                        "--calibrate-json", str(out / "calibration.json")], cap_s=25, min_s=15),
     ]
+    if a.knockout:   # where the tile's time goes: variants without the copies / index loads / v2's exchange
+        stages.insert(2, Stage("knockout", [PY, "-m", "bench.knockout", "--ctx", "185k", "--tree", "16,64",
+                                            "--variants", a.knockout, "--versions", "v2,v1",
+                                            "--json", str(out / "knockout.json")], cap_s=100, min_s=40))
     if a.e2e:
         stages.append(Stage("e2e", [PY, "-m", "integration.bench_e2e", "--model", "kimi-k2-tp8", "--simulate-rank",
                                     "--ctx", a.e2e_ctx, "--steps", "4", "--warmup", "1", "--simulate-accept-len", "4",
@@ -448,6 +452,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--e2e", action="store_true", help="also run the e2e decode sweep (kimi-k2-tp8, simulated rank)")
     ap.add_argument("--e2e-ctx", default="1.4k,32k,185k", help="contexts for the e2e stage")
     ap.add_argument("--sanitize", action="store_true", help="compute-sanitizer memcheck on one small case")
+    ap.add_argument("--knockout", metavar="BITS", default=None, const="0,1,2,4,7", nargs="?",
+                    help="also time knockout variants of v2 / v1 (bench.knockout; default bits 0,1,2,4,7)")
     ap.add_argument("--tune", action="store_true", help=argparse.SUPPRESS)   # the tune stage is in the plan now
     ap.add_argument("--only", default=None, help="comma-separated stage names to run (default: all)")
     ap.add_argument("--skip", default=None, help="comma-separated stage names to leave out")

@@ -457,8 +457,9 @@ def test_gpu_small_run_checks_and_times(tmp_path):
     for r in rows.values():
         assert r["status"] in ("ok", "unsupported"), r
         if r["status"] == "ok":
-            assert r["max_rel_err"] < 0.05 and r["median_us"] > 0 and r["timed_on"] == "cuda"
-            assert r["frac_of_floor"] is None or 0 < r["frac_of_floor"] < 1.5
+            assert r["max_rel_err"] < 0.02, r          # normwise: max |err| / max |ref|
+            assert r["median_us"] > 0 and r["timed_on"] == "cuda", r
+            assert r["frac_of_floor"] is None or 0 < r["frac_of_floor"] < 1.5, r
 
 
 def test_overhead_tool_runs_and_cleans_up(capsys):

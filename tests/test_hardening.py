@@ -349,3 +349,16 @@ def test_cache_strides_of_2_31_elements_or_more_are_refused(page_size):
         with pytest.raises(ValueError, match=r"k_cache: \(page_size - 1\) x stride\(1\) must be below 2\*\*31"):
             verify_attn.api.build_problem(kw["q"], tall, kw["v_cache"], kw["qo_indptr"], kw["kv_indptr"],
                                           kw["kv_indices"], kw["kv_lens"], kw["tree_mask"], 0.1, page_size)
+
+
+def test_error_flags_are_one_word_per_device_whatever_the_spelling(monkeypatch):
+    """The first GPU run (2026-12-04, H200) found kernel_errors("cuda") reading a fresh word while the kernels
+    had set the one of torch.device("cuda:0") (a tensor's .device): one key per physical device."""
+    from verify_attn.backends import cuda
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    assert cuda._device_key(torch.device("cuda")) == cuda._device_key("cuda:0") == torch.device("cuda", 0)
+    assert cuda._device_key(torch.device("cuda", 1)) == torch.device("cuda", 1)
+    assert cuda._device_key("cpu") == torch.device("cpu")
+    cuda._ERRORS.pop(torch.device("cpu"), None)
+    cuda.error_flags(torch.device("cpu")).fill_(1)
+    assert cuda.read_errors("cpu") and not cuda.read_errors(torch.device("cpu"))   # the same word, read and cleared

@@ -10,7 +10,19 @@
 #include "../host/host_math.h"
 #include "params.h"
 
+#ifndef VA_TV_KNOCKOUT
+#define VA_TV_KNOCKOUT 0
+#endif
+
 namespace va::tv {
+
+// Timing experiments only (bench/knockout.py builds them with -DVA_TV_KNOCKOUT=bits; their results are wrong
+// by design and they never ship): what a split kernel's tile costs without one of its parts.
+//   kKoNoLoad:     the main loop issues no KV copies (the stages keep stale rows)
+//   kKoNoIndex:    row ids are the token positions (page_size 1), no kv_indices read in the main loop
+//   kKoNoExchange: kernel v2's warpgroups exchange no partial scores (the softmax sees constant scores)
+constexpr int kKnockout = VA_TV_KNOCKOUT;
+constexpr int kKoNoLoad = 1, kKoNoIndex = 2, kKoNoExchange = 4;
 
 // Entry i of an int32 index array, or the low 32-bit word of entry i of an int64 one.
 VA_DEVICE const int32_t* index_at(const int32_t* a, int64_t i, int32_t is64) { return a + (i << is64); }

@@ -255,7 +255,7 @@ struct KernelTraitsV2 {
 
   static constexpr size_t kQ = 0;                                     // (BM rows) Q, core-matrix layout
   static constexpr size_t kKV = size_t(BM / 8) * kGroupBytes;         // STAGES KV tiles
-  static constexpr size_t kPart = kKV + size_t(STAGES) * kStageBytes;  // (2, WG, 128 threads, kSAccN) partial scores
+  static constexpr size_t kPart = kKV + size_t(STAGES) * kStageBytes;  // (2, WG, kSAccN / 4, 128 threads, 4) partial scores
   static constexpr size_t kMask = kPart + size_t(2) * WG * 128 * kSAccN * sizeof(float);
   static constexpr int kMaskStage = 4;  // tree-mask words staged per row (trees up to 128 nodes)
   static constexpr size_t kTotal = kMask + size_t(BM) * kMaskStage * sizeof(uint32_t);

@@ -714,14 +714,16 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
     arch::cp_async_wait<kLoopPending>();  // the tile this iteration's S reads landed (this thread's copies)
     // the index of tile it+STAGES-1: this thread's own ring slot, landed by the wait above, read before
     // the barrier so its latency hides there
-    const int32_t next_id = it + STAGES - 1 < ntiles ? ring_id(it + STAGES - 1) : 0;
+    int32_t next_id = it + STAGES - 1 < ntiles ? ring_id(it + STAGES - 1) : 0;
+    if constexpr (kKnockout & kKoNoIndex)  // page_size 1: the row of token t is t
+      next_id = it + STAGES - 1 < ntiles ? range.begin + (it + STAGES - 1) * BN + ld_row : 0;
     // everyone's; P(it) and alpha(it) published (and with one barrier the partial scores of it + 1);
     // tile it-1's stage free
     arch::block_sync();
     // the copies of tile it+STAGES-1 and the ring copy of a later tile's index issue between the S MMAs
     auto loads = [&] {
-      if (it + STAGES - 1 < ntiles) issue_kv(next_id);
-      if (it + kRingAhead < ntiles) fetch_ring();
+      if (!(kKnockout & kKoNoLoad) && it + STAGES - 1 < ntiles) issue_kv(next_id);
+      if (!(kKnockout & kKoNoIndex) && it + kRingAhead < ntiles) fetch_ring();
       arch::cp_async_commit();
     };
     SAcc sacc;

@@ -106,8 +106,12 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v2(c
   TokenCursor<L> copy_at = idx_at;                                // the next tile to copy
   int idx_tok = range.begin + ld_tok, copy_tok = idx_tok;
   auto read_index = [&]() -> int32_t {
-    const int32_t id =
-        idx_tok < range.end ? ld_index(p.kv_indices, static_cast<int64_t>(kv_base) + idx_at.pos, p.kv_indices_i64) : 0;
+    int32_t id;
+    if constexpr (kKnockout & kKoNoIndex)
+      id = idx_tok < range.end ? idx_at.pos : 0;
+    else
+      id = idx_tok < range.end ? ld_index(p.kv_indices, static_cast<int64_t>(kv_base) + idx_at.pos, p.kv_indices_i64)
+                               : 0;
     idx_at.advance();
     idx_tok += BN;
     return id;
@@ -149,9 +153,14 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v2(c
   float oacc[kOAccN];
 #pragma unroll
   for (int i = 0; i < kOAccN; ++i) oacc[i] = 0.f;
-  // partial scores of tile t: set t % 2, warpgroup g's at (g, thread in warpgroup) -- the fragment positions
-  // of a thread coincide across warpgroups
-  auto part_at = [&](int tile, int g) { return sPart + (((tile & 1) * WG + g) * 128 + tid % 128) * kSAccN; };
+  // partial scores of tile t: set t % 2, warpgroup g, the thread's float4 number e4 at
+  // ((set * WG + g) * kSAccN / 4 + e4) * 128 + thread in warpgroup (float4 units) -- the fragment positions of a
+  // thread coincide across warpgroups. Consecutive threads hold consecutive float4s, so each quarter warp's
+  // 16-byte accesses cover one 128-byte row: no bank conflict (the first layout, a thread's kSAccN floats
+  // side by side, put a 64-byte stride between threads: 4-way conflicts on every exchange access, 13.4M
+  // conflicts in one 185k call by ncu on the H200, 2026-12-04)
+  auto part_at = [&](int tile, int g) { return sPart + ((((tile & 1) * WG + g) * (kSAccN / 4)) * 128 + tid % 128) * 4; };
+  constexpr int kPartE4 = 128 * 4;  // floats from one float4 number of a thread to its next
   auto tile_masked = [&](int tile) { return h::tile_needs_mask(range.begin + tile * BN, BN, prefix, range.end); };
 
   // S(tile) over this warpgroup's dims, issued and committed (not waited for)
@@ -170,10 +179,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v2(c
     arch::wgmma_fence_operand(sacc);
   };
   auto s_store = [&](int tile) {
+    if constexpr (kKnockout & kKoNoExchange) return;
     float* my = part_at(tile, wg);
 #pragma unroll
     for (int e = 0; e < kSAccN; e += 4)
-      *reinterpret_cast<float4*>(my + e) = make_float4(sacc[e], sacc[e + 1], sacc[e + 2], sacc[e + 3]);
+      *reinterpret_cast<float4*>(my + (e / 4) * kPartE4) = make_float4(sacc[e], sacc[e + 1], sacc[e + 2], sacc[e + 3]);
   };
 
   // ---- tile 0's S before the loop ----
@@ -199,25 +209,31 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v2(c
     // tile); in the last iteration it reads a stage nothing landed in for it, and its scores are never read:
     // the same instruction stream in every iteration keeps ptxas from serializing the wgmmas
     s_issue(st_next);
-    if (it + STAGES - 1 < ntiles) issue_kv(st_prev, next_id);  // tile it + STAGES - 1 into stage (it - 1)
+    if (!(kKnockout & kKoNoLoad) && it + STAGES - 1 < ntiles) issue_kv(st_prev, next_id);  // tile it + STAGES - 1
+                                                                                           // into stage (it - 1)
     arch::cp_async_commit();
     if (it + STAGES < ntiles) next_id = read_index();
 
     // the full scores of tile it at this thread's fragment positions, summed in warpgroup order (every
     // warpgroup gets the same bits); d[e]: row qg + 8 ((e % 4) / 2), column 8 (e / 4) + 2 qt + (e % 2)
     float s[kSAccN];
+    if constexpr (kKnockout & kKoNoExchange) {
 #pragma unroll
-    for (int e = 0; e < kSAccN; e += 4) {
-      const float4 v = *reinterpret_cast<const float4*>(part_at(it, 0) + e);
-      s[e] = v.x, s[e + 1] = v.y, s[e + 2] = v.z, s[e + 3] = v.w;
-    }
-#pragma unroll
-    for (int g = 1; g < WG; ++g)
+      for (int e = 0; e < kSAccN; ++e) s[e] = 0.f;
+    } else {
 #pragma unroll
       for (int e = 0; e < kSAccN; e += 4) {
-        const float4 v = *reinterpret_cast<const float4*>(part_at(it, g) + e);
-        s[e] += v.x, s[e + 1] += v.y, s[e + 2] += v.z, s[e + 3] += v.w;
+        const float4 v = *reinterpret_cast<const float4*>(part_at(it, 0) + (e / 4) * kPartE4);
+        s[e] = v.x, s[e + 1] = v.y, s[e + 2] = v.z, s[e + 3] = v.w;
       }
+#pragma unroll
+      for (int g = 1; g < WG; ++g)
+#pragma unroll
+        for (int e = 0; e < kSAccN; e += 4) {
+          const float4 v = *reinterpret_cast<const float4*>(part_at(it, g) + (e / 4) * kPartE4);
+          s[e] += v.x, s[e + 1] += v.y, s[e + 2] += v.z, s[e + 3] += v.w;
+        }
+    }
     const bool masked = tile_masked(it);
     const int tok0 = range.begin + it * BN;
     float tmax[2] = {h::neg_inf(), h::neg_inf()};

@@ -234,8 +234,18 @@ KERNEL_ERRORS = {1: "a request had more tree nodes than its tree_mask rows descr
 _ERRORS: dict[torch.device, torch.Tensor] = {}
 
 
+def _device_key(device: torch.device) -> torch.device:
+    """One key per physical device: torch.device("cuda") and torch.device("cuda:0") name the same one (a tensor's
+    .device always carries the index; a user's kernel_errors("cuda") does not)."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
 def error_flags(device: torch.device) -> torch.Tensor:
     """The device's int32 [1] error-bit word the kernels set (allocated once; before graph capture)."""
+    device = _device_key(device)
     t = _ERRORS.get(device)
     if t is None:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
@@ -300,6 +310,18 @@ def jit_set() -> Optional[list[str]]:
     return stems
 
 
+def knockout_bits() -> int:
+    """$VERIFY_ATTN_KNOCKOUT: the kernels' timing-experiment bits (csrc/tree_verify/request.cuh kKo*; results wrong by
+    design), 0 when unset. Only bench/knockout.py sets it."""
+    v = os.environ.get("VERIFY_ATTN_KNOCKOUT", "").strip()
+    if not v:
+        return 0
+    if not v.isdigit() or not 0 <= int(v) < 8:
+        raise ValueError(f"VERIFY_ATTN_KNOCKOUT: bits 0..7 (1 no KV copies, 2 no index loads, 4 no v2 exchange), "
+                         f"got {v!r}")
+    return int(v)
+
+
 def _module_plan(dtype: str, head: str, layout: str, archs: list[str]) -> tuple[str, list]:
     """(module name, instantiation files) of the JIT build that holds (dtype, head, layout)."""
     if os.environ.get("VERIFY_ATTN_JIT_ALL") == "1":
@@ -321,6 +343,11 @@ def load_ops(dtype: str, head: str, layout: str, archs: Optional[list[str]] = No
         return getattr(torch.ops, "verify_attn")
     archs = archs or jit_archs()
     name, files = _module_plan(dtype, head, layout, archs)
+    defines = [f"-DVA_OP_NAMESPACE={name}"]
+    ko = knockout_bits()
+    if ko:  # a timing experiment's build (bench/knockout.py): its own module, never the shipped one
+        name = f"{name}_ko{ko}"
+        defines = [f"-DVA_OP_NAMESPACE={name}", f"-DVA_TV_KNOCKOUT={ko}"]
     with _lock:
         if name not in _LOADED:
             vb.ensure_cuda_home()
@@ -330,8 +357,7 @@ def load_ops(dtype: str, head: str, layout: str, archs: Optional[list[str]] = No
             # parallel: the quickest way to cover a matrix on a many-core GPU machine
             srcs = vb.extension_sources(files)
             lib = load(name=name, sources=srcs, extra_include_paths=[str(vb.CSRC)],
-                       extra_cflags=["-O2", f"-DVA_OP_NAMESPACE={name}"],
-                       extra_cuda_cflags=vb.nvcc_extension_flags(archs) + [f"-DVA_OP_NAMESPACE={name}"],
+                       extra_cflags=["-O2", *defines], extra_cuda_cflags=vb.nvcc_extension_flags(archs) + defines,
                        is_python_module=False, verbose=verbose)
             if isinstance(lib, str):  # older torch returns the path without loading it
                 torch.ops.load_library(lib)
