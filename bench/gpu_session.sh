@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole GPU session in one call (the device tool runs it from the repo root; see bench/gpu_check.py):
-#   bash bench/gpu_session.sh [budget_s]        (carry: tests/sglang_ref, .carry)
+#   bash bench/gpu_session.sh [budget_s [gpu_check args...]]   (carry: tests/sglang_ref, .carry)
+#   e.g. bash bench/gpu_session.sh 320 --only build,tests,knockout,headline --knockout
 # - .carry/cache: VERIFY_ATTN_CACHE with the sm_90a cubins the model stage reads, built on the CPU machine
 #   (python -m bench.gpu_check --prepare-carry); a miss only costs the model stage its time
 # - nvidia-smi samples clocks, power and temperature once a second while it runs (the model's clock input)
@@ -13,7 +14,8 @@ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem,power.li
 nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu \
   --format=csv -lms 1000 > /tmp/smi.csv 2>&1 &
 SMI=$!
-"$PYBIN" -m bench.gpu_check --budget-s "${1:-440}" 2>&1 | tee /tmp/gpu_check_stdout.log
+BUDGET=${1:-440}; shift || true
+"$PYBIN" -m bench.gpu_check --budget-s "$BUDGET" "$@" 2>&1 | tee /tmp/gpu_check_stdout.log
 rc=$?
 kill "$SMI" 2>/dev/null
 [ -n "${OUT:-}" ] && cp /tmp/gpu_check_stdout.log /tmp/smi.csv "$OUT"/
