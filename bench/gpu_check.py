@@ -464,6 +464,8 @@ def _parser() -> argparse.ArgumentParser:
                     f"needed), time it and scale it to {DEVICE_CORES} cores; writes {BUILD_TIMES.relative_to(REPO)}")
     ap.add_argument("--prepare-carry", action="store_true", help="build here the sm_90a cubins the model stage "
                     "reads into .carry/cache (bench/gpu_session.sh points VERIFY_ATTN_CACHE there; carry .carry)")
+    ap.add_argument("--collect-as", metavar="NAME", default=None, help="with --collect: the folder under "
+                    "bench/results/ (default: the device, e.g. h200)")
     ap.add_argument("--collect", metavar="DIR", help="unpack a returned run (DIR holds gpu_check_results.tar.gz) "
                     "into bench/results/h200/ and autotune/configs/, and print the table with the model's readings")
     return ap
@@ -510,7 +512,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         return build_stage(test_libs=os.environ.get("VA_GPU_CHECK_TEST_LIBS", "1") == "1")
     if a.collect:
         from bench.gpu_results import collect
-        return collect(Path(a.collect))
+        return collect(Path(a.collect), name=a.collect_as)
     if a.prepare_carry:
         return prepare_carry()
 

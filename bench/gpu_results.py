@@ -50,7 +50,8 @@ def _archive(src: Path) -> Path:
 
 
 def collect(src: Path, dest_root: Optional[Path] = None, configs: Optional[Path] = None,
-            calibrate: bool = True) -> int:
+            calibrate: bool = True, name: Optional[str] = None) -> int:
+    """Unpack the run at `src` into <dest_root>/<name> (default bench/results/<device slug>)."""
     from bench.gpu_check import print_table
 
     archive = _archive(src)
@@ -61,7 +62,7 @@ def collect(src: Path, dest_root: Optional[Path] = None, configs: Optional[Path]
         rec = {}
         if (tmp / "gpu_check.json").exists():
             rec = json.loads((tmp / "gpu_check.json").read_text())
-        dest = (dest_root or REPO / "bench" / "results") / device_slug(rec.get("device", ""))
+        dest = (dest_root or REPO / "bench" / "results") / (name or device_slug(rec.get("device", "")))
         (dest / "logs").mkdir(parents=True, exist_ok=True)
         moved = []
         for p in sorted(tmp.rglob("*")):

@@ -39,9 +39,10 @@ def device_of(gpu_name: Optional[str]) -> Optional[devices.DeviceModel]:
     return None
 
 
-def rows(paths: Optional[Iterable[Path]] = None) -> list[dict]:
+def rows(paths: Optional[Iterable[Path]] = None, skipped: Optional[list] = None) -> list[dict]:
     """Measured cuda rows joined with their prediction: [{file, device, ctx, tree, layout, config, measured_us,
-    predicted_us, ratio, kernel}]."""
+    predicted_us, ratio, kernel}]; rows whose kernel the model cannot read go to `skipped` (why, one line each)."""
+    skipped = [] if skipped is None else skipped
     out = []
     for f, pl in _payloads(paths):
         dev = device_of(pl.get("device"))
@@ -63,7 +64,11 @@ def rows(paths: Optional[Iterable[Path]] = None) -> list[dict]:
                          (cfg["block_m"], cfg["block_n"], cfg["num_warps"], cfg["num_stages"])), None)
             if tile is None:
                 continue
-            km = kernels.find(dev.arch, head, pl.get("dtype", "bf16"), r["layout"], tile)
+            try:
+                km = kernels.find(dev.arch, head, pl.get("dtype", "bf16"), r["layout"], tile)
+            except LookupError as e:  # a kernel the model cannot read (e.g. a loop without a readable trip count)
+                skipped.append(f"{f.name}: {r['backend']} {head} {r['layout']} ctx {r['ctx']}: {e}")
+                continue
             case = predict.Case(shape, r["ctx"], r["tree_nodes"], pl.get("batch", 1), r["layout"], r["page_size"],
                                 pl.get("tree_shape", "ddtree"), kv_dtype=kv_dtype)
             p = predict.predict(km, dev, case, cfg.get("num_splits") or None)
@@ -75,7 +80,10 @@ def rows(paths: Optional[Iterable[Path]] = None) -> list[dict]:
 
 
 def calibrate(paths: Optional[list[Path]] = None, json_path: Optional[str] = None) -> int:
-    rs = rows(paths)
+    skipped: list[str] = []
+    rs = rows(paths, skipped)
+    for why in skipped:
+        print(f"not predicted: {why}")
     if json_path:
         Path(json_path).write_text(json.dumps({"rows": rs, "within_25pct": sum(0.75 <= r["ratio"] <= 1.25 for r in rs)},
                                               indent=1))
