@@ -86,10 +86,10 @@ def _probe_module():
     vb.ensure_cuda_home()
     archs = jit_archs()
     src = vb.CSRC / "ceilings"
-    tag = vb.source_hash([str(src / "mma_peak.cu"), *((src / f).read_text() for f in
-                                                      ("mma_peak.cu", "mma_peak.h", "mma_peak_binding.cpp"))])[:8]
+    files = ("mma_peak.cu", "kv_stream.cu", "mma_peak.h", "mma_peak_binding.cpp")
+    tag = vb.source_hash([str(src / "mma_peak.cu"), *((src / f).read_text() for f in files)])[:8]
     return load(name="va_mma_peak_" + "_".join(a.replace("sm_", "") for a in archs) + "_" + tag,
-                sources=[str(src / "mma_peak_binding.cpp"), str(src / "mma_peak.cu")],
+                sources=[str(src / "mma_peak_binding.cpp"), str(src / "mma_peak.cu"), str(src / "kv_stream.cu")],
                 extra_include_paths=[str(vb.CSRC)], extra_cuda_cflags=vb.nvcc_extension_flags(archs))
 
 
@@ -136,6 +136,40 @@ def measure_mma_sync_tflops(reps: int = 10, iters: int = 512) -> float:
     if not torch.isfinite(out).all():
         raise RuntimeError("mma_peak produced non-finite sums")
     return mod.flops(blocks, iters) / (ms * 1e-3) / 1e12
+
+
+KV_STREAM_TILES = ((16, 2), (16, 4), (16, 8), (32, 2), (32, 3), (32, 4), (32, 6), (64, 2), (64, 3))  # (bn, stages)
+
+
+def measure_kv_stream(ctx: int = 185_000, row_bytes: int = 1152, tiles=KV_STREAM_TILES, delays=(0, 3000),
+                      reps: int = 5) -> list[dict]:
+    """The KV stream probe (csrc/ceilings/kv_stream.cu) over tile shapes, prefetch depths, lane layouts, row-id
+    sources and stand-in math per tile: one CTA per SM streaming `ctx` shuffled rows of `row_bytes` (the MLA
+    row), cold (the pool is 4x L2 or more at 185k). Rows: {bn, stages, across, idx, delay, inflight_bytes (the
+    prefetch distance in bytes per SM), us, gbs, us_per_tile}. What the model's memory term is judged
+    against."""
+    from verify_attn import device as vdevice
+
+    mod = _probe_module()
+    sms = vdevice.query(torch.cuda.current_device()).sm_count
+    g = torch.Generator(device="cuda").manual_seed(0)
+    pool = torch.randint(0, 255, (ctx * row_bytes,), dtype=torch.uint8, device="cuda", generator=g)
+    shuffled = torch.randperm(ctx, device="cuda", generator=g).to(torch.int32)
+    out = torch.zeros(sms, dtype=torch.float32, device="cuda")
+    per_cta = -(-ctx // sms)
+    rows = []
+    for bn, stages in tiles:
+        for across in (0, 1):
+            for idx in (0, 1, 2):
+                for delay in delays:
+                    ms = _event_median_ms(lambda: mod.kv_stream(pool, shuffled, out, row_bytes, bn, stages, across, idx,
+                                                                delay, sms), reps, warmup=1)
+                    tiles_per_cta = -(-per_cta // bn)
+                    rows.append({"bn": bn, "stages": stages, "across": across, "idx": idx, "delay": delay,
+                                 "inflight_bytes": (stages - 1) * bn * row_bytes, "us": ms * 1e3,
+                                 "gbs": ctx * row_bytes / (ms * 1e-3) / 1e9,
+                                 "us_per_tile": ms * 1e3 / tiles_per_cta})
+    return rows
 
 
 def _has_wgmma() -> bool:
@@ -250,7 +284,20 @@ def main(argv: Optional[list[str]] = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--refresh", action="store_true", help="measure again even if cached")
     ap.add_argument("--json", metavar="PATH", help="also write the entry to PATH")
+    ap.add_argument("--kv-stream", metavar="PATH", help="run the KV stream probe sweep (the loader alone: bandwidth "
+                    "against bytes in flight, lane layout, row-id source) and write its rows to PATH")
     a = ap.parse_args(argv)
+    if a.kv_stream:
+        if not torch.cuda.is_available():
+            print("no CUDA device: the KV stream probe needs one")
+            return 0
+        rows = measure_kv_stream()
+        Path(a.kv_stream).write_text(json.dumps({"device": torch.cuda.get_device_name(), "rows": rows}, indent=1))
+        print(f"{'bn':>3} {'st':>2} {'across':>6} {'idx':>3} {'delay':>5} {'in flight':>9} {'us':>8} {'GB/s':>7}")
+        for r in rows:
+            print(f"{r['bn']:3d} {r['stages']:2d} {r['across']:6d} {r['idx']:3d} {r['delay']:5d} "
+                  f"{r['inflight_bytes'] / 1024:8.0f}K {r['us']:8.1f} {r['gbs']:7.0f}")
+        return 0
     c = get_ceilings(refresh=a.refresh)
     if c is None:
         print("no CUDA device: nothing to measure (the benchmark then uses datasheet ceilings)")

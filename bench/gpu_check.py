@@ -13,6 +13,8 @@ the budget is skipped and said so. Stages, in order of value:
              (tests/test_cuda_gpu.py: matrix, trees, odd lengths, splits, graphs, versions)
   ceilings   bench/ceilings.py: copy bandwidth, bf16 mma.sync / wgmma / cuBLAS rates, HMMA and
              wgmma latency, L2 and DRAM read bandwidth (the model's calibration inputs)
+  kvstream   the KV stream probe: the loader alone (scattered 1152-byte rows through a cp.async ring),
+             bandwidth against bytes in flight, lane layout and row-id source (the model's memory term)
   headline   bench.verify at 185k, 16 nodes, page1: cuda v2, v1, v0 side by side, triton, triton-serial
   sweep      bench.verify 185k..4k x trees 16, 64, 1 x page1 / paged: cuda v2 and v1
   ncu        Nsight Compute on one v2 and one v1 split kernel at 185k / 16 nodes (speed of light,
@@ -200,6 +202,9 @@ def time_build(stems: list[str], arch: str = "sm_90a", cores: int = DEVICE_CORES
             "date": _dt.datetime.now().isoformat(timespec="seconds")}
 
 
+# the ncu stage's default: speed of light, memory tables (bank conflicts), pipes, scheduler and warp stalls
+NCU_RAW = ("--section SpeedOfLight --section MemoryWorkloadAnalysis_Tables --section ComputeWorkloadAnalysis "
+           "--section SchedulerStats --section WarpStateStats --section LaunchStats --page raw").split()
 MODEL_STEMS = ("mla576_bf16_page1", "mla576_bf16_paged", "mla576e4m3_bf16_page1", "mla576x656_bf16_page1")
 CARRY = REPO / ".carry"
 
@@ -228,17 +233,19 @@ def plan(out: Path, a: argparse.Namespace) -> list[Stage]:
         Stage("tests", pytest + ["tests/test_arch_emu.py", "tests/test_cuda_gpu.py"], cap_s=60, needs="pytest",
               kernels=("*",)),
         Stage("ceilings", [PY, "-m", "bench.ceilings", "--refresh", "--json", str(out / "ceilings.json")], cap_s=20),
+        Stage("kvstream", [PY, "-m", "bench.ceilings", "--kv-stream", str(out / "kv_stream.json")], cap_s=20,
+              min_s=10),
         Stage("headline", v + ["--ctx", "185k", "--tree", "16", "--layout", "page1",
                                "--backend", "cuda@v2,cuda@v1,cuda@v0,triton,triton-serial", "--json",
                                str(out / "headline.json"), "--csv", str(out / "headline.csv")], cap_s=30, min_s=20),
         Stage("sweep", v + ["--ctx", "185k,64k,16k,4k", "--tree", "16,64,1", "--layout", "page1,paged",
                             "--backend", "cuda@v2,cuda@v1", "--json", str(out / "sweep.json"),
-                            "--csv", str(out / "sweep.csv"), "--plot", str(out / "sweep.png")], cap_s=50, min_s=25),
+                            "--csv", str(out / "sweep.csv"), "--plot", str(out / "sweep.png")], cap_s=45, min_s=25),
         Stage("ncu", ["ncu", "--clock-control", "none", "--target-processes", "all", "-k",
-                      "regex:tree_verify_split", "--launch-skip", "2", "-c", "2", "--section", "SpeedOfLight", "--section",
-                      "MemoryWorkloadAnalysis_Tables", "--section", "ComputeWorkloadAnalysis", "--section",
-                      "SchedulerStats", "--section", "WarpStateStats", "--section", "LaunchStats", "--page", "raw",
-                      "--csv", "--log-file", str(out / "ncu_raw.csv"), PY, "-m", "bench.ncu_probe", "--warm"],
+                      "regex:tree_verify_split", "--launch-skip", "2", "-c", "2",
+                      *(a.ncu_args.split() if a.ncu_args else NCU_RAW), "--csv", "--log-file",
+                      str(out / ("ncu_source.csv" if a.ncu_args and "source" in a.ncu_args else "ncu_raw.csv")),
+                      PY, "-m", "bench.ncu_probe", "--warm"],
               cap_s=25, min_s=20, needs="ncu", kernels=("mla576_bf16_page1",)),
         Stage("peers", v + ["--ctx", "4k,32k,185k", "--tree", "16", "--layout", "page1",
                             "--backend", "cuda,sglang-extend,triton-serial", "--reps", "10",
@@ -253,15 +260,15 @@ def plan(out: Path, a: argparse.Namespace) -> list[Stage]:
         # export into the results folder: the repo's autotune/configs/ does not come back from a GPU machine
         Stage("tune", [PY, "-m", "autotune", *a.tune_args.split(), "--export", str(out / "tuned"),
                        "--cache", str(out / "autotune_cache.json"), "--json", str(out / "autotune.json")],
-              cap_s=30, min_s=25, needs="autotune", kernels=("mla576_bf16_page1",)),
+              cap_s=25, min_s=20, needs="autotune", kernels=("mla576_bf16_page1",)),
         Stage("tests_rest", pytest + ["--deselect", "tests/test_autotune.py::test_gpu_tune_export_and_lookup_through"
                                       "_tree_verify", "tests", "--ignore", "tests/test_arch_emu.py",
                                       "--ignore", "tests/test_cuda_gpu.py"],
-              cap_s=80, needs="pytest", kernels=("*",)),
+              cap_s=75, needs="pytest", kernels=("*",)),
         # predicted vs measured for every timed cuda row (the SASS model; a CPU job that --collect repeats)
         Stage("model", [PY, "-m", "bench.model", "--calibrate", *(str(out / f) for f in
                         ("headline.json", "sweep.json", "fp8.json", "fp8_656.json", "peers.json")),
-                        "--calibrate-json", str(out / "calibration.json")], cap_s=25, min_s=15),
+                        "--calibrate-json", str(out / "calibration.json")], cap_s=20, min_s=15),
     ]
     if a.knockout:   # where the tile's time goes: variants without the copies / index loads / v2's exchange
         stages.insert(2, Stage("knockout", [PY, "-m", "bench.knockout", "--ctx", "185k", "--tree", "16,64",
@@ -452,6 +459,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--e2e", action="store_true", help="also run the e2e decode sweep (kimi-k2-tp8, simulated rank)")
     ap.add_argument("--e2e-ctx", default="1.4k,32k,185k", help="contexts for the e2e stage")
     ap.add_argument("--sanitize", action="store_true", help="compute-sanitizer memcheck on one small case")
+    ap.add_argument("--ncu-args", default=None, help="the ncu stage's sections and page instead of the default "
+                    "(e.g. '--section SourceCounters --page source --print-source sass': per-instruction stalls)")
     ap.add_argument("--knockout", metavar="BITS", default=None, const="0,1,2,4,7", nargs="?",
                     help="also time knockout variants of v2 / v1 (bench.knockout; default bits 0,1,2,4,7)")
     ap.add_argument("--tune", action="store_true", help=argparse.SUPPRESS)   # the tune stage is in the plan now

@@ -3,6 +3,8 @@
 
 #include <cuda_runtime_api.h>  // cudaStream_t (this header is also seen by the host-only binding)
 
+#include <cstdint>
+
 namespace va::ceil {
 // FLOPs one launch performs.
 double mma_peak_flops(int blocks, int iters);
@@ -21,4 +23,12 @@ void launch_wgmma_peak(int blocks, int iters, float* out, cudaStream_t stream);
 // out[0] / out[2] = SM cycles per (m64n64k16 / m64n256k16 bf16 wgmma + wait_group 0), one warpgroup;
 // out: [4] fp32 (out[1], out[3] only keep the chains alive).
 void launch_wgmma_latency(int iters, float* out, cudaStream_t stream);
+// The KV stream probe (csrc/ceilings/kv_stream.cu): `blocks` CTAs stream their shares of ntok rows of
+// row_bytes (pool[indices[t]], or pool[t] with idx_mode 0) through a `stages`-deep cp.async ring of bn-row
+// tiles; across: the lanes' layout over the rows (0: along a row, 1: across 8 rows); delay: SM cycles of
+// stand-in math per tile. out: [blocks] fp32 (written only to keep the reads alive). Throws
+// std::invalid_argument for a stage count without an instantiation (2, 3, 4, 6, 8).
+int kv_stream_threads();
+void launch_kv_stream(int blocks, const void* pool, const int32_t* indices, int ntok, int row_bytes, int bn,
+                      int stages, int across, int idx_mode, int delay, float* out, cudaStream_t stream);
 }  // namespace va::ceil

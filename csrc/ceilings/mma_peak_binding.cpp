@@ -59,6 +59,30 @@ void read_bw(torch::Tensor buf, torch::Tensor out, int64_t blocks, int64_t repea
                            static_cast<int>(repeats), out.data_ptr<float>(),
                            c10::cuda::getCurrentCUDAStream(out.get_device()).stream());
 }
+void kv_stream(torch::Tensor pool, torch::Tensor indices, torch::Tensor out, int64_t row_bytes, int64_t bn,
+               int64_t stages, int64_t across, int64_t idx_mode, int64_t delay, int64_t blocks) {
+  TORCH_CHECK(pool.is_cuda() && pool.is_contiguous() && pool.scalar_type() == torch::kUInt8,
+              "pool: a contiguous uint8 CUDA tensor [rows * row_bytes]");
+  TORCH_CHECK(indices.is_cuda() && indices.is_contiguous() && indices.scalar_type() == torch::kInt32,
+              "indices: a contiguous int32 CUDA tensor [ntok]");
+  TORCH_CHECK(out.is_cuda() && out.scalar_type() == torch::kFloat32 && out.numel() >= blocks, "out: float32 [blocks]");
+  TORCH_CHECK(row_bytes >= 16 && row_bytes % 16 == 0, "row_bytes: a multiple of 16");
+  TORCH_CHECK(bn >= 8 && bn % 8 == 0 && va::ceil::kv_stream_threads() % bn == 0, "bn: a multiple of 8 dividing ",
+              va::ceil::kv_stream_threads());
+  TORCH_CHECK(idx_mode >= 0 && idx_mode <= 2 && (across == 0 || across == 1) && delay >= 0 && blocks >= 1,
+              "idx_mode 0..2, across 0/1, delay >= 0, blocks >= 1");
+  TORCH_CHECK(stages * bn * row_bytes <= 227 * 1024, "stages x bn x row_bytes must fit 227 KB of shared memory");
+  TORCH_CHECK(pool.numel() >= indices.numel() * row_bytes, "pool must hold one row per index position");
+  try {
+    va::ceil::launch_kv_stream(static_cast<int>(blocks), pool.data_ptr(), indices.data_ptr<int32_t>(),
+                               static_cast<int>(indices.numel()), static_cast<int>(row_bytes), static_cast<int>(bn),
+                               static_cast<int>(stages), static_cast<int>(across), static_cast<int>(idx_mode),
+                               static_cast<int>(delay), out.data_ptr<float>(),
+                               c10::cuda::getCurrentCUDAStream(out.get_device()).stream());
+  } catch (const std::invalid_argument& e) {
+    TORCH_CHECK_VALUE(false, e.what());
+  }
+}
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -71,5 +95,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("wgmma_threads", &va::ceil::wgmma_peak_threads, "threads per wgmma_peak block");
   m.def("wgmma_latency", &wgmma_latency,
         "cycles per (wgmma + wait_group 0) round, N = 64 into out[0], N = 256 into out[2] (out, iters)");
+  m.def("kv_stream", &kv_stream, "the KV stream probe (pool, indices, out, row_bytes, bn, stages, across, "
+        "idx_mode, delay, blocks)");
   m.def("read_bw", &read_bw, "every block reads its share of buf, repeats times (buf, out, blocks, repeats)");
 }
