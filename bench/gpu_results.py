@@ -9,6 +9,7 @@ calibration.json, and prints the short table with the model's reading beside eac
 """
 from __future__ import annotations
 
+import gzip
 import json
 import re
 import shutil
@@ -18,9 +19,7 @@ from pathlib import Path
 from typing import Optional
 
 REPO = Path(__file__).resolve().parent.parent
-RESULT_FILES = ("headline", "sweep", "peers", "fp8", "fp8_656", "gqa", "ceilings", "build", "gpu_check", "autotune",
-                "e2e")
-
+BIG = 1 << 20  # files larger than this are stored gzipped
 
 def device_slug(name: str) -> str:
     """'NVIDIA H200' -> 'h200'."""
@@ -78,7 +77,12 @@ def collect(src: Path, dest_root: Optional[Path] = None, configs: Optional[Path]
             else:
                 continue
             target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(p, target)
+            if p.stat().st_size > BIG:   # e.g. ncu's per-instruction page: committed gzipped
+                target = target.with_name(target.name + ".gz")
+                with open(p, "rb") as fin, gzip.open(target, "wb") as fout:
+                    shutil.copyfileobj(fin, fout)
+            else:
+                shutil.copyfile(p, target)
             moved.append(target)
     for name in ("gpu_check_stdout.log", "smi.csv"):   # bench/gpu_session.sh writes these beside the archive
         p = archive.parent / name
