@@ -50,6 +50,25 @@ if os.environ.get("VERIFY_ATTN_BUILD_CUDA") == "1":
     ext_modules = aot_extensions()
     cmdclass["build_ext"] = BuildExtension.with_options(use_ninja=True)
 
+# Every third-party module the package, its tools and its tests import is declared here
+# (tests/test_dependencies.py checks the imports against these lists).
+INSTALL_REQUIRES = [
+    "torch>=2.11",
+    "triton>=3.6; platform_system == 'Linux'",
+    "numpy",
+    "ninja",          # torch.utils.cpp_extension JIT builds
+    "pybind11",       # host-only modules (index arithmetic, emulator)
+    "cuda-python",    # device properties and occupancy in bench/autotune
+    "nvtx",           # ranges in the decode loop
+    "rich",           # tables
+    "tqdm",           # progress bars
+    "matplotlib",     # plots
+    # SASS tools for the performance model (bench.model): not in the toolkit on every machine
+    "nvidia-cuda-nvdisasm; platform_system == 'Linux'",
+    "nvidia-cuda-cuobjdump; platform_system == 'Linux'",
+]
+EXTRAS_REQUIRE = {"test": ["pytest>=8", "hypothesis", "scipy"]}   # scipy: the sampler's chi-square test
+
 setup(
     name="verify_attn",
     version="0.1.0",
@@ -57,22 +76,8 @@ setup(
     packages=find_packages(include=["verify_attn*", "autotune*", "bench*", "integration*"]),
     package_data={"autotune": ["configs/*.json", "configs/*.md"]},
     python_requires=">=3.10",
-    install_requires=[
-        "torch>=2.11",
-        "triton>=3.6; platform_system == 'Linux'",
-        "numpy",
-        "ninja",          # torch.utils.cpp_extension JIT builds
-        "pybind11",       # host-only modules (index arithmetic, emulator)
-        "cuda-python",    # device properties and occupancy in bench/autotune
-        "nvtx",           # ranges in the decode loop
-        "rich",           # tables
-        "tqdm",           # progress bars
-        "matplotlib",     # plots
-        # SASS tools for the performance model (bench.model): not in the toolkit on every machine
-        "nvidia-cuda-nvdisasm; platform_system == 'Linux'",
-        "nvidia-cuda-cuobjdump; platform_system == 'Linux'",
-    ],
-    extras_require={"test": ["pytest>=8", "hypothesis"]},
+    install_requires=INSTALL_REQUIRES,
+    extras_require=EXTRAS_REQUIRE,
     ext_modules=ext_modules,
     cmdclass=cmdclass,
 )

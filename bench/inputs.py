@@ -7,13 +7,11 @@ import torch
 
 from verify_attn import tree as vtree
 from verify_attn.fp8 import FP8_KV_DTYPES, KV_DTYPE_OF, quantize_kwargs
-from verify_attn.layouts import lay_out
+from verify_attn.layouts import ALLOC_MODES, free_order, lay_out
 from verify_attn.shapes import HeadShape
 
-# --alloc: the slot/page allocator the pool models (integration/kv.py has the same policies for the loop):
-# shuffled (a pool after heavy churn), contiguous (a serving engine's sorted free list: consecutive ids),
-# fragmented (shuffled runs of 8..256 consecutive ids)
-ALLOC_MODES = ("shuffled", "contiguous", "fragmented")
+# --alloc: the slot/page allocator the pool models: verify_attn.layouts.ALLOC_MODES (the decode loop's cache uses
+# the same policies)
 
 # --tree-shape names -> verify_attn.tree kinds. "ddtree" is the bushy kind (each node
 # picks a recent earlier parent), the shape a DDTree node budget produces.
@@ -74,8 +72,7 @@ def make_inputs(shape: HeadShape, ctx: int, trees: list[list[int]], page_size: i
 
 def _fragment(lay: dict, shape: HeadShape, g: torch.Generator) -> dict:
     """Renumber a contiguous layout's slots/pages so each request's ids come in runs of 8..256
-    consecutive ids with the runs shuffled (integration.kv.free_order's "fragmented")."""
-    from integration.kv import free_order
+    consecutive ids with the runs shuffled (verify_attn.layouts.free_order's "fragmented")."""
     pool = lay["k_cache"]
     n = pool.shape[0]
     order = torch.tensor(free_order(n, "fragmented", g), dtype=torch.long, device=pool.device)  # old id i -> order[i]

@@ -27,27 +27,7 @@ from typing import Sequence
 
 import torch
 
-from verify_attn.layouts import PagedPool
-
-ALLOC_MODES = ("shuffled", "contiguous", "fragmented")
-
-
-def free_order(n: int, mode: str, generator: torch.Generator) -> list[int]:
-    """The initial free list of a pool of n rows/pages under allocator policy `mode` (ALLOC_MODES)."""
-    if mode == "shuffled":
-        return torch.randperm(n, generator=generator).tolist()
-    if mode == "contiguous":
-        return list(range(n))
-    if mode == "fragmented":
-        runs, start = [], 0
-        while start < n:
-            length = int(torch.randint(8, 257, (), generator=generator))
-            runs.append(list(range(start, min(n, start + length))))
-            start += length
-        order = torch.randperm(len(runs), generator=generator).tolist()
-        return [i for r in order for i in runs[r]]
-    raise ValueError(f"unknown allocator policy {mode!r}; known: {', '.join(ALLOC_MODES)}")
-
+from verify_attn.layouts import ALLOC_MODES, PagedPool, free_order  # noqa: F401 (re-exported)
 
 class LatentKVCache:
     def __init__(self, num_layers: int, capacity_tokens: int, dim: int, dv: int, *, page_size: int = 1,

@@ -184,8 +184,20 @@ def test_device_constants_all_carry_a_source():
         for name, c in d.constants().items():
             assert c["kind"] in ("published", "derived", "measured", "assumed"), name
             assert len(c["source"]) > 20, f"{d.key}.{name} needs a real source"
+            # every assumed or derived constant states a range, and why
+            if c["kind"] in ("assumed", "derived") and name != "qmma_speedup":
+                assert c["lo"] is not None and c["hi"] is not None and c["lo"] < c["hi"], f"{d.key}.{name} range"
+                assert len(c["why_range"]) > 15, f"{d.key}.{name} needs the range's source"
+            if c["kind"] == "measured":   # "measured" means measured by this project, with where
+                assert "bench" in c["source"] or "this project" in c["source"], f"{d.key}.{name}"
     assert devices.get_device("rtx-pro-6000").hmma_interval == pytest.approx(16.0)
-    assert devices.get_device("h200").hmma_interval == pytest.approx(6.0)
+    h = devices.get_device("h200")
+    # the H200's mma.sync rate is the one bench.ceilings measured (578 TFLOP/s at the measured clock), not 2/3 of
+    # wgmma's; one HMMA.16816 per 6.7 cycles per scheduler
+    assert h.mma_tflops == pytest.approx(578.3, rel=1e-3) and h.hmma_interval == pytest.approx(6.71, rel=1e-2)
+    assert h.hmma_latency.value == 25.0 and h.hgmma_latency.value == 58
+    with pytest.raises(ValueError, match="outside its range"):
+        devices.Const(5.0, "assumed", "x" * 30, lo=1.0, hi=2.0)
     with pytest.raises(ValueError, match="unknown device"):
         devices.get_device("a100")
 

@@ -22,8 +22,8 @@ def _one(text: str) -> sass.Instr:
     return _instrs(f"1|{text}")[0]
 
 
-def _per_iter(body: str, warps: int = 1) -> sim.SimResult:
-    return sim.simulate(_instrs(body), H200, warps=warps, warps_per_barrier_group=1, iters=8)
+def _per_iter(body: str, warps: int = 1, dev=H200) -> sim.SimResult:
+    return sim.simulate(_instrs(body), dev, warps=warps, warps_per_barrier_group=1, iters=8)
 
 
 def test_hgmma_operands_shape_and_classes():
@@ -126,12 +126,19 @@ def test_waiting_on_every_hgmma_is_latency_bound():
 
 def test_wait_depth_keeps_k_groups_in_flight():
     """DEPBAR.LE 1 after each single-HGMMA group lets the next group's pipe time cover the previous
-    completion latency; DEPBAR.LE 0 does not."""
-    lat = H200.hgmma_latency.value
-    w0 = _per_iter(_chain(4, 64, wait=0, commit_each=True))
-    w1 = _per_iter(_chain(4, 64, wait=1, commit_each=True))
+    completion latency; DEPBAR.LE 0 does not. (A device whose completion latency is below the N = 64 pipe time,
+    20 < 32 cycles, so that one group in flight covers it; the H200's measured 58 needs two.)"""
+    from dataclasses import replace
+    dev = replace(H200, hgmma_latency=devices.Const(20, "assumed", "a test device: completion below the pipe time"))
+    lat = dev.hgmma_latency.value
+    w0 = _per_iter(_chain(4, 64, wait=0, commit_each=True), dev=dev)
+    w1 = _per_iter(_chain(4, 64, wait=1, commit_each=True), dev=dev)
     assert w0.cycles_per_iter - w1.cycles_per_iter >= 3 * lat
-    assert w1.cycles_per_iter == pytest.approx(4 * H200.hgmma_interval(64), rel=0.15)
+    assert w1.cycles_per_iter == pytest.approx(4 * dev.hgmma_interval(64), rel=0.15)
+    # the H200's measured latency (58 > 32): one group in flight no longer hides it, two do
+    h1 = _per_iter(_chain(4, 64, wait=1, commit_each=True))
+    h2 = _per_iter(_chain(4, 64, wait=2, commit_each=True))
+    assert h1.cycles_per_iter > 1.3 * h2.cycles_per_iter
 
 
 def test_hgmma_operands_stream_through_shared_memory():

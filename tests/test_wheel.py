@@ -3,9 +3,13 @@
 
 That call JIT-builds the CUDA kernel sources with the host compiler, so it proves the wheel
 ships csrc/ where verify_attn/build.py and backends/cuda_emu.py look for it
-(<site-packages>/csrc). The venv uses --system-site-packages so torch is not downloaded
-again; the test checks that the installed copy, not the checkout (installed editable in
-the system site-packages), is what imports. The build cache is a fresh folder, so the
+(<site-packages>/csrc). The venv is fresh (no system site packages); it sees the test
+environment's own site-packages (torch, numpy, ...) through one .pth line, without that
+environment's .pth hooks (so not the checkout's editable install): torch is not installed
+again (5.4 GB), and the test checks that the installed copy, not the checkout, is what
+imports. (Installing the wheel's dependencies too would download torch in every CI run;
+.ci/run's own venv is the check that every dependency is declared, with
+tests/test_dependencies.py.) The build cache is a fresh folder, so the
 emulator really is compiled from the installed sources: ~1-3 minutes on 2 cores, hence
 `slow` (.ci/run runs it explicitly).
 """
@@ -94,8 +98,12 @@ def test_wheel_ships_the_cuda_sources(tmp_path):
 def test_wheel_in_a_fresh_venv_runs_cuda_emu_outside_the_checkout(tmp_path):
     wheel = build_wheel(tmp_path)
     venv = tmp_path / "venv"
-    _run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)])
+    _run([sys.executable, "-m", "venv", str(venv)])
     py = venv / "bin" / "python"
+    import site
+    child_site = _run([str(py), "-c", "import site; print(site.getsitepackages()[0])"]).stdout.strip()
+    parents = [p for p in site.getsitepackages() if Path(p).is_dir()]
+    (Path(child_site) / "zz_test_env.pth").write_text("".join(p + "\n" for p in parents))  # after the venv's own
     _run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall", str(wheel)])
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()

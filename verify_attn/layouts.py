@@ -13,6 +13,28 @@ from typing import Optional, Sequence
 
 import torch
 
+# Slot / page allocator policies of a serving pool (the decode loop's cache and the benchmark's inputs):
+# shuffled (a pool after heavy churn), contiguous (a sorted free list), fragmented (shuffled runs of 8..256 ids)
+ALLOC_MODES = ("shuffled", "contiguous", "fragmented")
+
+
+def free_order(n: int, mode: str, generator: torch.Generator) -> list[int]:
+    """The initial free list of a pool of n rows/pages under allocator policy `mode` (ALLOC_MODES)."""
+    if mode == "shuffled":
+        return torch.randperm(n, generator=generator).tolist()
+    if mode == "contiguous":
+        return list(range(n))
+    if mode == "fragmented":
+        runs, start = [], 0
+        while start < n:
+            length = int(torch.randint(8, 257, (), generator=generator))
+            runs.append(list(range(start, min(n, start + length))))
+            start += length
+        order = torch.randperm(len(runs), generator=generator).tolist()
+        return [i for r in order for i in runs[r]]
+    raise ValueError(f"unknown allocator policy {mode!r}; known: {', '.join(ALLOC_MODES)}")
+
+
 
 @dataclass
 class PagedPool:

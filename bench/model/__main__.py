@@ -28,6 +28,7 @@ from verify_attn import build as vb
 from verify_attn.shapes import PRESETS, get_shape
 from verify_attn.utils import parse_ctx, parse_int_list
 
+from . import bands as model_bands
 from . import call as predict, devices, kernels, sim
 
 SCHEMA_VERSION = 1
@@ -57,12 +58,18 @@ def build_parser() -> argparse.ArgumentParser:
                     help="also print where each kernel's simulated tile loses tensor-pipe time: the pipe's idle "
                          "stretches (>= 30 cycles) and warp 0's long stalls, with their source lines")
     ap.add_argument("--constants", action="store_true", help="print the device constants with their sources and exit")
+    ap.add_argument("--no-bands", action="store_true", help="central values only (no band: each band re-predicts the "
+                    "call once per end of every ranged constant, ~3-5 s a row)")
     ap.add_argument("--probes", action="store_true",
                     help="print the model's readings of the ceiling probes bench.ceilings measures (mma.sync rate; "
                          "on sm_90a the wgmma rate and wgmma + wait round) for the --arch devices, and exit")
     ap.add_argument("--calibrate", nargs="*", metavar="RESULTS.json",
                     help="compare predictions with measured rows (default: every JSON under bench/results/)")
     ap.add_argument("--calibrate-json", metavar="PATH", help="with --calibrate: also write the rows as JSON")
+    ap.add_argument("--validate", action="store_true", help="predict the published measurements of "
+                    "shared/CALIBRATION.md and this project's H200 runs, predicted vs observed in one table "
+                    "(fit / held out / not reached), and exit")
+    ap.add_argument("--validate-json", metavar="PATH", help="with --validate: also write the items as JSON")
     return ap
 
 
@@ -153,9 +160,12 @@ def run(a: argparse.Namespace) -> dict:
                         else:
                             s = None if a.splits == "auto" else int(a.splits)
                             p = predict.predict(km, dev, case, s)
-                        entries.append(_entry(km, dev, case, p))
+                        e = _entry(km, dev, case, p)
+                        if not getattr(a, "no_bands", False):
+                            e["band"] = {dev.key: model_bands.band(km, dev, case, p.num_splits, central=p).to_dict()}
+                        entries.append(e)
                         if getattr(a, "trace", False) and ctx == ctxs[0] and n == trees[0]:
-                            traces += trace_lines(km, dev, p.warps_per_scheduler)
+                            traces += trace_lines(km, dev, p)
     return {"schema": SCHEMA_VERSION, "kind": "model", "date": _dt.datetime.now().isoformat(timespec="seconds"),
             "commit": _commit(), "shape": shape.to_dict(), "dtype": a.dtype, "kv_dtype": kv_dtype,
             "splits": a.splits,
@@ -164,12 +174,12 @@ def run(a: argparse.Namespace) -> dict:
             "kernels": entries, "traces": traces}
 
 
-def trace_lines(km, dev, warps_per_scheduler: int) -> list[str]:
-    """The simulated hot tile of `km` on `dev` (the warps per scheduler of the call): where the tensor
-    pipe sits idle and what warp 0 waited on. How NOTES.md's per-tile explanations are read."""
+def trace_lines(km, dev, p: predict.Prediction) -> list[str]:
+    """The simulated hot tile of `km` on `dev`, as the prediction `p` simulated it (its warps per scheduler and
+    copy bandwidth): where the tensor pipe sits idle and what warp 0 waited on. How NOTES.md's per-tile
+    explanations are read."""
     body = km.hot.instrs
-    res = sim.simulate(body, dev, warps=warps_per_scheduler,
-                       warps_per_barrier_group=max(1, km.tile.num_warps // dev.schedulers))
+    res = p.tile.sim
     busy = res.pipe_busy.get("tensor", 0.0)
     return ([f"{dev.key} {km.name} ({km.layout}): {res.cycles_per_iter:.0f} cycles/tile simulated, tensor pipe "
              f"busy {busy:.0f} ({100 * busy / res.cycles_per_iter:.0f}%)"]
@@ -208,15 +218,18 @@ def print_table(payload: dict, per_tile: bool) -> None:
     print(f"bench.model (predictions from SASS, not measurements): {payload['shape']['name']}, {payload['dtype']} q, {payload['kv_dtype']} KV, "
           f"splits {payload['splits']}")
     hdr = (f"{'device':13} {'kernel':44} {'ctx':>7} {'T':>4} {'layout':7} {'S':>4} {'cta/SM':>6} {'w/sch':>5} "
-           f"{'cyc/tile':>8} {'model us':>9} {'floor us':>8} {'%floor':>6}  bound")
+           f"{'cyc/tile':>8} {'model us':>9} {'band us':>11} {'floor us':>8} {'%floor':>6}  bound; most sensitive to")
     print(hdr)
     print("-" * len(hdr))
     for e in payload["kernels"]:
         for dk, d in e["detail"].items():
             lay = e["layout"] if e["layout"] == "page1" else f"p{e['page_size']}"
+            b = e.get("band", {}).get(dk)
+            band = f"{b['low_us']:.0f}-{b['high_us']:.0f}" if b else "-"
             print(f"{dk:13} {e['kernel']:44} {e['ctx']:>7} {e['tree_nodes']:>4} {lay:7} {d['num_splits']:>4} "
                   f"{d['ctas_per_sm']:>6} {d['warps_per_scheduler']:>5} {d['cycles_per_tile']:>8.0f} "
-                  f"{d['predicted_us']:>9.1f} {d['floor_us']:>8.1f} {100 * d['frac_of_floor']:>5.0f}%  {d['bound']}")
+                  f"{d['predicted_us']:>9.1f} {band:>11} {d['floor_us']:>8.1f} {100 * d['frac_of_floor']:>5.0f}%  "
+                  f"{d['bound']}{'; ' + b['sensitive'] if b else ''}")
     if per_tile:
         seen = set()
         print("\nper KV tile, per warp (hot path: an unmasked prefix tile); bytes per CTA")
@@ -240,7 +253,11 @@ def print_constants() -> None:
     for d in devices.DEVICES.values():
         print(f"{d.name} ({d.key}, {d.arch}):")
         for k, c in d.constants().items():
-            print(f"  {k:30} {c['value']:>12.4g}  [{c['kind']}] {c['source']}")
+            lo = c["value"] if c["lo"] is None else c["lo"]
+            hi = c["value"] if c["hi"] is None else c["hi"]
+            rng = f"[{lo:.4g}, {hi:.4g}]" if lo != hi else "exact"
+            print(f"  {k:30} {c['value']:>12.4g} {rng:>22}  [{c['kind']}] {c['source']}"
+                  + (f" Range: {c['why_range']}." if c.get("why_range") else ""))
         print(f"  {'-> HMMA.16816 interval':30} {d.hmma_interval:>12.4g}  cycles per sub-partition")
         print(f"  {'-> mma.sync-class rate':30} {d.mma_tflops:>12.4g}  TFLOP/s")
         if d.hgmma_latency is not None:
@@ -275,6 +292,9 @@ def main(argv: Optional[list[str]] = None) -> int:
             print(f"bench.model: {e}", file=sys.stderr)
             return 2
         return 0
+    if a.validate:
+        from .validate import validate
+        return validate(a.validate_json)
     if a.calibrate is not None:
         from .calibrate import calibrate
         paths = [Path(p) for p in a.calibrate if Path(p).exists()]

@@ -25,6 +25,7 @@ from verify_attn.config import heuristic_num_splits
 from verify_attn.shapes import HeadShape
 
 from . import sim
+from .analysis import smem_bytes
 from .devices import DeviceModel
 from .kernels import KernelModel
 
@@ -105,13 +106,23 @@ def counts(case: Case, elem_bytes: int = 2) -> rl.Counts:
                           page_size=case.page_size, kv_dtype=case.kv_dtype if fp8 else None)
 
 
-def floor(c: rl.Counts, dev: DeviceModel, tensor_speedup: float = 1.0) -> rl.Floor:
-    """The roofline floor the model's predictions are judged against: datasheet bandwidth and the
-    device's mma.sync-class tensor rate (for sm_120 that is the datasheet rate; for sm_90 it is the
-    sourced mma.sync fraction of the wgmma rate), times `tensor_speedup` for a kernel whose MMAs run
-    faster: the fp8 rate (QMMA on sm_120) or, for a tile built on wgmma (HGMMA), the datasheet rate."""
+def tensor_rate_tflops(dev: DeviceModel, *, wgmma: bool = False, qmma: bool = False) -> float:
+    """The tensor rate a kernel's floor uses: the datasheet's for a wgmma tile and on sm_120 (where mma.sync is the
+    native path; e4m3 MMAs at the device's fp8 rate), the device's mma.sync-class rate for mma.sync on sm_90 (the
+    H200's is measured: bench.ceilings mma_peak)."""
+    ds = dev.datasheet_tflops.value if dev.datasheet_tflops is not None else dev.mma_tflops
+    if wgmma:
+        return ds
+    if dev.mma_flop_per_clk_sm.value >= dev.datasheet_mma_flop_per_clk_sm.value:  # mma.sync is the datasheet path
+        return ds * (dev.qmma_speedup.value if qmma else 1.0)
+    return dev.mma_tflops
+
+
+def floor(c: rl.Counts, dev: DeviceModel, tensor_tflops: Optional[float] = None) -> rl.Floor:
+    """The roofline floor the model's predictions are judged against: datasheet bandwidth and `tensor_tflops`
+    (default: the device's mma.sync-class rate, `tensor_rate_tflops`)."""
     d = rl.Device(name=dev.name, sms=int(dev.sms.value), mem_bw_gbs=dev.dram_gbs.value,
-                  mma_tflops=dev.mma_tflops * tensor_speedup, l2_mb=0.0, source="bench.model device model")
+                  mma_tflops=tensor_tflops or tensor_rate_tflops(dev), l2_mb=0.0, source="bench.model device model")
     return rl.floor(c, d)
 
 
@@ -142,6 +153,35 @@ def _row_bytes(case: Case, elem: int = 2) -> int:
     return (s.head_dim_qk if s.mla else s.head_dim_qk + s.head_dim_v) * elem
 
 
+def copy_share(km: KernelModel, instrs, case: Case) -> float:
+    """The fraction of the SASS path's cp.async bytes a CTA really copies per tile: its KV rows and their indices
+    (the tile geometry) over what every lane of every warp would copy if all ran the loader (the SASS path
+    does not say which threads load; the 656-byte-row tile loads with one thread per row)."""
+    sass_bytes = km.tile.num_warps * sum(smem_bytes(i)[1] for i in instrs if i.op == "LDGSTS")
+    want = km.tile.block_n * (_row_bytes(case) + 4)
+    return min(1.0, want / sass_bytes) if sass_bytes else 1.0
+
+
+# constants the scheduler simulation does not read (it reads the others through instr_timing / simulate; the
+# DRAM latency in cycles, which the clock sets, goes into the key as a derived value)
+_NOT_SIMULATED = {"sms", "clock_ghz", "dram_gbs", "dram_efficiency", "l2_gbs", "l2_latency_cycles", "launch_us",
+                  "pdl_launch_us", "datasheet_tflops", "dram_latency_ns"}
+_SIM_CACHE: dict = {}
+
+
+def _simulate(instrs, dev: DeviceModel, **kw) -> sim.SimResult:
+    """sim.simulate, memoized on what it reads (the bands re-predict a call once per constant end)."""
+    consts = tuple((k, v.value) for k, v in sorted(dev.__dict__.items())
+                   if k not in _NOT_SIMULATED and hasattr(v, "value"))
+    key = (id(instrs), len(instrs), dev.key, consts, round(dev.dram_latency_cycles, 3), tuple(sorted(kw.items())))
+    r = _SIM_CACHE.get(key)
+    if r is None:
+        if len(_SIM_CACHE) > 4096:
+            _SIM_CACHE.clear()
+        r = _SIM_CACHE[key] = sim.simulate(instrs, dev, **kw)
+    return r
+
+
 def tile_cost(km: KernelModel, dev: DeviceModel, *, path: str, resident_ctas: int, active_sms: int,
               dram_sharers: float, case: Case) -> TileCost:
     """Cycles for one CTA to finish one KV tile, with `resident_ctas` CTAs on its SM."""
@@ -150,7 +190,12 @@ def tile_cost(km: KernelModel, dev: DeviceModel, *, path: str, resident_ctas: in
     warps = km.tile.num_warps
     per_sched = max(1, resident_ctas * warps // dev.schedulers)
     group = max(1, warps // dev.schedulers)
-    s = sim.simulate(instrs, dev, warps=per_sched, warps_per_barrier_group=group)
+    # the bandwidth this scheduler's copies stream at: its quarter of the SM's share of DRAM (each KV row fetched
+    # once for the `dram_sharers` CTAs that read it; the others hit L2) or of L2, whichever is smaller
+    sm_dram = dev.dram_bytes_per_clk / active_sms * max(1.0, dram_sharers) / max(1, resident_ctas)
+    sm_l2 = dev.l2_bytes_per_clk / active_sms / max(1, resident_ctas)
+    s = _simulate(instrs, dev, warps=per_sched, warps_per_barrier_group=group,
+                  cp_bytes_per_clk=min(sm_dram, sm_l2) / dev.schedulers, copy_share=copy_share(km, instrs, case))
     # throughput limits of the scheduler (for naming the bound the simulation hit)
     terms = {
         "issue": per_sched * reading.instructions,
@@ -170,13 +215,16 @@ def tile_cost(km: KernelModel, dev: DeviceModel, *, path: str, resident_ctas: in
     dram = resident_ctas * dram_per_cta / (dev.dram_bytes_per_clk / active_sms)
     l2 = resident_ctas * l2_per_cta / (dev.l2_bytes_per_clk / active_sms)
     little = dev.dram_latency_cycles / max(1, km.tile.num_stages - 1)
-    cyc = max(sim_cycles, dram, l2, little)
+    # every resource the tile uses bounds it: the simulation schedules the issue-time pipes, but the shared-memory
+    # bytes that move off the issue path (cp.async landing, wgmma operands) are only counted, so their sum with
+    # the issue-time shared-memory traffic is a bound of its own
+    cyc = max(sim_cycles, terms["smem"], dram, l2, little)
     allterms = {"simulated": sim_cycles, **terms, "dram": dram, "l2": l2, "latency_littles_law": little}
     if cyc == sim_cycles:
         name, val = max(terms.items(), key=lambda kv: kv[1])
         bound = name if val >= _NAME_WITHIN * sim_cycles else "latency"
     else:
-        bound = {dram: "dram", l2: "l2", little: "latency_littles_law"}[cyc]
+        bound = {dram: "dram", l2: "l2", little: "latency_littles_law", terms["smem"]: "smem"}[cyc]
     return TileCost(cyc, bound, allterms, s)
 
 
@@ -261,11 +309,9 @@ def predict(km: KernelModel, dev: DeviceModel, case: Case, num_splits: Optional[
     c = counts(case)
     qmma = any(i.op == "QMMA" for i in km.hot.instrs)  # e4m3 MMAs at the device's fp8 rate
     wgmma = any(i.op == "HGMMA" for i in km.hot.instrs)  # sm_90a wgmma: judged at the datasheet (wgmma) rate
-    speedup = dev.qmma_speedup.value if qmma else 1.0
     if wgmma:
-        speedup = dev.datasheet_mma_flop_per_clk_sm.value / dev.mma_flop_per_clk_sm.value
         notes.append("HGMMA (wgmma) tile: the floor uses the datasheet tensor rate, not the mma.sync-class one")
-    fl = floor(c, dev, speedup)
+    fl = floor(c, dev, tensor_rate_tflops(dev, wgmma=wgmma, qmma=qmma))
     l2_bytes = ctas * tiles * (km.tile.block_n * _row_bytes(case) + 4 * km.tile.block_n)
     dram_bytes = kv_total * (mt / sharers)
     parts = {"main loop": main, "prologue": prologue, "combine": comb, "launch": launch}

@@ -12,7 +12,9 @@ resource; each scheduler gets a quarter of its bytes per clock.
 
 Memory is not simulated here: cp.async data is taken as landed at its wait
 (`predict` bounds the tile by DRAM / L2 bandwidth and Little's law instead),
-and LDG results arrive after a fixed latency.
+and LDG results arrive after a fixed latency. What a cp.async costs the SM is: each
+16-byte request occupies the LSU (the "mio" queue it shares with LDS / LDSM) for a
+measured number of cycles, and its address registers cannot be rewritten until then.
 
 wgmma (sm_90a HGMMA) is asynchronous: its warp issues it and goes on. The HGMMA
 queues on the scheduler's tensor pipe (FIFO, shared with HMMAs) for its pipe time
@@ -25,7 +27,7 @@ until all but its K most recent committed groups have completed.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from .analysis import classify, smem_bytes
@@ -41,6 +43,7 @@ class Timing:
     async_smem: float = 0.0  # shared-memory cycles consumed later, off the issue path (cp.async landing)
     wgmma: bool = False      # HGMMA: queued on `pipe` without holding its warp; `latency` counts from its pipe end
     operand_smem: float = 0.0  # HGMMA: cycles its shared-memory operands take at the scheduler's smem share
+    holds_sources: bool = False  # its source registers stay in use until its pipe time ends (cp.async's addresses)
 
 
 def instr_timing(ins: Instr, dev: DeviceModel, ldg_latency: float) -> Timing:
@@ -63,16 +66,26 @@ def instr_timing(ins: Instr, dev: DeviceModel, ldg_latency: float) -> Timing:
     if c in ("wg_arrive", "wg_depbar", "fence_async"):  # an issue slot; DEPBAR's wait is the simulator's
         return Timing("branch", 1.0, 0.0)
     if c == "ldgsts":
-        # cp.async: issued through the LSU; its shared-memory write happens when the data arrives,
-        # long after issue, so its bytes are charged to the smem bandwidth bound ("smem_async"),
-        # not to the issue-time occupancy of the shared-memory pipe
+        # cp.async: the LSU takes each 16-byte request in turn (measured: devices.ldgsts_cycles_per_chunk SM cycles;
+        # a quarter of the SM's LSU per scheduler), in the same queue as LDS / LDSM, and the warp cannot rewrite
+        # its address registers before; its shared-memory write happens when the data arrives, long after issue,
+        # so its bytes are charged to the smem bandwidth bound ("smem_async")
         rd, wr = smem_bytes(ins)
-        return Timing("lsu", 1.0, 0.0, async_smem=wr / (dev.smem_bytes_per_clk_sm.value / dev.schedulers))
+        async_smem = wr / (dev.smem_bytes_per_clk_sm.value / dev.schedulers)
+        if dev.ldgsts_cycles_per_chunk is None:
+            return Timing("lsu", 1.0, 0.0, async_smem=async_smem)
+        chunks = max(1.0, wr / 16)
+        return Timing("mio", max(1.0, chunks * dev.ldgsts_cycles_per_chunk.value * dev.schedulers), 0.0,
+                      async_smem=async_smem, holds_sources=True)
     if c in ("ldsm", "lds", "sts"):
         rd, wr = smem_bytes(ins)
         share = dev.smem_bytes_per_clk_sm.value / dev.schedulers
         return Timing("mio", max(1.0, (rd + wr) / share), dev.smem_latency.value)
     if c == "ldg":
+        if dev.ldgsts_cycles_per_chunk is not None:  # queued in the LSU behind the SM's copies, then the round trip
+            rd, wr = smem_bytes(ins)
+            interval = max(1.0, 2.0 * dev.ldgsts_cycles_per_chunk.value * dev.schedulers)  # one sector per 16 lanes
+            return Timing("mio", interval, interval + ldg_latency)
         return Timing("lsu", 1.0, ldg_latency)
     if c == "stg":
         return Timing("lsu", 1.0, 0.0)
@@ -97,6 +110,13 @@ def instr_timing(ins: Instr, dev: DeviceModel, ldg_latency: float) -> Timing:
             return Timing("lsu", 1.0, 12.0)
         return Timing("alu", dev.pipe_cycles(dev.int_per_clk_sm.value), dev.alu_latency.value)
     return Timing("branch", 1.0, 0.0)  # control, barriers (handled by the simulator)
+
+
+def cp_async_wait_depth(ins: Instr):
+    """N of `DEPBAR.LE SB0, N` (cp.async.wait_group N), else None."""
+    if ins.op != "DEPBAR" or not ins.operands or ins.operands[0].strip() != "SB0":
+        return None
+    return int(ins.operands[1], 0) if len(ins.operands) > 1 else 0
 
 
 def wgmma_wait_depth(ins: Instr):
@@ -127,23 +147,43 @@ class SimResult:
 
 
 def simulate(body: list[Instr], dev: DeviceModel, *, warps: int, warps_per_barrier_group: int,
-             iters: int = 4, ldg_latency: float | None = None,
+             iters: int = 6, ldg_latency: float | None = None, cp_latency: float | None = None,
+             cp_bytes_per_clk: float | None = None, copy_share: float = 1.0,
              timing: Callable[[Instr, DeviceModel, float], Timing] = instr_timing) -> SimResult:
-    """Cycles per loop iteration of `warps` warps sharing one scheduler (steady state)."""
+    """Cycles per loop iteration of `warps` warps sharing one scheduler (steady state).
+
+    cp.async (LDGSTS) lands `cp_latency` cycles (default: the device's loaded DRAM latency) after the LSU took
+    it; LDGDEPBAR commits the warp's copies since the last one as a group and `DEPBAR.LE SB0, N`
+    (cp.async.wait_group N) holds the warp until all but its N most recent groups landed. Groups committed
+    before the loop (the prologue's) are taken as landed. With `cp_bytes_per_clk` (this scheduler's share of the
+    bandwidth its copies stream at: DRAM or L2) the copies' bytes also queue on that stream, so a tile's rows land
+    one after the other. An LDG issued after a warp's copies returns no earlier than they land (a warp's
+    global requests complete in order: the KV stream probe's kv_indices load costs as much loaded just before
+    its copy as one tile ahead, bench/results/h200-run3/kv_stream.json). `copy_share` (<= 1) scales each
+    LDGSTS's LSU time and bytes: the fraction of the warps' lanes that really copy where a loader uses some threads
+    only (the SASS path is every warp's; the caller knows the tile's bytes)."""
     if warps < 1 or not body:
         raise ValueError("simulate: needs >= 1 warp and a non-empty loop body")
     ldg_lat = dev.dram_latency_cycles if ldg_latency is None else ldg_latency
+    cp_lat = dev.dram_latency_cycles if cp_latency is None else cp_latency
     tim = [timing(i, dev, ldg_lat) for i in body]
+    if copy_share < 1.0:
+        tim = [replace(t, interval=max(1.0, t.interval * copy_share), async_smem=t.async_smem * copy_share)
+               if b.op == "LDGSTS" else t for t, b in zip(tim, body)]
     reads = [i.regs_read() for i in body]
     writes = [i.regs_written() for i in body]
     is_bar = [i.op == "BAR" for i in body]
     closes = [i.op == "HGMMA" and "gsb0" in i.operands for i in body]   # ends the warp's open commit group
     depbar = [wgmma_wait_depth(i) for i in body]                          # K of WARPGROUP.DEPBAR.LE gsb0, K
+    cp_wait = [cp_async_wait_depth(i) for i in body]                      # N of DEPBAR.LE SB0, N
+    cp_commit = [i.op == "LDGDEPBAR" for i in body]
+    is_copy = [i.op == "LDGSTS" for i in body]
     n = len(body)
     group_of = [w // max(1, warps_per_barrier_group) for w in range(warps)]
 
     pc = [0] * warps                       # index into the unrolled stream (iteration * n + i)
     ready: list[dict[str, float]] = [dict() for _ in range(warps)]
+    held: list[dict[str, float]] = [dict() for _ in range(warps)]   # source registers of queued cp.asyncs
     held_until = [0.0] * warps             # barrier release
     waiting_bar = [False] * warps
     bar_arrivals: dict[tuple[int, int], list[float]] = {}
@@ -160,6 +200,11 @@ def simulate(body: list[Instr], dev: DeviceModel, *, warps: int, warps_per_barri
     open_done = [0.0] * warps       # latest completion among the HGMMAs of the warp's open (uncommitted) group
     wgmma_done = [0.0] * warps      # latest completion of any HGMMA of the warp
     smem_stream_free = 0.0          # the scheduler's share of shared memory, as HGMMA operands stream through it
+    cp_groups: list[list[float]] = [[] for _ in range(warps)]  # landing of each committed cp.async group
+    cp_open = [0.0] * warps         # latest landing among the warp's copies since its last LDGDEPBAR
+    cp_last = [0.0] * warps         # latest landing of any of the warp's copies
+    stream_free = 0.0               # the scheduler's share of the copies' bandwidth
+    is_ldg = [classify(i) == "ldg" for i in body]
 
     def earliest(w: int) -> float:
         if pc[w] >= total or waiting_bar[w]:
@@ -169,11 +214,20 @@ def simulate(body: list[Instr], dev: DeviceModel, *, warps: int, warps_per_barri
         k = depbar[i]
         if k is not None and len(groups[w]) > k:
             e = max(e, groups[w][-k - 1])
+        k = cp_wait[i]
+        if k is not None and len(cp_groups[w]) > k:
+            e = max(e, cp_groups[w][-k - 1])
         rw = ready[w]
         for r in reads[i]:
             v = rw.get(r)
             if v is not None and v > e:
                 e = v
+        hw = held[w]
+        if hw:
+            for r in writes[i]:   # a register a queued cp.async still reads cannot be rewritten yet
+                v = hw.get(r)
+                if v is not None and v > e:
+                    e = v
         return e
 
     while any(pc[w] < total for w in range(warps)):
@@ -211,9 +265,24 @@ def simulate(body: list[Instr], dev: DeviceModel, *, warps: int, warps_per_barri
         else:
             pipe_free[tm.pipe] = t + tm.interval
             for r in writes[i]:
-                ready[w][r] = t + tm.latency
+                ready[w][r] = max(t + tm.latency, cp_last[w]) if is_ldg[i] else t + tm.latency
+            if tm.holds_sources:
+                for r in reads[i]:
+                    held[w][r] = t + tm.interval
         if depbar[i] is not None:  # issued: every group older than the K most recent has completed
             groups[w] = groups[w][-depbar[i]:] if depbar[i] else []
+        if is_copy[i]:
+            start = t + tm.interval
+            if cp_bytes_per_clk:
+                stream_free = max(stream_free, start) + copy_share * smem_bytes(body[i])[1] / cp_bytes_per_clk
+                start = stream_free
+            cp_open[w] = max(cp_open[w], start + cp_lat)
+            cp_last[w] = max(cp_last[w], start + cp_lat)
+        elif cp_commit[i]:
+            cp_groups[w].append(cp_open[w])
+            cp_open[w] = 0.0
+        elif cp_wait[i] is not None:
+            cp_groups[w] = cp_groups[w][-cp_wait[i]:] if cp_wait[i] else []
         it = pc[w] // n
         if w == 0 and it == iters - 1:
             trace.append((t, t - prev_issue, i))

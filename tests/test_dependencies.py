@@ -1,0 +1,120 @@
+"""Every third-party module the project imports is declared in setup.py (install_requires or the test
+extra), so a fresh venv that installs `.[test]` runs everything; and the layers import downward only.
+
+Found without importing anything: the import statements of every .py file under verify_attn/, bench/,
+integration/, autotune/ and tests/ (SGLang's fetched kernel under tests/sglang_ref/ excluded), read
+with `ast`, minus the standard library, the project's own packages and the test helpers. A module that
+is only ever imported inside `try: ... except ImportError` (or through importlib) is optional and must be
+listed in OPTIONAL with what happens without it.
+"""
+from __future__ import annotations
+
+import ast
+import re
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+SCANNED = ("verify_attn", "bench", "integration", "autotune", "tests")
+LOCAL = {"verify_attn", "bench", "integration", "autotune", "tests", "cases", "conftest", "setup"}
+# import name -> distribution name, where they differ
+DIST_OF = {"cuda": "cuda-python", "nvidia": "nvidia-cuda-nvdisasm", "yaml": "pyyaml"}
+# optional imports (guarded): what the project does without them
+OPTIONAL = {
+    "sglang": "bench.baselines / tests load SGLang's kernel file by path instead, or skip it",
+    "flashinfer": "bench.baselines notes that FlashInfer is absent",
+}
+
+
+def _py_files():
+    for top in SCANNED:
+        for f in sorted((REPO / top).rglob("*.py")):
+            if "sglang_ref" in f.parts or "__pycache__" in f.parts:
+                continue
+            yield f
+
+
+def _guarded(node: ast.AST, parents: dict) -> bool:
+    """Inside a `try` whose handlers catch ImportError / ModuleNotFoundError / Exception."""
+    while node in parents:
+        node = parents[node]
+        if isinstance(node, ast.Try):
+            for h in node.handlers:
+                names = [h.type] if not isinstance(h.type, ast.Tuple) else list(h.type.elts)
+                if h.type is None or any(isinstance(n, ast.Name) and n.id in ("ImportError", "ModuleNotFoundError",
+                                                                             "Exception") for n in names):
+                    return True
+    return False
+
+
+def third_party_imports() -> dict[str, dict[str, list[str]]]:
+    """{top-level module: {"required": [files], "guarded": [files]}} of non-stdlib, non-local imports."""
+    out: dict[str, dict[str, list[str]]] = {}
+    for f in _py_files():
+        tree = ast.parse(f.read_text(), str(f))
+        parents = {c: p for p in ast.walk(tree) for c in ast.iter_child_nodes(p)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                mods = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                mods = [node.module]
+            else:
+                continue
+            for m in mods:
+                top = m.split(".")[0]
+                if top in sys.stdlib_module_names or top in LOCAL or top.startswith("test_") or top == "__future__":
+                    continue
+                kind = "guarded" if _guarded(node, parents) else "required"
+                out.setdefault(top, {"required": [], "guarded": []})[kind].append(str(f.relative_to(REPO)))
+    return out
+
+
+def declared() -> set[str]:
+    """Distribution names in setup.py's INSTALL_REQUIRES and EXTRAS_REQUIRE (read with ast, not run)."""
+    tree = ast.parse((REPO / "setup.py").read_text())
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name) and \
+                node.targets[0].id in ("INSTALL_REQUIRES", "EXTRAS_REQUIRE"):
+            value = ast.literal_eval(node.value)
+            reqs = value if isinstance(value, list) else [r for rs in value.values() for r in rs]
+            names |= {re.split(r"[<>=!;\[ ]", r, maxsplit=1)[0].strip().lower() for r in reqs}
+    return names
+
+
+def test_every_third_party_import_is_declared():
+    have = declared()
+    assert {"torch", "pytest", "scipy"} <= have, have
+    missing = {}
+    for mod, where in third_party_imports().items():
+        dist = DIST_OF.get(mod, mod).lower().replace("_", "-")
+        if dist in have:
+            continue
+        if not where["required"] and mod in OPTIONAL:
+            continue
+        missing[mod] = where["required"] or where["guarded"]
+    assert not missing, ("imported but not declared in setup.py (INSTALL_REQUIRES / EXTRAS_REQUIRE), or an "
+                         f"unguarded optional import: {missing}")
+
+
+def test_the_scan_sees_what_it_should():
+    """The scanner itself: scipy (tests), rich and triton (package) are found; an optional import counts as
+    guarded; stdlib and local packages are not reported."""
+    found = third_party_imports()
+    assert "scipy" in found and "rich" in found and "triton" in found and "torch" in found
+    assert not ({"os", "json", "verify_attn", "bench", "cases"} & set(found))
+    for mod in OPTIONAL:
+        assert not found.get(mod, {}).get("required"), f"{mod} imported unguarded: {found[mod]['required']}"
+
+
+def test_bench_does_not_import_integration():
+    """Layering: the benchmark sits below the decode loop (integration/ may use bench/, not the reverse)."""
+    offenders = []
+    for f in sorted((REPO / "bench").rglob("*.py")):
+        tree = ast.parse(f.read_text(), str(f))
+        for node in ast.walk(tree):
+            mods = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else []
+            if any(m == "integration" or m.startswith("integration.") for m in mods):
+                offenders.append(f"{f.relative_to(REPO)}:{node.lineno}")
+    assert not offenders, offenders
