@@ -122,9 +122,12 @@ def print_report(payload: dict, console: Optional[Console] = None) -> None:
             cells = [f"{m['ctx']:,}", str(m["tree_nodes"]), lay]
             for d in mdevs:
                 p = m["predictions"].get(d)
-                cells += [f"{_us(p['us'])} ({p['bound']})", f"{100 * p['frac_of_floor']:.0f}%"] if p else ["-", "-"]
+                band = f" [{p['low_us']:.0f}-{p['high_us']:.0f}]" if p and "low_us" in p else ""
+                cells += [f"{_us(p['us'])}{band} ({p['bound']})", f"{100 * p['frac_of_floor']:.0f}%"] if p else ["-", "-"]
             mt.add_row(*cells)
         con.print(mt)
+        con.print("  \\[low-high]: the band from the model constants' stated ranges (bench/model/bands.py); a kernel "
+                  "change smaller than it is within model uncertainty")
         con.print("  % floor of the model's device floor (H200: at the mma.sync-class tensor rate for mma.sync "
                   "kernels, at the datasheet rate for the wgmma kernel v2, its default); "
                   "`python -m bench.model --per-tile` explains each number.")

@@ -198,7 +198,11 @@ def _entry(km, dev, case, p: predict.Prediction) -> dict:
                      "smem_read_bytes": r.smem_read_bytes * km.tile.num_warps,
                      "global_bytes": r.global_bytes * km.tile.num_warps, "barriers": r.barriers,
                      "instructions": r.instructions, "detail": r.to_dict(km.tile.num_warps),
-                     "masked_tile_instructions": km.cold_reading.instructions},
+                     "masked_tile_instructions": km.cold_reading.instructions,
+                     # the hot tile's conflicted shared-memory accesses (bench.model.banks): degree per instruction
+                     "bank_conflicts": {f"0x{i.addr:x} {i.opcode}": km.bank_degree[i.addr] for i in km.hot.instrs
+                                        if i.addr in km.bank_degree},
+                     "bank_unresolved": km.bank_unresolved},
         "predicted_us": {dev.key: round(p.total_us, 2)}, "floor_us": {dev.key: round(p.floor_us, 2)},
         "frac_of_floor": {dev.key: round(p.frac_of_floor, 4)}, "bound": {dev.key: p.bound},
         "detail": {dev.key: p.to_dict()},
@@ -247,6 +251,11 @@ def print_table(payload: dict, per_tile: bool) -> None:
                   f"LDSM {t['ldsm']} {det['ldsm_kinds']}, LDGSTS {det['ldgsts']}, BAR {t['barriers']}, "
                   f"FMUL {det['fmul']}, smem read {t['smem_read_bytes']} B, global {t['global_bytes']} B, "
                   f"regs {e['registers']}, smem {e['smem_bytes']} B; classes {det['classes']}")
+            bc = t.get("bank_conflicts") or {}
+            degrees = sorted(set(bc.values()))
+            print(f"      bank conflicts: {len(bc)} shared-memory accesses of the tile conflicted"
+                  + (f" ({', '.join(f'{d:g}-way' for d in degrees)})" if bc else "")
+                  + f", {t.get('bank_unresolved', 0)} unresolved (taken as conflict-free)")
 
 
 def print_constants() -> None:

@@ -173,7 +173,8 @@ def _simulate(instrs, dev: DeviceModel, **kw) -> sim.SimResult:
     """sim.simulate, memoized on what it reads (the bands re-predict a call once per constant end)."""
     consts = tuple((k, v.value) for k, v in sorted(dev.__dict__.items())
                    if k not in _NOT_SIMULATED and hasattr(v, "value"))
-    key = (id(instrs), len(instrs), dev.key, consts, round(dev.dram_latency_cycles, 3), tuple(sorted(kw.items())))
+    key = (id(instrs), len(instrs), dev.key, consts, round(dev.dram_latency_cycles, 3), tuple(sorted(
+        (k, frozenset(v.items()) if isinstance(v, dict) else v) for k, v in kw.items())))
     r = _SIM_CACHE.get(key)
     if r is None:
         if len(_SIM_CACHE) > 4096:
@@ -195,7 +196,8 @@ def tile_cost(km: KernelModel, dev: DeviceModel, *, path: str, resident_ctas: in
     sm_dram = dev.dram_bytes_per_clk / active_sms * max(1.0, dram_sharers) / max(1, resident_ctas)
     sm_l2 = dev.l2_bytes_per_clk / active_sms / max(1, resident_ctas)
     s = _simulate(instrs, dev, warps=per_sched, warps_per_barrier_group=group,
-                  cp_bytes_per_clk=min(sm_dram, sm_l2) / dev.schedulers, copy_share=copy_share(km, instrs, case))
+                  cp_bytes_per_clk=min(sm_dram, sm_l2) / dev.schedulers, copy_share=copy_share(km, instrs, case),
+                  bank_degree=getattr(km, "bank_degree", None) or None)
     # throughput limits of the scheduler (for naming the bound the simulation hit)
     terms = {
         "issue": per_sched * reading.instructions,

@@ -10,13 +10,13 @@ from __future__ import annotations
 import functools
 import re
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
 from verify_attn import build as vb
 
-from . import analysis, sass
+from . import analysis, banks, sass
 
 
 @dataclass
@@ -37,6 +37,9 @@ class KernelModel:
     combine: Optional[analysis.TilePath]
     combine_registers: int
     combine_splits_per_iter: int = 1
+    # shared-memory bank conflicts (bench.model.banks): instruction address -> wavefronts / conflict-free ones
+    bank_degree: dict = field(default_factory=dict)
+    bank_unresolved: int = 0      # accesses of the hot tile whose lanes' addresses could not be read
 
     @property
     def threads(self) -> int:
@@ -107,10 +110,14 @@ def load(arch: str, head: str, dtype: str, layout: str) -> tuple[KernelModel, ..
         hot = analysis.tile_path(f, lp, mk.cold, kfile, rare=mk.rare)
         cold = analysis.tile_path(f, lp, mk.cold, kfile, include_cold=True, hot=mk.hot, rare=mk.rare)
         comb_path, comb_regs, comb_per = combines.get(min(tile.version, 1), (None, 0, 1))  # v2 launches the v1 combine
+        acc = banks.conflicts(f, warps=tile.num_warps)
+        hot_addrs = {i.addr for i in hot.instrs}
         out.append(KernelModel(arch, readable, name, tile, head, dtype, layout, regs.get(name, 0),
                                vb.tile_smem(head, tile), hot, cold,
                                analysis.read_tile(hot),
-                               analysis.read_tile(cold), comb_path, comb_regs, comb_per))
+                               analysis.read_tile(cold), comb_path, comb_regs, comb_per,
+                               {a: x.degree for a, x in acc.items() if x.degree > 1.0},
+                               sum(1 for a, x in acc.items() if a in hot_addrs and not x.resolved)))
     if not out:
         raise LookupError(f"no split kernels in {cubin}")
     order = {t: i for i, t in enumerate(vb.TILES[head])}

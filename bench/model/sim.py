@@ -148,7 +148,7 @@ class SimResult:
 
 def simulate(body: list[Instr], dev: DeviceModel, *, warps: int, warps_per_barrier_group: int,
              iters: int = 6, ldg_latency: float | None = None, cp_latency: float | None = None,
-             cp_bytes_per_clk: float | None = None, copy_share: float = 1.0,
+             cp_bytes_per_clk: float | None = None, copy_share: float = 1.0, bank_degree: dict | None = None,
              timing: Callable[[Instr, DeviceModel, float], Timing] = instr_timing) -> SimResult:
     """Cycles per loop iteration of `warps` warps sharing one scheduler (steady state).
 
@@ -161,12 +161,17 @@ def simulate(body: list[Instr], dev: DeviceModel, *, warps: int, warps_per_barri
     global requests complete in order: the KV stream probe's kv_indices load costs as much loaded just before
     its copy as one tile ahead, bench/results/h200-run3/kv_stream.json). `copy_share` (<= 1) scales each
     LDGSTS's LSU time and bytes: the fraction of the warps' lanes that really copy where a loader uses some threads
-    only (the SASS path is every warp's; the caller knows the tile's bytes)."""
+    only (the SASS path is every warp's; the caller knows the tile's bytes). `bank_degree` ({instruction address:
+    wavefronts / conflict-free wavefronts}, bench.model.banks) multiplies a conflicted LDS / STS / LDSM's time in
+    the shared-memory pipe: wavefronts are charged, not instructions."""
     if warps < 1 or not body:
         raise ValueError("simulate: needs >= 1 warp and a non-empty loop body")
     ldg_lat = dev.dram_latency_cycles if ldg_latency is None else ldg_latency
     cp_lat = dev.dram_latency_cycles if cp_latency is None else cp_latency
     tim = [timing(i, dev, ldg_lat) for i in body]
+    if bank_degree:
+        tim = [replace(t, interval=t.interval * bank_degree[b.addr]) if b.addr in bank_degree and t.pipe == "mio"
+               and b.op != "LDGSTS" else t for t, b in zip(tim, body)]
     if copy_share < 1.0:
         tim = [replace(t, interval=max(1.0, t.interval * copy_share), async_smem=t.async_smem * copy_share)
                if b.op == "LDGSTS" else t for t, b in zip(tim, body)]
