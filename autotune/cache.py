@@ -27,8 +27,8 @@ def default_cache_path() -> Path:
     env = os.environ.get(ENV_CACHE)
     if env:
         return Path(env)
-    base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-    return base / "verify_attn" / "autotune_cache.json"
+    from verify_attn.utils import cache_dir
+    return cache_dir() / "autotune_cache.json"
 
 
 def entry_key(*, device_name: str, backend: str, shape_key: str, mla: bool, dtype: str, page_size: int,

@@ -1,7 +1,7 @@
 """Measured ceilings of the GPU at hand: device-to-device copy bandwidth and a bf16 matrix rate.
 
 Measured once per GPU (and torch version) and cached as JSON in
-~/.cache/verify_attn/ceilings.json (override the folder with VERIFY_ATTN_CACHE).
+verify_attn.utils.cache_dir()/ceilings.json ($VERIFY_ATTN_CACHE, else $XDG_CACHE_HOME/verify_attn, else ~/.cache/verify_attn).
 `python -m bench.ceilings [--refresh] [--json PATH]` measures and prints them.
 
 - copy_gbs: `dst.copy_(src)` of a buffer much larger than L2, counted as
@@ -39,7 +39,8 @@ _FILE = "ceilings.json"
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("VERIFY_ATTN_CACHE", Path.home() / ".cache" / "verify_attn"))
+    from verify_attn.utils import cache_dir as root
+    return root()
 
 
 def _key(name: str) -> str:

@@ -367,6 +367,10 @@ class _progress:
 def main(argv: Optional[list[str]] = None) -> int:
     ap = build_parser()
     a = ap.parse_args(argv)
+    for flag, path in (("--json", a.json), ("--csv", a.csv), ("--plot", a.plot)):
+        # before any work: a run of minutes must not end in a FileNotFoundError
+        if path and not Path(path).resolve().parent.is_dir():
+            raise usage_error(f"{ap.prog}: error: {flag} {path}: the folder {Path(path).resolve().parent} does not exist")
     try:
         payload = sweep(a)
     except ValueError as e:   # one line naming the flag, argparse's status 2 (no usage block)
@@ -389,6 +393,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         d.mkdir(parents=True, exist_ok=True)
         with open(d / "verify_runs.jsonl", "a") as f:  # one line per run, appended
             f.write(json.dumps(payload) + "\n")
+        print(f"appended this run to {d / 'verify_runs.jsonl'} (--no-save: do not)")
+    if payload.get("device") is None:
+        print("next: on a GPU machine, `python -m bench.gpu_check` measures what the model table only predicts "
+              "(`python -m bench.gpu_check --dry-run` prints its plan)")
     return 0
 
 

@@ -49,7 +49,8 @@ LOGIT_TOL = {torch.float32: 1e-3, torch.float16: 5e-2, torch.bfloat16: 5e-2}
 
 
 def add_common_args(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--model", default="tiny", help="model preset: tiny | kimi-k2-tp8")
+    from .config import PRESETS
+    ap.add_argument("--model", default="tiny", help=f"model preset: {' | '.join(PRESETS)}")
     ap.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (spawned processes)")
     ap.add_argument("--simulate-rank", action="store_true",
                     help="run only rank 0's shard of a TP-8 split on one device (all-reduce skipped)")
@@ -243,7 +244,7 @@ def run_rank(tp: TPGroup, s: dict, backend: str, ctx: int, steps: int, check: bo
                                          check_cache=True, on_step=show)
     res = {"tokens": tokens, "commit_lens": [m.commit_len for m in metrics], "budgets": [m.budget for m in metrics],
            "step_s": [m.step_s for m in metrics], "divergence": None, "checked": False,
-           "logit_errs": [m.logit_err for m in metrics], "logit_tol": LOGIT_TOL[target.dtype],
+           "logit_errs": [m.logit_err for m in metrics], "logit_tol": s.get("logit_tol") or LOGIT_TOL[target.dtype],
            "budget_notes": getattr(budget, "notes", None)}
     if check:
         res["checked"] = True
@@ -315,10 +316,15 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--check", action="store_true",
                     help="compare with plain greedy decoding on the reference backend and every verify's logits "
                          "with the reference's; exit 1 on a difference")
+    ap.add_argument("--logit-tol", type=float, default=None,
+                    help="with --check: the bound on |verify logits - reference| (default 1e-3 fp32, 5e-2 fp16/bf16)")
     args = ap.parse_args(argv)
+    if args.logit_tol is not None and not args.logit_tol > 0:
+        raise usage_error(f"error: --logit-tol must be > 0, got {args.logit_tol}")
     if not torch.cuda.is_available():  # Triton backends run on CPU tensors only under the interpreter
         os.environ.setdefault("TRITON_INTERPRET", "1")
     s = resolve(args)
+    s["logit_tol"] = args.logit_tol
     backend = check_backends([args.attn_backend or ("auto" if s["device"].startswith("cuda") else "reference")])[0]
     ctx = positive_tokens(args.ctx, "--ctx")
     if s["device"] == "cpu":

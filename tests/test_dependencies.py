@@ -118,3 +118,23 @@ def test_bench_does_not_import_integration():
             if any(m == "integration" or m.startswith("integration.") for m in mods):
                 offenders.append(f"{f.relative_to(REPO)}:{node.lineno}")
     assert not offenders, offenders
+
+
+def test_one_cache_rule(monkeypatch, tmp_path):
+    """Every cache (emulator builds, build report, cubins, ceilings, autotune) is under one root:
+    $VERIFY_ATTN_CACHE, else $XDG_CACHE_HOME/verify_attn, else ~/.cache/verify_attn."""
+    from autotune.cache import default_cache_path
+    from bench import ceilings
+    from verify_attn.backends import cuda_emu
+    from verify_attn.utils import cache_dir
+    monkeypatch.delenv("VERIFY_ATTN_CACHE", raising=False)
+    monkeypatch.delenv("VERIFY_ATTN_AUTOTUNE_CACHE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    root = tmp_path / "xdg" / "verify_attn"
+    assert cache_dir() == root and cuda_emu.cache_root() == root / "emu" and ceilings.cache_dir() == root
+    assert default_cache_path() == root / "autotune_cache.json"
+    monkeypatch.setenv("VERIFY_ATTN_CACHE", str(tmp_path / "mine"))
+    assert cache_dir() == tmp_path / "mine" and cuda_emu.cache_root() == tmp_path / "mine" / "emu"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.delenv("VERIFY_ATTN_CACHE")
+    assert cache_dir() == Path.home() / ".cache" / "verify_attn"

@@ -423,7 +423,8 @@ def parse_ptxas(text: str, source: str) -> list[KernelReport]:
 
 
 def _cache_dir() -> Path:
-    d = Path(os.environ.get("VERIFY_ATTN_CACHE", Path.home() / ".cache" / "verify_attn")) / "build_report"
+    from .utils import cache_dir
+    d = cache_dir() / "build_report"
     d.mkdir(parents=True, exist_ok=True)
     return d
 

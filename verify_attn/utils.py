@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import math
+import os
 import re
 import sys
+from pathlib import Path
 
 _NUM = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmM]?)\s*$")
 
@@ -71,3 +73,13 @@ def usage_error(msg: str) -> SystemExit:
     e = SystemExit(line)
     e.code = 2
     return e
+
+
+def cache_dir() -> Path:
+    """The project's one cache root: $VERIFY_ATTN_CACHE, else $XDG_CACHE_HOME/verify_attn, else
+    ~/.cache/verify_attn. Every cache lives under it: the emulator builds (emu/), the build report and cubins
+    (build_report/, cubins/), the GPU ceilings (ceilings.json), the autotune cache (autotune_cache.json)."""
+    env = os.environ.get("VERIFY_ATTN_CACHE")
+    if env:
+        return Path(env)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "verify_attn"

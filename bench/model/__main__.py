@@ -307,9 +307,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     if a.calibrate is not None:
         from .calibrate import calibrate
         paths = [Path(p) for p in a.calibrate if Path(p).exists()]
+        missing = [p for p in a.calibrate if not Path(p).exists()]
         if a.calibrate and not paths:
-            print(f"bench.model --calibrate: none of {', '.join(a.calibrate)} exists: nothing to compare")
-            return 0
+            print(f"bench.model --calibrate: error: none of {', '.join(a.calibrate)} exists: nothing to compare",
+                  file=sys.stderr)
+            return 2
+        for m in missing:   # e.g. a gpu_check stage that did not run: said, the others compared
+            print(f"bench.model --calibrate: {m} does not exist: skipped", file=sys.stderr)
         return calibrate(paths or None, json_path=a.calibrate_json)
     if a.splits not in ("auto", "best"):
         try:

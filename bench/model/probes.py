@@ -47,7 +47,8 @@ def probe_cubin(arch: str, use_cache: bool = True) -> Path:
     nvcc = vb.nvcc_path()
     vb.gencode_flags([arch])  # validates the name
     key = vb.source_hash(["probe-cubin-v1", *vb.NVCC_FLAGS, arch, nvcc, PROBE_SRC.read_text(), PROBE_HDR.read_text()])
-    cache = Path(os.environ.get("VERIFY_ATTN_CACHE", Path.home() / ".cache" / "verify_attn")) / "cubins"
+    from verify_attn.utils import cache_dir
+    cache = cache_dir() / "cubins"
     out = cache / f"ceiling_probes-{arch}-{key}.cubin"
     if use_cache and out.exists():
         return out

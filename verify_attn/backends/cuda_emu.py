@@ -109,9 +109,8 @@ def emu_cflags(opt: str = "-O2") -> list[str]:
 
 
 def cache_root() -> Path:
-    base = os.environ.get("VERIFY_ATTN_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "verify_attn")
-    return Path(base) / "emu"
+    from ..utils import cache_dir
+    return cache_dir() / "emu"
 
 
 def _hash_files(files: Sequence[Path], extra: Sequence[str] = ()) -> str:
