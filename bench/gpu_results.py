@@ -48,11 +48,90 @@ def _archive(src: Path) -> Path:
     return hits[-1]
 
 
+def _load(out: Path, name: str) -> Optional[dict]:
+    p = out / f"{name}.json"
+    try:
+        return json.loads(p.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def summary_rows(out: Path, predictions: Optional[dict] = None) -> list[str]:
+    """One short line per timed 16-node row of the headline, sweep, peers, fp8 and GQA JSONs; with
+    `predictions` ({(file stem, backend, ctx, tree, layout, page size): (central, low, high) us}) the model's
+    reading beside each measured cuda row."""
+    lines = []
+    for name in ("headline", "sweep", "peers", "fp8", "fp8_656", "gqa"):
+        d = _load(out, name)
+        if d is None:
+            continue
+        fd = d.get("floor_device")
+        for r in d["results"]:
+            if name == "sweep" and (r["tree_nodes"] != 16 or r["ctx"] != 185_000):
+                continue  # keep the last screen short: the sweep's 185k / 16-node rows
+            floor = r["floor_us"].get(fd) if fd else None
+            med = r["median_us"]
+            key = (name, r["backend"], r["ctx"], r["tree_nodes"], r["layout"], r.get("page_size", 1))
+            pred = (predictions or {}).get(key)
+            model = "" if pred is None else (f"  model {pred[0]:.1f} [{pred[1]:.0f}-{pred[2]:.0f}]"
+                                             if len(pred) == 3 else f"  model {pred[0]:.1f}")
+            lines.append(f"{name:8s} {r['backend']:14s} ctx {r['ctx']:>7,} T{r['tree_nodes']:<3d} {r['layout']:6s} "
+                         f"{'-' if med is None else f'{med:10.1f} us'}  floor {'-' if floor is None else f'{floor:.1f}'} "
+                         f"frac {'-' if r['frac_of_floor'] is None else format(r['frac_of_floor'], '.2f')} "
+                         f"x{'-' if not r['speedup_vs_serial'] else format(r['speedup_vs_serial'], '.1f')} "
+                         f"err {'-' if r['max_rel_err'] is None else format(r['max_rel_err'], '.1e')} {r['status']}"
+                         + model)
+    return lines
+
+
+def peer_ratios(out: Path) -> list[str]:
+    """Each peer's time over our cuda backend's on the same row (the peers stage)."""
+    d = _load(out, "peers")
+    if d is None:
+        return []
+    by = {}
+    for r in d["results"]:
+        if r.get("median_us"):
+            by.setdefault((r["ctx"], r["tree_nodes"], r["layout"]), {})[r["backend"]] = r["median_us"]
+    lines = []
+    for (ctx, t, lay), m in sorted(by.items()):
+        ours = m.get("cuda")
+        if not ours:
+            continue
+        peers = ", ".join(f"{b} {us / ours:.1f}x slower" if us >= ours else f"{b} {ours / us:.1f}x faster"
+                          for b, us in sorted(m.items()) if b != "cuda")
+        lines.append(f"peers    ctx {ctx:>7,} T{t:<3d} {lay:6s} cuda {ours:.1f} us; {peers or 'no peer timed'}")
+    return lines
+
+
+def ceilings_line(out: Path) -> Optional[str]:
+    c = _load(out, "ceilings")
+    if not c:
+        return None
+
+    def f(k, fmt):
+        v = c.get(k)
+        return "n/a" if v is None else fmt(v)
+
+    return (f"ceilings copy {f('copy_gbs', lambda v: f'{v:.0f} GB/s')}, DRAM read "
+            f"{f('dram_read_gbs', lambda v: f'{v:.0f} GB/s')}, L2 read {f('l2_read_gbs', lambda v: f'{v:.0f} GB/s')}, "
+            f"mma.sync {f('mma_sync_tflops', lambda v: f'{v:.0f} TFLOP/s')}, wgmma "
+            f"{f('wgmma_tflops', lambda v: f'{v:.0f} TFLOP/s')}, cuBLAS {f('cublas_tflops', lambda v: f'{v:.0f}')}, "
+            f"HMMA latency {f('hmma_latency_cycles', lambda v: f'{v:.1f} cyc')}, wgmma round "
+            f"{f('wgmma_latency_cycles', lambda v: f'{v[0]:.0f}/{v[1]:.0f} cyc (N 64/256)')}")
+
+
+def print_table(out: Path, predictions: Optional[dict] = None) -> None:
+    rows = summary_rows(out, predictions)
+    extra = [x for x in (ceilings_line(out),) if x] + peer_ratios(out)
+    if rows or extra:
+        print("\n".join(["", "short table (16-node rows; us = median per call, cold L2, CUDA graph):", *rows, *extra]))
+
+
+
 def collect(src: Path, dest_root: Optional[Path] = None, configs: Optional[Path] = None,
             calibrate: bool = True, name: Optional[str] = None) -> int:
     """Unpack the run at `src` into <dest_root>/<name> (default bench/results/<device slug>)."""
-    from bench.gpu_check import print_table
-
     archive = _archive(src)
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)

@@ -29,16 +29,51 @@ def _children(parents: Sequence[int]) -> dict[int, list[int]]:
     return kids
 
 
-def accept_walk(parents: Sequence[int], tokens: Sequence[int], target_next: Sequence[int]) -> tuple[list[int], int]:
-    """Greedy acceptance. target_next[i] = the target's argmax after node i. Returns (path from the root, bonus)."""
+ACCEPT_BUGS = ("early", "sibling")   # deliberate accept-walk bugs (tests, probe --plant accept-early / accept-sibling)
+
+
+def accept_walk(parents: Sequence[int], tokens: Sequence[int], target_next: Sequence[int],
+                bug: str = "") -> tuple[list[int], int]:
+    """Greedy acceptance. target_next[i] = the target's argmax after node i. Returns (path from the root, bonus).
+    bug (tests): "early" stops one node early (the output stays greedy's, only slower); "sibling" moves to a
+    sibling of the matching child where it has one (a wrong token is committed)."""
     kids = _children(parents)
     path = [0]
     while True:
         want = target_next[path[-1]]
         nxt = next((c for c in kids[path[-1]] if tokens[c] == want), None)
+        if nxt is not None and bug == "sibling":            # BUG (planted): the next child over
+            nxt = next((c for c in kids[path[-1]] if c != nxt), nxt)
         if nxt is None:
+            if bug == "early" and len(path) > 1:              # BUG (planted): one node short
+                path.pop()
+                return path, target_next[path[-1]]
             return path, want
         path.append(nxt)
+
+
+def longest_accepted(parents: Sequence[int], tokens: Sequence[int], target_next: Sequence[int]) -> int:
+    """The accept walk's independent check, deliberately simple: every root-to-leaf path of the tree, the
+    length of its prefix greedy decoding accepts (node k+1's token is the target's choice after node k), the
+    longest of them. The drafts a correct greedy step commits (its commit_len is this + 1)."""
+    kids = _children(parents)
+    best = 0
+    for leaf in range(len(parents)):
+        if kids[leaf]:
+            continue
+        path = [leaf]
+        while parents[path[-1]] != -1:
+            path.append(parents[path[-1]])
+        path.reverse()                                        # root .. leaf
+        n = 0
+        while n + 1 < len(path) and tokens[path[n + 1]] == target_next[path[n]]:
+            n += 1
+        best = max(best, n)
+    return best
+
+
+class AcceptMismatch(AssertionError):
+    """A step committed another number of drafts than the longest greedy-accepted path of its tree."""
 
 
 def sample_walk(parents: Sequence[int], tokens: Sequence[int], probs: Callable[[int], torch.Tensor],

@@ -140,6 +140,51 @@ def profile_from_vllm_log(lines: Iterable[str], ranks: int = 4, rank_decay: floa
     return AcceptanceProfile(tuple(accept), source, notes)
 
 
+def rank_profile(p: float, depth: int, ranks: int = 4, decay: float = 0.5, source: str = "",
+                 notes: tuple[str, ...] = ()) -> AcceptanceProfile:
+    """A profile with the same rate at every depth: q(d, 1) = p, q(d, r) = p ((1 - p) decay)^(r - 1)."""
+    row = tuple(p * ((1 - p) * decay) ** (r - 1) for r in range(1, ranks + 1))
+    return AcceptanceProfile((row,) * depth, source, notes)
+
+
+def chain_tokens(p: float, depth: int) -> float:
+    """Expected tokens per step of a chain draft of `depth` tokens at a per-depth rate p: 1 + p + ... + p^depth."""
+    return 1.0 + sum(p ** k for k in range(1, depth + 1))
+
+
+def fit_chain(tau: float, depth: int) -> float:
+    """The per-depth rate p whose chain of `depth` drafts gives `tau` tokens per step (bisection)."""
+    if not 1.0 <= tau <= depth + 1:
+        raise ValueError(f"a chain of {depth} drafts gives 1 to {depth + 1} tokens per step, not {tau}")
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if chain_tokens(mid, depth) < tau else (lo, mid)
+    return (lo + hi) / 2
+
+
+def fit_profile(points: dict[int, float], depth: int, ranks: int = 4, source: str = "",
+                p_fixed: Optional[float] = None) -> tuple[AcceptanceProfile, dict[int, float]]:
+    """The rank_profile (p, decay) whose expected tokens per step best match `points` ({budget: tau}, least
+    squares on the relative error, a grid over p and decay); p_fixed keeps p (fit the decay only). Returns
+    (profile, {budget: relative error of the fit}); the errors go into the profile's notes."""
+    ps = [p_fixed] if p_fixed is not None else [i / 400 for i in range(4, 400)]
+    decays = [i / 40 for i in range(1, 41)]
+    best = None
+    for p in ps:
+        for dec in decays:
+            e = rank_profile(p, depth, ranks, dec).expected(points)
+            err = sum(((e[b] - t) / t) ** 2 for b, t in points.items())
+            if best is None or err < best[0]:
+                best = (err, p, dec, e)
+    _, p, dec, e = best
+    errs = {b: (e[b] - t) / t for b, t in points.items()}
+    notes = (f"fitted: q(d, 1) = {p:.4f} at every depth, q(d, r) = q(d, 1) ((1 - q(d, 1)) x {dec:.3f})^(r - 1), "
+             f"{ranks} ranks, depth {depth}", "fit: " + ", ".join(f"budget {b}: {t} published, {e[b]:.2f} fitted "
+                                                               f"({100 * errs[b]:+.1f}%)" for b, t in points.items()))
+    return rank_profile(p, depth, ranks, dec, source, notes), errs
+
+
 class OnlineCorrection:
     """factor = EMA(observed accepted drafts) / EMA(predicted accepted drafts), predicted for the tree the
     loop built. Starts at 1 (trust the model) and moves by `alpha` per step."""
@@ -158,5 +203,8 @@ class OnlineCorrection:
         self.obs = observed if self.obs is None else (1 - a) * self.obs + a * observed
         self.pred = predicted if self.pred is None else (1 - a) * self.pred + a * predicted
 
-    def apply(self, expected: dict[int, float]) -> dict[int, float]:
-        return {b: 1.0 + self.factor * (e - 1.0) for b, e in expected.items()}
+    def apply(self, expected: dict[int, float], cap: Optional[float] = None) -> dict[int, float]:
+        """The corrected expectation, at most `cap` tokens per step (the block size: a step commits at most
+        block - 1 drafts and the bonus, whatever the correction factor says)."""
+        out = {b: 1.0 + self.factor * (e - 1.0) for b, e in expected.items()}
+        return out if cap is None else {b: min(cap, e) for b, e in out.items()}

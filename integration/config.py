@@ -121,7 +121,10 @@ PRESETS: dict[str, ModelConfig] = {
     "kimi-k2-tp8": ModelConfig(
         name="kimi-k2-tp8", num_layers=61, hidden=7168, vocab=163840, num_heads=64, q_lora=1536, kv_lora=512,
         qk_rope=64, qk_nope=128, v_head=128, ffn=8 * 2048, rope=YarnRope(),
-        drafter=DrafterConfig(num_layers=6, num_heads=32, num_kv_heads=4, head_dim=128,
+        # Kimi-K2.5-DFlash's drafter: 6 layers (1 full-attention, 5 sliding over 2,048), 64 query / 8 KV heads
+        # of 128, block 8, target layers [1, 12, 24, 35, 47, 58] (the published configuration as the project's
+        # issue 29 quotes it, YaRN like the target); its MLP width is not in what we read: 8192 is assumed
+        drafter=DrafterConfig(num_layers=6, num_heads=64, num_kv_heads=8, head_dim=128,
                               ffn=8192, block=8, window=2048, full_layers=(5,),
                               target_layers=(1, 12, 24, 35, 47, 58), code_dim=31, calib_tokens=1024),
     ),

@@ -78,15 +78,16 @@ class TargetShape:
     weight_bytes: float = 2.0     # bf16 attention / dense weights
     kv_bytes: int = 2             # bf16 KV
     drafter_layers: int = 6
-    drafter_heads: int = 32
-    drafter_kv_heads: int = 4
+    drafter_heads: int = 64
+    drafter_kv_heads: int = 8
     drafter_head_dim: int = 128
     drafter_ffn: int = 8192
     drafter_block: int = 8
     drafter_window: int = 2048
     drafter_full_layers: int = 1
     drafter_taps: int = 6
-    drafter_tp: int = 8           # the drafter sharded like the target (its KV heads replicated when fewer)
+    drafter_tp: int = 8           # the drafter sharded like the target (its KV heads replicated when fewer): the
+                                  # convention of every per-rank count here and in integration/traffic.py
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     @property
@@ -104,8 +105,9 @@ KIMI_K2 = TargetShape(
     notes=("Kimi K2 (moonshotai config): 61 layers, 384 experts top-8 + 1 shared of 2048, first layer dense 18432",
            "routed experts assumed INT4 (0.5 B/param, as Kimi K2 Thinking ships; 1T params must fit 8 x 96 GB), "
            "attention and shared weights bf16; tokens of a tree assumed to route independently",
-           "drafter: Kimi-K2.5-DFlash's shape (6 layers, 1 full, 32 q / 4 KV heads of 128, window 2048), MLP 8192 "
-           "assumed, sharded over the 8 ranks"))
+           "drafter: Kimi-K2.5-DFlash's published shape as issue 29 quotes it (6 layers, 1 full, 64 q / 8 KV heads of "
+           "128, window 2048, YaRN), MLP 8192 assumed (not published in what we read), sharded over the 8 ranks as "
+           "a TP8 deployment runs it (SGLang shards the draft model like the target)"))
 
 
 def shape_of(cfg: ModelConfig, tp: int = 8) -> TargetShape:
@@ -115,8 +117,9 @@ def shape_of(cfg: ModelConfig, tp: int = 8) -> TargetShape:
                        cfg.qk_rope, cfg.qk_nope, cfg.v_head, cfg.vocab, tp, cfg.ffn, None,
                        drafter_layers=d.num_layers, drafter_heads=d.num_heads, drafter_kv_heads=d.num_kv_heads,
                        drafter_head_dim=d.head_dim, drafter_ffn=d.ffn, drafter_block=d.block, drafter_window=d.window,
-                       drafter_full_layers=len(d.full_layers), drafter_taps=len(d.target_layers), drafter_tp=1,
-                       notes=(f"the loop's synthetic {cfg.name}: dense MLP, drafter replicated on every rank",))
+                       drafter_full_layers=len(d.full_layers), drafter_taps=len(d.target_layers), drafter_tp=tp,
+                       notes=(f"the loop's synthetic {cfg.name}: dense MLP; the drafter counted sharded over the "
+                              f"{tp} ranks, as a TP deployment runs it (the loop itself runs it whole on every rank)",))
 
 
 def target_shape(name: str) -> TargetShape:

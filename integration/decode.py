@@ -4,7 +4,9 @@
     python -m integration.decode --tp 8 --model tiny --ctx 2k --steps 8 --budget auto --check
 
 --check decodes plain greedily on the float64 `reference` backend (a tree of one node per
-token) and exits 1 at the first position where the speculative tokens differ; it also
+token) and exits 1 at the first position where the speculative tokens differ; every step's
+commit must equal the longest greedy-accepted root-to-leaf path of its tree, counted
+independently of the accept walk (integration/accept.py longest_accepted); it also
 compares every verify's logits with the reference's (the probe's criterion) and exits 1
 when one differs by more than --logit-tol. With --temperature > 0 only the logit criterion
 applies (sampled tokens have no greedy counterpart).
@@ -34,6 +36,7 @@ from .drafter import DFlashDrafter
 from .kv import ALLOC_MODES
 from .metrics import StepMetrics
 from .model import MLATarget
+from .accept import AcceptMismatch
 from .spec import Engine, first_divergence, greedy_decode, speculative_decode
 from .texts import TEXTS, make_prompt, random_prompt
 from .tp import TPGroup, launch
@@ -239,9 +242,13 @@ def run_rank(tp: TPGroup, s: dict, backend: str, ctx: int, steps: int, check: bo
         say(f"step {m.step:3d}  budget {m.budget:3d}  tree {m.tree_size:3d}  accepted_drafts {m.accepted_drafts}  "
             f"commit_len {m.commit_len}  {m.step_s * 1e3:8.1f} ms{err}  [{parts}]")
 
-    tokens, metrics = speculative_decode(engine, drafter, prompt, steps, tree_kind=s["tree"], budget=budget,
-                                         temperature=s.get("temperature", 0.0), seed=s["seed"],
-                                         check_cache=True, on_step=show)
+    try:
+        tokens, metrics = speculative_decode(engine, drafter, prompt, steps, tree_kind=s["tree"], budget=budget,
+                                             temperature=s.get("temperature", 0.0), seed=s["seed"],
+                                             check_cache=True, check_accept=check, on_step=show)
+    except AcceptMismatch as e:   # --check's independent accept count disagreed: reported, not a traceback
+        return {"tokens": [], "commit_lens": [], "budgets": [], "step_s": [], "divergence": None, "checked": True,
+                "logit_errs": [], "logit_tol": LOGIT_TOL[target.dtype], "accept_error": str(e)}
     res = {"tokens": tokens, "commit_lens": [m.commit_len for m in metrics], "budgets": [m.budget for m in metrics],
            "step_s": [m.step_s for m in metrics], "divergence": None, "checked": False,
            "logit_errs": [m.logit_err for m in metrics], "logit_tol": s.get("logit_tol") or LOGIT_TOL[target.dtype],
@@ -282,7 +289,10 @@ def summarize(res: dict, tp_desc: str) -> str:
 
 
 def check_verdict(res: dict) -> tuple[bool, str]:
-    """(ok, message) of --check: exact tokens against reference greedy, and the per-verify logit bound."""
+    """(ok, message) of --check: every step's commit against the independent accept count, exact tokens against
+    reference greedy, and the per-verify logit bound."""
+    if res.get("accept_error"):
+        return False, f"CHECK FAILED: {res['accept_error']}"
     errs = [e for e in res["logit_errs"] if e is not None]
     worst = max(errs) if errs else None
     near_tie = ""

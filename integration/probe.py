@@ -20,7 +20,10 @@ block size; interpreted fp32 Triton stays within 1e-5 of the reference.
   context OK       none of these.
 Acceptance on a step = commit_len / min(block, copyable tokens left + 1): 1.0 is a perfect
 copier. --plant puts a deliberate bug in (tests): window:N | untrimmed | stale-hidden (drafter,
-integration/drafter.py DrafterBugs) | metrics (the loop's reported commit length).
+integration/drafter.py DrafterBugs) | metrics (the loop's reported commit length) | accept-early (the accept
+walk stops one node early: the output is greedy's, only slower) | accept-sibling (it accepts a sibling of the
+matching child). Every real-drafter run checks each step's commit against the longest greedy-accepted
+root-to-leaf path of its tree, counted independently (integration/accept.py longest_accepted).
 
 Exit status: 0 for "context OK" / "text difficulty" / an oracle pass, 1 for a bug, 2 for bad flags.
 """
@@ -40,6 +43,7 @@ from verify_attn.utils import usage_error
 from .config import get_model_config
 from .decode import LOGIT_TOL, _DTYPES, check_backends, cli_value, positive_tokens
 from .drafter import DFlashDrafter, DrafterBugs
+from .accept import AcceptMismatch
 from .metrics import MetricsMismatch
 from .model import MLATarget
 from .spec import Engine, first_divergence, greedy_decode, speculative_decode
@@ -156,7 +160,8 @@ def oracle_verdict(s: Setup, r: dict) -> Optional[str]:
 
 # -- real-drafter mode -----------------------------------------------------------------------------
 
-def real_length(s: Setup, backend: str, ctx: int, text_seed: int, bugs: DrafterBugs, plant_metrics: bool) -> dict:
+def real_length(s: Setup, backend: str, ctx: int, text_seed: int, bugs: DrafterBugs, plant_metrics: bool,
+                accept_bug: str = "") -> dict:
     text = s.text(ctx, text_seed)
     horizon = s.steps * s.block + 1
     ref = s.reference(text, horizon)
@@ -166,9 +171,11 @@ def real_length(s: Setup, backend: str, ctx: int, text_seed: int, bugs: DrafterB
     out = {"copyable": cop, "horizon": horizon}
     try:
         toks, metrics = speculative_decode(eng, drafter, text.prompt, s.steps, tree_kind="ddtree", budget=16,
-                                           plant_metrics_bug=plant_metrics)
+                                           plant_metrics_bug=plant_metrics, accept_bug=accept_bug, check_accept=True)
     except MetricsMismatch as e:
         return dict(out, metrics_error=str(e))
+    except AcceptMismatch as e:
+        return dict(out, accept_error=str(e))
     out["commit_lens"] = [m.commit_len for m in metrics]
     out["divergence"] = first_divergence(toks, ref[:len(toks)])     # len(toks) <= horizon
     eff, done = [], 1                       # toks[0] came from the prefill: continuation index 1 next
@@ -187,6 +194,8 @@ def real_verdict(s: Setup, short: dict, long: dict) -> tuple[str, str]:
     for name, r in (("short", short), ("long", long)):
         if "metrics_error" in r:
             return "metrics bug", f"at the {name} length: {r['metrics_error']}"
+        if "accept_error" in r:
+            return "loop bug", f"at the {name} length the accept walk fails its independent count: {r['accept_error']}"
     for name, r in (("short", short), ("long", long)):
         if r["divergence"] is not None:
             return "loop bug", f"at the {name} length the speculative tokens diverge from greedy at {r['divergence']}"
@@ -216,7 +225,7 @@ def default_backends() -> list[str]:
 def probe(model: str = "tiny", short: int = 256, long: int = 4000, backends: Optional[list[str]] = None,
           steps: int = 6, page_size: int = 1, device: str = "cpu", dtype: str = "float32", seed: int = 0,
           drafter: str = "oracle", bugs: DrafterBugs = DrafterBugs(), plant_metrics: bool = False,
-          logit_tol: Optional[float] = None, verbose: bool = False) -> dict:
+          logit_tol: Optional[float] = None, verbose: bool = False, accept_bug: str = "") -> dict:
     dt = _DTYPES[dtype]
     target = MLATarget(get_model_config(model, seed=seed), TPGroup(), dtype=dt, device=torch.device(device))
     s = Setup(target, steps, page_size, seed, LOGIT_TOL[dt] if logit_tol is None else logit_tol)
@@ -240,24 +249,31 @@ def probe(model: str = "tiny", short: int = 256, long: int = 4000, backends: Opt
         return res
     backend = (backends or ["reference"])[0]
     res["backend"] = backend
-    res["short"] = real_length(s, backend, short, text_seed, bugs, plant_metrics)
-    say(f"  short {short}: {res['short'].get('commit_lens', res['short'].get('metrics_error'))}", flush=True)
-    res["long"] = real_length(s, backend, long, text_seed, bugs, plant_metrics)
-    say(f"  long {long}: {res['long'].get('commit_lens', res['long'].get('metrics_error'))}", flush=True)
+    res["short"] = real_length(s, backend, short, text_seed, bugs, plant_metrics, accept_bug)
+    say(f"  short {short}: {res['short'].get('commit_lens', res['short'].get('metrics_error', res['short'].get('accept_error')))}", flush=True)
+    res["long"] = real_length(s, backend, long, text_seed, bugs, plant_metrics, accept_bug)
+    say(f"  long {long}: {res['long'].get('commit_lens', res['long'].get('metrics_error', res['long'].get('accept_error')))}", flush=True)
     res["verdict"], res["why"] = real_verdict(s, res["short"], res["long"])
     return res
 
 
-def parse_plants(spec: Optional[str]) -> tuple[DrafterBugs, bool]:
+ACCEPT_PLANTS = {"accept-early": "early", "accept-sibling": "sibling"}
+
+
+def parse_plants(spec: Optional[str]) -> tuple[DrafterBugs, bool, str]:
+    """(drafter bugs, the metrics bug, the accept-walk bug) of --plant."""
     if not spec:
-        return DrafterBugs(), False
+        return DrafterBugs(), False, ""
     parts = [p.strip() for p in spec.split(",") if p.strip()]
     metrics = "metrics" in parts
-    rest = ",".join(p for p in parts if p != "metrics")
+    accept = [ACCEPT_PLANTS[p] for p in parts if p in ACCEPT_PLANTS]
+    if len(accept) > 1:
+        raise usage_error("error: --plant: one accept-walk bug at a time (accept-early or accept-sibling)")
+    rest = ",".join(p for p in parts if p != "metrics" and p not in ACCEPT_PLANTS)
     try:
-        return DrafterBugs.parse(rest), metrics
+        return DrafterBugs.parse(rest), metrics, accept[0] if accept else ""
     except ValueError as e:
-        raise usage_error(f"error: --plant: {e}") from None
+        raise usage_error(f"error: --plant: {e}; or metrics, accept-early, accept-sibling") from None
 
 
 def report(res: dict, args, dtype: str) -> int:
@@ -285,8 +301,8 @@ def report(res: dict, args, dtype: str) -> int:
           f"{res['block']}, text seed {res['text_seed']}")
     for k in ("short", "long"):
         r = res[k]
-        if "metrics_error" in r:
-            print(f"  {k:5s}: {r['metrics_error']}")
+        if "metrics_error" in r or "accept_error" in r:
+            print(f"  {k:5s}: {r.get('metrics_error') or r.get('accept_error')}")
             continue
         acc = "-" if r["acceptance"] is None else f"{r['acceptance']:.2f}"
         print(f"  {k:5s}: commit_len {r['commit_lens']}  copyable {r['copyable']}/{r['horizon']} tokens  "
@@ -305,7 +321,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                     help="oracle: the kernel probe; real: the DFlash drafter, with a verdict")
     ap.add_argument("--attn-backend", default=None,
                     help="comma-separated backends (oracle default: all available but reference; real: reference)")
-    ap.add_argument("--plant", default=None, help="deliberate bugs: window:N, untrimmed, stale-hidden, metrics")
+    ap.add_argument("--plant", default=None, help="deliberate bugs (with --drafter real): window:N, untrimmed, "
+                    "stale-hidden, metrics, accept-early, accept-sibling")
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--layout", choices=("page1", "paged"), default="page1")
     ap.add_argument("--page-size", type=int, default=16)
@@ -330,8 +347,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.logit_tol is not None and not args.logit_tol > 0:
         raise usage_error("error: --logit-tol must be > 0")
     backends = check_backends([b.strip() for b in args.attn_backend.split(",")]) if args.attn_backend else None
-    bugs, plant_metrics = parse_plants(args.plant)
-    if args.drafter == "oracle" and (bugs != DrafterBugs() or plant_metrics):
+    bugs, plant_metrics, accept_bug = parse_plants(args.plant)
+    if args.drafter == "oracle" and (bugs != DrafterBugs() or plant_metrics or accept_bug):
         raise usage_error("error: --plant needs --drafter real")
     if args.drafter == "real" and backends and len(backends) > 1:
         raise usage_error("error: --attn-backend: --drafter real runs one backend")
@@ -343,7 +360,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         torch.set_num_threads(1)
     ps = 1 if args.layout == "page1" else args.page_size
     res = probe(args.model, short, long, backends, args.steps, ps, device, dtype, args.seed, args.drafter, bugs,
-                plant_metrics, args.logit_tol, verbose=True)
+                plant_metrics, args.logit_tol, verbose=True, accept_bug=accept_bug)
     return report(res, args, dtype)
 
 

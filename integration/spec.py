@@ -17,7 +17,7 @@ import torch
 
 from verify_attn import tree as vtree
 
-from .accept import accept_walk, forced_path, sample_walk
+from .accept import AcceptMismatch, accept_walk, forced_path, longest_accepted, sample_walk
 from .ddtree import DraftTree, build_tree
 from .kv import LatentKVCache
 from .metrics import StepMetrics
@@ -113,7 +113,8 @@ def greedy_decode(engine: Engine, prompt: torch.Tensor, n: int, logits: Optional
 def speculative_decode(engine: Engine, drafter, prompt: torch.Tensor, steps: int, *, tree_kind: str = "ddtree",
                        budget=16, simulate_accept_len: Optional[int] = None, temperature: float = 0.0,
                        seed: int = 0, timer: Optional[StepTimer] = None, check_cache: bool = False,
-                       plant_metrics_bug: bool = False, on_step=None) -> tuple[list[int], list[StepMetrics]]:
+                       plant_metrics_bug: bool = False, accept_bug: str = "", check_accept: bool = False,
+                       on_step=None) -> tuple[list[int], list[StepMetrics]]:
     """Prefill, then `steps` draft -> tree -> verify -> accept -> commit steps. Returns (tokens, metrics):
     tokens[0] is the token the prefill produced, then every step's accepted drafts and bonus.
 
@@ -121,7 +122,10 @@ def speculative_decode(engine: Engine, drafter, prompt: torch.Tensor, steps: int
     observe(metrics, tree, logprobs) (integration/budget.py: --budget auto).
     temperature > 0: target-only tree sampling (accept.py), seeded by `seed`.
     plant_metrics_bug: a deliberate metrics bug (tests): the reported commit length is read from the
-    acceptance counter, kept apart from the cache, which misses the bonus token."""
+    acceptance counter, kept apart from the cache, which misses the bonus token.
+    accept_bug: a deliberate accept-walk bug (tests): "early" | "sibling" (accept.accept_walk).
+    check_accept (greedy): every step's accepted drafts must equal the longest greedy-accepted root-to-leaf path
+    of its tree, found by accept.longest_accepted (an independent, brute-force count); AcceptMismatch if not."""
     engine.reset()
     drafter.reset()
     timer = timer or StepTimer(engine.t.device)
@@ -155,7 +159,18 @@ def speculative_decode(engine: Engine, drafter, prompt: torch.Tensor, steps: int
                 probs = torch.softmax(lg.float() / temperature, -1)                      # [T, V] on the device
                 path, bonus = sample_walk(tree.parents, tree.tokens, lambda i: probs[i].double().cpu(), gen)
             else:
-                path, bonus = accept_walk(tree.parents, tree.tokens, lg.argmax(-1).tolist())
+                target_next = lg.argmax(-1).tolist()
+                path, bonus = accept_walk(tree.parents, tree.tokens, target_next, bug=accept_bug)
+                if check_accept:
+                    want = longest_accepted(tree.parents, tree.tokens, target_next)
+                    wrong = next((k for k in range(1, len(path)) if tree.parents[path[k]] != path[k - 1]
+                                  or tree.tokens[path[k]] != target_next[path[k - 1]]), None)
+                    if wrong is not None or len(path) - 1 != want:
+                        raise AcceptMismatch(
+                            f"step {s}: the accept walk committed {len(path) - 1} drafts"
+                            + (f", its node {path[wrong]} (token {tree.tokens[path[wrong]]}) is not the target's "
+                               f"choice {target_next[path[wrong - 1]]} after node {path[wrong - 1]}" if wrong else "")
+                            + f"; the longest root-to-leaf path greedy decoding accepts has {want}")
             engine.cache.commit(path)
             drafter.commit(hid[path], n)                       # root + accepted drafts join the context
             out += [tree.tokens[i] for i in path[1:]] + [bonus]

@@ -16,7 +16,7 @@ Every step commits the same 4 tokens (the deepest path's first nodes, as --simul
 so the per-step bytes at two contexts differ only because of the context.
 
 The model keeps the preset's per-rank attention shapes (for kimi-k2-tp8: 8 heads, 576-wide
-latent rows; the DFlash drafter's 32 query / 4 KV heads of 128, window 2048, 6 layers) and
+latent rows; the DFlash drafter's 64 query / 8 KV heads of 128, window 2048, 6 layers) and
 shrinks what does not change the growth with context (hidden, vocab, MLP, target depth);
 the verify-attention growth is scaled to the preset's depth (61 layers). Growth per 1k tokens
 is the least-squares slope over --ctx (all above the drafter's window, so its sliding layers
@@ -38,6 +38,9 @@ from verify_attn.utils import parse_ctx, usage_error
 
 from .bench_e2e import PARTS, slope_per_1k
 from .config import ModelConfig, get_model_config
+from .costmodel import TargetShape
+
+DRAFTER_TP = TargetShape.__dataclass_fields__["drafter_tp"].default   # 8: the deployment's convention
 from .drafter import DFlashDrafter
 from .model import MLATarget
 from .spec import Engine, speculative_decode
@@ -173,10 +176,17 @@ def measure(model: str, ctxs: list[int], steps: int, layers: int = 2, seed: int 
     full = get_model_config(model)
     scale = full.num_layers / cfg.num_layers
     verify_full = (growth["verify_attn"] or 0.0) * scale
-    draft = (growth["draft"] or 0.0) + (growth["draft_swa"] or 0.0)
+    draft_whole = (growth["draft"] or 0.0) + (growth["draft_swa"] or 0.0)
+    # one sharding convention (integration/costmodel.py TargetShape.drafter_tp): a TP deployment shards the
+    # drafter's heads over the ranks like the target's, so a rank reads its share of the drafter's KV; the loop
+    # runs the whole drafter on every rank, so its measured bytes are divided (KV heads replicated when fewer)
+    kv = cfg.drafter.num_kv_heads
+    per_rank = max(1.0, kv / DRAFTER_TP) / kv
+    draft = draft_whole * per_rank
     return {"model": model, "analysed_layers": cfg.num_layers, "preset_layers": full.num_layers, "ctxs": ctxs,
             "steps": steps, "rows": rows, "growth_bytes_per_1k": growth, "verify_attn_growth_full_depth": verify_full,
-            "drafter_growth": draft, "drafter_share_of_verify_growth": draft / verify_full if verify_full else None}
+            "drafter_growth_whole": draft_whole, "drafter_growth": draft, "drafter_tp": DRAFTER_TP,
+            "drafter_share_of_verify_growth": draft / verify_full if verify_full else None}
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -214,7 +224,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     v, dr = res["verify_attn_growth_full_depth"], res["drafter_growth"]
     share = res["drafter_share_of_verify_growth"]
     print(f"verify attention growth at {res['preset_layers']} layers: {v / 1e6:.2f} MB per extra 1k tokens; drafter "
-          f"(draft + draft_swa): {dr / 1e6:.3f} MB per 1k = {100 * share:.2f}% of it")
+          f"(draft + draft_swa) per rank, sharded over {res['drafter_tp']} ranks as a TP deployment runs it: "
+          f"{dr / 1e6:.3f} MB per 1k = {100 * share:.2f}% of it (the whole drafter, as the loop runs it on every "
+          f"rank: {res['drafter_growth_whole'] / 1e6:.3f} MB)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=1)

@@ -436,12 +436,12 @@ def test_gpu_check_drops_cuda_after_a_failed_build():
 
 
 def test_gpu_check_summary_rows(tmp_path):
-    from bench import gpu_check
+    from bench import gpu_results
     row = {"backend": "cuda", "ctx": 185_000, "tree_nodes": 16, "layout": "page1", "median_us": 80.0,
            "floor_us": {"H200": 52.1}, "frac_of_floor": 0.65, "speedup_vs_serial": 40.0, "max_rel_err": 3e-3,
            "status": "ok"}
     (tmp_path / "headline.json").write_text(json.dumps({"floor_device": "H200", "results": [row]}))
-    (lines,) = gpu_check.summary_rows(tmp_path)
+    (lines,) = gpu_results.summary_rows(tmp_path)
     for part in ("cuda", "185,000", "80.0 us", "floor 52.1", "frac 0.65", "x40.0", "ok"):
         assert part in lines
 

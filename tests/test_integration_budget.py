@@ -174,3 +174,87 @@ def test_issue_command_tp8_budget_auto() -> None:
                         "--steps", "8", "--budget", "auto", "--check"], capture_output=True, text=True, timeout=1200)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert "check OK" in r.stdout
+
+
+def test_corrected_expectation_is_capped_at_the_block() -> None:
+    """A step commits at most block - 1 drafts and the bonus: however large the online correction, the
+    expected tokens per step stay <= the block size."""
+    from integration.acceptance import OnlineCorrection
+    c = OnlineCorrection()
+    c.update(observed=6.0, predicted=2.0)                     # factor capped at 2.0 by OnlineCorrection
+    assert c.factor == 2.0
+    raw = {0: 1.0, 16: 5.0, 64: 7.5}
+    out = c.apply(raw, cap=8.0)
+    assert out[0] == 1.0 and out[16] == 8.0 and out[64] == 8.0   # 1 + 2 x 4 = 9 and 14 -> 8
+    assert c.apply(raw) == {0: 1.0, 16: 9.0, 64: 14.0}
+
+
+def test_one_outlier_step_does_not_move_the_budget() -> None:
+    """The loop jumped from 8 to 48 on one uncertain draft: a single step whose drafter is (wrongly) sure
+    of everything leaves the budget where it is; the same evidence on two steps in a row moves it."""
+    cost = make_cost("kimi-k2", "rtx-pro-6000", evidence="roofline")
+    g = torch.Generator().manual_seed(1)
+    usual = torch.log_softmax(torch.randn(7, 50, generator=g) * 0.5, -1)        # unsure drafter: small trees
+    sure = torch.log_softmax(torch.randn(7, 50, generator=g) * 0.5 + 40 * torch.eye(7, 50), -1)  # one sure token
+    auto = AutoBudget(cost)
+    first = auto.choose(20_000, usual)
+    tiny_then = [auto.choose(20_000, usual) for _ in range(3)]
+    outlier = auto.choose(20_000, sure)
+    after = [auto.choose(20_000, usual) for _ in range(3)]
+    assert set(tiny_then + [outlier] + after) == {first} and auto.switches == 0
+    two = [auto.choose(20_000, sure) for _ in range(2)]
+    assert two[0] == first and two[1] != first and auto.switches == 1
+
+
+def test_planner_says_when_budgets_tie_and_what_moves_its_choice(capsys) -> None:
+    """The planner names the budgets within 2% of its best, and every assumed constant whose range moves the
+    choice (the winners at 185k lie close together; all-reduce, rank split and the verify cost move them)."""
+    from integration.budget import TIE, table, tie_text
+    prof = AcceptanceProfile(((0.7, 0.1, 0.02),) * 6, "test")
+    cost = make_cost("kimi-k2", "rtx-pro-6000", evidence="roofline")
+    (row,) = table(prof, cost, [185_000], "roofline")
+    best = row["expected_tok_s"]
+    assert row["chosen_budget"] in row["ties"] and row["chosen_budget"] in row["optimal_under_ranges"]
+    assert all(row["tok_s_by_budget"][str(b)] >= (1 - TIE) * best for b in row["ties"])
+    for c in row["changes"]:                     # each reported change really is another choice at that value
+        assert c["chosen_budget"] != row["chosen_budget"] and c["range"][0] <= c["value"] <= c["range"][1]
+    assert set(row["optimal_under_ranges"]) >= {c["chosen_budget"] for c in row["changes"]}
+    text = tie_text(row)
+    assert ("no clear optimum" in text) == (len(row["ties"]) > 1)
+    budget_main(["--profile", PROFILE, "--device", "rtx-pro-6000", "--ctx", "185k", "--evidence", "roofline"])
+    out = capsys.readouterr().out
+    assert "ctx  185,000: chosen budget" in out and "holds only if acceptance does not fall with context" in out
+
+
+def test_shipped_profiles_carry_citations_and_reproduce_their_figures() -> None:
+    """Every profile says whom it quotes (not just a file name), and the fitted ones reproduce the published
+    tokens per step they were fitted to: the budget curve within 2%, each chain exactly."""
+    import glob
+    from integration.acceptance import chain_tokens, fit_chain, fit_profile, load_profile
+    paths = sorted(glob.glob("integration/profiles/*.json"))
+    assert len(paths) >= 5
+    for p in paths:
+        prof = load_profile(p)
+        assert len(prof.source) > 60 and prof.notes, p
+    assert "Not Kimi data" in load_profile("integration/profiles/vllm-dflash-example.json").source
+    points = {16: 8.6, 64: 9.75, 256: 10.4, 1024: 11.0}
+    prof = load_profile("integration/profiles/ddtree-qwen3-8b-budgets.json")
+    e = prof.expected(points)
+    assert all(abs(e[b] / t - 1) < 0.02 for b, t in points.items())
+    refit, errs = fit_profile(points, 15)
+    assert max(abs(x) for x in errs.values()) < 0.02 and refit.accept == prof.accept
+    for name, tau, depth in (("ddtree-qwen3-8b-math500-chain", 7.79, 15), ("kimi-k2.5-dflash-sglang", 4.6, 7)):
+        prof = load_profile(f"integration/profiles/{name}.json")
+        assert chain_tokens(prof.accept[0][0], depth) == pytest.approx(tau, rel=1e-6)
+        assert prof.depth == depth and prof.accept[0][0] == pytest.approx(fit_chain(tau, depth))
+    assert fit_chain(3.7, 7) < fit_chain(5.5, 7)
+
+
+def test_fit_cli_writes_a_cited_profile(tmp_path) -> None:
+    out = tmp_path / "p.json"
+    assert budget_main(["--chain-tau", "4.6", "--depth", "7", "--source", "a published figure, cited here",
+                        "--write-profile", str(out)]) == 0
+    d = json.loads(out.read_text())
+    assert d["source"] == "a published figure, cited here" and len(d["accept"]) == 7
+    with pytest.raises(SystemExit, match="--source"):
+        budget_main(["--chain-tau", "4.6", "--depth", "7", "--write-profile", str(out)])

@@ -120,3 +120,16 @@ def test_issue_command_4k(plant, capsys) -> None:
         assert rc == 0 and "verdict: context OK" in out
     else:
         assert rc == 1 and "verdict: context bug" in out
+
+
+@pytest.mark.parametrize("plant,what", [("accept-early", "committed 6 drafts"),
+                                        ("accept-sibling", "is not the target's choice")])
+def test_real_drafter_catches_planted_accept_walk_bugs(plant, what, capsys) -> None:
+    """An accept walk that stops one node early (the output stays greedy's: neither --check's token comparison
+    nor the counters notice) and one that accepts a sibling of the matching child are both caught by the
+    independent count of the longest greedy-accepted root-to-leaf path."""
+    rc = probe_main(["--short", str(SHORT), "--long", str(LONG), "--steps", "2", "--drafter", "real",
+                     "--plant", plant])
+    out = capsys.readouterr().out
+    assert rc == 1 and "verdict: loop bug" in out and "accept walk fails its independent count" in out
+    assert what in out
