@@ -28,7 +28,7 @@ the budget is skipped and said so. Stages, in order of value:
   tests_rest the other gpu-marked tests (Triton, fp8, serving adapter, autotune, device, probes)
   model      python -m bench.model --calibrate: the model's prediction of every timed cuda row
              (also runs on a CPU from the returned files: nothing of it needs the GPU)
-  e2e        (--e2e) integration.bench_e2e, kimi-k2-tp8 --simulate-rank
+  e2e        (--e2e) integration.measure.bench_e2e, kimi-k2-tp8 --simulate-rank
   sanitize   (--sanitize) compute-sanitizer memcheck on one small cuda call
 
 Everything lands under $OUT when set, else bench/results/gpu_check-<date>/: one .log per
@@ -275,7 +275,7 @@ def plan(out: Path, a: argparse.Namespace) -> list[Stage]:
                                             "--variants", a.knockout, "--versions", "v2,v1",
                                             "--json", str(out / "knockout.json")], cap_s=100, min_s=40))
     if a.e2e:
-        stages.append(Stage("e2e", [PY, "-m", "integration.bench_e2e", "--model", "kimi-k2-tp8", "--simulate-rank",
+        stages.append(Stage("e2e", [PY, "-m", "integration.measure.bench_e2e", "--model", "kimi-k2-tp8", "--simulate-rank",
                                     "--ctx", a.e2e_ctx, "--steps", "4", "--warmup", "1", "--simulate-accept-len", "4",
                                     "--attn-backend", "cuda,triton-serial", "--json", str(out / "e2e.json"),
                                     "--plot", str(out / "e2e.png")], cap_s=120, min_s=60,

@@ -188,9 +188,9 @@ def _cli(name):
 
 
 @pytest.mark.parametrize("module,argv,flag", [
-    ("integration.decode", ["--tp", "3"], "--tp"),
-    ("integration.decode", ["--ctx", "0"], "--ctx"),
-    ("integration.probe", ["--short", "0"], "--short"),
+    ("integration.measure.decode", ["--tp", "3"], "--tp"),
+    ("integration.measure.decode", ["--ctx", "0"], "--ctx"),
+    ("integration.measure.probe", ["--short", "0"], "--short"),
     ("bench.verify", ["--reps", "0", "--no-save"], "--reps"),
     ("bench.verify", ["--backend", "nope", "--no-save", "--ctx", "1k"], "--backend"),
 ])

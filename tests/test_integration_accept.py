@@ -1,4 +1,4 @@
-"""The accept walk and its independent check (integration/accept.py): on hand-built trees the brute-force
+"""The accept walk and its independent check (integration/loop/accept.py): on hand-built trees the brute-force
 count of the longest greedy-accepted root-to-leaf path agrees with the walk, the two planted walk bugs are
 told apart from it, and `decode --check` fails a run whose walk disagrees."""
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from integration.accept import AcceptMismatch, accept_walk, longest_accepted
-from integration.decode import check_verdict
+from integration.loop.accept import AcceptMismatch, accept_walk, longest_accepted
+from integration.measure.decode import check_verdict
 
 #        0 (root)
 #      /   \
@@ -47,12 +47,12 @@ def test_the_planted_walks_differ_from_the_count():
 def test_speculative_decode_raises_on_a_planted_walk():
     """The loop itself, tiny model, reference attention: with check_accept a planted walk raises at its
     first disagreeing step; the correct walk passes every step."""
-    from integration.config import get_model_config
-    from integration.drafter import DFlashDrafter
-    from integration.model import MLATarget
-    from integration.spec import Engine, speculative_decode
-    from integration.texts import repeated_prompt
-    from integration.tp import TPGroup
+    from integration.loop.config import get_model_config
+    from integration.loop.drafter import DFlashDrafter
+    from integration.loop.model import MLATarget
+    from integration.loop.spec import Engine, speculative_decode
+    from integration.loop.texts import repeated_prompt
+    from integration.loop.tp import TPGroup
     torch.manual_seed(0)
     target = MLATarget(get_model_config("tiny", seed=0), TPGroup(), dtype=torch.float32, device=torch.device("cpu"))
     text = repeated_prompt(300, target.succ, target.cfg.vocab, 0)

@@ -10,12 +10,12 @@ import torch
 
 import verify_attn.api
 
-from integration.bench_e2e import PARTS, analyse, main as bench_main, slope_per_1k, sweep_rank
-from integration.config import get_model_config
-from integration.drafter import DFlashDrafter
-from integration.model import MLATarget
-from integration.spec import Engine, speculative_decode
-from integration.tp import TPGroup
+from integration.measure.bench_e2e import PARTS, analyse, main as bench_main, slope_per_1k, sweep_rank
+from integration.loop.config import get_model_config
+from integration.loop.drafter import DFlashDrafter
+from integration.loop.model import MLATarget
+from integration.loop.spec import Engine, speculative_decode
+from integration.loop.tp import TPGroup
 from verify_attn.backends import Backend
 from cases import temporary_backend
 from verify_attn.reference import _run as reference_run
@@ -89,6 +89,6 @@ def test_kimi_rank_shapes_reach_tree_verify() -> None:
     drafter_calls = [x for x in seen if x[3] != 512]
     assert target_calls and all(x[:5] == (8, 1, 576, 512, True) for x in target_calls)
     assert target_calls[0][5] == pytest.approx(base.sm_scale())
-    # the drafter's attention: Kimi-K2.5-DFlash's GQA (32 query heads, 4 KV heads of 128, separate K and V)
+    # the drafter's attention: Kimi-K2.5-DFlash's GQA (64 query heads, 8 KV heads of 128, separate K and V)
     # read natively through tree_verify, never expanded per query head
-    assert drafter_calls and all(x[:5] == (32, 4, 128, 128, False) for x in drafter_calls)
+    assert drafter_calls and all(x[:5] == (64, 8, 128, 128, False) for x in drafter_calls)   # the published shape

@@ -13,9 +13,9 @@ import sys
 import pytest
 import torch
 
-from integration.acceptance import AcceptanceProfile, expected_tokens, profile_from_vllm_log
-from integration.budget import CANDIDATES, FIXED, AutoBudget, main as budget_main, plan
-from integration.costmodel import AttnCost, AttnQuery, KIMI_K2, make_cost
+from integration.planning.acceptance import AcceptanceProfile, expected_tokens, profile_from_vllm_log
+from integration.planning.budget import CANDIDATES, FIXED, AutoBudget, main as budget_main, plan
+from integration.planning.costmodel import AttnCost, AttnQuery, KIMI_K2, make_cost
 
 PROFILE = "integration/profiles/vllm-dflash-example.json"
 
@@ -157,8 +157,8 @@ def test_auto_budget_hysteresis() -> None:
 
 @pytest.mark.usefixtures("one_torch_thread")
 def test_budget_auto_keeps_the_loop_exact() -> None:
-    from integration.decode import run_rank
-    from integration.tp import TPGroup
+    from integration.measure.decode import run_rank
+    from integration.loop.tp import TPGroup
     s = dict(model="tiny", device="cpu", dtype="float32", page_size=1, tree="ddtree", budget="auto", seed=0,
              simulate=False, alloc="shuffled", text="repeat", temperature=0.0, budget_device="rtx-pro-6000",
              profile=None, layers=None)
@@ -170,7 +170,7 @@ def test_budget_auto_keeps_the_loop_exact() -> None:
 
 @pytest.mark.slow
 def test_issue_command_tp8_budget_auto() -> None:
-    r = subprocess.run([sys.executable, "-m", "integration.decode", "--tp", "8", "--model", "tiny", "--ctx", "2k",
+    r = subprocess.run([sys.executable, "-m", "integration.measure.decode", "--tp", "8", "--model", "tiny", "--ctx", "2k",
                         "--steps", "8", "--budget", "auto", "--check"], capture_output=True, text=True, timeout=1200)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert "check OK" in r.stdout
@@ -179,7 +179,7 @@ def test_issue_command_tp8_budget_auto() -> None:
 def test_corrected_expectation_is_capped_at_the_block() -> None:
     """A step commits at most block - 1 drafts and the bonus: however large the online correction, the
     expected tokens per step stay <= the block size."""
-    from integration.acceptance import OnlineCorrection
+    from integration.planning.acceptance import OnlineCorrection
     c = OnlineCorrection()
     c.update(observed=6.0, predicted=2.0)                     # factor capped at 2.0 by OnlineCorrection
     assert c.factor == 2.0
@@ -209,7 +209,7 @@ def test_one_outlier_step_does_not_move_the_budget() -> None:
 def test_planner_says_when_budgets_tie_and_what_moves_its_choice(capsys) -> None:
     """The planner names the budgets within 2% of its best, and every assumed constant whose range moves the
     choice (the winners at 185k lie close together; all-reduce, rank split and the verify cost move them)."""
-    from integration.budget import TIE, table, tie_text
+    from integration.planning.budget import TIE, table, tie_text
     prof = AcceptanceProfile(((0.7, 0.1, 0.02),) * 6, "test")
     cost = make_cost("kimi-k2", "rtx-pro-6000", evidence="roofline")
     (row,) = table(prof, cost, [185_000], "roofline")
@@ -230,7 +230,7 @@ def test_shipped_profiles_carry_citations_and_reproduce_their_figures() -> None:
     """Every profile says whom it quotes (not just a file name), and the fitted ones reproduce the published
     tokens per step they were fitted to: the budget curve within 2%, each chain exactly."""
     import glob
-    from integration.acceptance import chain_tokens, fit_chain, fit_profile, load_profile
+    from integration.planning.acceptance import chain_tokens, fit_chain, fit_profile, load_profile
     paths = sorted(glob.glob("integration/profiles/*.json"))
     assert len(paths) >= 5
     for p in paths:

@@ -7,9 +7,9 @@ import itertools
 import pytest
 import torch
 
-from integration.ddtree import DraftTree, build_chain, build_ddtree
-from integration.accept import accept_walk, forced_path
-from integration.metrics import MetricsMismatch, StepMetrics
+from integration.loop.ddtree import DraftTree, build_chain, build_ddtree
+from integration.loop.accept import accept_walk, forced_path
+from integration.loop.metrics import MetricsMismatch, StepMetrics
 from verify_attn import tree as vtree
 
 

@@ -10,13 +10,13 @@ import pytest
 import torch
 
 from cases import temporary_backend
-from integration.config import get_model_config
-from integration.ddtree import build_ddtree
-from integration.drafter import DFlashDrafter
-from integration.model import MLATarget
-from integration.spec import Engine
-from integration.texts import random_prompt, repeated_prompt
-from integration.tp import TPGroup
+from integration.loop.config import get_model_config
+from integration.loop.ddtree import build_ddtree
+from integration.loop.drafter import DFlashDrafter
+from integration.loop.model import MLATarget
+from integration.loop.spec import Engine
+from integration.loop.texts import random_prompt, repeated_prompt
+from integration.loop.tp import TPGroup
 from verify_attn.backends import Backend
 from verify_attn.reference import _run as reference_run
 
@@ -26,7 +26,7 @@ CTX = 700
 
 def kimi_shaped():
     """Kimi K2's per-rank attention (8 heads, 576/512 rows) and Kimi-K2.5-DFlash's drafter shape (6 layers,
-    32 query / 4 KV heads of 128, one full layer last, block 8); hidden, vocab, depth and window shrunk for
+    64 query / 8 KV heads of 128, one full layer last, block 8); hidden, vocab, depth and window shrunk for
     the CPU (vocab > hidden, as in Kimi)."""
     base = get_model_config("kimi-k2-tp8")
     return replace(base, num_layers=2, num_heads=8, hidden=1024, vocab=4096, q_lora=256, ffn=1024,

@@ -7,12 +7,12 @@ import random
 import pytest
 import torch
 
-from integration.config import get_model_config
-from integration.drafter import DFlashDrafter
-from integration.kv import LatentKVCache
-from integration.model import MLATarget
-from integration.spec import Engine, greedy_decode
-from integration.tp import TPGroup
+from integration.loop.config import get_model_config
+from integration.loop.drafter import DFlashDrafter
+from integration.loop.kv import LatentKVCache
+from integration.loop.model import MLATarget
+from integration.loop.spec import Engine, greedy_decode
+from integration.loop.tp import TPGroup
 from verify_attn import tree as vtree
 
 

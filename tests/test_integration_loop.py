@@ -1,6 +1,6 @@
 """The speculative loop emits exactly what plain greedy decoding emits: both layouts, chain and DDTree
 trees, TP 1 and TP 8 (gloo), the reference backend and (interpreted, fp32) Triton; a long prompt;
-each KV allocator policy. Prompts are repetitive text (integration/texts.py), so the real drafter
+each KV allocator policy. Prompts are repetitive text (integration/loop/texts.py), so the real drafter
 gets drafts accepted."""
 from __future__ import annotations
 
@@ -12,13 +12,13 @@ import torch
 
 import verify_attn
 import verify_attn.tree
-from integration.config import get_model_config
-from integration.decode import LOGIT_TOL, run_many, run_rank
-from integration.texts import repeated_prompt
-from integration.drafter import DFlashDrafter
-from integration.model import MLATarget
-from integration.spec import Engine, first_divergence, greedy_decode, speculative_decode
-from integration.tp import TPGroup, launch
+from integration.loop.config import get_model_config
+from integration.measure.decode import LOGIT_TOL, run_many, run_rank
+from integration.loop.texts import repeated_prompt
+from integration.loop.drafter import DFlashDrafter
+from integration.loop.model import MLATarget
+from integration.loop.spec import Engine, first_divergence, greedy_decode, speculative_decode
+from integration.loop.tp import TPGroup, launch
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -115,7 +115,7 @@ def test_tp8_gloo_matches_tp1() -> None:
 
 def test_decode_cli_check_exit_code() -> None:
     """The command line runs end to end and exits 0 with --check (TP 1, paged, chain)."""
-    r = subprocess.run([sys.executable, "-m", "integration.decode", "--model", "tiny", "--ctx", "80", "--steps", "3",
+    r = subprocess.run([sys.executable, "-m", "integration.measure.decode", "--model", "tiny", "--ctx", "80", "--steps", "3",
                         "--layout", "paged", "--page-size", "8", "--tree", "chain", "--check"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr

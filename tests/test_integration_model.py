@@ -6,11 +6,11 @@ import math
 import pytest
 import torch
 
-from integration.config import YarnRope, get_model_config
-from integration.kv import LatentKVCache
-from integration.model import MLATarget, prefill_attention
-from integration.rope import Rotary, plain_inv_freq, yarn_inv_freq
-from integration.tp import TPGroup
+from integration.loop.config import YarnRope, get_model_config
+from integration.loop.kv import LatentKVCache
+from integration.loop.model import MLATarget, prefill_attention
+from integration.loop.rope import Rotary, plain_inv_freq, yarn_inv_freq
+from integration.loop.tp import TPGroup
 from verify_attn.shapes import KIMI_K2_SM_SCALE
 
 

@@ -13,9 +13,9 @@ import torch
 
 import verify_attn
 from cases import temporary_backend
-from integration.drafter import DrafterBugs
-from integration.probe import main as probe_main
-from integration.probe import probe
+from integration.loop.drafter import DrafterBugs
+from integration.measure.probe import main as probe_main
+from integration.measure.probe import probe
 from verify_attn.backends import Backend, Problem
 from verify_attn.reference import _run as reference_run
 

@@ -10,13 +10,13 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from integration.accept import sample_walk
-from integration.config import get_model_config
-from integration.drafter import DFlashDrafter
-from integration.model import MLATarget
-from integration.spec import Engine, speculative_decode
-from integration.texts import repeated_prompt
-from integration.tp import TPGroup
+from integration.loop.accept import sample_walk
+from integration.loop.config import get_model_config
+from integration.loop.drafter import DFlashDrafter
+from integration.loop.model import MLATarget
+from integration.loop.spec import Engine, speculative_decode
+from integration.loop.texts import repeated_prompt
+from integration.loop.tp import TPGroup
 from verify_attn import tree as vtree
 
 V, N = 5, 12000

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from integration.drafter import DFlashDrafter
-from integration.traffic import main as traffic_main
-from integration.traffic import measure
+from integration.loop.drafter import DFlashDrafter
+from integration.measure.traffic import main as traffic_main
+from integration.measure.traffic import measure
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -51,7 +51,7 @@ def test_traffic_and_costmodel_count_the_drafter_alike() -> None:
     """One sharding convention: the drafter's context read per rank grows by the same bytes per 1k tokens in
     the loop's measured traffic (its whole drafter, divided as a TP8 deployment shards it) and in the cost
     model's per-rank count."""
-    from integration.costmodel import KIMI_K2, DEVICES, StepCost
+    from integration.planning.costmodel import KIMI_K2, DEVICES, StepCost
     res = measure("kimi-k2-tp8", [300, 600], steps=1, layers=1, window=64)
     s = KIMI_K2
     kv_rank = max(1.0, s.drafter_kv_heads / s.drafter_tp)

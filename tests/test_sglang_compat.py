@@ -1,4 +1,4 @@
-"""integration/sglang_compat.py: the SGLang `extend_attention_fwd` drop-in.
+"""integration/serving/sglang_compat.py: the SGLang `extend_attention_fwd` drop-in.
 
 Three independent checks, all on CPU with small shapes:
   * against tree_verify on the same case (prefix in the pool, tree rows as k/v_extend),
@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from cases import CaseSpec, make_case
-from integration.sglang_compat import extend_attention_fwd, verify_only
+from integration.serving.sglang_compat import extend_attention_fwd, verify_only
 from verify_attn import tree as vtree
 from verify_attn.api import tree_verify
 
@@ -266,7 +266,7 @@ def test_fp8_pool_passes_scales_through(spec, backend):
 
 def test_the_merge_never_copies_the_pool(monkeypatch):
     """Call A must get the caller's k_buffer/v_buffer objects (no copy of the pool)."""
-    import integration.sglang_compat as mod
+    import integration.serving.sglang_compat as mod
     seen = []
     real = mod.tree_verify
 
@@ -330,7 +330,7 @@ def test_adapter_work_does_not_scale_with_index_buffer(monkeypatch):
     touches; the two kernels are a spy backend here) must be the same for a 10,000x larger
     index buffer and a 100x longer context, and call A must get the caller's kv_indptr,
     kv_indices and qo_indptr objects themselves (int64 kept, no copy, no rebuild)."""
-    import integration.sglang_compat as mod
+    import integration.serving.sglang_compat as mod
     from cases import temporary_backend
     from verify_attn.backends import Backend
     import verify_attn
@@ -435,7 +435,7 @@ def test_verify_only_routes_calls():
 def test_graph_safe_path_matches(monkeypatch):
     """The path taken under CUDA-graph capture (no host reads in the adapter: the padded
     index array is always rebuilt, sized by a static bound) computes the same thing."""
-    import integration.sglang_compat as mod
+    import integration.serving.sglang_compat as mod
     monkeypatch.setattr(mod, "_capturing", lambda dev: True)
     for spec in (CaseSpec(prefix_lens=(30, 0, 5), tree_sizes=(6, 3, 9), seed=16, **SMALL_GQA),
                  CaseSpec(prefix_lens=(25, 11), tree_sizes=(4, 6), seed=17, **SMALL_MLA)):

@@ -91,7 +91,7 @@ def test_wheel_ships_the_cuda_sources(tmp_path):
     want = {f.relative_to(REPO).as_posix() for f in (REPO / "csrc").rglob("*")
             if f.is_file() and f.suffix in (".h", ".cuh", ".cu", ".cpp", ".inc")}
     assert want and not (want - names), sorted(want - names)[:10]
-    assert {"verify_attn/__init__.py", "verify_attn/backends/cuda_emu.py", "integration/sglang_compat.py"} <= names
+    assert {"verify_attn/__init__.py", "verify_attn/backends/cuda_emu.py", "integration/serving/sglang_compat.py"} <= names
 
 
 @pytest.mark.slow

@@ -383,7 +383,7 @@ def tree_verify(
     tree_mask=None makes a prefix-only call: no tree block, every q row of
     request b sees all kv_lens[b] entries (kv_lens[b] may be 0: then out is 0 and
     lse -inf). With return_lse it is one half of a cascade whose other half (a
-    tree call) is merged by LSE; integration/sglang_compat.py does exactly that.
+    tree call) is merged by LSE; integration/serving/sglang_compat.py does exactly that.
 
     FP8 KV caches (verify_attn/fp8.py; q bf16 or fp16, out in q's dtype):
       - k_cache/v_cache torch.float8_e4m3fn ("fp8_e4m3", SGLang's): K = code x k_scale,

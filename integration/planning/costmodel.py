@@ -24,9 +24,9 @@ from typing import Optional
 
 from bench import roofline as rl
 
-from .config import ModelConfig, get_model_config
+from ..loop.config import ModelConfig, get_model_config
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # integration/planning/..
 
 
 @dataclass(frozen=True)
@@ -87,7 +87,7 @@ class TargetShape:
     drafter_full_layers: int = 1
     drafter_taps: int = 6
     drafter_tp: int = 8           # the drafter sharded like the target (its KV heads replicated when fewer): the
-                                  # convention of every per-rank count here and in integration/traffic.py
+                                  # convention of every per-rank count here and in integration/measure/traffic.py
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     @property

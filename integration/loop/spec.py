@@ -119,7 +119,7 @@ def speculative_decode(engine: Engine, drafter, prompt: torch.Tensor, steps: int
     tokens[0] is the token the prefill produced, then every step's accepted drafts and bonus.
 
     budget: draft nodes per tree (an int), or a policy with choose(ctx, logprobs) -> int and
-    observe(metrics, tree, logprobs) (integration/budget.py: --budget auto).
+    observe(metrics, tree, logprobs) (integration/planning/budget.py: --budget auto).
     temperature > 0: target-only tree sampling (accept.py), seeded by `seed`.
     plant_metrics_bug: a deliberate metrics bug (tests): the reported commit length is read from the
     acceptance counter, kept apart from the cache, which misses the bonus token.

@@ -30,7 +30,7 @@ from typing import Iterable, Optional
 
 import torch
 
-from .ddtree import build_ddtree
+from ..loop.ddtree import build_ddtree
 
 FORMAT = "verify_attn.acceptance/1"
 

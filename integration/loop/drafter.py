@@ -16,7 +16,7 @@ Cost, as in a serving engine:
   cache length is trimmed back in place); nothing is concatenated per step;
 - `draft` returns log-probs on the device; top-k runs there (ddtree.py) before any host copy.
 
-Synthetic weights: integration/drafter_weights.py (a copy circuit over the injected states).
+Synthetic weights: integration/loop/drafter_weights.py (a copy circuit over the injected states).
 Planted bugs (`DrafterBugs`, for the probe's tests): a window on the full layer, a block
 that is not trimmed after the step, stale hidden states for non-final prefill chunks.
 """

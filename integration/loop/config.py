@@ -32,7 +32,7 @@ def yarn_get_mscale(scale: float, mscale: float = 1.0) -> float:
 class DrafterConfig:
     """Qwen3-style DFlash drafter; its hidden size is the target's (it shares embedding and LM head).
 
-    Layer roles of the synthetic weights (integration/drafter_weights.py, README: how acceptance
+    Layer roles of the synthetic weights (integration/loop/drafter_weights.py, README: how acceptance
     arises): layer 0 slides and carries the block's local context (positional heads), the first
     full-attention layer copies from the whole context (2-gram induction heads), the others slide
     and only add small noise (they are there for their cost)."""
