@@ -8,7 +8,9 @@ largest of
     once per group of co-resident M tiles; more if they run in different waves and
     the KV does not fit in L2);
   - the SM's share of L2 bandwidth for every byte the tile's loads request;
-  - Little's law: a tile's load latency over the cp.async prefetch distance.
+  - Little's law: a tile's load latency over the cp.async prefetch distance (a coarse floor; the
+    simulation itself now lands each tile's copies after their LSU time, stream and the loaded
+    latency, and waits for them where the kernel's wait_group does).
 The largest names the bound. The combine kernel is its split loop simulated with
 L2-latency loads, times the split count, or its bytes over L2 bandwidth.
 """

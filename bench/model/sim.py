@@ -10,11 +10,12 @@ on this scheduler after the last of them arrives (warps of a CTA on the other
 three schedulers run the same code at the same pace). Shared memory is one SM
 resource; each scheduler gets a quarter of its bytes per clock.
 
-Memory is not simulated here: cp.async data is taken as landed at its wait
-(`predict` bounds the tile by DRAM / L2 bandwidth and Little's law instead),
-and LDG results arrive after a fixed latency. What a cp.async costs the SM is: each
-16-byte request occupies the LSU (the "mio" queue it shares with LDS / LDSM) for a
-measured number of cycles, and its address registers cannot be rewritten until then.
+Memory, as the H200 runs measured it (bench/results/h200*/): each 16-byte cp.async request
+occupies the LSU (the "mio" queue it shares with LDS / LDSM) for a measured number of cycles and
+its address registers cannot be rewritten until then; the copies stream at the scheduler's share
+of DRAM (or L2) bandwidth and land the loaded DRAM latency later; `cp.async.wait_group` holds the
+warp until its groups landed; an LDG queues behind the warp's copies and returns after them.
+`predict` also bounds the tile by the DRAM / L2 bandwidth of all its bytes.
 
 wgmma (sm_90a HGMMA) is asynchronous: its warp issues it and goes on. The HGMMA
 queues on the scheduler's tensor pipe (FIFO, shared with HMMAs) for its pipe time
@@ -83,8 +84,8 @@ def instr_timing(ins: Instr, dev: DeviceModel, ldg_latency: float) -> Timing:
         return Timing("mio", max(1.0, (rd + wr) / share), dev.smem_latency.value)
     if c == "ldg":
         if dev.ldgsts_cycles_per_chunk is not None:  # queued in the LSU behind the SM's copies, then the round trip
-            rd, wr = smem_bytes(ins)
-            interval = max(1.0, 2.0 * dev.ldgsts_cycles_per_chunk.value * dev.schedulers)  # one sector per 16 lanes
+            # a coalesced 32 x 4-byte load taken as two 16-byte requests' LSU time (an assumption: not probed)
+            interval = max(1.0, 2.0 * dev.ldgsts_cycles_per_chunk.value * dev.schedulers)
             return Timing("mio", interval, interval + ldg_latency)
         return Timing("lsu", 1.0, ldg_latency)
     if c == "stg":
