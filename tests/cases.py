@@ -134,3 +134,47 @@ def temporary_backend(backend):
         yield backend
     finally:
         _REGISTRY.pop(backend.name, None)
+
+
+class CountOps:
+    """Every aten op dispatched inside the block, with the elements it touches: its tensor
+    inputs and outputs; a view touches none, a gather (index) only what it reads (its
+    output and its index tensors, not the whole source)."""
+
+    VIEWS = {"aten.slice", "aten.unsqueeze", "aten.view", "aten.select", "aten.expand", "aten.empty",
+             "aten.new_empty", "aten.alias", "aten.detach", "aten.reshape", "aten._reshape_alias", "aten.as_strided"}
+    GATHERS = {"aten.index", "aten.gather", "aten.index_select", "aten.take"}
+
+    def __init__(self):
+        from torch.utils._python_dispatch import TorchDispatchMode
+        from torch.utils import _pytree as pytree
+        ops = self.ops = []
+        views, gathers = self.VIEWS, self.GATHERS
+
+        def numel(tree):
+            return sum(t.numel() for t in pytree.tree_leaves(tree) if isinstance(t, torch.Tensor))
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                name = str(func.overloadpacket)
+                if name in views:
+                    n = 0
+                elif name in gathers:
+                    n = numel(out) + numel((args[1:], kwargs))
+                else:
+                    n = numel((args, kwargs, out))
+                ops.append((name, n))
+                return out
+        self.mode = Mode()
+
+    def __enter__(self):
+        self.mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.mode.__exit__(*exc)
+
+    def kernels(self) -> list:
+        """Ops that launch device work (views and allocations (empty, new_empty) excluded)."""
+        return [o for o in self.ops if o[0] not in self.VIEWS]

@@ -17,7 +17,7 @@ import os
 import pytest
 import torch
 
-from cases import CaseSpec, make_case
+from cases import CaseSpec, CountOps, make_case
 from integration.serving.sglang_compat import extend_attention_fwd, verify_only
 from verify_attn import tree as vtree
 from verify_attn.api import tree_verify
@@ -280,50 +280,6 @@ def test_the_merge_never_copies_the_pool(monkeypatch):
     assert seen[1][2] == sgl["q_extend"].shape[0]     # call B's pool is the T extend rows
 
 
-class _CountOps:
-    """Every aten op dispatched inside the block, with the elements it touches: its tensor
-    inputs and outputs; a view touches none, a gather (index) only what it reads (its
-    output and its index tensors, not the whole source)."""
-
-    VIEWS = {"aten.slice", "aten.unsqueeze", "aten.view", "aten.select", "aten.expand", "aten.empty",
-             "aten.alias", "aten.detach", "aten.reshape", "aten._reshape_alias", "aten.as_strided"}
-    GATHERS = {"aten.index", "aten.gather", "aten.index_select", "aten.take"}
-
-    def __init__(self):
-        from torch.utils._python_dispatch import TorchDispatchMode
-        from torch.utils import _pytree as pytree
-        ops = self.ops = []
-        views, gathers = self.VIEWS, self.GATHERS
-
-        def numel(tree):
-            return sum(t.numel() for t in pytree.tree_leaves(tree) if isinstance(t, torch.Tensor))
-
-        class Mode(TorchDispatchMode):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                out = func(*args, **(kwargs or {}))
-                name = str(func.overloadpacket)
-                if name in views:
-                    n = 0
-                elif name in gathers:
-                    n = numel(out) + numel((args[1:], kwargs))
-                else:
-                    n = numel((args, kwargs, out))
-                ops.append((name, n))
-                return out
-        self.mode = Mode()
-
-    def __enter__(self):
-        self.mode.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        self.mode.__exit__(*exc)
-
-    def kernels(self) -> list:
-        """Ops that launch device work (views and allocations excluded)."""
-        return [o for o in self.ops if o[0] not in self.VIEWS]
-
-
 def test_adapter_work_does_not_scale_with_index_buffer(monkeypatch):
     """Inside SGLang's CUDA graphs kv_indices is a max_tokens x max_context int64 buffer.
     The adapter's own work per layer (every aten op it dispatches, with the elements each
@@ -352,7 +308,7 @@ def test_adapter_work_does_not_scale_with_index_buffer(monkeypatch):
                 sgl["kv_indices"] = torch.cat([sgl["kv_indices"], torch.full((pad,), -1, dtype=torch.int64)])
                 sgl["qo_indptr"] = sgl["qo_indptr"].long()
                 seen.clear()
-                with _CountOps() as c:
+                with CountOps() as c:
                     extend_attention_fwd(**sgl, backend="spy-kernels")
                 runs.append((c, seen[0], sgl))
     finally:

@@ -52,8 +52,9 @@ KV per layer at 185k (119 us floor on an RTX PRO 6000); the adapter moves ~1.6 M
 (16 x 8 x 512 fp32 partials, a few passes), so its cost is the 48 launches: at an
 assumed 1.5-3 us per tiny kernel inside a CUDA graph (not measured here: no GPU)
 that is ~70-150 us per layer, the same order as the kernel at 185k and dominant at
-short context. Fusing the glue (mask packing: ~25 ops, merge: ~10) into two small
-kernels is the next step; the count test above bounds it meanwhile.
+short context. This signature cannot do better: it never sees out_cache_loc, where the
+draft rows sit in the pool. The backend class (sglang_backend.py, on verify_step.py)
+sees it, plans the step once and makes one launch per layer.
 Pass `max_kv_len` (the longest prefix this graph serves) so that call A's split
 count is planned for the real context, not for the index buffer's capacity.
 Serving should also run `verify_attn.set_validation("shapes")`: full validation
