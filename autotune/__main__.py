@@ -2,6 +2,8 @@
 
     python -m autotune --dry-run --backend cuda --arch sm_120a --ctx 4k,185k --json plan.json
     python -m autotune --backend cuda --resume            # on a GPU: tune, cache, export
+    python -m autotune --cost model --arch sm_120a --tree 1,16,64   # no GPU: the model's choice, 'source: model'
+    python -m autotune show --device "NVIDIA H200" --ctx 185k --tree 16   # which source serves a call
 """
 from __future__ import annotations
 
@@ -53,6 +55,10 @@ def build_parser() -> argparse.ArgumentParser:
                     "autotune_cache.json or $VERIFY_ATTN_AUTOTUNE_CACHE)")
     ap.add_argument("--reps", type=int, default=50, help="timed samples per config (median)")
     ap.add_argument("--max-seconds", type=float, default=2.0, help="timing cap per config")
+    ap.add_argument("--cost", default="measure", choices=("measure", "model"),
+                    help="measure: time every candidate on the GPU at hand (default); model: choose by bench.model's "
+                         "predictions, no GPU needed (needs --arch), exported as a 'source: model' table that a "
+                         "measured table of the same key outranks")
     ap.add_argument("--top-tiles", type=int, default=2, help="tiles that get the split sweep")
     ap.add_argument("--refine-rounds", type=int, default=2, help="coarse-to-fine rounds over num_splits")
     return ap
@@ -130,7 +136,14 @@ def print_plan(plan: Plan) -> None:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["show"]:
+        from .model_cost import show
+        return show(argv[1:])
     args = build_parser().parse_args(argv)
+    if args.cost == "model" and args.arch is None and not args.dry_run:
+        print("error: --cost model needs --arch sm_90a or sm_120a (the device model to predict on)", file=sys.stderr)
+        return 2
     try:
         shape = resolve_shape(args)
         page_size = resolve_page_size(args)
@@ -171,9 +184,13 @@ def main(argv: Optional[list[str]] = None) -> int:
             return 1
         return 0
 
-    from .run import run_tuning
     t0 = time.perf_counter()
-    rc = run_tuning(plan, args)
+    if args.cost == "model":
+        from .model_cost import run_model_tuning
+        rc = run_model_tuning(plan, args)
+    else:
+        from .run import run_tuning
+        rc = run_tuning(plan, args)
     print(f"done in {time.perf_counter() - t0:.0f} s")
     return rc
 

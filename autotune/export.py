@@ -59,24 +59,26 @@ def bucket_extra(r: BucketResult) -> dict:
 
 
 def build_table(key: TableKey, results: Iterable[BucketResult], *, batch: int = 1,
-                meta: Optional[dict] = None) -> tuple[ConfigTable, dict]:
-    """(table, per-bucket extras) from results that found a correct config."""
+                meta: Optional[dict] = None, extra: Optional[dict] = None) -> tuple[ConfigTable, dict]:
+    """(table, per-bucket extras) from results that found a correct config; `extra`: more per-bucket
+    facts by (ctx, tree_nodes) (a model-sourced table's band and tie notes)."""
     entries, extras = {}, {}
     for r in results:
         if r.best is None:
             continue
         entries[(r.ctx, r.tree_nodes)] = r.best
-        extras[(r.ctx, r.tree_nodes)] = bucket_extra(r)
+        extras[(r.ctx, r.tree_nodes)] = {**bucket_extra(r), **(extra or {}).get((r.ctx, r.tree_nodes), {})}
     if not entries:
         raise TableError("no bucket has a correct, timed config: nothing to export")
     return ConfigTable(key, entries, batch, "export", dict(meta or {})), extras
 
 
 def export_table(out_dir: str | Path, key: TableKey, results: Iterable[BucketResult], *, batch: int = 1,
-                 meta: Optional[dict] = None) -> Path:
-    """Write (or merge into) `out_dir/<key.filename()>`; returns the path."""
-    table, extras = build_table(key, results, batch=batch, meta=meta)
-    path = Path(out_dir) / key.filename()
+                 meta: Optional[dict] = None, source: str = "measured", extra: Optional[dict] = None) -> Path:
+    """Write (or merge into) `out_dir/<key.filename(source)>`; returns the path. source: "measured" (timed
+    on the GPU) or "model" (bench.model's choice, verify_attn.tuned ranks it below a measured table)."""
+    table, extras = build_table(key, results, batch=batch, meta={**(meta or {}), "source": source}, extra=extra)
+    path = Path(out_dir) / key.filename(source)
     with file_lock(path):
         old_rows: list[dict] = []
         if path.exists():

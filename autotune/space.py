@@ -222,7 +222,10 @@ def tile_candidates(backend: str, shape: HeadShape, arch: ArchSpec, *, dtype: st
         if t in seen:
             continue
         seen.add(t)
-        why = divisibility_issue(t, shape, backend)
+        # the CUDA backend's config_space lists compiled tiles, buildable by construction; the rule below is
+        # v0's warp layout (warps along M, n8 tiles over WN warps) and would refuse v1 / v2 tiles, whose warps
+        # split Dqk or the tile's tokens instead (v1 m32 n16 w8 was refused that way: the sm_120a default)
+        why = None if (backend == "cuda" and space_fn is not None) else divisibility_issue(t, shape, backend)
         if why:
             rejected.append((t, why))
             continue

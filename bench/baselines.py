@@ -10,7 +10,12 @@
   (`load_sglang_extend`): the GPU machine has no sglang and no network, so that copy is
   what travels there. Its output is checked against the reference like every backend
   before it is timed.
-- FlashInfer: its custom-mask path is the FA2 prefill wrapper; no adapter yet (noted).
+- "flashinfer-mla": FlashInfer's MLA paged-attention wrapper (`flashinfer.mla.BatchMLAPagedAttentionWrapper`,
+  the decode path SGLang's FlashInfer MLA backend uses), where FlashInfer is installed (a GPU package).
+  It takes a causal mask or none, not a tree, so it is a peer on chains only: a chain of T nodes is the
+  causal (bottom-right aligned) mask over the last T positions; `--tree-shape chain` or `--tree 1`. Any
+  other tree is "unsupported" with that reason. MLA 576/512, 16-bit caches, pages of any size. Written
+  against FlashInfer's documented API; not run here (no FlashInfer on either machine this project has had).
 """
 from __future__ import annotations
 
@@ -133,10 +138,60 @@ def outside_baselines() -> tuple[dict[str, Callable], list[str]]:
         notes.append(where)
     try:
         importlib.import_module("flashinfer")
-        notes.append("FlashInfer found, but no tree-mask adapter is written yet: not in the table")
-    except Exception:
-        notes.append("FlashInfer not installed: not in the table")
+        found["flashinfer-mla"] = flashinfer_mla_prepare
+        notes.append("flashinfer-mla: FlashInfer's MLA wrapper (a causal mask, no tree: chains only)")
+    except Exception as e:
+        why = f"FlashInfer not installed ({type(e).__name__}; pip install flashinfer-python on a GPU machine)"
+        found["flashinfer-mla"] = _unavailable(why)
+        notes.append(f"flashinfer-mla: {why}: not in the table")
     return found, notes
+
+
+def _unavailable(why: str) -> Callable:
+    """A peer asked for but absent: its row says why (status 'unsupported'); not in the default list."""
+    def prepare(kw):
+        raise LookupError(f"unavailable: {why}")
+    prepare.unavailable = why
+    return prepare
+
+
+def _is_chain(kw: dict) -> bool:
+    """Every request's tree is a chain (node i's parent is i-1): FlashInfer's causal mask."""
+    from verify_attn.tree import pack_batch
+    qo = [int(x) for x in kw["qo_indptr"].cpu()]
+    chains = [list(range(-1, qo[b + 1] - qo[b] - 1)) for b in range(len(qo) - 1)]
+    _, packed = pack_batch(chains, kw["tree_mask"].shape[1])
+    return torch.equal(packed, kw["tree_mask"].cpu())
+
+
+def flashinfer_mla_prepare(kw: dict) -> Callable[[torch.Tensor], None]:
+    """Host-side preparation (outside timing: FlashInfer's plan reads the index arrays) -> run(out)."""
+    flashinfer = importlib.import_module("flashinfer")   # optional: outside_baselines only offers it when present
+
+    q, k = kw["q"], kw["k_cache"]
+    if kw.get("kv_format") or k.dtype not in (torch.bfloat16, torch.float16):
+        raise NotImplementedError("flashinfer-mla: 16-bit caches only in this adapter")
+    v = kw["v_cache"]
+    if not (q.shape[-1] == 576 and v.shape[-1] == 512 and k.shape[-2] == 1):
+        raise NotImplementedError("flashinfer-mla: MLA 576/512 with one latent KV head only")
+    if not _is_chain(kw):
+        raise NotImplementedError("flashinfer-mla: FlashInfer's MLA wrapper takes a causal mask, not a tree; it is "
+                                  "compared on chains (--tree-shape chain, or --tree 1)")
+    page = kw["page_size"]
+    # FlashInfer's MLA caches are [pages, P, 512] and [pages, P, 64]: views of our rows, no copy. A slot pool
+    # [slots, 1, 576] is pages of one token (its head dim of 1 stands for P); a paged one is [pages, P, 1, 576].
+    lat = k if page == 1 else k[:, :, 0]
+    ckv, kpe = lat[..., :512], lat[..., 512:]
+    i32 = {n: kw[n].to(torch.int32) for n in ("qo_indptr", "kv_indptr", "kv_indices", "kv_lens")}
+    ws = torch.empty(128 << 20, dtype=torch.uint8, device=q.device)
+    w = flashinfer.mla.BatchMLAPagedAttentionWrapper(ws)
+    w.plan(i32["qo_indptr"], i32["kv_indptr"], i32["kv_indices"], i32["kv_lens"], q.shape[1], 512, 64, page, True,
+           kw["sm_scale"], q.dtype, k.dtype)
+    q_nope, q_pe = q[..., :512].contiguous(), q[..., 512:].contiguous()
+
+    def run(out: torch.Tensor) -> None:
+        w.run(q_nope, q_pe, ckv, kpe, out=out)
+    return run
 
 
 def sglang_extend_prepare(fn: Callable, kw: dict) -> Callable[[torch.Tensor], None]:

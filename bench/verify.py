@@ -79,7 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "fragmented (shuffled runs); recorded in every row")
     ap.add_argument("--backend", default=None, help="comma-separated backends; cuda@v0 / cuda@v1 / cuda@v2 pin the CUDA "
                     "kernel version (default: all available; "
-                    "on GPU the reference and cuda-emu are not timed; sglang-extend joins when SGLang is installed)")
+                    "on GPU the reference and cuda-emu are not timed; sglang-extend joins when SGLang is installed, "
+                    "flashinfer-mla when FlashInfer is (chains only: its MLA wrapper takes no tree mask))")
     ap.add_argument("--dtype", default="bf16", choices=sorted(DTYPES), help="q (and 16-bit cache) dtype")
     ap.add_argument("--kv-dtype", default=None, choices=KV_DTYPE_CHOICES,
                     help="KV cache storage: fp8_e4m3 (1 B/value, per-tensor scales), fp8_mla656 (FlashMLA's 656-B "
@@ -105,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # names bench.baselines.outside_baselines() gives where the package is installed
-OUTSIDE_BASELINES = ("sglang-extend",)
+OUTSIDE_BASELINES = ("sglang-extend", "flashinfer-mla")
 
 
 def _known_backends_only(names: list[str], outside: dict) -> list[str]:
@@ -235,13 +236,21 @@ def sweep(a: argparse.Namespace, *, kernel_device: Optional[str] = None, timer: 
         if asked:  # only what was asked: importing "cuda" builds it, which takes minutes the first time
             backends = _known_backends_only(asked, outside)
         else:
-            backends = [b for b in available_backends() if b not in NOT_TIMED_ON_GPU] + sorted(outside)
+            backends = [b for b in available_backends() if b not in NOT_TIMED_ON_GPU] + sorted(
+                n for n, f in outside.items() if not getattr(f, "unavailable", None))
         # the baseline first, so that a time budget spent later still leaves speedups to compute
         backends.sort(key=lambda n: n != BASELINE)
     else:
         backends = ["reference"]
         if asked and _known_backends_only(asked, {}) != ["reference"]:
             notes.append(f"no GPU: only the float64 reference is timed (on CPU); --backend {a.backend} ignored")
+            peers = [n for n in asked if n in OUTSIDE_BASELINES]
+            if peers:
+                from bench.baselines import outside_baselines
+                _, bnotes = outside_baselines()
+                for n in peers:
+                    why = next((x.split(": ", 1)[1] for x in bnotes if x.startswith(n + ": ")), "")
+                    notes.append(f"{n}: unavailable here: needs a CUDA GPU" + (f"; {why}" if why else ""))
         notes.append(f"no GPU: the CPU reference is timed up to ctx {a.cpu_ctx_cap}; longer rows show the counts "
                      "and floors only")
     serial_cap = parse_tokens(a.serial_max_ctx) if a.serial_max_ctx else None

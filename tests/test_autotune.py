@@ -674,3 +674,105 @@ def test_run_tuning_goes_on_when_a_bucket_cannot_be_built(tmp_path):
     assert run_tuning(plan, _args(tmp_path), make_harness=make, device_name=H200) == 1   # one bucket missing
     [f] = list((tmp_path / "out").glob("*.json"))
     assert set(tuned.load_table(f).entries) == {(4000, 16)}                              # the other is exported
+
+
+# --- configs chosen by the model (--cost model) and the lookup order measured > model > heuristic ---------
+
+def test_lookup_order_measured_then_model_then_heuristic(tmp_path, monkeypatch, capsys):
+    bundled = tmp_path / "bundled"
+    model_path = export_table(bundled, _key(), [_result(1000, 1, KernelConfig(7, 16, 16, 4, 2))], source="model",
+                              meta={"model_version": "bench.model@test"})
+    assert model_path.name.endswith(",layout=page1,source=model.json")
+    assert json.loads(model_path.read_text())["source"] == "model"
+    monkeypatch.setattr(tuned, "BUNDLED_DIR", bundled)
+    assert tuned.lookup(_problem(), "cuda") == KernelConfig(7, 16, 16, 4, 2)           # model > heuristic
+    ex = tuned.explain(_key(), 185_000, 16)
+    assert ex["source"] == "model" and ex["model_version"] == "bench.model@test"
+    measured = export_table(bundled, _key(), [_result(1000, 1, KernelConfig(3, 16, 16, 4, 2))])
+    assert json.loads(measured.read_text())["source"] == "measured"
+    tuned.clear()
+    tuned._device_names[0] = H200
+    assert tuned.lookup(_problem(), "cuda") == KernelConfig(3, 16, 16, 4, 2)           # measured > model
+    assert tuned.explain(_key(), 185_000, 16)["source"] == "measured"
+    assert tuned.explain(_key(hq=16), 185_000, 16)["source"] == "heuristic"
+    # `python -m autotune show` says the same
+    assert autotune_main(["show", "--ctx", "185k", "--tree", "16", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert rows[0]["source"] == "measured" and rows[0]["file"] == str(measured)
+    measured.unlink()
+    tuned.clear()
+    assert autotune_main(["show", "--ctx", "185k"]) == 0
+    assert "model (bench.model@test)" in capsys.readouterr().out
+
+
+def test_model_table_under_a_measured_name_is_refused(tmp_path):
+    path = export_table(tmp_path, _key(), [_result(1000, 1, KernelConfig(7, 16, 16, 4, 2))], source="model")
+    wrong = tmp_path / _key().filename()
+    path.rename(wrong)
+    with pytest.raises(tuned.TableError, match="not what the file name says"):
+        tuned.load_table(wrong)
+
+
+def test_model_tie_rule_keeps_the_fewest_splits():
+    """A candidate with fewer splits ties when the band of its difference with the fastest reaches zero: a
+    constant moving both the same way does not make a tie, one that reverses their order does."""
+    from autotune.model_cost import choose
+    from bench.model.bands import Band
+    a, b, c = KernelConfig(66, 32, 64, 8, 3), KernelConfig(33, 32, 32, 8, 4), KernelConfig(16, 32, 32, 8, 4)
+    trials = [(a, 100.0), (b, 109.0), (c, 130.0)]
+    fast = Band(100.0, 80.0, 130.0, "lat", {"lat": (80.0, 130.0), "bw": (95.0, 105.0)})
+    together = Band(109.0, 87.0, 141.0, "lat", {"lat": (87.0, 141.0), "bw": (104.0, 114.0)})   # b stays ~9 slower
+    crossing = Band(109.0, 90.0, 125.0, "lat", {"lat": (75.0, 125.0), "bw": (104.0, 114.0)})   # b wins at lat's low end
+    asked = []
+
+    def band_of(x, bands):
+        asked.append(x[0])
+        return bands[x[0]]
+    kept, ties, kb = choose(trials, trials[0], fast, lambda x: band_of(x, {b: together, c: together}))
+    assert kept[0] == a and kb is fast and asked == [b]          # c (outside the window) is never banded
+    kept, ties, kb = choose(trials, trials[0], fast, lambda x: band_of(x, {b: crossing, c: crossing}))
+    assert kept[0] == b and kb is crossing and [t[0] for t in ties] == [a, b]
+
+
+def test_cuda_plan_keeps_every_compiled_tile_both_archs():
+    """The CUDA backend's compiled tiles are all candidates (v1's warp layout is not v0's: the v0 divisibility
+    rule once refused v1 m32 n16 w8, the sm_120a default tile)."""
+    from verify_attn import build as vb
+    for arch in ("sm_90a", "sm_120a"):
+        plan = make_plan("cuda", KIMI, arch_name=arch, ctxs=[185_000], trees=[16])
+        tiles = {(t.candidate.config.block_m, t.candidate.config.block_n, t.candidate.config.num_warps,
+                  t.candidate.config.num_stages) for t in plan.buckets[0].tiles}
+        d = vb.default_tile("mla576", arch)
+        assert (d.block_m, d.block_n, d.num_warps, d.num_stages) in tiles and not plan.rejected
+
+
+def test_cost_model_tunes_and_exports_on_a_cpu(tmp_path):
+    """One bucket on each arch, chosen by bench.model (needs the CUDA toolkit to read the kernels' SASS)."""
+    from bench.model import call, devices, predict
+    if predict("h200", ctx=4000, tree_nodes=16, band=False) is None:
+        pytest.skip("the model cannot read the kernels here (no CUDA toolkit / SASS tools)")
+    from autotune.model_cost import DEVICES, _kernels, tune_with_model
+    for arch in ("sm_90a", "sm_120a"):
+        plan = make_plan("cuda", KIMI, arch_name=arch, ctxs=[4000], trees=[16])
+        results, extra, notes = tune_with_model(plan)
+        (r,) = results
+        note = extra[(4000, 16)]
+        assert r.best is not None and note["band_us"][0] <= r.best_us <= note["band_us"][1]
+        # the kept config's time is the model's prediction of that config, and nothing tied is faster by more
+        dev = devices.get_device(DEVICES[arch])
+        _, ks = _kernels(plan, dev)
+        km = next(k for k in ks if (k.tile.block_m, k.tile.block_n, k.tile.num_warps, k.tile.num_stages)
+                  == (r.best.block_m, r.best.block_n, r.best.num_warps, r.best.num_stages) and k.tile.targets(dev.arch))
+        case = call.Case(KIMI, 4000, 16, 1, "page1", 1, kv_dtype="bf16")
+        assert call.predict(km, dev, case, r.best.num_splits).total_us == pytest.approx(r.best_us)
+        fastest = min(t.time_us for t in r.trials)
+        assert r.best_us == fastest or ("tie" in note and r.best.num_splits < min(
+            t.config.num_splits for t in r.trials if t.time_us == fastest))
+        assert 0 < len(r.trials) <= plan.buckets[0].num_candidates   # tiles the model has no kernel of: in notes
+    rc = autotune_main(["--cost", "model", "--arch", "sm_90a", "--ctx", "4k", "--tree", "16", "--export",
+                        str(tmp_path)])
+    assert rc == 0
+    (f,) = tmp_path.glob("*,source=model.json")
+    t = tuned.load_table(f)
+    assert tuned.table_source(t) == "model" and t.meta["model_version"].startswith("bench.model@")
+    assert autotune_main(["--cost", "model", "--ctx", "4k"]) == 2          # needs --arch

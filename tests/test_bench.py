@@ -280,6 +280,87 @@ def test_sglang_adapter_feeds_the_kernel_the_right_pieces():
         sglang_extend_prepare(fake_extend, make_inputs(KIMI, 37, trees, 16, torch.float32, "cpu", seed=5))
 
 
+class _FakeMLAWrapper:
+    """FlashInfer's documented BatchMLAPagedAttentionWrapper semantics, dense on the CPU: plan() takes the
+    page table and a causal flag, run() the split q and the [pages, P, 512] / [pages, P, 64] caches."""
+
+    def __init__(self, workspace):
+        self.planned = None
+
+    def plan(self, qo_indptr, kv_indptr, kv_indices, kv_len_arr, num_heads, head_dim_ckv, head_dim_kpe, page_size,
+             causal, sm_scale, q_data_type, kv_data_type):
+        assert (head_dim_ckv, head_dim_kpe) == (512, 64) and all(t.dtype == torch.int32 for t in
+                                                                 (qo_indptr, kv_indptr, kv_indices, kv_len_arr))
+        self.planned = (qo_indptr, kv_indptr, kv_indices, kv_len_arr, page_size, causal, sm_scale)
+
+    def run(self, q_nope, q_pe, ckv, kpe, out=None):
+        qo, kvp, idx, lens, page, causal, sm = self.planned
+        assert ckv.shape[1] == page and kpe.shape[1] == page and ckv.shape[-1] == 512 and kpe.shape[-1] == 64
+        for b in range(len(qo) - 1):
+            t, n = int(qo[b + 1] - qo[b]), int(lens[b])
+            pages = idx[int(kvp[b]):int(kvp[b + 1])].long()
+            tok = torch.arange(n)
+            c, r = ckv[pages[tok // page], tok % page].double(), kpe[pages[tok // page], tok % page].double()
+            qn, qp = q_nope[int(qo[b]):int(qo[b]) + t].double(), q_pe[int(qo[b]):int(qo[b]) + t].double()
+            s = (torch.einsum("thd,nd->thn", qn, c) + torch.einsum("thd,nd->thn", qp, r)) * sm
+            if causal:   # bottom-right aligned: query i sees positions <= n - t + i
+                vis = tok[None, :] <= (n - t + torch.arange(t))[:, None]
+                s = s.masked_fill(~vis[:, None, :], float("-inf"))
+            out[int(qo[b]):int(qo[b]) + t] = torch.einsum("thn,nd->thd", s.softmax(-1), c).to(out.dtype)
+        return out
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_flashinfer_adapter_feeds_the_wrapper_the_right_pieces(page_size, monkeypatch):
+    """The flashinfer-mla adapter through a stand-in with FlashInfer's documented MLA semantics: on chains it
+    reproduces the reference; a tree is refused (FlashInfer's MLA wrapper has no tree mask)."""
+    import sys
+    import types
+    from bench.baselines import flashinfer_mla_prepare
+    from bench.inputs import make_inputs, make_trees
+    from verify_attn import tree_verify
+    fake = types.ModuleType("flashinfer")
+    fake.mla = types.SimpleNamespace(BatchMLAPagedAttentionWrapper=_FakeMLAWrapper)
+    monkeypatch.setitem(sys.modules, "flashinfer", fake)
+    kw = make_inputs(KIMI, 41, make_trees(5, "chain", 2), page_size, torch.float16, "cpu", seed=6)
+    out = torch.full((10, 8, 512), float("nan"), dtype=torch.float16)
+    flashinfer_mla_prepare(kw)(out)
+    ref = tree_verify(**kw, backend="reference")
+    assert torch.allclose(out.float(), ref.float(), atol=2e-3, rtol=2e-2)
+    with pytest.raises(NotImplementedError, match="not a tree"):
+        flashinfer_mla_prepare(make_inputs(KIMI, 41, make_trees(5, "ddtree", 2), page_size, torch.float16, "cpu",
+                                           seed=6))
+
+
+def test_peers_without_a_gpu_say_why(capsys):
+    """`bench.verify --backend sglang-extend,flashinfer-mla,cuda` without a GPU: runs, and says why each peer is
+    not in the table."""
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here")
+    d = bv.sweep(bv.build_parser().parse_args(["--ctx", "300", "--tree", "4", "--backend",
+                                               "sglang-extend,flashinfer-mla,cuda", "--quiet", "--no-model"]))
+    notes = "\n".join(d["notes"])
+    assert "sglang-extend: unavailable here: needs a CUDA GPU" in notes
+    assert "flashinfer-mla: unavailable here: needs a CUDA GPU" in notes
+    with pytest.raises(ValueError, match="unknown flashinfer"):
+        bv.sweep(bv.build_parser().parse_args(["--ctx", "300", "--backend", "flashinfer", "--quiet", "--no-model"]))
+
+
+@pytest.mark.gpu
+def test_flashinfer_mla_peer_on_gpu():
+    pytest.importorskip("flashinfer")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU on this machine")
+    from bench.baselines import flashinfer_mla_prepare
+    from bench.inputs import make_inputs, make_trees
+    from verify_attn import tree_verify
+    kw = make_inputs(KIMI, 3000, make_trees(16, "chain", 1), 1, torch.bfloat16, "cuda", seed=7)
+    out = torch.full((16, 8, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+    flashinfer_mla_prepare(kw)(out)
+    ref = tree_verify(**kw, backend="reference")
+    assert torch.allclose(out.float(), ref.float(), atol=2e-2, rtol=5e-2)
+
+
 # ---------------------------------------------------------------- ceilings cache
 
 def test_ceilings_without_gpu_and_cache_round_trip(tmp_path, monkeypatch):

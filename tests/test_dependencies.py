@@ -25,7 +25,7 @@ DIST_OF = {"cuda": "cuda-python", "nvidia": "nvidia-cuda-nvdisasm", "yaml": "pyy
 OPTIONAL = {
     "sglang": "bench.baselines / tests load SGLang's kernel file by path instead, or skip it; "
               "integration.serving.sglang_backend.install() says SGLang is needed",
-    "flashinfer": "bench.baselines notes that FlashInfer is absent",
+    "flashinfer": "bench.baselines notes that FlashInfer is absent; bench.verify's flashinfer-mla rows say why",
 }
 
 

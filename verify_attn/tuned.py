@@ -8,7 +8,11 @@ KernelConfig.
 Lookup order (FlashInfer's): tables registered in memory (`register`), then the
 user's file or folder (`set_config_file`, or env VERIFY_ATTN_CONFIG_FILE), then
 the bundled folder `autotune/configs/`, then None, and the api falls back to the
-backend's default heuristic.
+backend's default heuristic. Within a folder, a table's source decides: measured
+(tuned on the GPU itself; files without a "source" field are measured) before model
+(`python -m autotune --cost model`: chosen by bench.model's prediction, file name
+ending `,source=model.json`). So: measured > model > heuristic; `explain()` (and
+`python -m autotune show`) says which one serves a key.
 
 Bucket rule, the same for context and tree size: the largest bucket not above
 the call's value, else the smallest bucket. The call's context is
@@ -101,11 +105,13 @@ class TableKey:
     def layout(self) -> str:
         return f"page{self.page_size}"
 
-    def filename(self) -> str:
-        """Serving-engine style: device_name=NVIDIA_H200,backend=cuda,dqk=576,...,layout=page1.json."""
+    def filename(self, source: str = "measured") -> str:
+        """Serving-engine style: device_name=NVIDIA_H200,backend=cuda,dqk=576,...,layout=page1.json
+        (a model-sourced table: ...,layout=page1,source=model.json)."""
         kv = f",kv_dtype={self.kv_dtype}" if self.kv_dtype else ""   # 16-bit caches keep their old names
+        src = "" if source == "measured" else f",source={source}"
         return (f"device_name={device_token(self.device_name)},backend={self.backend},dqk={self.dqk},dv={self.dv},"
-                f"hq={self.hq},hkv={self.hkv},dtype={self.dtype}{kv},layout={self.layout}.json")
+                f"hq={self.hq},hkv={self.hkv},dtype={self.dtype}{kv},layout={self.layout}{src}.json")
 
     def to_dict(self) -> dict[str, Any]:
         d = {"device_name": self.device_name, "backend": self.backend, "hq": self.hq, "hkv": self.hkv,
@@ -175,6 +181,14 @@ class ConfigTable:
 
 # --- file format --------------------------------------------------------------
 
+SOURCES = ("measured", "model")   # lookup rank: a measured table wins over a model-sourced one
+
+
+def table_source(table: ConfigTable) -> str:
+    """'measured' (timed on the GPU; tables written before the field existed are) or 'model'."""
+    return str(table.meta.get("source", "measured"))
+
+
 def table_to_json(table: ConfigTable, buckets_extra: Optional[Mapping[tuple[int, int], dict]] = None) -> dict:
     """The exported document. `buckets_extra` adds per-bucket facts (time_us, floor_us, gain...)."""
     rows = []
@@ -220,8 +234,11 @@ def load_table(path: str | os.PathLike) -> ConfigTable:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise TableError(f"{p}: cannot read JSON: {e}") from None
     table = table_from_json(doc, str(p))
-    if p.name.startswith("device_name=") and p.name != table.key.filename():
-        raise TableError(f"{p}: contents are for {table.key.filename()}, not what the file name says")
+    src = table_source(table)
+    if src not in SOURCES:
+        raise TableError(f"{p}: source {src!r} is not one of {', '.join(SOURCES)}")
+    if p.name.startswith("device_name=") and p.name != table.key.filename(src):
+        raise TableError(f"{p}: contents are for {table.key.filename(src)}, not what the file name says")
     return table
 
 
@@ -352,8 +369,15 @@ def problem_key(p, backend_name: str) -> Optional[TableKey]:
                     _DTYPE_NAMES[p.dtype], p.page_size, bool(p.mla_shared_kv), _fp8_kv(p))
 
 
+def _best_of(tables: list[ConfigTable], key: TableKey) -> Optional[ConfigTable]:
+    """The matching table of a folder: measured before model."""
+    hits = [t for t in tables if t.key.matches(key)]
+    return min(hits, key=lambda t: SOURCES.index(table_source(t))) if hits else None
+
+
 def find_table(key: TableKey) -> Optional[ConfigTable]:
-    """Memory, then the user's file/folder, then the bundled folder; cached per key."""
+    """Memory, then the user's file/folder, then the bundled folder (in a folder: measured, then model);
+    cached per key."""
     if key in _resolved:
         return _resolved[key]
     found = next((t for t in _memory if t.key.matches(key)), None)
@@ -361,13 +385,29 @@ def find_table(key: TableKey) -> Optional[ConfigTable]:
         user = _user_path if _user_path_set else os.environ.get(ENV_FILE) or None
         if user:
             tables = _tables_in(user, explicit=True)
-            found = next((t for t in tables if t.key.matches(key)), None)
+            found = _best_of(tables, key)
             if found is None and not Path(user).is_dir() and tables:
                 _warn_once(f"config file {user} is for {tables[0].key.filename()}, not {key.filename()}")
     if found is None:
-        found = next((t for t in _tables_in(str(BUNDLED_DIR), explicit=False) if t.key.matches(key)), None)
+        found = _best_of(_tables_in(str(BUNDLED_DIR), explicit=False), key)
     _resolved[key] = found
     return found
+
+
+def explain(key: TableKey, ctx: int, tree_nodes: int, batch: int = 1) -> dict:
+    """Which source serves calls of `key` at (ctx, tree_nodes): {"source": measured | model | heuristic,
+    "file", "config", "bucket"} (no device needed; the tile check against this GPU's arch is not made)."""
+    t = find_table(key)
+    if t is None:
+        return {"source": "heuristic", "file": None, "config": None, "bucket": None,
+                "why": "no tuned table for this key: the backend's default heuristic serves it"}
+    c = pick_bucket(t._ctx, ctx)
+    tn = pick_bucket(t._trees[c], tree_nodes)
+    out = {"source": table_source(t), "file": t.source, "config": t.pick(ctx, tree_nodes, batch).to_dict(),
+           "bucket": {"ctx": c, "tree_nodes": tn}}
+    if table_source(t) == "model":
+        out["model_version"] = t.meta.get("model_version")
+    return out
 
 
 def lookup(problem, backend_name: str) -> Optional[KernelConfig]:
