@@ -70,7 +70,40 @@ def build_parser() -> argparse.ArgumentParser:
                     "shared/CALIBRATION.md and this project's H200 runs, predicted vs observed in one table "
                     "(fit / held out / not reached), and exit")
     ap.add_argument("--validate-json", metavar="PATH", help="with --validate: also write the items as JSON")
+    fg = ap.add_argument_group("a kernel this project did not write (bench/model/foreign.py): its cubin, no markers")
+    fg.add_argument("--foreign", metavar="CUBIN", help="read this cubin's function (--function) and predict one call")
+    fg.add_argument("--function", metavar="REGEX", help="regex on the mangled name; must match exactly one function")
+    fg.add_argument("--threads", type=int, help="threads per CTA of the launch")
+    fg.add_argument("--grid", type=int, help="CTAs of the launch")
+    fg.add_argument("--trips", type=int, help="iterations of the hot loop per CTA")
+    fg.add_argument("--smem", type=int, default=0, help="dynamic shared memory per CTA, bytes (default 0)")
+    fg.add_argument("--flops", type=float, default=None, help="the call's FLOPs, to print TFLOP/s")
+    fg.add_argument("--device", default="h200", help="device model: h200, h100-sxm, rtx-pro-6000 (default h200)")
     return ap
+
+
+def run_foreign(a: argparse.Namespace) -> int:
+    from . import foreign
+    missing = [f"--{n}" for n in ("function", "threads", "grid", "trips") if getattr(a, n) is None]
+    if missing:
+        raise ValueError(f"--foreign needs {', '.join(missing)}")
+    if not Path(a.foreign).is_file():
+        raise ValueError(f"--foreign: {a.foreign} does not exist")
+    r = foreign.read(a.foreign, a.function)
+    out = foreign.predict(r, foreign.device(a.device), threads=a.threads, grid=a.grid, trips=a.trips, smem=a.smem,
+                          flops=a.flops, band=not a.no_bands)
+    print(f"{r.name[:140]}{'...' if len(r.name) > 140 else ''}")
+    print(f"  hot loop {out['loop'][0]}-{out['loop'][1]}: {out['instructions_per_iter']} instructions, "
+          f"{out['mma_per_iter']} MMA per warp per iteration; {out['registers']} registers, {out['ctas_per_sm']} "
+          f"CTAs/SM, {out['waves']} waves on {out['device']}")
+    band = f" [{out['low_us']:.1f}-{out['high_us']:.1f}], most sensitive {out['sensitive']}" if "low_us" in out else ""
+    print(f"  {out['cycles_per_iter']:.0f} cycles per iteration; call {out['us']:.1f} us{band} (model)")
+    if "tflops" in out:
+        tb = f" [{out['tflops_low']:.0f}-{out['tflops_high']:.0f}]" if "tflops_low" in out else ""
+        print(f"  {out['tflops']:.1f} TFLOP/s{tb} (model)")
+    if a.json:
+        Path(a.json).write_text(json.dumps(out, indent=1))
+    return 0
 
 
 def _head_of(shape, kv_dtype: str = "bf16") -> str:
@@ -304,6 +337,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     if a.validate:
         from .validate import validate
         return validate(a.validate_json)
+    if a.foreign is not None:
+        try:
+            return run_foreign(a)
+        except (ValueError, LookupError) as e:
+            ap.error(str(e))
+        except RuntimeError as e:   # no SASS tools
+            print(f"bench.model: {e}", file=sys.stderr)
+            return 2
     if a.calibrate is not None:
         from .calibrate import calibrate
         paths = [Path(p) for p in a.calibrate if Path(p).exists()]
