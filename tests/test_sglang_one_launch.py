@@ -395,3 +395,17 @@ def test_serving_glue_command_runs_on_a_cpu(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         serving_glue.main(["--device", "cpu", "--paths", "kernel,fast"])
     assert e.value.code == 2
+
+
+def test_prefix_longer_than_the_capacity_is_refused_or_cut():
+    """Full validation refuses a prefix beyond max_kv_len before any gather; in shapes mode (serving) the row
+    is cut at its capacity: kv_lens never points past the request's own row."""
+    sgl, _ = serving_inputs(CaseSpec(prefix_lens=(60, 10), tree_sizes=(4, 4), seed=30, **GQA), 1)
+    with pytest.raises(ValueError, match="outside \\[0, max_kv_len=40\\]"):
+        plan(sgl, max_kv_len=40)
+    verify_attn.set_validation("shapes")
+    try:
+        step = plan(sgl, max_kv_len=40)
+    finally:
+        verify_attn.set_validation("full")
+    assert step.kv_lens.tolist() == [44, 14]                   # 60 + 4 cut at the row of 40 + 4

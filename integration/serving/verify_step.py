@@ -28,8 +28,11 @@ SGLang's FlashInfer and FA3 backends also read) scaled by k_scale / v_scale like
 CUDA graphs: pass `buffers` (a `StepBuffers` allocated before capture for the largest batch);
 the plan then writes into them and every layer's captured launch reads the same addresses.
 Shapes come from the tensors' sizes and the ints given, never from device values. In full
-validation mode (not under capture) `plan_step` also checks on the host that the draft rows
-continue their request's pages (page_size > 1) and that the mask is a tree block we can read.
+validation mode (not under capture) `plan_step` also checks on the host, before any gather, that
+every prefix fits max_kv_len and the prefix source, that out_cache_loc has one slot per draft
+token, and that the draft rows continue their request's pages (page_size > 1). What the caller
+guarantees without those checks (serving runs "shapes"): every prefix <= max_kv_len (SGLang's
+context length bounds it); a longer one would be cut at its row, never read past it.
 """
 from __future__ import annotations
 
@@ -149,6 +152,8 @@ def plan_step(*, qo_indptr: torch.Tensor, prefix_lens: torch.Tensor, prefix_slot
     qo = qo_indptr.to(torch.int64)
     tlen = qo[1:] - qo[:-1]                                                          # [B] T_b
     plen = prefix_lens.to(torch.int64)                                               # [B] L_b
+    if _api._VALIDATION == "full" and not _capturing(dev):   # host reads, before any gather
+        _check_plan(prefix_slots, prefix_base, out_cache_loc, qo, plen, tlen, page_size, max_kv_len, max_tree)
     # token of entry j: j x P; its slot from the prefix or the draft rows, its page = slot // P
     tok = (torch.arange(pages, device=dev, dtype=torch.int64) * page_size).unsqueeze(0)   # [1, pages]
     lb, tb = plen.unsqueeze(1), tlen.unsqueeze(1)
@@ -159,7 +164,9 @@ def plan_step(*, qo_indptr: torch.Tensor, prefix_lens: torch.Tensor, prefix_slot
     from_prefix = prefix_slots[src_p] if prefix_slots.numel() else torch.zeros_like(src_p)
     slot = torch.where(in_prefix, from_prefix.to(torch.int64), out_cache_loc[src_t].to(torch.int64))
     entry = torch.where(in_prefix | in_tree, slot // page_size, 0).to(torch.int32)   # [B, pages]
-    kv_lens = (plen + tlen).to(torch.int32)
+    # a request longer than its row (the caller's max_kv_len guarantee broken; full validation says so) is cut
+    # at the row, never read past it into the next request's row or past the index buffer
+    kv_lens = torch.clamp(plen + tlen, max=pages * page_size).to(torch.int32)
     req, node = _row_info(qo_indptr, total_q)
     vis = _tree_visibility(custom_mask, mask_indptr, bool(is_causal), req, node, plen, tlen, 32 * words)
     packed = _pack_bits(vis)                                                         # [total_q, W]
@@ -178,28 +185,30 @@ def plan_step(*, qo_indptr: torch.Tensor, prefix_lens: torch.Tensor, prefix_slot
         tree_mask.copy_(packed)
         buffers.qo_indptr[: bsz + 1].copy_(qo_indptr)
         qo_indptr = buffers.qo_indptr[: bsz + 1]
-    if _api._VALIDATION == "full" and not _capturing(dev):
-        _check_plan(prefix_slots, src_p, in_prefix, out_cache_loc, qo, plen, tlen, page_size, max_kv_len, max_tree)
     hint = plan_kv_len if plan_kv_len is not None else max_kv_len + max_tree
     return VerifyStep(qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices, kv_lens=kv_lens,
                       tree_mask=tree_mask, page_size=page_size, max_kv_len=max(1, int(hint)))
 
 
-def _check_plan(prefix_slots, src_p, in_prefix, out_cache_loc, qo, plen, tlen, page_size, max_kv_len, max_tree):
-    """Host reads (full validation, off capture): lengths within the capacity, every token's slot where
-    the plan's pages put it."""
+def _check_plan(prefix_slots, prefix_base, out_cache_loc, qo, plen, tlen, page_size, max_kv_len, max_tree):
+    """Host reads (full validation, off capture): lengths within the capacity, every read in range, every
+    token's slot where the plan's pages put it."""
     if int(plen.max()) > max_kv_len or int(plen.min()) < 0:
         raise ValueError(f"a prefix length is outside [0, max_kv_len={max_kv_len}]: {plen.tolist()}")
     if int(tlen.max()) > max_tree or int(tlen.min()) < 1:
         raise ValueError(f"every request needs 1..max_tree={max_tree} draft tokens, got {tlen.tolist()}")
-    if int(qo[-1]) != out_cache_loc.numel():
-        raise ValueError(f"out_cache_loc must have one slot per draft token (qo_indptr[-1]={int(qo[-1])}), "
+    if int(qo[0]) != 0 or int(qo[-1]) != out_cache_loc.numel():
+        raise ValueError(f"out_cache_loc must have one slot per draft token (qo_indptr[-1]={int(qo[-1])}, from 0), "
                          f"got {out_cache_loc.numel()}")
+    base_all = prefix_base.to(torch.int64)
+    if bool(((plen > 0) & ((base_all < 0) | (base_all + plen > prefix_slots.numel()))).any()):
+        raise ValueError(f"a request's prefix runs outside the prefix slots ({prefix_slots.numel()} entries): "
+                         f"bases {base_all.tolist()}, lengths {plen.tolist()}")
     if page_size == 1:
         return
     for b in range(plen.numel()):
         lb, tb = int(plen[b]), int(tlen[b])
-        base = int(src_p[b, 0]) if lb else 0
+        base = int(base_all[b])
         slots = torch.cat([prefix_slots[base: base + lb].to(torch.int64),
                            out_cache_loc[int(qo[b]): int(qo[b]) + tb].to(torch.int64)])
         pos = torch.arange(slots.numel(), dtype=torch.int64, device=slots.device)
