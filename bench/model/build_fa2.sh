@@ -12,7 +12,7 @@ out=${3:-$(python -c "from verify_attn.utils import cache_dir; print(cache_dir()
 src="$fa2/csrc/flash_attn/src/flash_fwd_hdim128_bf16_sm80.cu"
 [ -f "$src" ] || { echo "no $src: is $fa2 a flash-attention checkout?" >&2; exit 2; }
 [ -d "$cutlass/include/cute" ] || { echo "no $cutlass/include/cute: is $cutlass a CUTLASS checkout?" >&2; exit 2; }
-nvcc=${CUDA_HOME:-/usr/local/cuda}/bin/nvcc
+nvcc=${CUDA_HOME:+$CUDA_HOME/bin/}nvcc   # $CUDA_HOME/bin/nvcc, else the one on PATH
 torch_inc=$(python -c "from torch.utils.cpp_extension import include_paths; print(' '.join('-I' + p for p in include_paths()))")
 mkdir -p "$(dirname "$out")"
 # FA2's own flags (its setup.py), one arch, line info for the model's source mapping
