@@ -78,7 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="slot/page placement: shuffled (churned pool, default) | contiguous (a sorted free list) | "
                          "fragmented (shuffled runs); recorded in every row")
     ap.add_argument("--backend", default=None, help="comma-separated backends; cuda@v0 / cuda@v1 / cuda@v2 pin the CUDA "
-                    "kernel version (default: all available; "
+                    "kernel version, cuda@m32n16w8s8 one compiled tile (block_m, block_n, warps, stages; "
+                    "`python -m verify_attn.build` lists them) (default: all available; "
                     "on GPU the reference and cuda-emu are not timed; sglang-extend joins when SGLang is installed, "
                     "flashinfer-mla when FlashInfer is (chains only: its MLA wrapper takes no tree mask))")
     ap.add_argument("--dtype", default="bf16", choices=sorted(DTYPES), help="q (and 16-bit cache) dtype")
@@ -113,10 +114,11 @@ def _known_backends_only(names: list[str], outside: dict) -> list[str]:
     """`names` if every one is a verify_attn backend or an outside baseline, else ValueError naming --backend
     (checked with or without a GPU: a typo must not be silently ignored)."""
     from verify_attn import known_backends
-    from verify_attn.backends.cuda import KERNEL_VERSIONS
+    from verify_attn.backends.cuda import KERNEL_VERSIONS, PINNED_TILE_RE
     known = known_backends() + sorted(set(outside) | set(OUTSIDE_BASELINES))
     pinned = [f"cuda@{v}" for v in KERNEL_VERSIONS]  # the cuda backend with one kernel version pinned
-    unknown = [b for b in names if b not in known and b not in pinned]
+    unknown = [b for b in names if b not in known and b not in pinned
+               and not (b.startswith("cuda@") and PINNED_TILE_RE.fullmatch(b[5:]))]  # or one tile: cuda@m32n16w8s8
     if unknown:
         raise ValueError(f"--backend: unknown {', '.join(unknown)}; known: {', '.join(known)}")
     return names

@@ -493,6 +493,57 @@ def test_pipeline_fault_is_caught(emu, fault, nth):
     assert err is not None or not np.array_equal(res, np.roll(src, -1, axis=1).sum(0))
 
 
+def _bulk_case(ntiles=7, n=32, row_floats=288, nsrc=97):
+    src = RNG.integers(-9, 9, (nsrc, row_floats)).astype(np.float32)  # integer values: exact sums
+    idx = RNG.permutation(nsrc)[: ntiles * n % nsrc].tolist()
+    idx = np.array((idx + RNG.integers(0, nsrc, ntiles * n).tolist())[: ntiles * n], np.int32)
+    out = np.full((ntiles, n), np.nan, np.float32)
+    want = np.roll(src[idx].reshape(ntiles, n, row_floats).sum(2), -1, axis=1)
+    return src, idx, out, want
+
+
+@pytest.mark.parametrize("stages,row_floats", [(2, 288), (3, 288), (4, 164)])
+def test_bulk_copies_on_mbarriers(dev, stages, row_floats):
+    """cp.async.bulk rows gathered by index through an mbarrier ring (the v1 bulk loader's protocol): every
+    thread reads another thread's row after its wait; 1,152- and 656-byte rows, 2-4 stages, phases
+    wrapping their parity several times."""
+    ntiles, n = 7, 32
+    src, idx, out, want = _bulk_case(ntiles, n, row_floats)
+    dev.register(src=src, idx=idx, out=out)
+    dev.call("bulk_rows", src, idx, ntiles, row_floats, stages, 0, n, out)
+    np.testing.assert_array_equal(out, want)
+
+
+def test_bulk_copy_lands_only_at_the_wait(emu):
+    """Without the mbarrier wait the rows have not landed: the sums read the poisoned (NaN) stage."""
+    src, idx, out, want = _bulk_case()
+    emu.register(src=src, idx=idx, out=out)
+    emu.fault("skip_mbarrier_wait", -1)
+    err = emu.try_call("bulk_rows", src, idx, 7, 288, 3, 0, 32, out)
+    assert emu.lib.va_emu_fault_hits() > 0
+    assert err is None and np.isnan(out).any(), err
+    emu.fault("none", -1)
+    emu.landing("issue")  # the earliest legal landing: the same bits with the wait in place
+    try:
+        emu.call("bulk_rows", src, idx, 7, 288, 3, 0, 32, out)
+    finally:
+        emu.landing("wait")
+    np.testing.assert_array_equal(out, want)
+
+
+@pytest.mark.parametrize("mode,needle", [(1, "deadlock"), (2, "size must be a non-zero multiple of 16"),
+                                         (3, "no mbarrier_init")])
+def test_bulk_copy_misuse_is_reported(emu, mode, needle):
+    """expect_tx short of the bytes copied (the phase never completes: its waiters deadlock, and the exit
+    check names the barrier), a copy size off the 16-byte grain, a barrier used uninitialised."""
+    src, idx, out, _ = _bulk_case()
+    emu.register(src=src, idx=idx, out=out)
+    err = emu.try_call("bulk_rows", src, idx, 7, 288, 3, mode, 32, out)
+    assert err is not None and needle in err, err
+    if mode == 1:
+        assert "mbarrier_wait" in err, err
+
+
 @pytest.mark.parametrize("sched,caught", [("forward", False), ("reverse", False), ("warp-ahead", True),
                                           ("warp-ahead-reverse", True)])
 def test_warp_ahead_schedules_expose_a_race_lockstep_hides(emu, sched, caught):

@@ -115,9 +115,27 @@ def test_deterministic():
 
 V0_TILE = KernelConfig(num_splits=24, block_n=16, block_m=32, num_warps=4, num_stages=3)
 V1_TILE = KernelConfig(num_splits=24, block_n=16, block_m=32, num_warps=8, num_stages=3)
+# v1 with the bulk loader (cp.async.bulk rows on mbarriers; sm_90a only)
+V1_BULK = KernelConfig(num_splits=24, block_n=16, block_m=32, num_warps=8, num_stages=8)
 
 
-@pytest.mark.parametrize("cfg", [V0_TILE, V1_TILE], ids=["v0", "v1"])
+def _needs_sm90():
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the bulk-loader tiles are built for sm_90a only")
+
+
+@pytest.mark.parametrize("stages", [8, 6])
+@pytest.mark.parametrize("page_size", [1, 7, 16, 64])
+def test_bulk_loader_tiles_match_reference(stages, page_size):
+    """v1's bulk loader on the hardware: odd lengths (the last tile's rows past the end zero-filled by their
+    threads while the others arrive with bytes), 2 requests, the headline tree, several phase wraps of every
+    stage's mbarrier."""
+    _needs_sm90()
+    cfg = KernelConfig(num_splits=0, block_n=16, block_m=32, num_warps=8, num_stages=stages)
+    _check(_spec("kimi-mla", prefix_lens=(20_001, 333), tree_sizes=(16, 5), page_size=page_size, seed=31), cfg)
+
+
+@pytest.mark.parametrize("cfg", [V0_TILE, V1_TILE, V1_BULK], ids=["v0", "v1", "v1-bulk"])
 def test_cuda_graph_replay_with_changed_lengths(cfg):
     """Capture at the maxima, then replay with shorter prefixes and other trees of
     the same sizes copied into the static buffers: the graph's grid is static,

@@ -68,6 +68,7 @@ class Tile:
     archs: tuple[str, ...] = ("sm_90a", "sm_120a")  # the archs whose per-block shared memory it fits
     fp8_mma: int = 1  # e4m3 caches: 1, products on e4m3 MMAs; 0, K / V converted to f16, f16 MMAs
     bars: int = 2     # v1: CTA barriers per KV tile (1: S two tiles ahead, partial scores double-buffered)
+    loader: int = 0   # v1: 0, cp.async 16-byte chunks; 1, one cp.async.bulk per KV row on the stage's mbarrier
 
     def targets(self, arch: str) -> bool:
         return normalize_arch(arch) in self.archs
@@ -85,13 +86,17 @@ class Tile:
         if self.version == 2:
             return f"v2 {base} wg{self.warps_n} wgmma"
         return (f"v1 {base} k{self.ksplit} sn{self.sn}" + ("" if self.fp8_mma else " f16")
-                + (" b1" if self.bars == 1 else "") if self.version == 1 else base)
+                + (" b1" if self.bars == 1 else "") + (" bulk" if self.loader else "") if self.version == 1 else base)
 
 
 # the fp8 caches' f16 tile (TileFp8F16 in config.h): K / V converted to f16 in registers, f16 MMAs
 _FP8_F16_TILE = Tile(32, 32, 4, 2, 3, version=1, sn=2, fp8_mma=0)
 # v1's sm_90-only tile (199 KB: 32 tokens x 4 stages, one barrier per tile)
 _V1_SM90_TILE = Tile(32, 32, 2, 4, 4, version=1, sn=2, archs=("sm_90a",), bars=1)
+# v1 with the bulk loader (cp.async.bulk per KV row, mbarrier stages), sm_90a only: 16-token tiles, one
+# barrier per tile, 8 stages (5 tiles, 92 KB, in flight while 3 are read) or 6 (3 in flight)
+_V1_BULK_S8 = Tile(32, 16, 2, 4, 8, version=1, sn=2, archs=("sm_90a",), bars=1, loader=1)
+_V1_BULK_S6 = Tile(32, 16, 2, 4, 6, version=1, sn=2, archs=("sm_90a",), bars=1, loader=1)
 # v2 (wgmma, sm_90a only): 64 rows, 2 warpgroups (4 warps x 16 rows each; Dqk / Dv halves)
 _V2_TILE = Tile(64, 32, 4, 2, 3, version=2, archs=("sm_90a",))
 
@@ -100,7 +105,7 @@ _V2_TILE = Tile(64, 32, 4, 2, 3, version=2, archs=("sm_90a",))
 # MLA tiles (32x16 w4 s3, 16x32 w4 s2) stay selectable next to v1's.
 TILES: dict[str, list[Tile]] = {
     "mla576": [Tile(32, 16, 2, 4, 4, version=1, sn=2, bars=1), Tile(32, 16, 2, 4, 3, version=1, sn=2),
-               _V1_SM90_TILE, Tile(32, 16, 2, 2, 3), Tile(16, 32, 1, 4, 2), _V2_TILE],
+               _V1_SM90_TILE, Tile(32, 16, 2, 2, 3), Tile(16, 32, 1, 4, 2), _V2_TILE, _V1_BULK_S8, _V1_BULK_S6],
     # e4m3 caches: 32 tokens (one k step of the e4m3 P.V MMA), S warps 2 (dims) x 2 (tokens) x 2 (M)
     # The e4m3-MMA tile is sm_120's: on sm_90 nvcc lowers its MMAs to f16 HMMAs (no e4m3 rate there) and
     # the one-barrier loop needs more than 255 registers; the f16 tile is the H200's.
@@ -192,7 +197,8 @@ def smem_bytes(tile: Tile, dqk: int, dv: int, shared_kv: bool, kv_bytes: int = 2
         slots = tile.num_stages - (2 if parts == 2 else 1)  # kv_indices ring slots (kIdxSlots)
         idx_ring = slots * 32 * tile.num_warps * 4
         mask = tile.block_m * 4 * 4  # the first 4 tree-mask words of each row (kMaskStage)
-        return tile.num_stages * stage * kv_bytes + part + p + stats + idx_ring + mask
+        bars = 8 * tile.num_stages if tile.loader else 0  # the bulk loader's mbarriers
+        return tile.num_stages * stage * kv_bytes + part + p + stats + idx_ring + mask + bars
     q = tile.block_m * (dqk + pad) * elem
     k = tile.num_stages * tile.block_n * (dqk + pad) * elem
     v = 0 if shared_kv else tile.num_stages * tile.block_n * (dv + pad) * elem
@@ -340,17 +346,17 @@ _ELEM = {"13__nv_bfloat16": "bf16", "6__half": "fp16"}
 
 def tile_of_mangled(mangled: str) -> Tile:
     """The tile config of a split kernel from its mangled name: TileConfig<BM, BN, WM, WN, STAGES> (v0)
-    or TileConfigV1<BM, BN, W, STAGES, KSPLIT, SN[, FP8_MMA[, BARS]]> (v1) or TileConfigV2<BM, BN, WG, STAGES>."""
+    or TileConfigV1<BM, BN, W, STAGES, KSPLIT, SN[, FP8_MMA[, BARS[, LOADER]]]> (v1) or TileConfigV2<BM, BN, WG, STAGES>."""
     m = re.search(r"TileConfigV2ILi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)E", mangled)
     if m:
         bm, bn, wg, st = map(int, m.groups())
         return Tile(bm, bn, 4, wg, st, version=2)
-    m = re.search(r"TileConfigV1ILi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)E(?:Li(\d+)E)?(?:Li(\d+)E)?",
-                  mangled)
+    m = re.search(r"TileConfigV1ILi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)E(?:Li(\d+)E)?(?:Li(\d+)E)?"
+                  r"(?:Li(\d+)E)?", mangled)
     if m:
         bm, bn, w, st, ks, sn = map(int, m.groups()[:6])
         return Tile(bm, bn, w // ks, ks, st, version=1, sn=sn, fp8_mma=int(m.group(7) or 1),
-                    bars=int(m.group(8) or 2))
+                    bars=int(m.group(8) or 2), loader=int(m.group(9) or 0))
     t = [int(x) for x in re.search(r"TileConfigILi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)E", mangled).groups()]
     return Tile(t[0], t[1], t[2], t[3], t[4])
 
@@ -370,8 +376,9 @@ def _compiled_tile(mangled: str) -> Tile:
     t = tile_of_mangled(mangled)
     for tiles in TILES.values():
         for x in tiles:
-            if (x.block_m, x.block_n, x.warps_m, x.warps_n, x.num_stages, x.version, x.sn, x.fp8_mma, x.bars) == \
-                    (t.block_m, t.block_n, t.warps_m, t.warps_n, t.num_stages, t.version, t.sn, t.fp8_mma, t.bars):
+            if (x.block_m, x.block_n, x.warps_m, x.warps_n, x.num_stages, x.version, x.sn, x.fp8_mma, x.bars,
+                    x.loader) == (t.block_m, t.block_n, t.warps_m, t.warps_n, t.num_stages, t.version, t.sn,
+                                  t.fp8_mma, t.bars, t.loader):
                 return x
     return t
 

@@ -153,6 +153,87 @@ VA_DEVICE void cp_async_wait() {
 }
 #endif
 
+// mbarrier and bulk copies (sm_90+): https://docs.nvidia.com/cuda/parallel-thread-execution/#parallel-synchronization-and-communication-instructions-mbarrier
+// and #data-movement-and-conversion-instructions-cp-async-bulk. An mbarrier is an 8-byte object in shared
+// memory; mbarrier_init(bar, count) (one thread, before any use and a block_sync) sets the arrivals of each
+// phase. A phase completes when all `count` arrivals are in and the transaction bytes announced by
+// mbarrier_arrive_expect_tx have been delivered by the bulk copies that name the barrier.
+// bulk_copy_g2s: `bytes` (a multiple of 16, both addresses 16-byte aligned) global -> shared through the
+// TMA unit, one instruction for the whole row; completes on `bar` (complete_tx). mbarrier_wait(bar, parity):
+// returns once the phase with that parity has completed, its copies visible to the waiting thread (phase k
+// of a barrier has parity k & 1; a fresh barrier is in phase 0).
+#if VA_EMULATION
+VA_DEVICE void mbarrier_init(uint64_t* bar, int count,
+                             std::source_location loc = std::source_location::current()) {
+  ::va::emu::mbarrier_init(bar, count, loc);
+}
+VA_DEVICE void mbarrier_arrive(uint64_t* bar, std::source_location loc = std::source_location::current()) {
+  ::va::emu::mbarrier_arrive(bar, loc);
+}
+VA_DEVICE void mbarrier_arrive_expect_tx(uint64_t* bar, uint32_t bytes,
+                                         std::source_location loc = std::source_location::current()) {
+  ::va::emu::mbarrier_arrive_expect_tx(bar, bytes, loc);
+}
+VA_DEVICE void mbarrier_wait(uint64_t* bar, uint32_t parity,
+                             std::source_location loc = std::source_location::current()) {
+  ::va::emu::mbarrier_wait(bar, parity, loc);
+}
+VA_DEVICE void bulk_copy_g2s(void* smem_dst, const void* gmem_src, uint32_t bytes, uint64_t* bar,
+                             std::source_location loc = std::source_location::current()) {
+  ::va::emu::bulk_copy_g2s(smem_dst, gmem_src, bytes, bar, loc);
+}
+#else
+VA_DEVICE void mbarrier_init(uint64_t* bar, int count) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(detail::smem_u32(bar)), "r"(count) : "memory");
+#else
+  __trap();
+#endif
+}
+VA_DEVICE void mbarrier_arrive(uint64_t* bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(detail::smem_u32(bar)) : "memory");
+#else
+  __trap();
+#endif
+}
+VA_DEVICE void mbarrier_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(detail::smem_u32(bar)), "r"(bytes)
+               : "memory");
+#else
+  __trap();
+#endif
+}
+VA_DEVICE void mbarrier_wait(uint64_t* bar, uint32_t parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "{\n"
+      ".reg .pred P1;\n"
+      "VA_MBAR_WAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n"
+      "@P1 bra VA_MBAR_DONE;\n"
+      "bra VA_MBAR_WAIT;\n"
+      "VA_MBAR_DONE:\n"
+      "}\n" ::"r"(detail::smem_u32(bar)),
+      "r"(parity)
+      : "memory");
+#else
+  __trap();
+#endif
+}
+VA_DEVICE void bulk_copy_g2s(void* smem_dst, const void* gmem_src, uint32_t bytes, uint64_t* bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+               :
+               : "r"(detail::smem_u32(smem_dst)), "l"(gmem_src), "r"(bytes), "r"(detail::smem_u32(bar))
+               : "memory");
+#else
+  __trap();
+#endif
+}
+#endif
+
 // Every global read outside cp.async goes through ld_global and every global
 // write through st_global, so the emulator can bounds-check them. T is a
 // trivially copyable type of at most 16 bytes (int, float, uint2, uint4, float4, ...)

@@ -58,6 +58,15 @@ void cp_async_16(void* smem_dst, const void* gmem_src, bool valid, std::source_l
 void cp_async_commit();
 void cp_async_wait(int n, std::source_location loc);
 
+// ---- mbarrier and bulk copies (csrc/arch/copy.cuh): a phase completes when its arrivals and its
+// transaction bytes are in; a bulk copy reads its source at issue and lands when a thread first waits on
+// the completed phase (the latest legal moment), or at issue with set_cp_async_landing("issue") ----------
+void mbarrier_init(void* bar, int count, std::source_location loc);
+void mbarrier_arrive(void* bar, std::source_location loc);
+void mbarrier_arrive_expect_tx(void* bar, uint32_t bytes, std::source_location loc);
+void mbarrier_wait(void* bar, unsigned parity, std::source_location loc);
+void bulk_copy_g2s(void* smem_dst, const void* gmem_src, uint32_t bytes, void* bar, std::source_location loc);
+
 // ---- warp collectives (full warp) --------------------------------------------
 void mma_m16n8k16(bool bf16, float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2],
                   const float (&c)[4], std::source_location loc);

@@ -14,7 +14,7 @@ void register_global(const void* p, size_t bytes, const char* name);
 void clear_globals();
 
 // Fault injection for testing the test suite: what = "skip_block_sync",
-// "skip_cp_async_wait", "skip_wgmma_wait" or "skip_fence_proxy_async"; nth = the
+// "skip_cp_async_wait", "skip_wgmma_wait", "skip_fence_proxy_async" or "skip_mbarrier_wait"; nth = the
 // per-thread call index (0-based, within each block) that is skipped, -1 = every call. Throws std::invalid_argument on an
 // unknown name. fault_hits() counts calls actually skipped since set_fault.
 void set_fault(const char* what, int nth);

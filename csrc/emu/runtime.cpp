@@ -67,7 +67,7 @@ struct Range {
   std::string name;
 };
 
-enum class FaultKind { kNone, kSkipBlockSync, kSkipCpAsyncWait, kSkipWgmmaWait, kSkipFenceProxyAsync };
+enum class FaultKind { kNone, kSkipBlockSync, kSkipCpAsyncWait, kSkipWgmmaWait, kSkipFenceProxyAsync, kSkipMbarrierWait };
 enum class Schedule { kForward, kReverse, kRandom, kWarpAhead, kWarpAheadReverse };
 
 struct Settings {
@@ -125,7 +125,7 @@ LaunchState* g_launch = nullptr;
 struct Block;
 struct Warp;
 
-enum class WaitKind { kNone, kBarrier, kWarp };
+enum class WaitKind { kNone, kBarrier, kWarp, kMbarrier };
 
 struct PendingCopy {
   unsigned char* dst;
@@ -146,7 +146,31 @@ struct Fiber {
   int cp_async_wait_calls = 0;
   int wgmma_wait_calls = 0;
   int fence_proxy_calls = 0;
+  int mbarrier_wait_calls = 0;
   long long proxy_fences = 0;  // fence_proxy_async calls so far
+  size_t wait_mbar = 0;        // kMbarrier: the barrier's shared-memory offset and the phase parity awaited
+  unsigned wait_parity = 0;
+};
+
+// A bulk copy (cp.async.bulk): its source bytes, read at issue, and where they land.
+struct BulkCopy {
+  unsigned char* dst;
+  std::vector<unsigned char> data;
+};
+
+// An mbarrier object (8 bytes of shared memory, keyed by its offset): a phase completes when its pending
+// arrivals reach zero and its transaction count (bytes announced by expect_tx minus bytes the bulk
+// copies delivered) is zero. The copies of a completed phase land when a thread first waits on it.
+struct Mbar {
+  int count = 0;                  // arrivals per phase (mbarrier.init)
+  int pending = 0;                // arrivals still due in the current phase
+  long long tx = 0;               // transaction bytes still due in the current phase
+  unsigned completed = 0;         // phases completed; the current phase's parity is completed & 1
+  std::vector<BulkCopy> copies;   // issued in the current phase
+  std::vector<BulkCopy> unlanded; // of completed phases, not yet waited for
+  std::source_location init_loc;
+  int init_tid = 0;               // the initialising thread: the others may use the barrier only after a
+  long long init_syncs = 0;       // block barrier completed since (Block::syncs moved on)
 };
 
 // One warp's part of an issued wgmma: its result (computed at issue), where it lands, and the shared
@@ -211,6 +235,7 @@ struct Block {
   std::vector<int32_t> chunk_writer;
   std::vector<long long> chunk_epoch;
   std::vector<WgLog> wg_logs;  // per warpgroup
+  std::map<size_t, Mbar> mbars;  // by shared-memory offset
   // counters merged into the global Stats at the end of the launch
   long long syncs = 0, collectives = 0, mmas = 0, cp_bytes = 0;
 };
@@ -782,6 +807,9 @@ std::string describe_stuck(const Block& b) {
     }
     std::string k;
     if (f.wait == WaitKind::kBarrier) k = "block_sync" + where(f.wait_loc);
+    else if (f.wait == WaitKind::kMbarrier)
+      k = "mbarrier_wait (barrier at smem offset " + std::to_string(f.wait_mbar) + ", parity " +
+          std::to_string(f.wait_parity) + ")" + where(f.wait_loc);
     else if (f.wait == WaitKind::kWarp)
       k = "warp " + std::to_string(f.tc.warp) + " in " + b.warps[f.tc.warp].op->name + where(f.wait_loc);
     else k = "running";
@@ -947,6 +975,7 @@ class Worker {
     }
     if (!b.abort) check_red_zone(b);
     if (!b.abort) check_wgmma_drained(b);
+    if (!b.abort) check_bulk_drained(b);
     blocks_ += 1;
     threads_ += nthreads;
     syncs_ += b.syncs;
@@ -985,6 +1014,21 @@ class Worker {
                std::to_string(n) + " wgmma op(s) of warp " + std::to_string(w.index) +
                    " still in flight when its threads exited (no wgmma_wait retired them; first issued" +
                    where(op.loc) + ")",
+               std::source_location());
+        return;
+      }
+    }
+  }
+  // A CTA must not exit with bulk copies in flight into its shared memory: every phase that copies went
+  // to must have completed.
+  void check_bulk_drained(const Block& b) {
+    for (const auto& [off, m] : b.mbars) {
+      if (!m.copies.empty() || m.tx != 0) {
+        report(b, nullptr,
+               "mbarrier at smem offset " + std::to_string(off) + " (initialised" + where(m.init_loc) +
+                   ") has a phase that never completed when the block exited: " +
+                   std::to_string(m.pending) + " arrival(s) and " + std::to_string(m.tx) +
+                   " transaction byte(s) still due, " + std::to_string(m.copies.size()) + " bulk copy(ies) in flight",
                std::source_location());
         return;
       }
@@ -1179,6 +1223,162 @@ void fence_proxy_async() {
   ++f->proxy_fences;
 }
 
+// ---- mbarrier and bulk copies (cp.async.bulk) --------------------------------------------------------
+
+namespace {
+
+// The barrier object at `bar` (initialised, 8-byte aligned shared memory), or null after a report.
+Mbar* mbar_at(Fiber* f, const void* bar, const char* what, std::source_location loc) {
+  Block& b = *f->block;
+  if (!check_smem(f, bar, 8, what, loc)) return nullptr;
+  const size_t off = static_cast<size_t>(static_cast<const unsigned char*>(bar) - b.smem);
+  if (off % 8 != 0) {
+    report(b, f, std::string(what) + ": mbarrier at smem offset " + std::to_string(off) + " is not 8-byte aligned",
+           loc);
+    return nullptr;
+  }
+  auto it = b.mbars.find(off);
+  if (it == b.mbars.end()) {
+    report(b, f, std::string(what) + ": no mbarrier_init at smem offset " + std::to_string(off) + " before its use",
+           loc);
+    return nullptr;
+  }
+  if (it->second.init_tid != f->tc.linear_tid && it->second.init_syncs == b.syncs) {
+    report(b, f, std::string(what) + ": mbarrier at smem offset " + std::to_string(off) + " used before a block_sync "
+                     "made thread " + std::to_string(it->second.init_tid) + "'s mbarrier_init" +
+                     where(it->second.init_loc) + " visible to this thread", loc);
+    return nullptr;
+  }
+  return &it->second;
+}
+
+// Bulk copies write through the async proxy: a wgmma may read them without a generic-to-async fence.
+void land_bulk(Block& b, std::vector<BulkCopy>& copies) {
+  for (const BulkCopy& c : copies) {
+    std::memcpy(c.dst, c.data.data(), c.data.size());
+    const size_t off = static_cast<size_t>(c.dst - b.smem);
+    for (size_t k = off / 16; k <= (off + c.data.size() - 1) / 16 && k < b.chunk_writer.size(); ++k)
+      b.chunk_writer[k] = 0;
+    b.cp_bytes += static_cast<long long>(c.data.size());
+  }
+  copies.clear();
+}
+
+bool parity_done(const Mbar& m, unsigned parity) { return (m.completed & 1u) != (parity & 1u); }
+
+// Completes the current phase when its arrivals and transaction bytes are all in; then the waiting threads
+// whose phase completed resume, the copies landing first.
+void mbar_try_complete(Block& b, size_t off, Mbar& m) {
+  if (m.pending != 0 || m.tx != 0) return;
+  for (BulkCopy& c : m.copies) m.unlanded.push_back(std::move(c));
+  m.copies.clear();
+  ++m.completed;
+  m.pending = m.count;
+  bool woke = false;
+  for (int t = 0; t < b.nthreads; ++t) {
+    Fiber& w = b.fibers[t];
+    if (w.wait == WaitKind::kMbarrier && w.wait_mbar == off && parity_done(m, w.wait_parity)) {
+      w.wait = WaitKind::kNone;
+      woke = true;
+    }
+  }
+  if (woke) land_bulk(b, m.unlanded);
+}
+
+void mbar_arrive_n(Fiber* f, Mbar& m, const void* bar, std::source_location loc) {
+  Block& b = *f->block;
+  if (m.pending <= 0) {
+    report(b, f, "mbarrier_arrive: more arrivals than the barrier's count (" + std::to_string(m.count) + ")", loc);
+    return;
+  }
+  --m.pending;
+  mbar_try_complete(b, static_cast<size_t>(static_cast<const unsigned char*>(bar) - b.smem), m);
+}
+
+}  // namespace
+
+void mbarrier_init(void* bar, int count, std::source_location loc) {
+  Fiber* f = cur_fiber();
+  Block& b = *f->block;
+  if (!check_smem(f, bar, 8, "mbarrier_init", loc)) return;
+  const size_t off = static_cast<size_t>(static_cast<unsigned char*>(bar) - b.smem);
+  if (off % 8 != 0 || count < 1 || count > (1 << 20) - 1) {
+    report(b, f, "mbarrier_init: offset " + std::to_string(off) + " must be 8-byte aligned and count " +
+                     std::to_string(count) + " in 1 .. 2^20 - 1", loc);
+    return;
+  }
+  auto it = b.mbars.find(off);
+  if (it != b.mbars.end() && (!it->second.copies.empty() || it->second.tx != 0)) {
+    report(b, f, "mbarrier_init on a barrier whose phase still has bulk copies in flight", loc);
+    return;
+  }
+  Mbar m;
+  m.count = m.pending = count;
+  m.init_loc = loc;
+  m.init_tid = f->tc.linear_tid;
+  m.init_syncs = b.syncs;
+  b.mbars[off] = std::move(m);
+  std::memset(bar, 0, 8);  // the object's bytes are the barrier's, not data
+}
+
+void mbarrier_arrive(void* bar, std::source_location loc) {
+  Fiber* f = cur_fiber();
+  if (Mbar* m = mbar_at(f, bar, "mbarrier_arrive", loc)) mbar_arrive_n(f, *m, bar, loc);
+}
+
+void mbarrier_arrive_expect_tx(void* bar, uint32_t bytes, std::source_location loc) {
+  Fiber* f = cur_fiber();
+  if (Mbar* m = mbar_at(f, bar, "mbarrier_arrive_expect_tx", loc)) {
+    m->tx += bytes;
+    mbar_arrive_n(f, *m, bar, loc);
+  }
+}
+
+void bulk_copy_g2s(void* smem_dst, const void* gmem_src, uint32_t bytes, void* bar, std::source_location loc) {
+  Fiber* f = cur_fiber();
+  Block& b = *f->block;
+  if (bytes == 0 || bytes % 16 != 0 || reinterpret_cast<uintptr_t>(smem_dst) % 16 != 0 ||
+      reinterpret_cast<uintptr_t>(gmem_src) % 16 != 0) {
+    report(b, f, "cp.async.bulk of " + std::to_string(bytes) + " bytes from " + hexaddr(gmem_src) + " to " +
+                     hexaddr(smem_dst) + ": size must be a non-zero multiple of 16 and both addresses 16-byte aligned",
+           loc);
+    return;
+  }
+  Mbar* m = mbar_at(f, bar, "cp.async.bulk", loc);
+  if (m == nullptr || !check_smem(f, smem_dst, bytes, "cp.async.bulk destination", loc)) return;
+  BulkCopy c;
+  c.dst = static_cast<unsigned char*>(smem_dst);
+  c.data.resize(bytes);
+  if (check_global(f, gmem_src, bytes, "cp.async.bulk source", loc)) std::memcpy(c.data.data(), gmem_src, bytes);
+  else std::memset(c.data.data(), 0xFF, bytes);
+  if (settings().cp_async_at_issue) {  // the earliest legal landing, as for cp.async
+    std::vector<BulkCopy> now;
+    now.push_back(std::move(c));
+    land_bulk(b, now);
+  } else {
+    m->copies.push_back(std::move(c));
+  }
+  m->tx -= bytes;
+  mbar_try_complete(b, static_cast<size_t>(static_cast<unsigned char*>(bar) - b.smem), *m);
+}
+
+void mbarrier_wait(void* bar, unsigned parity, std::source_location loc) {
+  Fiber* f = cur_fiber();
+  if (skipped_by_fault(FaultKind::kSkipMbarrierWait, f->mbarrier_wait_calls)) return;
+  Mbar* m = mbar_at(f, bar, "mbarrier_wait", loc);
+  if (m == nullptr) return;
+  Block& b = *f->block;
+  if (!parity_done(*m, parity)) {
+    f->wait = WaitKind::kMbarrier;
+    f->wait_mbar = static_cast<size_t>(static_cast<unsigned char*>(bar) - b.smem);
+    f->wait_parity = parity;
+    f->wait_loc = loc;
+    yield(f);  // resumed by the arrival or copy that completes the phase (it landed the copies)
+    return;
+  }
+  land_bulk(b, m->unlanded);
+}
+
 // ---------------------------------------------------------------------------
 // host controls
 
@@ -1196,10 +1396,11 @@ void set_fault(const char* what, int nth) {
   else if (w == "skip_cp_async_wait") s.fault = FaultKind::kSkipCpAsyncWait;
   else if (w == "skip_wgmma_wait") s.fault = FaultKind::kSkipWgmmaWait;
   else if (w == "skip_fence_proxy_async") s.fault = FaultKind::kSkipFenceProxyAsync;
+  else if (w == "skip_mbarrier_wait") s.fault = FaultKind::kSkipMbarrierWait;
   else if (w == "none" || w.empty()) s.fault = FaultKind::kNone;
   else throw std::invalid_argument("va::emu::set_fault: unknown fault '" + w +
                                    "' (known: skip_block_sync, skip_cp_async_wait, skip_wgmma_wait, "
-                                   "skip_fence_proxy_async, none)");
+                                   "skip_fence_proxy_async, skip_mbarrier_wait, none)");
   s.fault_nth = nth;
   g_fault_hits = 0;
 }
@@ -1248,7 +1449,7 @@ std::string describe_settings() {
   const Settings& s = settings();
   static const char* kSched[] = {"forward", "reverse", "random", "warp-ahead", "warp-ahead-reverse"};
   static const char* kFault[] = {"none", "skip_block_sync", "skip_cp_async_wait", "skip_wgmma_wait",
-                                 "skip_fence_proxy_async"};
+                                 "skip_fence_proxy_async", "skip_mbarrier_wait"};
   return std::string("schedule=") + kSched[static_cast<int>(s.schedule)] + " seed=" + std::to_string(s.seed) +
          " workers=" + std::to_string(s.workers) + " smem_limit=" + std::to_string(s.smem_limit) +
          " cp_async=" + (s.cp_async_at_issue ? "issue" : "wait") + " fault=" + kFault[static_cast<int>(s.fault)] + " nth=" + std::to_string(s.fault_nth) +

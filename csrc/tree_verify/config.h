@@ -44,10 +44,16 @@ struct TileConfig {
 // i+1 after a second barrier. 1: iteration i runs S(i+2), the softmax of i+1 and PV(i) between
 // the same two barriers (the partial scores double-buffered, STAGES >= 4: tiles i .. i+2 are read
 // while i+3 loads), so the tensor pipe drains once per tile instead of twice.
-template <int BM_, int BN_, int W_, int STAGES_, int KSPLIT_, int SN_, int FP8_MMA_ = 1, int BARS_ = 2>
+// LOADER: 0, every loader thread copies its 16-byte chunks of a row with cp.async (72 LSU requests per
+// 1,152-byte MLA row); 1, one thread per row issues one bulk copy (cp.async.bulk, the TMA unit) of the
+// whole row completing on the stage's mbarrier (sm_90 and sm_120; the H200's KV stream probe found the
+// warps paying ~0.45 SM cycles per 16-byte cp.async, NOTES.md).
+template <int BM_, int BN_, int W_, int STAGES_, int KSPLIT_, int SN_, int FP8_MMA_ = 1, int BARS_ = 2,
+          int LOADER_ = 0>
 struct TileConfigV1 {
   static constexpr int FP8_MMA = FP8_MMA_;
   static constexpr int BARS = BARS_;
+  static constexpr int LOADER = LOADER_;
   static constexpr int BM = BM_;
   static constexpr int BN = BN_;
   static constexpr int STAGES = STAGES_;
@@ -68,6 +74,7 @@ struct TileConfigV1 {
   static_assert(STAGES >= 3 && STAGES <= 8, "3..8 pipeline stages");
   static_assert(BARS == 2 || (BARS == 1 && STAGES >= 4), "1 barrier per tile needs >= 4 stages, else 2 barriers");
   static_assert(kThreads % BN == 0, "the KV loader gives each tile row kThreads / BN threads");
+  static_assert(LOADER == 0 || LOADER == 1, "LOADER: 0 (cp.async chunks) or 1 (a bulk copy per row)");
 };
 
 // Tile of the v2 kernel (tree_verify_kernel_v2.cuh, sm_90a only: wgmma). BM = 64 rows, one wgmma m64
@@ -125,6 +132,8 @@ template <class Head> struct TilesFor;
 //       the shared-memory reads of S (the H200's limit with mma.sync): 73.3 KB.
 //  MLA v1 for sm_90 only (199 KB, over sm_120's 99 KB): 32 tokens x 4 stages, one barrier per tile,
 //       S warps 4 x 2 (build.py marks its target archs).
+//  MLA v1 with the bulk loader, sm_90a only: 32 rows x 16 tokens, one barrier per tile, 8 or 6 stages (5 or
+//       3 tiles in flight; 175 / 137 KB); each KV row one cp.async.bulk on the stage's mbarrier.
 //  MLA v2 for sm_90a only (wgmma): 64 rows x 32 tokens x 3 stages, 2 warpgroups (Dqk halves for S, Dv
 //       halves for P V): Q 72 KB + KV 108 KB in the core-matrix layout + 2 x 16 KB of partial scores + 1 KB of
 //       staged mask words = 213 KB.
@@ -132,7 +141,8 @@ template <> struct TilesFor<HeadMLA> {
   using type = TileList<TileConfigV1<32, 16, 8, 4, 4, 2, 1, 1>, TileConfigV1<32, 16, 8, 3, 4, 2>,
                         TileConfigV1<32, 32, 8, 4, 4, 2, 1, 1>,
                         TileConfig<32, 16, 2, 2, 3>, TileConfig<16, 32, 1, 4, 2>,
-                        TileConfigV2<64, 32, 2, 3>>;
+                        TileConfigV2<64, 32, 2, 3>, TileConfigV1<32, 16, 8, 8, 4, 2, 1, 1, 1>,
+                        TileConfigV1<32, 16, 8, 6, 4, 2, 1, 1, 1>>;
 };
 // e4m3 caches (MLA only): kernel v1 with e4m3 MMAs (m16n8k32) for S and P.V. A 32-token tile is one
 // k step of P.V; a 576-byte row (+16 B pad) makes a 32-token stage 18.5 KB, so 4 stages, one barrier

@@ -194,7 +194,10 @@ struct KernelTraitsV1 {
   // KV loader: kThreadsPerRow threads per tile row split its 16-byte chunks evenly (the largest such
   // count the block allows), so every copy sits at a constant offset from one row pointer; the
   // kLoadThreads = BN x kThreadsPerRow first threads load, the rest only compute.
-  static constexpr int kThreadsPerRow = largest_common_divisor_upto(
+  // Bulk loader (Tile::LOADER 1): the BN first threads each copy one whole row (K, and V where it is not
+  // the K row) with one cp.async.bulk on the stage's mbarrier, which counts BN arrivals per phase.
+  static constexpr bool kBulk = Tile::LOADER == 1;
+  static constexpr int kThreadsPerRow = kBulk ? 1 : largest_common_divisor_upto(
       kRowElems / kKvPerChunk, kSharedKV ? kRowElems / kKvPerChunk : DV / kKvPerChunk, kThreads / BN);
   static constexpr int kLoadThreads = BN * kThreadsPerRow;
   static constexpr int kChunksK = kRowElems / kKvPerChunk / kThreadsPerRow;  // cp.async per loader thread per tile
@@ -210,9 +213,15 @@ struct KernelTraitsV1 {
   using Smem = SharedMemoryPlanV1<BM, BN, STAGES, KSPLIT, DQK, DV, kSharedKV, int(sizeof(KvElem)), kPBytes, kRowElems,
                                   kMla656 ? 32 : 16, Tile::BARS == 1 ? 2 : 1>;
   static constexpr int kQStages = Smem::kQStages;
-  static constexpr size_t smem_bytes() { return Smem::template total<kThreads>(); }
+  // the bulk loader's mbarriers (one per stage, 8 bytes each) after the plan's regions
+  static constexpr size_t kBarOffset = Smem::template total<kThreads>();
+  static constexpr size_t smem_bytes() { return kBarOffset + (kBulk ? size_t(STAGES) * 8 : 0); }
+  static constexpr uint32_t kKRowBytes = uint32_t(kRowElems) * sizeof(KvElem);  // one bulk copy: a K row
+  static constexpr uint32_t kVRowBytes = kSharedKV ? 0u : uint32_t(DV) * sizeof(KvElem);
 
   static_assert(sizeof(Elem) == 2, "16-bit element types only");
+  static_assert(!kBulk || (kKRowBytes % 16 == 0 && kVRowBytes % 16 == 0 && kBarOffset % 8 == 0),
+                "bulk copies move whole rows of 16-byte multiples; the mbarriers are 8-byte aligned");
   static_assert(DQK % (kKStep * KSPLIT) == 0, "each S warp's head dims must be whole MMA k steps");
   static_assert(!kFp8 || (BN == 32 && kSharedKV), "e4m3 tiles: MLA rows, 32 tokens (one e4m3 k step, one .trans load)");
   static_assert(!kMla656 || (kFp8Deq && DQK == 576 && DV == 512 && KSPLIT == 2),

@@ -29,6 +29,10 @@
 //     fully unrolled 16-byte cp.async at constant offsets; running counters, no division
 //     or modulo per tile. Paged layouts advance (page, row) incrementally.
 //   * Masked tiles read the first tree-mask words of their rows from smem (staged with Q).
+//   * Bulk loader (Tile::LOADER 1): the BN first threads each copy one whole KV row with one
+//     cp.async.bulk (the TMA unit), completing on the stage's mbarrier; every thread waits on the phase
+//     of the tile its S reads before the barrier that publishes it. A row past the range's end is
+//     zero-filled by its thread with st.shared (it only arrives). The index ring and Q stay on cp.async.
 #pragma once
 
 #include <type_traits>
@@ -213,7 +217,37 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
   const KV* v_row0 = vc + ld_chunk * CH + kvh * p.v_stride_head;
   const int32_t k_sb = static_cast<int32_t>(p.k_stride_block), k_st = static_cast<int32_t>(p.k_stride_tok);
   const int32_t v_sb = static_cast<int32_t>(p.v_stride_block), v_st = static_cast<int32_t>(p.v_stride_tok);
+  // bulk loader: the stages' mbarriers; tile t completes phase t / STAGES of barrier t % STAGES
+  uint64_t* sBar = reinterpret_cast<uint64_t*>(smem + Tr::kBarOffset);
+  auto wait_tile = [&](int tile) {
+    if constexpr (Tr::kBulk) arch::mbarrier_wait(sBar + tile % STAGES, static_cast<uint32_t>(tile / STAGES) & 1u);
+  };
   auto issue_kv = [&](int32_t id) {
+    if constexpr (Tr::kBulk) {
+      if (loader) {
+        const int stage = issued % STAGES;
+        uint64_t* bar = sBar + stage;
+        KV* dK = sK + stage * Smem::kStageElems + ld_row * Smem::kKPitch;
+        KV* dV = sV + stage * Smem::kStageElems + ld_row * Smem::kVPitch;
+        if (issue_tok < range.end) {
+          arch::mbarrier_arrive_expect_tx(bar, Tr::kKRowBytes + Tr::kVRowBytes);
+          arch::bulk_copy_g2s(dK, k_row0 + copy_at.row_offset(id, k_sb, k_st), Tr::kKRowBytes, bar);
+          if constexpr (!Tr::kSharedKV)
+            arch::bulk_copy_g2s(dV, v_row0 + copy_at.row_offset(id, v_sb, v_st), Tr::kVRowBytes, bar);
+        } else {  // past the end: zeros, as cp.async's zero-fill (P is 0 there; 0 x stale NaN would not be)
+          for (uint32_t o = 0; o < Tr::kKRowBytes; o += 16)
+            *reinterpret_cast<uint4*>(reinterpret_cast<unsigned char*>(dK) + o) = make_uint4(0, 0, 0, 0);
+          if constexpr (!Tr::kSharedKV)
+            for (uint32_t o = 0; o < Tr::kVRowBytes; o += 16)
+              *reinterpret_cast<uint4*>(reinterpret_cast<unsigned char*>(dV) + o) = make_uint4(0, 0, 0, 0);
+          arch::mbarrier_arrive(bar);
+        }
+      }
+      copy_at.advance();
+      ++issued;
+      issue_tok += BN;
+      return;
+    }
     if (loader) {
       const int stage = issued % STAGES;
       const bool valid = issue_tok < range.end;  // past the end: zeros land, no read
@@ -239,6 +273,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
 
   // ---- prologue: the Q tile is staged in the last kQStages pipeline stages,
   // loaded to registers, then those stages get their KV tiles -------------------
+  if constexpr (Tr::kBulk) {
+    if (tid == 0)
+      for (int s = 0; s < STAGES; ++s) arch::mbarrier_init(sBar + s, BN);
+    arch::block_sync();  // initialised before any thread arrives or copies
+  }
   T* sQ = reinterpret_cast<T*>(sK + (STAGES - Tr::kQStages) * Smem::kStageElems);  // (BM, Dqk) padded rows
   for (int i = tid; i < BM * Tr::kQChunks; i += Tr::kThreads) {
     const int r = i / Tr::kQChunks, c = i % Tr::kQChunks;
@@ -690,7 +729,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
 
   // ---- tile 0: S and softmax before the loop ------------------------------------
   arch::cp_async_wait<STAGES - 2>();  // Q and tile 0 landed
-  arch::block_sync();
+  // bulk loader: each thread waits on tile 0's phase itself, and tile 0's zero-filled rows (a prologue
+  // tile) were published by the Q barrier above, so no barrier here
+  wait_tile(0);
+  if constexpr (!Tr::kBulk) arch::block_sync();
   {
     SAcc sacc;
     s_mma(0, sacc, [] {});
@@ -700,6 +742,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
     // ... and S of tile 1 with it: the loop's iteration it starts with P(it) and the partial scores
     // of it + 1 published
     arch::cp_async_wait<STAGES - 3>();  // tile 1 landed (an empty group when there is none)
+    if (ntiles > 1) wait_tile(1);
     arch::block_sync();                 // S(0) published; tile 1 everyone's
     SAcc sacc;
     if (ntiles > 1) s_mma(1, sacc, [] {});
@@ -712,6 +755,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
 
   for (int it = 0; it < ntiles; ++it) {  // sass-model: tile-loop
     arch::cp_async_wait<kLoopPending>();  // the tile this iteration's S reads landed (this thread's copies)
+    if constexpr (Tr::kBulk) {  // ... or its bulk copies' phase (the knockout's loop issues none past the prologue's)
+      const int s_tile = it + (kOneBar ? 2 : 1);
+      if (s_tile < ntiles && (!(kKnockout & kKoNoLoad) || s_tile < STAGES - 1)) wait_tile(s_tile);
+    }
     // the index of tile it+STAGES-1: this thread's own ring slot, landed by the wait above, read before
     // the barrier so its latency hides there
     int32_t next_id = it + STAGES - 1 < ntiles ? ring_id(it + STAGES - 1) : 0;

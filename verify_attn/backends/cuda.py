@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import threading
 from typing import Optional
 
@@ -112,6 +113,8 @@ def default_config(p: Problem) -> KernelConfig:
 
 
 KERNEL_VERSIONS = {"v0": 0, "v1": 1, "v2": 2}
+# cuda@m32n16w8s8: one compiled tile pinned by (block_m, block_n, num_warps, num_stages), the heuristic's splits
+PINNED_TILE_RE = re.compile(r"m(\d+)n(\d+)w(\d+)s(\d+)")
 
 
 def version_config(p: Problem, version: str) -> KernelConfig:
@@ -119,12 +122,18 @@ def version_config(p: Problem, version: str) -> KernelConfig:
     for the device's arch (build.default_tile when it is that version, else the version's first tile the arch
     runs; v2 is sm_90a's wgmma kernel), the split heuristic. How the benchmark times the versions side by side
     (`bench.verify --backend cuda@v0,cuda@v1,cuda@v2`)."""
-    if version not in KERNEL_VERSIONS:
-        raise ValueError(f"kernel version {version!r}: known {', '.join(KERNEL_VERSIONS)}")
+    pinned = PINNED_TILE_RE.fullmatch(version)
+    if version not in KERNEL_VERSIONS and not pinned:
+        raise ValueError(f"kernel version {version!r}: known {', '.join(KERNEL_VERSIONS)}, or a tile "
+                         "mBMnBNwWARPSsSTAGES such as m32n16w8s8")
     head = problem_head(p)
     if head is None:
         raise ValueError(f"cuda backend: no kernel for Dqk={p.head_dim_qk} Dv={p.head_dim_v}")
     arch = vdevice.props_for(p.device).arch
+    if pinned:
+        bm, bn, w, st = map(int, pinned.groups())
+        cfg = KernelConfig(block_m=bm, block_n=bn, num_warps=w, num_stages=st)
+        return resolve_config(p, cfg, arch)  # refuses a tile not compiled, or not built for this arch
     want = KERNEL_VERSIONS[version]
     d = vb.default_tile(head, arch)
     t = d if d.version == want else vb.VERSION_DEFAULT_TILE.get((head, vb.normalize_arch(arch), want)) or next(

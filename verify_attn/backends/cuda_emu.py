@@ -247,7 +247,8 @@ class Emulator:
             raise ValueError(err.decode())
 
     def set_fault(self, what: str, nth: int = -1) -> None:
-        """'skip_block_sync' | 'skip_cp_async_wait' | 'skip_wgmma_wait' | 'skip_fence_proxy_async' | 'none'; nth:
+        """'skip_block_sync' | 'skip_cp_async_wait' | 'skip_wgmma_wait' | 'skip_fence_proxy_async' |
+        'skip_mbarrier_wait' | 'none'; nth:
         per-thread call index, -1 = every call."""
         self._check(self.lib.va_emu_set_fault(what.encode(), nth))
 

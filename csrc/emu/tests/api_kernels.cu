@@ -182,6 +182,39 @@ __global__ void k_pipeline(const float4* src, int ntiles, float4* out) {
   st_global(out + t, acc);
 }
 
+// ---- bulk copies on mbarriers: rows of row_floats floats gathered by idx [ntiles][R] through a ring of
+// `stages` stages, one mbarrier per stage counting the R loader threads; every thread waits on the
+// stage's phase and sums its right neighbour's row (so the wait must cover every thread's copy):
+// out [ntiles][R]. mode 1: expect_tx announces 16 bytes less than the copy delivers; 2: a copy of a size
+// that is not a multiple of 16; 3: the barriers are never initialised --------------------------------
+__global__ void k_bulk_rows(const float* src, const int* idx, int ntiles, int row_floats, int stages, int mode,
+                            float* out) {
+  const int R = blockDim.x, t = threadIdx.x;
+  uint64_t* bars = smem_dynamic<uint64_t>();  // (stages,) in the first 128 bytes
+  float* rows = reinterpret_cast<float*>(smem_dynamic<unsigned char>() + 128);  // (stages, R, row_floats)
+  const uint32_t bytes = static_cast<uint32_t>(row_floats) * 4;
+  if (t == 0 && mode != 3)
+    for (int s = 0; s < stages; ++s) mbarrier_init(bars + s, R);
+  block_sync();
+  auto issue = [&](int tile) {
+    uint64_t* bar = bars + tile % stages;
+    const float* from = src + static_cast<size_t>(ld_global(idx + tile * R + t)) * row_floats;
+    mbarrier_arrive_expect_tx(bar, mode == 1 ? bytes - 16 : bytes);
+    bulk_copy_g2s(rows + (static_cast<size_t>(tile % stages) * R + t) * row_floats, from,
+                  mode == 2 ? bytes - 8 : bytes, bar);
+  };
+  for (int i = 0; i < stages - 1 && i < ntiles; ++i) issue(i);
+  for (int i = 0; i < ntiles; ++i) {
+    if (i + stages - 1 < ntiles) issue(i + stages - 1);  // the stage tile i - 1 used: freed by the last barrier
+    mbarrier_wait(bars + i % stages, static_cast<uint32_t>(i / stages) & 1u);
+    const float* r = rows + (static_cast<size_t>(i % stages) * R + (t + 1) % R) * row_floats;
+    float acc = 0.f;
+    for (int k = 0; k < row_floats; ++k) acc += r[k];
+    st_global(out + i * R + t, acc);
+    block_sync();
+  }
+}
+
 // ---- each thread publishes a value, then reads the next warp's after two warp
 // collectives: a missing barrier here is invisible when warps run in lockstep
 // (every warp has written before any finishes its second collective) and
@@ -394,6 +427,13 @@ VA_TEST_API const char* va_test_block_reduce(const float* in, int blocks, int n,
 VA_TEST_API const char* va_test_pipeline(const float4* src, int ntiles, int n, float4* out) {
   return guarded([&] {
     launch(k_pipeline, dim3(1), dim3(n), size_t(2) * n * 16, nullptr, src, ntiles, out);
+  });
+}
+VA_TEST_API const char* va_test_bulk_rows(const float* src, const int* idx, int ntiles, int row_floats, int stages,
+                                          int mode, int n, float* out) {
+  return guarded([&] {
+    launch(k_bulk_rows, dim3(1), dim3(n), 128 + size_t(stages) * n * row_floats * 4, nullptr, src, idx, ntiles,
+           row_floats, stages, mode, out);
   });
 }
 VA_TEST_API const char* va_test_lockstep_race(const float* in, int n, float* out) {
