@@ -24,7 +24,7 @@ the budget is skipped and said so. Stages, in order of value:
              baseline SGLang ships; tests/sglang_ref carried, see bench/baselines.py), FlashInfer
              where installed, at 4k / 32k / 185k
   fp8 / fp8_656   e4m3 and 656-byte caches: the CUDA kernels and Triton's, against the fp8 floors
-  gqa        one GQA preset (llama3-70b-tp8) at 16k and 185k
+  gqa        one GQA preset (llama3-70b-tp8) at 16k and 185k; gqa_fp8 the same with an e4m3 cache
   tune       python -m autotune at 16k and 185k (the measured configs, autotune's format)
   tests_rest the other gpu-marked tests (Triton, fp8, serving adapter, autotune, device, probes)
   model      python -m bench.model --calibrate: the model's prediction of every timed cuda row
@@ -259,6 +259,9 @@ def plan(out: Path, a: argparse.Namespace) -> list[Stage]:
                               "--backend", "cuda,triton", "--json", str(out / "fp8_656.json")], cap_s=15),
         Stage("gqa", v + ["--shape", "llama3-70b-tp8", "--ctx", "16k,185k", "--tree", "16", "--layout", "page1",
                           "--backend", "cuda,triton", "--json", str(out / "gqa.json")], cap_s=15),
+        Stage("gqa_fp8", v + ["--shape", "llama3-70b-tp8", "--ctx", "16k,185k", "--tree", "16", "--layout", "page1",
+                              "--kv-dtype", "fp8_e4m3", "--backend", "cuda,triton", "--json", str(out / "gqa_fp8.json")],
+              cap_s=15),
         # export into the results folder: the repo's autotune/configs/ does not come back from a GPU machine
         Stage("tune", [PY, "-m", "autotune", *a.tune_args.split(), "--export", str(out / "tuned"),
                        "--cache", str(out / "autotune_cache.json"), "--json", str(out / "autotune.json")],

@@ -479,6 +479,29 @@ FP8_MATRIX = [
 ]
 
 
+# GQA 128 with e4m3 caches (kernel v1's f16 tile, V rows apart from K's): groups 1, 4, 8, page sizes 1, 3, 16,
+# 64, odd lengths, mixed batches, empty splits
+GQA_FP8_MATRIX = [
+    (CaseSpec((54,), (5,), "bushy", dtype=BF, kv_dtype="fp8_e4m3", seed=90, **gqa(8, 1)), 1),
+    (CaseSpec((97, 3), (7, 2), "chain", dtype=FP, kv_dtype="fp8_e4m3", page_size=3, seed=91, **gqa(8, 2)), 3),
+    (CaseSpec((0, 200, 1), (1, 16, 4), "bushy", dtype=BF, kv_dtype="fp8_e4m3", page_size=16, seed=92, **gqa(4, 4)), 4),
+    (CaseSpec((20,), (37,), "deep", dtype=FP, kv_dtype="fp8_e4m3", seed=93, **gqa(4, 1)), 2),
+    (CaseSpec((130,), (3,), "star", dtype=BF, kv_dtype="fp8_e4m3", page_size=64, seed=94, **gqa(16, 2)), 16),
+]
+
+
+@pytest.mark.parametrize("i", range(len(GQA_FP8_MATRIX)), ids=[f"{s.id}-{n}s" for s, n in GQA_FP8_MATRIX])
+def test_fp8_e4m3_gqa128_matches_reference(emu, i):
+    """GQA with e4m3 caches in CUDA (issue 27): the 16-bit tolerance against the float64 reference on the
+    dequantized cache; the first case through the backend's default config."""
+    spec, splits = GQA_FP8_MATRIX[i]
+    emu.set_schedule(SCHEDULES[i % len(SCHEDULES)], seed=i)
+    emu.set_cp_async_landing("issue" if i % 2 else "wait")
+    case = make_case(spec)
+    out, lse = _run(case, None if i == 0 else cfg(splits, *FP8_F16_TILE))
+    check_against_reference(out, lse, case)
+
+
 def _fp8_errors(case, out, lse) -> tuple[float, float]:
     """(max |out - ref| / max |ref|, max |lse - ref|) against the float64 reference on the dequantized cache."""
     ref, ref_lse = reference_verify(case.problem())
@@ -568,6 +591,14 @@ def test_every_fp8_barrier_is_needed_and_caught(emu, tile):
     assert not missed, f"skipping e4m3-kernel block_sync call(s) {missed} went unnoticed in every strict mode"
 
 
+def test_every_gqa_fp8_barrier_is_needed_and_caught(emu):
+    # GQA 128 on the f16 tile: as the MLA f16 tile (the Q row scales, then 2 before the loop, 2 per tile),
+    # with V rows copied apart from K's
+    case = make_case(CaseSpec((300,), (7,), "bushy", dtype=BF, kv_dtype="fp8_e4m3", seed=78, **gqa(8, 1)))
+    missed = _missed_barriers(emu, case, cfg(1, *FP8_F16_TILE), 12)
+    assert not missed, f"skipping GQA e4m3-cache block_sync call(s) {missed} went unnoticed in every strict mode"
+
+
 def _caught_e4m3(emu, case, config) -> bool:
     """_caught for the e4m3-MMA tile: its tolerance is tolerances.FP8_MMA_*."""
     try:
@@ -617,7 +648,7 @@ def test_fp8_mla656_scales_and_rope_are_read(emu):
 
 
 def test_fp8_gqa_is_refused_with_a_reason(emu):
-    """The CUDA kernels read fp8 caches for MLA 576/512 only: a GQA fp8 call names why (and auto falls
+    """The CUDA kernels read fp8 caches for MLA 576/512 and GQA 128 only: a GQA 64 fp8 call names why (and auto falls
     back to a backend that reads it, here the reference on CPU tensors)."""
     case = make_case(CaseSpec((30,), (3,), "bushy", dtype=FP, kv_dtype="fp8_e4m3", seed=85, **gqa(4, 2, 64)))
     with pytest.raises(ValueError, match="fp8 caches: the kernels are built for MLA 576/512"):

@@ -229,6 +229,14 @@ def test_int64_indices_prefix_only_and_too_wide_tree():
 
 # ------------------------------------------------------------ e4m3 caches ----
 
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("head", ["llama-gqa128", "qwen-gqa128"])
+def test_fp8_e4m3_gqa128_matches_reference(page_size, head):
+    """GQA 128 with e4m3 caches: kernel v1's f16 tile (K / V codes to f16 in registers), 16-bit tolerance."""
+    _check(_spec(head, prefix_lens=(4097, 300), tree_sizes=(16, 5), page_size=page_size, seed=33,
+                 kv_dtype="fp8_e4m3"))
+
+
 @pytest.mark.parametrize("page_size", [1, 64])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_fp8_e4m3_cache_matches_reference(page_size, dtype):

@@ -47,9 +47,10 @@ HEADS: dict[str, tuple[int, int, bool]] = {
     "gqa256": (256, 256, False),
     "mla576e4m3": (576, 512, True),  # e4m3 caches (TilesForFp8<HeadMLA>): q / out bf16 or fp16
     "mla576x656": (576, 512, True),  # FlashMLA's 656-byte fp8 MLA rows (TilesFor656<HeadMLA>)
+    "gqa128e4m3": (128, 128, False),  # e4m3 caches (TilesForFp8<HeadG128>): kernel v1's f16 tile
 }
 # head key -> its e4m3-cache variant (VA_TV_INSTANTIATE_FP8); the heads that have one
-FP8_HEADS: dict[str, str] = {"mla576": "mla576e4m3"}
+FP8_HEADS: dict[str, str] = {"mla576": "mla576e4m3", "gqa128": "gqa128e4m3"}
 # head key -> its 656-byte-row variant (VA_TV_INSTANTIATE_656)
 MLA656_HEADS: dict[str, str] = {"mla576": "mla576x656"}
 # K row bytes in the cache where they are not Dqk x the element size
@@ -111,6 +112,7 @@ TILES: dict[str, list[Tile]] = {
     # the one-barrier loop needs more than 255 registers; the f16 tile is the H200's.
     "mla576e4m3": [Tile(32, 32, 4, 2, 4, version=1, sn=2, bars=1, archs=("sm_120a",)), _FP8_F16_TILE],  # f16: the H200's, the exact one
     "mla576x656": [_FP8_F16_TILE],
+    "gqa128e4m3": [_FP8_F16_TILE],
     "gqa64": [Tile(64, 64, 4, 1, 2)],
     "gqa128": [Tile(64, 32, 4, 1, 2), Tile(128, 32, 8, 1, 2)],
     "gqa256": [Tile(32, 32, 2, 2, 2)],

@@ -156,6 +156,10 @@ using TileFp8F16 = TileConfigV1<32, 32, 8, 3, 2, 2, 0>;
 template <> struct TilesForFp8<HeadMLA> {
   using type = TileList<TileConfigV1<32, 32, 8, 4, 2, 2, 1, 1>, TileFp8F16>;
 };
+// GQA d128 with e4m3 caches: kernel v1's f16 tile (K / V codes to f16 in registers, Q and P in f16), V rows
+// apart from K's: 32 rows x 32 tokens x 3 stages, S split 2 (dims: 64 = 2 steps of 32) x 2 (tokens) x 2 (M),
+// every warp 16 Dv columns of all rows.
+template <> struct TilesForFp8<HeadG128> { using type = TileList<TileFp8F16>; };
 // FlashMLA's 656-byte rows (512 e4m3 codes, 4 fp32 scales, 64 bf16 RoPE values): the f16 tile only.
 template <class Head> struct TilesFor656 { using type = TileList<>; };
 template <> struct TilesFor656<HeadMLA> { using type = TileList<TileFp8F16>; };

@@ -223,7 +223,8 @@ struct KernelTraitsV1 {
   static_assert(!kBulk || (kKRowBytes % 16 == 0 && kVRowBytes % 16 == 0 && kBarOffset % 8 == 0),
                 "bulk copies move whole rows of 16-byte multiples; the mbarriers are 8-byte aligned");
   static_assert(DQK % (kKStep * KSPLIT) == 0, "each S warp's head dims must be whole MMA k steps");
-  static_assert(!kFp8 || (BN == 32 && kSharedKV), "e4m3 tiles: MLA rows, 32 tokens (one e4m3 k step, one .trans load)");
+  static_assert(!kFp8 || (BN == 32 && (kSharedKV || kFp8Deq)),
+                "e4m3 tiles: 32 tokens (one e4m3 k step, one .trans load); MLA rows, or V rows apart on the f16 tile");
   static_assert(!kMla656 || (kFp8Deq && DQK == 576 && DV == 512 && KSPLIT == 2),
                 "656-byte rows: MLA 576/512 on the f16 tile, S split in two halves of 288 dims (9 steps of 32)");
   static_assert(kODV % 16 == 0, "each warp's Dv slice must be whole n16 pairs (ldmatrix x4 .trans)");

@@ -200,7 +200,8 @@ def family_problem(p: Problem) -> Optional[str]:
     if p.kv_dtype not in KV_FORMATS:
         return f"KV cache format {p.kv_dtype!r} (the kernels read {', '.join(KV_FORMATS)})"
     if problem_head(p) is None:
-        return "fp8 caches: the kernels are built for MLA 576/512 (v_cache = k_cache[..., :512]) only"
+        return ("fp8 caches: the kernels are built for MLA 576/512 (v_cache = k_cache[..., :512]; e4m3 and 656-byte "
+                "rows) and GQA 128 (e4m3) only")
     return None
 
 
