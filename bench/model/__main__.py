@@ -284,6 +284,13 @@ def print_table(payload: dict, per_tile: bool) -> None:
                   f"LDSM {t['ldsm']} {det['ldsm_kinds']}, LDGSTS {det['ldgsts']}, BAR {t['barriers']}, "
                   f"FMUL {det['fmul']}, smem read {t['smem_read_bytes']} B, global {t['global_bytes']} B, "
                   f"regs {e['registers']}, smem {e['smem_bytes']} B; classes {det['classes']}")
+            if det.get("bulk_copies"):
+                notes = next((n for d in e["detail"].values() for n in d.get("notes", [])
+                              if n.startswith("bulk copies")), "")
+                print(f"      bulk copies: {det['bulk_copies']} UBLKCP on the loader warp's path (its waterfall loop "
+                      f"expanded by {det['bulk_lanes']} lanes), {det['mbar_waits']} try_wait, {det['mbar_arrives']} "
+                      f"arrive; sizes read off the SASS {det['bulk_copy_bytes']} (None: set at run time)"
+                      + (f"; simulated: {notes.split(': ', 1)[1]}" if notes else ""))
             bc = t.get("bank_conflicts") or {}
             degrees = sorted(set(bc.values()))
             print(f"      bank conflicts: {len(bc)} shared-memory accesses of the tile conflicted"

@@ -28,6 +28,9 @@ CVT_OPS = {"F2F", "F2FP", "I2F", "F2I", "I2FP", "F2IP", "FRND"}
 CONTROL_OPS = {"BRA", "BRX", "EXIT", "RET", "BSSY", "BSYNC", "WARPSYNC", "NOP", "DEPBAR", "LDGDEPBAR", "YIELD",
                "CALL", "KILL", "BPT", "PREEXIT", "ACQBULK"}
 MMA_OPS = {"HMMA", "QMMA", "IMMA", "OMMA", "BMMA"}   # warp-synchronous mma.sync
+# TMA operations other than the 1D bulk copy global -> shared (UBLKCP): tensor-map loads / stores / prefetches,
+# bulk reductions and prefetches. Classified so they are never read as ALU work; the simulator refuses them
+TMA_OTHER_OPS = {"UTMALDG", "UTMASTG", "UTMAPF", "UTMAREDG", "UTMACCTL", "UTMACMDFLUSH", "UBLKRED", "UBLKPF"}
 WGMMA_A_SMEM_BYTES = 64 * 32   # an SS-form HGMMA's A operand per warpgroup: 64 rows x 32 bytes of K
 WGMMA_K_BYTES = 32             # every wgmma k step is 32 bytes of K per row (k16 16-bit, k32 8-bit, k8 tf32)
 
@@ -131,6 +134,16 @@ def classify(ins: Instr) -> str:
         return "fence_async"
     if op == "LDSM":
         return "ldsm"
+    if op == "UBLKCP":  # cp.async.bulk global -> shared (the TMA unit; completes on an mbarrier): sim.py
+        return "bulk_copy"
+    if op in TMA_OTHER_OPS:  # tensor-map TMA, bulk stores / reductions / prefetches: not modelled (sim.py refuses)
+        return "tma_other"
+    if op == "SYNCS":  # mbarrier operations
+        if "PHASECHK" in ins.mods:  # try_wait / test_wait: the warp waits for the phase (sim.py)
+            return "mbar_wait"
+        if any(m.startswith("ARRIVE") for m in ins.mods):  # arrive, arrive.expect_tx
+            return "mbar_arrive"
+        return "mbar"  # init (EXCH), and the rest
     if op == "LDGSTS":
         return "ldgsts"
     if op in ("LDG", "LD"):
@@ -154,7 +167,7 @@ def classify(ins: Instr) -> str:
     if op in CONTROL_OPS:
         return "control"
     if op in ("LDC", "ULDC", "LDCU", "S2R", "S2UR", "CS2R", "R2UR", "VOTE", "VOTEU", "MATCH", "POPC", "FLO",
-              "BREV"):
+              "BREV", "ELECT"):
         return "other"
     return "int"
 
@@ -269,19 +282,95 @@ def find_loop(f: Function, marker_lines, marker_file: str) -> Loop:
     return min(holders, key=lambda lp: lp.end - lp.start)
 
 
+def is_waterfall(f: Function, loop: Loop) -> bool:
+    """A loop nvcc wraps around a bulk copy (UBLKCP), whose operands are uniform registers while the copy's
+    addresses are per thread: one iteration per lane that copies (`ELECT` a lane, `R2UR` its addresses, the copy,
+    `@P BRA.U.ANY` back while lanes remain; sm_90a and sm_120a)."""
+    return "ANY" in loop.branch.mods and any(i.op == "UBLKCP" for i in f.instrs[loop.start:loop.end])
+
+
+def is_wait_loop(f: Function, loop: Loop) -> bool:
+    """The retry loop of `mbarrier.try_wait`: `SYNCS.PHASECHK.TRANS64.TRYWAIT Pp, [bar], parity` and `@!Pp BRA` back
+    to it (nvcc places it inline or out of line). The simulator holds the warp at the wait until the phase's
+    copies landed, so the loop runs once."""
+    br = loop.branch
+    if not br.pred:
+        return False
+    p = br.pred.lstrip("@!")
+    return any(i.op == "SYNCS" and "PHASECHK" in i.mods and p in i.regs_written()
+               for i in f.instrs[loop.start:loop.end + 1])
+
+
+def _value_before(f: Function, idx: int, reg: str, depth: int = 0) -> Optional[int]:
+    """The value `reg` holds at instruction `idx` where straight-line code before it sets it from an immediate
+    (through moves, R2UR, a 16-bit UPRMT and shifts right), else None."""
+    if depth > 8:
+        return None
+    for k in range(idx - 1, -1, -1):
+        ins = f.instrs[k]
+        if reg not in ins.regs_written():
+            continue
+        ops = [o.strip() for o in ins.operands]
+        if ins.op in ("MOV", "UMOV") and len(ops) >= 2:
+            v = _immediate(ops[-1])
+            return v if v is not None else (_value_before(f, k, ops[-1], depth + 1)
+                                            if re.fullmatch(r"U?R\d+", ops[-1]) else None)
+        if ins.op == "IMAD" and "MOV" in ins.mods and len(ops) == 4:      # IMAD.MOV.U32 R, RZ, RZ, x
+            v = _immediate(ops[3])
+            return v if v is not None else (_value_before(f, k, ops[3], depth + 1)
+                                            if re.fullmatch(r"U?R\d+", ops[3]) else None)
+        if ins.op == "IMAD" and "U32" in ins.mods and len(ops) == 4 and ops[1] in ("RZ",) and ops[2] == "RZ":
+            return _value_before(f, k, ops[3], depth + 1) if re.fullmatch(r"U?R\d+", ops[3]) else _immediate(ops[3])
+        if ins.op == "R2UR" and len(ops) >= 2 and re.fullmatch(r"R\d+", ops[-1]):
+            return _value_before(f, k, ops[-1], depth + 1)
+        if ins.op == "UPRMT" and len(ops) == 4 and ops[2] == "0x5410" and ops[3] in ("URZ", "RZ"):
+            v = _value_before(f, k, ops[1], depth + 1)   # the low 16 bits, kept
+            return None if v is None else v & 0xFFFF
+        if ins.op in ("SHF", "USHF") and "R" in ins.mods and len(ops) == 4 and ops[1] in ("RZ", "URZ"):
+            sh = _immediate(ops[2])                       # SHF.R.U32.HI R, RZ, 0x4, Rx: Rx >> 4
+            v = _value_before(f, k, ops[3], depth + 1) if re.fullmatch(r"U?R\d+", ops[3]) else _immediate(ops[3])
+            return None if v is None or sh is None else v >> sh
+        return None
+    return None
+
+
+def bulk_copy_size(f: Function, idx: int) -> Optional[int]:
+    """Bytes of the UBLKCP at f.instrs[idx] where the SASS sets its size operand from an immediate
+    (`UMOV UR4, 0x48`: the operand counts 16-byte units, so 0x48 is 1,152 bytes; also a register shifted right by 4,
+    `SHF.R.U32.HI R6, RZ, 0x4, R6`, when R6 is an immediate number of bytes), else None (set at run time: the
+    caller supplies it)."""
+    ins = f.instrs[idx]
+    size_op = next((o.strip() for o in ins.operands[2:] if re.fullmatch(r"U?R\d+", o.strip())), None)
+    if size_op is None:
+        return None
+    v = _value_before(f, idx, size_op)
+    return None if v is None or v <= 0 else 16 * v
+
+
 @dataclass
 class TilePath:
     """The instructions one warp issues per loop iteration (inner loops expanded)."""
     instrs: list[Instr]
     inner_loops: list[tuple[int, int, int]] = field(default_factory=list)   # (start addr, end addr, trips)
     excluded: int = 0  # instructions of the loop left out (blocks of the other path, rare blocks)
+    # bulk copies (UBLKCP): for each instruction of `instrs`, the copying lane (0..bulk_lanes-1) whose iteration of a
+    # waterfall loop it belongs to, else -1 (a warp whose lanes are fewer skips the later iterations: sim.Bulk)
+    bulk_lane: list[int] = field(default_factory=list)
+    bulk_sizes: dict = field(default_factory=dict)   # UBLKCP address -> bytes read off the SASS, or None
+    waterfalls: list[tuple[int, int, int]] = field(default_factory=list)   # (start addr, end addr, lanes)
+    wait_loops: list[tuple[int, int]] = field(default_factory=list)        # try_wait retry loops run once
 
 
 def tile_path(f: Function, loop: Loop, cold: tuple[tuple[int, int], ...], cold_file: str,
               include_cold: bool = False, hot: tuple[tuple[int, int], ...] = (),
-              rare: tuple[tuple[int, int], ...] = ()) -> TilePath:
+              rare: tuple[tuple[int, int], ...] = (), bulk_lanes: int = 1) -> TilePath:
     """The instructions one tile runs: the hot path leaves out the `cold` blocks; the masked path
-    (include_cold) takes them and leaves out the `hot` ones (their alternatives)."""
+    (include_cold) takes them and leaves out the `hot` ones (their alternatives). A bulk copy's waterfall loop
+    (is_waterfall) is expanded `bulk_lanes` times (the most lanes of a warp that copy; 1: one elected thread, the
+    CUTLASS idiom), its iterations tagged with their lane (TilePath.bulk_lane); an mbarrier try_wait retry loop
+    (is_wait_loop) runs once."""
+    if bulk_lanes < 0:
+        raise ValueError(f"bulk_lanes must be >= 0, got {bulk_lanes}")
     inner = [lp for lp in f.loops() if loop.contains(lp)]
     direct = [lp for lp in inner if not any(o.contains(lp) for o in inner)]
     out = TilePath([])
@@ -296,20 +385,32 @@ def tile_path(f: Function, loop: Loop, cold: tuple[tuple[int, int], ...], cold_f
         return any(f and ln is not None and Path(f).resolve() == cold_path and any(a <= ln <= b for a, b in skip)
                    for f, ln in frames)
 
-    def emit(lo: int, hi: int, nested: list[Loop]) -> list[Instr]:
-        seq: list[Instr] = []
+    def emit(lo: int, hi: int, nested: list[Loop]) -> list[tuple[Instr, int]]:
+        seq: list[tuple[Instr, int]] = []
         i = lo
         while i <= hi:
             lp = next((x for x in nested if x.start == i), None)
             if lp is not None:
                 sub = [x for x in f.loops() if lp.contains(x)]
                 sub_direct = [x for x in sub if not any(o.contains(x) for o in sub)]
+                a, b = f.instrs[lp.start].addr, f.instrs[lp.end].addr
+                body = emit(lp.start, lp.end, sub_direct)
+                if is_waterfall(f, lp):  # one iteration per copying lane, each tagged with its lane
+                    if any(ins.op == "UBLKCP" for ins, _ in body):   # (not a block this path leaves out)
+                        out.waterfalls.append((a, b, bulk_lanes))
+                    seq += [(ins, k) for k in range(bulk_lanes) for ins, _ in body]
+                    i = lp.end + 1
+                    continue
+                if is_wait_loop(f, lp):
+                    out.wait_loops.append((a, b))
+                    seq += body
+                    i = lp.end + 1
+                    continue
                 trips = trip_count(f, lp)
                 if trips is None:
                     raise LookupError(f"trip count of the inner loop at 0x{f.instrs[lp.start].addr:x} "
                                       f"(source line {lp.branch.line}) could not be read from its induction variable")
-                body = emit(lp.start, lp.end, sub_direct)
-                out.inner_loops.append((f.instrs[lp.start].addr, f.instrs[lp.end].addr, trips))
+                out.inner_loops.append((a, b, trips))
                 seq += body * trips
                 i = lp.end + 1
                 continue
@@ -317,11 +418,15 @@ def tile_path(f: Function, loop: Loop, cold: tuple[tuple[int, int], ...], cold_f
             if left_out(ins):
                 out.excluded += 1
             else:
-                seq.append(ins)
+                seq.append((ins, -1))
             i += 1
         return seq
 
-    out.instrs = emit(loop.start, loop.end, direct)
+    seq = emit(loop.start, loop.end, direct)
+    out.instrs = [ins for ins, _ in seq]
+    out.bulk_lane = [k for _, k in seq]
+    index = {id(ins): k for k, ins in enumerate(f.instrs)}
+    out.bulk_sizes = {ins.addr: bulk_copy_size(f, index[id(ins)]) for ins in out.instrs if ins.op == "UBLKCP"}
     return out
 
 
@@ -378,6 +483,21 @@ class TileReading:
     hgmma_smem_bytes: int = 0
     hgmma_groups: int = 0
     wgmma_waits: int = 0
+    # bulk copies (UBLKCP, cp.async.bulk): on the path as read (a waterfall loop expanded by the copying lanes of
+    # the loader warp); sizes: address -> bytes read off the SASS, or None (set at run time: the caller's row bytes)
+    bulk_copies: int = 0
+    bulk_sizes: dict = field(default_factory=dict)
+    bulk_lanes: int = 0           # the lanes the waterfall loop was expanded by (0: no waterfall)
+    mbar_waits: int = 0           # SYNCS.PHASECHK (try_wait) on the path
+    mbar_arrives: int = 0         # SYNCS.ARRIVE* (arrive, arrive.expect_tx)
+
+    def bulk_size_source(self) -> str:
+        """Where the simulated bulk copies' sizes come from: "sass" (every size an immediate), "caller" (none
+        readable: the tile's row bytes), "sass+caller", or "" (no bulk copies)."""
+        if not self.bulk_sizes:
+            return ""
+        known = [v is not None for v in self.bulk_sizes.values()]
+        return "sass" if all(known) else ("caller" if not any(known) else "sass+caller")
 
     def to_dict(self, warps: int) -> dict:
         return {
@@ -393,6 +513,10 @@ class TileReading:
             "hgmma": self.hgmma, "hgmma_shapes": self.hgmma_shapes, "hgmma_n": self.hgmma_n,
             "hgmma_flops": self.hgmma_flops, "hgmma_smem_read_bytes": self.hgmma_smem_bytes * warps,
             "hgmma_groups": self.hgmma_groups, "wgmma_waits": self.wgmma_waits,
+            "bulk_copies": self.bulk_copies, "bulk_lanes": self.bulk_lanes,
+            "bulk_copy_bytes": {f"0x{a:x}": b for a, b in self.bulk_sizes.items()},
+            "bulk_size_source": self.bulk_size_source(), "mbar_waits": self.mbar_waits,
+            "mbar_arrives": self.mbar_arrives,
         }
 
 
@@ -422,4 +546,7 @@ def read_tile(path: TilePath) -> TileReading:
         hgmma_n=dict(Counter(hgmma_shape(i.opcode)[1] for i in hg)), hgmma_flops=sum(hgmma_flops(i) for i in hg),
         hgmma_smem_bytes=sum(smem_bytes(i)[0] for i in hg), hgmma_groups=sum(1 for i in hg if "gsb0" in i.operands),
         wgmma_waits=classes.get("wg_depbar", 0),
+        bulk_copies=classes.get("bulk_copy", 0), bulk_sizes=dict(path.bulk_sizes),
+        bulk_lanes=max((n for _, _, n in path.waterfalls), default=0), mbar_waits=classes.get("mbar_wait", 0),
+        mbar_arrives=classes.get("mbar_arrive", 0),
     )

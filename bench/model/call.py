@@ -158,10 +158,59 @@ def _row_bytes(case: Case, elem: int = 2) -> int:
 def copy_share(km: KernelModel, instrs, case: Case) -> float:
     """The fraction of the SASS path's cp.async bytes a CTA really copies per tile: its KV rows and their indices
     (the tile geometry) over what every lane of every warp would copy if all ran the loader (the SASS path
-    does not say which threads load; the 656-byte-row tile loads with one thread per row)."""
+    does not say which threads load; the 656-byte-row tile loads with one thread per row). With a bulk loader
+    (UBLKCP) the rows are the bulk copies': the cp.asyncs move the indices only."""
     sass_bytes = km.tile.num_warps * sum(smem_bytes(i)[1] for i in instrs if i.op == "LDGSTS")
-    want = km.tile.block_n * (_row_bytes(case) + 4)
+    bulk = any(i.op == "UBLKCP" for i in instrs)
+    want = km.tile.block_n * (4 + (0 if bulk else _row_bytes(case)))
     return min(1.0, want / sass_bytes) if sass_bytes else 1.0
+
+
+def bulk_loader_lanes(km: KernelModel) -> list[int]:
+    """Lanes of each warp of the CTA that issue bulk copies: the v1 bulk loader's BN first threads each copy one
+    whole KV row (csrc/tree_verify/traits.h, Tile::LOADER 1), so warp j has min(32, max(0, BN - 32 j))."""
+    bn = km.tile.block_n
+    return [min(32, max(0, bn - 32 * j)) for j in range(km.tile.num_warps)]
+
+
+def bulk_wait_distance(km: KernelModel) -> int:
+    """Iterations between a tile's bulk copies and the try_wait for them: the v1 loop issues the rows of tile
+    it + STAGES - 1 and waits at its top for the tile its S reads, it + 2 with one barrier per tile (it + 1 with
+    two), so for the copies issued STAGES - 3 (STAGES - 2) iterations earlier."""
+    t = km.tile
+    return max(0, t.num_stages - (3 if getattr(t, "bars", 2) == 1 else 2))
+
+
+def bulk_sizes(km: KernelModel, path, case: Case) -> tuple[dict, str]:
+    """(UBLKCP address -> bytes, where they come from) for the bulk copies of `path`: the SASS's immediates
+    (analysis.bulk_copy_size), else the caller's: the tile's KV row bytes (the kernel copies one row per thread),
+    shared evenly by the copies whose size the SASS sets at run time."""
+    sass_sizes = dict(getattr(path, "bulk_sizes", {}) or {})
+    known = {a: b for a, b in sass_sizes.items() if b is not None}
+    unknown = [a for a, b in sass_sizes.items() if b is None]
+    out = dict(known)
+    if unknown:
+        each = max(16.0, (_row_bytes(case) - sum(known.values())) / len(unknown))
+        out.update({a: each for a in unknown})
+    src = ("sass" if not unknown else "caller: the tile's row bytes" if not known
+           else "sass + caller (the row bytes less the SASS's sizes)")
+    return out, src
+
+
+def bulk_spec(km: KernelModel, path, case: Case, dev: DeviceModel, warps_per_sched: int, group: int):
+    """The sim.Bulk of a tile path with bulk copies, else None: the sizes (bulk_sizes), the copying lanes of each
+    simulated warp (the scheduler simulated holds CTA warps 0, 4, ...: warp 0, the loader), the wait distance
+    (bulk_wait_distance) and the schedulers whose warps copy (they share the SM's TMA unit)."""
+    instrs = path.instrs
+    if not any(i.op == "UBLKCP" for i in instrs):
+        return None
+    sizes, _ = bulk_sizes(km, path, case)
+    cta_lanes = bulk_loader_lanes(km)
+    lanes = tuple(cta_lanes[(w % group) * dev.schedulers] if (w % group) * dev.schedulers < len(cta_lanes) else 0
+                  for w in range(warps_per_sched))
+    issuing = len({j % dev.schedulers for j, n in enumerate(cta_lanes) if n > 0}) or dev.schedulers
+    return sim.Bulk(sizes=tuple(sorted(sizes.items())), lane_of=tuple(getattr(path, "bulk_lane", ()) or ()),
+                    lanes=lanes, wait_distance=bulk_wait_distance(km), issuing_schedulers=issuing)
 
 
 # constants the scheduler simulation does not read (it reads the others through instr_timing / simulate; the
@@ -173,8 +222,9 @@ _SIM_CACHE: dict = {}
 
 def _simulate(instrs, dev: DeviceModel, **kw) -> sim.SimResult:
     """sim.simulate, memoized on what it reads (the bands re-predict a call once per constant end)."""
+    bulk = any(i.op == "UBLKCP" for i in instrs)   # the bulk-copy constants matter to paths with bulk copies only
     consts = tuple((k, v.value) for k, v in sorted(dev.__dict__.items())
-                   if k not in _NOT_SIMULATED and hasattr(v, "value"))
+                   if k not in _NOT_SIMULATED and hasattr(v, "value") and (bulk or not k.startswith("bulk_")))
     key = (id(instrs), len(instrs), dev.key, consts, round(dev.dram_latency_cycles, 3), tuple(sorted(
         (k, frozenset(v.items()) if isinstance(v, dict) else v) for k, v in kw.items())))
     r = _SIM_CACHE.get(key)
@@ -189,7 +239,8 @@ def tile_cost(km: KernelModel, dev: DeviceModel, *, path: str, resident_ctas: in
               dram_sharers: float, case: Case) -> TileCost:
     """Cycles for one CTA to finish one KV tile, with `resident_ctas` CTAs on its SM."""
     reading = km.hot_reading if path == "hot" else km.cold_reading
-    instrs = km.hot.instrs if path == "hot" else km.cold.instrs
+    tp = km.hot if path == "hot" else km.cold
+    instrs = tp.instrs
     warps = km.tile.num_warps
     per_sched = max(1, resident_ctas * warps // dev.schedulers)
     group = max(1, warps // dev.schedulers)
@@ -199,10 +250,12 @@ def tile_cost(km: KernelModel, dev: DeviceModel, *, path: str, resident_ctas: in
     sm_l2 = dev.l2_bytes_per_clk / active_sms / max(1, resident_ctas)
     s = _simulate(instrs, dev, warps=per_sched, warps_per_barrier_group=group,
                   cp_bytes_per_clk=min(sm_dram, sm_l2) / dev.schedulers, copy_share=copy_share(km, instrs, case),
-                  bank_degree=getattr(km, "bank_degree", None) or None)
+                  bank_degree=getattr(km, "bank_degree", None) or None,
+                  **({"bulk": b} if (b := bulk_spec(km, tp, case, dev, per_sched, group)) is not None else {}))
     # throughput limits of the scheduler (for naming the bound the simulation hit)
+    bulk = any(i.op == "UBLKCP" for i in instrs)   # a warp issues only its own lanes' bulk-copy iterations
     terms = {
-        "issue": per_sched * reading.instructions,
+        "issue": per_sched * (s.issued_per_iter if bulk else reading.instructions),
         "tensor": s.pipe_busy.get("tensor", 0.0),
         "smem": s.pipe_busy.get("mio", 0.0) + s.pipe_busy.get("smem_async", 0.0),
         "mufu": s.pipe_busy.get("mufu", 0.0),
@@ -230,6 +283,19 @@ def tile_cost(km: KernelModel, dev: DeviceModel, *, path: str, resident_ctas: in
     else:
         bound = {dram: "dram", l2: "l2", little: "latency_littles_law", terms["smem"]: "smem"}[cyc]
     return TileCost(cyc, bound, allterms, s)
+
+
+def bulk_note(km: KernelModel, case: Case) -> str:
+    """How the bulk copies of the hot tile were read and simulated: counts, sizes and their source, the loader
+    lanes, the try_wait rule."""
+    sizes, src = bulk_sizes(km, km.hot, case)
+    lanes = bulk_loader_lanes(km)
+    loaders = [f"warp {j}: {n}" for j, n in enumerate(lanes) if n]
+    d = bulk_wait_distance(km)
+    return (f"bulk copies (cp.async.bulk, UBLKCP): {len(sizes)} per copying lane per tile, "
+            f"{', '.join(f'0x{a:x} {int(b)} B' for a, b in sorted(sizes.items()))} (size from {src}); copying lanes "
+            f"{'; '.join(loaders) or 'none'} (the BN first threads); each try_wait waits for the copies issued {d} "
+            f"iterations earlier (STAGES {km.tile.num_stages} - {km.tile.num_stages - d})")
 
 
 def combine_us(km: KernelModel, dev: DeviceModel, case: Case, splits: int) -> float:
@@ -315,6 +381,8 @@ def predict(km: KernelModel, dev: DeviceModel, case: Case, num_splits: Optional[
     wgmma = any(i.op == "HGMMA" for i in km.hot.instrs)  # sm_90a wgmma: judged at the datasheet (wgmma) rate
     if wgmma:
         notes.append("HGMMA (wgmma) tile: the floor uses the datasheet tensor rate, not the mma.sync-class one")
+    if any(i.op == "UBLKCP" for i in km.hot.instrs):
+        notes.append(bulk_note(km, case))
     fl = floor(c, dev, tensor_rate_tflops(dev, wgmma=wgmma, qmma=qmma))
     l2_bytes = ctas * tiles * (km.tile.block_n * _row_bytes(case) + 4 * km.tile.block_n)
     dram_bytes = kv_total * (mt / sharers)

@@ -97,6 +97,11 @@ class DeviceModel:
     # wgmma (sm_90a): cycles from the end of an HGMMA's tensor-pipe time to its commit group's completion
     # (what WARPGROUP.DEPBAR waits for); None on a device without wgmma
     hgmma_latency: Optional[Const] = None
+    # bulk copies (cp.async.bulk -> UBLKCP, sm_90+): SM cycles the SM's TMA unit takes per copy request (shared by
+    # the schedulers whose warps issue copies; the bytes then stream at the SM's DRAM / L2 share), and cycles a
+    # UBLKCP holds its warp (nothing else of the warp issues meanwhile); None: the device has no bulk copies
+    bulk_copy_cycles: Optional[Const] = None
+    bulk_issue_cycles: Optional[Const] = None
 
     # ---- derived quantities used by the simulator --------------------------------
     @property
@@ -164,6 +169,27 @@ _LDGSTS_H200 = Const(0.37, "measured",
                      "than a 16-row one at every depth: 0.21 ns per 16-byte cp.async, x 1.795 GHz", lo=0.30, hi=0.45,
                      why_range="the clock (1.6-1.98 GHz) and the lane layouts' spread (v2's 8-rows-per-warp layout "
                                "~15% dearer)")
+BULK_PROBE = ("the bulk-copy probe on this project's H200, 2026-12-04 (tests/data/bulk_issue_probe.cu, results "
+              "tests/data/bulk_issue_probe_h200.json; clock64 cycles, each number the difference of two copy counts)")
+_BULK_COPY_H200 = Const(3.28, "measured",
+                        BULK_PROBE + ": 32 warps per SM, each lane issuing 16-byte bulk copies from L2, complete at one "
+                        "copy per 3.28 SM cycles per SM (16,384 more copies in 53,660 more cycles, 1 and 132 CTAs "
+                        "alike); fewer warps are warp-bound (8 warps: 6.6 cycles per copy, 16: 3.7). Larger rows are "
+                        "bound by their bytes (1,152-byte rows: 10.6 cycles per copy on one SM, ~110 B/clk)",
+                        lo=2.6, hi=4.0, why_range="+-20%: the probe's own per-copy work (address math, expect_tx) shares "
+                                                  "the schedulers at 32 warps, so the unit may be faster; 4.0 for "
+                                                  "contention with other traffic")
+# the model reads the probe's waterfall iteration (ELECT, 3 R2UR, 2 PLOP3, UBLKCP, BRA.U.ANY) at 15.0 cycles without
+# the hold (tests/test_model_bulk.py reads it): 52.0 measured - 15.0 = 37.0
+_BULK_ISSUE_H200 = Const(37.0, "measured",
+                         BULK_PROBE + ": one warp's waterfall loop (one iteration per copying lane) takes 52.0 SM cycles "
+                         "per bulk copy (a round of copies: 79.2 cycles with 1 lane copying, 1,691 with 32) whatever "
+                         "the size (16 B or 1,152 B, L2 or DRAM) and with 1 to 8 warps per SM (59 at 16 warps); the "
+                         "model reads the loop's other instructions at 15.0 cycles, so a UBLKCP holds its warp 37.0. "
+                         "Which instruction of the loop really waits (the R2UR moves or the copy) is not separated",
+                         lo=31.0, hi=44.0,
+                         why_range="the model's own reading of the rest of the loop (R2UR at the ALU's assumed 4-cycle "
+                                   "latency: -6 over the loop) to 16 warps' 59-cycle iterations (+7)")
 _ALU_LAT = Const(4, "published", "FFMA/IADD3 dependent latency 4 cycles on Volta and later "
                                  "(arXiv 2402.13499 and 2501.12084 instruction-latency tables)")
 _SMEM_LAT = Const(30, "assumed", "shared-memory load latency ~23-33 cycles in Hopper microbenchmarks "
@@ -231,6 +257,7 @@ H200 = DeviceModel(
                         why_range="the two N's agree to the cycle; +-4 for the probe's own loop overhead"),
     ldgsts_cycles_per_chunk=_LDGSTS_H200,
     datasheet_tflops=Const(989.4, "published", CUDNN_FE),
+    bulk_copy_cycles=_BULK_COPY_H200, bulk_issue_cycles=_BULK_ISSUE_H200,
 )
 
 RTX_PRO_6000 = DeviceModel(
@@ -273,6 +300,14 @@ RTX_PRO_6000 = DeviceModel(
     ldgsts_cycles_per_chunk=Const(0.37, "assumed", "the H200's measured cost (KV stream probe); no sm_120 measurement",
                                   lo=0.30, hi=0.60, why_range="the H200's range, and up to 0.6 for a narrower L1 path"),
     datasheet_tflops=Const(503.8, "published", CUDNN_FE + " (RTX PRO 6000: 503.8 dense bf16 TFLOPS, fp32 accumulate)"),
+    bulk_copy_cycles=Const(3.28, "assumed", "the H200's measured TMA request rate (" + BULK_PROBE + "); no sm_120 "
+                                            "measurement. A public RTX 5090 (sm_120a) benchmark found cp.async.bulk "
+                                            "tiles slower than cp.async at 16-32 KB (kekzl/imp PR #169: 'fixed setup "
+                                            "overhead per tile')", lo=2.6, hi=8.0,
+                           why_range="the H200's range, up to 8 for a slower TMA unit on the workstation part"),
+    bulk_issue_cycles=Const(37.0, "assumed", "the H200's measured hold of a UBLKCP on its warp (" + BULK_PROBE +
+                                             "); no sm_120 measurement", lo=31.0, hi=60.0,
+                            why_range="the H200's range, up to 60 for a slower issue path on sm_120"),
     notes=("A public hand-written mma.sync GEMM reached 243 TFLOP/s on the 300 W Max-Q part "
            "(DESIGN.md section 5): the workstation card's sustained clock under tensor load may sit below 2.617 GHz.",),
 )

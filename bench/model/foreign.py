@@ -111,12 +111,22 @@ def predict(r: Reading, dev: DeviceModel, *, threads: int, grid: int, trips: int
         raise ValueError(f"{threads} threads x {r.registers} registers with {smem} B of shared memory do not fit an "
                          f"SM of {dev.name}")
     warps = threads // 32
+    # bulk copies (UBLKCP): one elected lane per warp copies (tile_path's default), sizes off the SASS, every
+    # try_wait waits for the previous iteration's copies (sim.Bulk's default); a size set at run time is refused
+    bulk = {}
+    if r.path.bulk_sizes:
+        unknown = [a for a, b in r.path.bulk_sizes.items() if b is None]
+        if unknown:
+            raise ValueError(f"bulk copies at {', '.join(hex(a) for a in unknown)} take their size at run time: "
+                             "a foreign kernel's bulk copies need sizes the SASS sets")
+        bulk = {"bulk": sim.Bulk(sizes=tuple(sorted(r.path.bulk_sizes.items())),
+                                 lane_of=tuple(r.path.bulk_lane))}
 
     def one(d: DeviceModel) -> tuple[float, sim.SimResult, int]:
         sms = int(d.sms.value)
         per_sched = max(1, ctas * warps // d.schedulers)
         s = sim.simulate(r.path.instrs, d, warps=per_sched, warps_per_barrier_group=max(1, warps // d.schedulers),
-                         cp_bytes_per_clk=d.l2_bytes_per_clk / sms / ctas / d.schedulers)
+                         cp_bytes_per_clk=d.l2_bytes_per_clk / sms / ctas / d.schedulers, **bulk)
         waves = math.ceil(grid / (ctas * sms))
         return waves * trips * s.cycles_per_iter / d.clock_hz * 1e6 + d.launch_us.value, s, waves
 

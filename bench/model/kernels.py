@@ -107,8 +107,12 @@ def load(arch: str, head: str, dtype: str, layout: str) -> tuple[KernelModel, ..
         if not tile.targets(arch):  # e.g. the wgmma tile built for sm_120a: compiled to nothing, never launched
             continue
         kfile, mk, lp = _marked_loop(f, "tile_loops")
-        hot = analysis.tile_path(f, lp, mk.cold, kfile, rare=mk.rare)
-        cold = analysis.tile_path(f, lp, mk.cold, kfile, include_cold=True, hot=mk.hot, rare=mk.rare)
+        # a bulk loader's waterfall loops: one iteration per copying lane of the loader warp (the BN first threads
+        # copy a row each: call.bulk_loader_lanes); paths without bulk copies are unaffected
+        lanes = min(32, tile.block_n)
+        hot = analysis.tile_path(f, lp, mk.cold, kfile, rare=mk.rare, bulk_lanes=lanes)
+        cold = analysis.tile_path(f, lp, mk.cold, kfile, include_cold=True, hot=mk.hot, rare=mk.rare,
+                                  bulk_lanes=lanes)
         comb_path, comb_regs, comb_per = combines.get(min(tile.version, 1), (None, 0, 1))  # v2 launches the v1 combine
         acc = banks.conflicts(f, warps=tile.num_warps)
         hot_addrs = {i.addr for i in hot.instrs}

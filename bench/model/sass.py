@@ -86,14 +86,29 @@ class Function:
         return self.labels[label]
 
     def loops(self) -> list["Loop"]:
-        """Every backward branch closes a loop [target, branch] (indices into instrs)."""
+        """Every backward branch closes a loop [target, branch] (indices into instrs), except the return jump of
+        an out-of-line mbarrier try_wait retry (`_is_retry_return`)."""
         out = []
         for i, ins in enumerate(self.instrs):
             if ins.op in ("BRA", "BRX") and ins.target is not None and ins.target in self.labels:
                 t = self.labels[ins.target]
-                if t <= i:
+                if t <= i and not self._is_retry_return(t, i):
                     out.append(Loop(t, i, ins))
         return out
+
+    def _is_retry_return(self, t: int, i: int) -> bool:
+        """nvcc places an mbarrier try_wait's retry loop out of line: `@!P0 BRA .L_retry` after the first
+        `SYNCS.PHASECHK...TRYWAIT`, and at the function's end `.L_retry: TRYWAIT; @!P0 BRA .L_retry; BRA .L_back`,
+        .L_back the instruction after the forward branch. That unconditional jump back is no loop of the code
+        between .L_back and the retry block: it is taken once, when the wait succeeds."""
+        br = self.instrs[i]
+        if br.pred or t == 0:
+            return False
+        out = self.instrs[t - 1]
+        if out.op != "BRA" or not out.pred or out.target not in self.labels:
+            return False
+        k = self.labels[out.target]
+        return t <= k <= i and any(x.op == "SYNCS" and "PHASECHK" in x.mods for x in self.instrs[k:i + 1])
 
 
 @dataclass(frozen=True)
@@ -206,6 +221,38 @@ def _decode_hgmma(ins: Instr) -> None:
             ins.srcs.append((r[0], acc))
 
 
+def _decode_syncs(ins: Instr) -> None:
+    """SYNCS (sm_90+ mbarrier operations): `SYNCS.EXCH.64 URZ, [UR6], UR4` (mbarrier.init), `SYNCS.ARRIVE.TRANS64
+    RZ, [UR11], R8` (arrive.expect_tx: R8 bytes; `.A1T0` etc. a plain arrive), `SYNCS.PHASECHK.TRANS64.TRYWAIT P0,
+    [UR11], R17` (try_wait.parity: P0 = the phase completed). The first operand, outside brackets, is written (the
+    predicate of a PHASECHK, the state of an arrive / exchange); the barrier address and the rest are read."""
+    for i, o in enumerate(ins.operands):
+        if "[" in o:
+            ins.srcs += _mem_regs(o)
+            continue
+        r = _reg_of(o)
+        if r is None or _is_zero(r[0]):
+            continue
+        if i == 0:
+            ins.dsts.append((r[0], 2 if ("64" in ins.mods and not r[0].startswith(("P", "UP"))
+                                         and "PHASECHK" not in ins.mods) else 1))
+        else:
+            ins.srcs.append((r[0], 2 if r[1] else 1))
+
+
+def _decode_ublkcp(ins: Instr) -> None:
+    """UBLKCP (cp.async.bulk, global -> shared): `UBLKCP.S.G [URd], [URs], URn`. Uniform operands: URd..URd+1 the
+    shared destination and the mbarrier address (nvcc moves both with R2UR right before it), URs..URs+1 the 64-bit
+    global source, URn the size in 16-byte units. Writes no register."""
+    for o in ins.operands:
+        if "[" in o:
+            ins.srcs += [(r, 2) for r, _ in _mem_regs(o)]
+            continue
+        r = _reg_of(o)
+        if r and not _is_zero(r[0]):
+            ins.srcs.append((r[0], 1))
+
+
 def decode_registers(ins: Instr) -> None:
     """Fill ins.dsts / ins.srcs from its opcode and operands."""
     op, ops = ins.op, ins.operands
@@ -219,6 +266,12 @@ def decode_registers(ins: Instr) -> None:
             ins.dsts = [(regs[0][0], wd)]
             ins.srcs = [(regs[1][0], wa), (regs[2][0], wb), (regs[3][0], wc)]
             ins.srcs += [(r[0], 1) for r in (_reg_of(o) for o in ops[4:]) if r]
+        return
+    if op == "SYNCS":
+        _decode_syncs(ins)
+        return
+    if op == "UBLKCP":
+        _decode_ublkcp(ins)
         return
     if op in _NO_DST:
         w = _data_width(ins.opcode) if op in ("STS", "STG", "ST", "STL", "RED", "REDG") else 1

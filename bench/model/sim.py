@@ -25,6 +25,12 @@ done and completes `hgmma_latency` cycles later. Its accumulators are no scorebo
 dependency (the next HGMMA of a chain issues at once); an HGMMA carrying `gsb0`
 closes the warp's open commit group, and `WARPGROUP.DEPBAR.LE gsb0, K` holds the warp
 until all but its K most recent committed groups have completed.
+
+Bulk copies (cp.async.bulk -> UBLKCP, `Bulk`) go through the SM's TMA unit, not the LSU: each takes the unit
+`bulk_copy_cycles` and holds its warp `bulk_issue_cycles` (both measured on the H200), its bytes stream and land like
+a cp.async's, and a warp runs only its own copying lanes' iterations of nvcc's per-lane waterfall loop. An mbarrier
+try_wait (`SYNCS.PHASECHK...TRYWAIT`) in iteration j holds its warp until the bulk copies of iteration j - d of its
+barrier group landed, d the kernel's pipeline distance (`Bulk.wait_distance`; bench/model/README.md).
 """
 from __future__ import annotations
 
@@ -45,6 +51,7 @@ class Timing:
     wgmma: bool = False      # HGMMA: queued on `pipe` without holding its warp; `latency` counts from its pipe end
     operand_smem: float = 0.0  # HGMMA: cycles its shared-memory operands take at the scheduler's smem share
     holds_sources: bool = False  # its source registers stay in use until its pipe time ends (cp.async's addresses)
+    hold: float = 0.0        # cycles its warp issues nothing after it (a bulk copy's issue, devices.bulk_issue_cycles)
 
 
 def instr_timing(ins: Instr, dev: DeviceModel, ldg_latency: float) -> Timing:
@@ -66,6 +73,19 @@ def instr_timing(ins: Instr, dev: DeviceModel, ldg_latency: float) -> Timing:
                       wgmma=True, operand_smem=rd / (dev.smem_bytes_per_clk_sm.value / dev.schedulers))
     if c in ("wg_arrive", "wg_depbar", "fence_async"):  # an issue slot; DEPBAR's wait is the simulator's
         return Timing("branch", 1.0, 0.0)
+    if c == "bulk_copy":
+        # cp.async.bulk: one request to the SM's TMA unit (devices.bulk_copy_cycles SM cycles; a quarter of the unit
+        # per scheduler, as for the LSU: `simulate` rescales it to the schedulers that issue copies), its warp held
+        # devices.bulk_issue_cycles; its bytes (Bulk.sizes) stream and land in `simulate`, off the LSU
+        if dev.bulk_copy_cycles is None or dev.bulk_issue_cycles is None:
+            raise ValueError(f"UBLKCP (cp.async.bulk) in a loop simulated on {dev.name} ({dev.arch}), whose model has "
+                             "no bulk-copy constants")
+        return Timing("tma", dev.bulk_copy_cycles.value * dev.schedulers, 0.0, hold=dev.bulk_issue_cycles.value)
+    if c in ("mbar_wait", "mbar_arrive", "mbar"):  # an issue slot; a try_wait's wait is the simulator's (Bulk)
+        return Timing("branch", 1.0, 0.0)
+    if c == "tma_other":
+        raise ValueError(f"{ins.opcode} at 0x{ins.addr:x}: tensor-map TMA and bulk stores / reductions / prefetches "
+                         "are not modelled (only UBLKCP, the 1D bulk copy global -> shared)")
     if c == "ldgsts":
         # cp.async: the LSU takes each 16-byte request in turn (measured: devices.ldgsts_cycles_per_chunk SM cycles;
         # a quarter of the SM's LSU per scheduler), in the same queue as LDS / LDSM, and the warp cannot rewrite
@@ -129,6 +149,30 @@ def wgmma_wait_depth(ins: Instr):
     return int(ins.operands[1], 0)
 
 
+@dataclass(frozen=True)
+class Bulk:
+    """What `simulate` needs to run a path's bulk copies (UBLKCP) and mbarrier waits (SYNCS.PHASECHK ... TRYWAIT).
+
+    sizes:    (UBLKCP address, bytes per copy) for every UBLKCP of the body (read off the SASS, else the caller's);
+    lane_of:  per body instruction, the copying lane whose waterfall iteration it belongs to, else -1
+              (analysis.TilePath.bulk_lane); empty: every warp runs every iteration;
+    lanes:    per simulated warp, how many lanes of it copy (its waterfall iterations k < lanes run, the others are
+              skipped: nvcc's loop runs once per lane that copies); empty: all of the path's;
+    wait_distance: a try_wait in iteration j waits for the bulk copies of iteration j - d (and earlier) of every warp
+              of its barrier group, the copies of the tile the loop consumes (issued d iterations ahead); None: 0 when
+              every UBLKCP of the body precedes its first wait, else 1 (the tightest pipeline);
+    issuing_schedulers: the SM's schedulers whose warps issue copies: they share the TMA unit, the copies' stream
+              (`cp_bytes_per_clk` is a scheduler's quarter of the SM's) and the shared-memory landing, each a quarter
+              share becoming 1 / this; None: all of them;
+    share:    scales every copy's bytes (the fraction of the path's copies' bytes a CTA really moves)."""
+    sizes: tuple[tuple[int, float], ...]
+    lane_of: tuple[int, ...] = ()
+    lanes: tuple[int, ...] = ()
+    wait_distance: int | None = None
+    issuing_schedulers: int | None = None
+    share: float = 1.0
+
+
 @dataclass
 class SimResult:
     cycles_per_iter: float          # steady-state cycles for every warp of the scheduler to finish one iteration
@@ -150,7 +194,8 @@ class SimResult:
 def simulate(body: list[Instr], dev: DeviceModel, *, warps: int, warps_per_barrier_group: int,
              iters: int = 6, ldg_latency: float | None = None, cp_latency: float | None = None,
              cp_bytes_per_clk: float | None = None, copy_share: float = 1.0, bank_degree: dict | None = None,
-             timing: Callable[[Instr, DeviceModel, float], Timing] = instr_timing) -> SimResult:
+             timing: Callable[[Instr, DeviceModel, float], Timing] = instr_timing, bulk: Bulk | None = None
+             ) -> SimResult:
     """Cycles per loop iteration of `warps` warps sharing one scheduler (steady state).
 
     cp.async (LDGSTS) lands `cp_latency` cycles (default: the device's loaded DRAM latency) after the LSU took
@@ -164,7 +209,18 @@ def simulate(body: list[Instr], dev: DeviceModel, *, warps: int, warps_per_barri
     LDGSTS's LSU time and bytes: the fraction of the warps' lanes that really copy where a loader uses some threads
     only (the SASS path is every warp's; the caller knows the tile's bytes). `bank_degree` ({instruction address:
     wavefronts / conflict-free wavefronts}, bench.model.banks) multiplies a conflicted LDS / STS / LDSM's time in
-    the shared-memory pipe: wavefronts are charged, not instructions."""
+    the shared-memory pipe: wavefronts are charged, not instructions.
+
+    Bulk copies (UBLKCP, `bulk`: sizes, copying lanes per warp, the wait distance): each takes the SM's TMA unit
+    devices.bulk_copy_cycles (shared by the schedulers that issue copies) and holds its warp
+    devices.bulk_issue_cycles; its bytes go through no LSU: they stream at `cp_bytes_per_clk` with the cp.asyncs and
+    land `cp_latency` later, into shared memory ("smem_async"). A warp runs the waterfall iterations of its own
+    copying lanes only (a non-loader warp none). `SYNCS.PHASECHK...TRYWAIT` (mbarrier.try_wait) in iteration j holds
+    the warp until every warp of its barrier group has issued its copies of iteration j - wait_distance and they
+    landed: the mbarrier completes when the tile's copies, all loader threads', are in. Copies issued before the
+    loop (iteration < 0, the prologue's) are taken as landed. Not modelled: which mbarrier a wait names (every
+    try_wait is read as the wait for the tile the loop consumes; a wait for consumers' arrivals, an "empty"
+    barrier, is not distinguished), the TMA unit's limit on copies in flight, and LDG ordering behind bulk copies."""
     if warps < 1 or not body:
         raise ValueError("simulate: needs >= 1 warp and a non-empty loop body")
     ldg_lat = dev.dram_latency_cycles if ldg_latency is None else ldg_latency
@@ -176,6 +232,53 @@ def simulate(body: list[Instr], dev: DeviceModel, *, warps: int, warps_per_barri
     if copy_share < 1.0:
         tim = [replace(t, interval=max(1.0, t.interval * copy_share), async_smem=t.async_smem * copy_share)
                if b.op == "LDGSTS" else t for t, b in zip(tim, body)]
+    n = len(body)
+    is_bulk = [classify(i) == "bulk_copy" for i in body]
+    bulk_wait = [classify(i) == "mbar_wait" for i in body]
+    bulk_bytes = [0.0] * n
+    seqs: list[list[int]] = []          # per warp, the body indices it runs (a warp skips other lanes' copies)
+    d_wait = 0
+    if any(is_bulk) or (bulk is not None and any(bulk_wait)):
+        if bulk is None:
+            raise ValueError("simulate: the body has bulk copies (UBLKCP): pass sim.Bulk (their sizes, the copying "
+                             "lanes per warp, the wait distance)")
+        sizes = dict(bulk.sizes)
+        missing = sorted({b.addr for b, c in zip(body, is_bulk) if c and b.addr not in sizes})
+        if missing:
+            raise ValueError(f"simulate: no size for the bulk copies at {', '.join(f'0x{a:x}' for a in missing)}")
+        if bulk.lane_of and len(bulk.lane_of) != n:
+            raise ValueError("simulate: Bulk.lane_of must have one entry per body instruction")
+        # the schedulers that issue copies have the SM's TMA unit, its copy stream and its shared-memory landing
+        # to themselves: a scheduler's quarter shares become 1 / issuing_schedulers (a stream `scale` times faster)
+        scale = max(1, bulk.issuing_schedulers or dev.schedulers) / dev.schedulers
+        smem_share = dev.smem_bytes_per_clk_sm.value / dev.schedulers
+        for k, b in enumerate(body):
+            if is_bulk[k]:
+                bulk_bytes[k] = bulk.share * sizes[b.addr] * scale   # in this scheduler's stream's bytes
+                tim[k] = replace(tim[k], interval=tim[k].interval * scale, async_smem=bulk_bytes[k] / smem_share)
+        lane_of = bulk.lane_of or (-1,) * n
+        for w in range(warps):
+            lanes = bulk.lanes[w % len(bulk.lanes)] if bulk.lanes else None
+            seqs.append([k for k in range(n) if lanes is None or lane_of[k] < lanes])
+        copies = [k for k in range(n) if is_bulk[k]]
+        waits = [k for k in range(n) if bulk_wait[k]]
+        if bulk.wait_distance is None:
+            d_wait = 0 if copies and waits and max(copies) < min(waits) else 1
+        else:
+            d_wait = bulk.wait_distance
+        if d_wait < 0:
+            raise ValueError(f"simulate: Bulk.wait_distance must be >= 0, got {d_wait}")
+        if d_wait == 0 and copies and waits and min(waits) < max(copies):
+            raise ValueError("simulate: a try_wait before the iteration's last bulk copy cannot wait for that "
+                             "iteration's copies (wait_distance 0): give the pipeline's distance")
+        if d_wait >= 2 and waits:   # enough iterations to reach the pipeline's steady state, and one full period
+            iters = max(iters, 2 * d_wait + 2)
+    else:
+        seqs = [list(range(n))] * warps
+    seq_len = [len(q) for q in seqs]
+    if not all(seq_len):
+        raise ValueError("simulate: a warp would run no instruction of the body (every one a skipped lane's)")
+    bulk_last = [max((p for p, k in enumerate(q) if is_bulk[k]), default=-1) for q in seqs]
     reads = [i.regs_read() for i in body]
     writes = [i.regs_written() for i in body]
     is_bar = [i.op == "BAR" for i in body]
@@ -184,8 +287,8 @@ def simulate(body: list[Instr], dev: DeviceModel, *, warps: int, warps_per_barri
     cp_wait = [cp_async_wait_depth(i) for i in body]                      # N of DEPBAR.LE SB0, N
     cp_commit = [i.op == "LDGDEPBAR" for i in body]
     is_copy = [i.op == "LDGSTS" for i in body]
-    n = len(body)
     group_of = [w // max(1, warps_per_barrier_group) for w in range(warps)]
+    members_of = {g: [x for x in range(warps) if group_of[x] == g] for g in set(group_of)}
 
     pc = [0] * warps                       # index into the unrolled stream (iteration * n + i)
     ready: list[dict[str, float]] = [dict() for _ in range(warps)]
@@ -196,7 +299,7 @@ def simulate(body: list[Instr], dev: DeviceModel, *, warps: int, warps_per_barri
     pipe_free: dict[str, float] = {}
     pipe_busy: dict[str, float] = {}
     finish = [[0.0] * iters for _ in range(warps)]
-    total = n * iters
+    totals = [q * iters for q in seq_len]
     t = 0.0
     last = 0
     trace: list[tuple[float, float, int]] = []
@@ -211,12 +314,21 @@ def simulate(body: list[Instr], dev: DeviceModel, *, warps: int, warps_per_barri
     cp_last = [0.0] * warps         # latest landing of any of the warp's copies
     stream_free = 0.0               # the scheduler's share of the copies' bandwidth
     is_ldg = [classify(i) == "ldg" for i in body]
+    bulk_land = [[0.0] * iters for _ in range(warps)]   # latest landing of each warp's bulk copies per iteration
+    bulk_issued = [-1 if bulk_last[w] >= 0 else iters for w in range(warps)]  # last iteration whose copies issued
 
     def earliest(w: int) -> float:
-        if pc[w] >= total or waiting_bar[w]:
+        if pc[w] >= totals[w] or waiting_bar[w]:
             return float("inf")
-        i = pc[w] % n
+        i = seqs[w][pc[w] % seq_len[w]]
         e = max(t, held_until[w], 0.0 if tim[i].wgmma else pipe_free.get(tim[i].pipe, 0.0))
+        if bulk_wait[i]:   # mbarrier try_wait: the copies of iteration j - d, every loader of the group's
+            k = pc[w] // seq_len[w] - d_wait
+            if k >= 0:
+                for x in members_of[group_of[w]]:
+                    if bulk_issued[x] < k:
+                        return float("inf")   # not issued yet: the warp waits for the loader
+                    e = max(e, max(bulk_land[x][:k + 1]))
         k = depbar[i]
         if k is not None and len(groups[w]) > k:
             e = max(e, groups[w][-k - 1])
@@ -236,7 +348,7 @@ def simulate(body: list[Instr], dev: DeviceModel, *, warps: int, warps_per_barri
                     e = v
         return e
 
-    while any(pc[w] < total for w in range(warps)):
+    while any(pc[w] < totals[w] for w in range(warps)):
         # greedy: keep issuing the last warp while it can; else the oldest ready warp
         order = [last] + [w for w in range(warps) if w != last]
         best_w, best_t = -1, float("inf")
@@ -251,7 +363,8 @@ def simulate(body: list[Instr], dev: DeviceModel, *, warps: int, warps_per_barri
             raise RuntimeError("simulate: every warp is blocked (barrier deadlock in the loop body?)")
         t = max(t, best_t)
         w = best_w
-        i = pc[w] % n
+        i = seqs[w][pc[w] % seq_len[w]]
+        it = pc[w] // seq_len[w]
         tm = tim[i]
         pipe_busy[tm.pipe] = pipe_busy.get(tm.pipe, 0.0) + tm.interval
         if tm.async_smem:
@@ -277,7 +390,17 @@ def simulate(body: list[Instr], dev: DeviceModel, *, warps: int, warps_per_barri
                     held[w][r] = t + tm.interval
         if depbar[i] is not None:  # issued: every group older than the K most recent has completed
             groups[w] = groups[w][-depbar[i]:] if depbar[i] else []
-        if is_copy[i]:
+        if tm.hold:
+            held_until[w] = max(held_until[w], t + tm.hold)
+        if is_bulk[i]:  # off the LSU: the TMA unit's time, then the bytes stream and land
+            start = t + tm.interval
+            if cp_bytes_per_clk:
+                stream_free = max(stream_free, start) + bulk_bytes[i] / cp_bytes_per_clk
+                start = stream_free
+            bulk_land[w][it] = max(bulk_land[w][it], start + cp_lat)
+            if pc[w] % seq_len[w] == bulk_last[w]:
+                bulk_issued[w] = it
+        elif is_copy[i]:
             start = t + tm.interval
             if cp_bytes_per_clk:
                 stream_free = max(stream_free, start) + copy_share * smem_bytes(body[i])[1] / cp_bytes_per_clk
@@ -289,7 +412,6 @@ def simulate(body: list[Instr], dev: DeviceModel, *, warps: int, warps_per_barri
             cp_open[w] = 0.0
         elif cp_wait[i] is not None:
             cp_groups[w] = cp_groups[w][-cp_wait[i]:] if cp_wait[i] else []
-        it = pc[w] // n
         if w == 0 and it == iters - 1:
             trace.append((t, t - prev_issue, i))
         if it == iters - 1:
@@ -299,10 +421,10 @@ def simulate(body: list[Instr], dev: DeviceModel, *, warps: int, warps_per_barri
         pc[w] += 1
         last = w
         if is_bar[i]:
-            key = (group_of[w], pc[w])
+            key = (group_of[w], it, i)
             arr = bar_arrivals.setdefault(key, [])
             arr.append(t)
-            members = [x for x in range(warps) if group_of[x] == group_of[w]]
+            members = members_of[group_of[w]]
             if len(arr) == len(members):
                 rel = max(arr) + dev.bar_latency.value
                 for x in members:
@@ -311,16 +433,20 @@ def simulate(body: list[Instr], dev: DeviceModel, *, warps: int, warps_per_barri
                 del bar_arrivals[key]
             else:
                 waiting_bar[w] = True
-        if pc[w] % n == 0:  # an iteration ends when its last instruction issued and its wgmmas are done
+        if pc[w] % seq_len[w] == 0:  # an iteration ends when its last instruction issued and its wgmmas are done
             finish[w][it] = max(t + 1, wgmma_done[w])
         t += 1  # one issue per cycle per scheduler
 
-    # steady state: the later half of the iterations
-    k0 = max(1, iters // 2)
     ends = [max(finish[w][k] for w in range(warps)) for k in range(iters)]
-    per_iter = (ends[-1] - ends[k0 - 1]) / (iters - k0)
+    if d_wait >= 2 and any(bulk_wait):
+        # a try_wait d iterations behind its copies: one full period of d iterations, after the first d
+        per_iter = (ends[-1] - ends[-1 - d_wait]) / d_wait
+    else:
+        # steady state: the later half of the iterations
+        k0 = max(1, iters // 2)
+        per_iter = (ends[-1] - ends[k0 - 1]) / (iters - k0)
     busy = {p: v / iters for p, v in pipe_busy.items()}
-    return SimResult(per_iter, float(n), busy, warps, iters, ends[-1], finish, trace, full_trace)
+    return SimResult(per_iter, sum(seq_len) / warps, busy, warps, iters, ends[-1], finish, trace, full_trace)
 
 
 def pipe_gaps(body: list[Instr], res: SimResult, pipe: str, dev: DeviceModel, min_gap: float = 40.0) -> list[str]:
