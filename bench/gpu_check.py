@@ -16,8 +16,8 @@ the budget is skipped and said so. Stages, in order of value:
   kvstream   the KV stream probe: the loader alone (scattered 1152-byte rows through a cp.async ring),
              bandwidth against bytes in flight, lane layout and row-id source (the model's memory term)
   headline   bench.verify at 185k, 16 nodes, page1: cuda v2, v1, v0 side by side, v1's bulk-loader tiles
-             (cuda@m32n16w8s8, s6) and its cp.async 16-token tile (s4), triton, triton-serial
-  sweep      bench.verify 185k..4k x trees 16, 64, 1 x page1 / paged: cuda v2, v1 and v1 bulk (s8)
+             (cuda@m32n32w8s5, cuda@m32n16w8s8) and its cp.async 16-token tile (s4), triton, triton-serial
+  sweep      bench.verify 185k..4k x trees 16, 64, 1 x page1 / paged: cuda v2, v1 and v1 bulk (m32n32w8s5)
   ncu        Nsight Compute on v1's bulk-loader and cp.async split kernels at 185k / 16 nodes (speed of light,
              shared-memory wavefronts and bank conflicts, warp stalls), if ncu is there
   peers      the serving engines' kernels beside ours: SGLang's Triton extend_attention (the serial
@@ -237,17 +237,17 @@ def plan(out: Path, a: argparse.Namespace) -> list[Stage]:
         Stage("kvstream", [PY, "-m", "bench.ceilings", "--kv-stream", str(out / "kv_stream.json")], cap_s=20,
               min_s=10),
         Stage("headline", v + ["--ctx", "185k", "--tree", "16", "--layout", "page1",
-                               "--backend", "cuda@v2,cuda@v1,cuda@v0,cuda@m32n16w8s8,cuda@m32n16w8s6,cuda@m32n16w8s4,"
+                               "--backend", "cuda@v2,cuda@v1,cuda@v0,cuda@m32n32w8s5,cuda@m32n16w8s8,cuda@m32n16w8s4,"
                                "triton,triton-serial", "--json",
                                str(out / "headline.json"), "--csv", str(out / "headline.csv")], cap_s=30, min_s=20),
         Stage("sweep", v + ["--ctx", "185k,64k,16k,4k", "--tree", "16,64,1", "--layout", "page1,paged",
-                            "--backend", "cuda@v2,cuda@v1,cuda@m32n16w8s8", "--json", str(out / "sweep.json"),
+                            "--backend", "cuda@v2,cuda@v1,cuda@m32n32w8s5", "--json", str(out / "sweep.json"),
                             "--csv", str(out / "sweep.csv"), "--plot", str(out / "sweep.png")], cap_s=45, min_s=25),
         Stage("ncu", ["ncu", "--clock-control", "none", "--target-processes", "all", "-k",
                       "regex:tree_verify_split", "--launch-skip", "2", "-c", "2",
                       *(a.ncu_args.split() if a.ncu_args else NCU_RAW), "--csv", "--log-file",
                       str(out / ("ncu_source.csv" if a.ncu_args and "source" in a.ncu_args else "ncu_raw.csv")),
-                      PY, "-m", "bench.ncu_probe", "--warm", "--versions", "m32n16w8s8,v1"],
+                      PY, "-m", "bench.ncu_probe", "--warm", "--versions", "m32n32w8s5,v1"],
               cap_s=25, min_s=20, needs="ncu", kernels=("mla576_bf16_page1",)),
         Stage("peers", v + ["--ctx", "4k,32k,185k", "--tree", "16", "--layout", "page1",
                             "--backend", "cuda,sglang-extend,triton-serial", "--reps", "10",
@@ -277,7 +277,7 @@ def plan(out: Path, a: argparse.Namespace) -> list[Stage]:
     ]
     if a.knockout:   # where the tile's time goes: variants without the copies / index loads / v2's exchange
         stages.insert(2, Stage("knockout", [PY, "-m", "bench.knockout", "--ctx", "185k", "--tree", "16,64",
-                                            "--variants", a.knockout, "--versions", "v2,v1,m32n16w8s8",
+                                            "--variants", a.knockout, "--versions", "v2,v1,m32n32w8s5",
                                             "--json", str(out / "knockout.json")], cap_s=100, min_s=40))
     if a.e2e:
         stages.append(Stage("e2e", [PY, "-m", "integration.measure.bench_e2e", "--model", "kimi-k2-tp8", "--simulate-rank",

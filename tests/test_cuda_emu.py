@@ -50,8 +50,8 @@ MLA_A, MLA_B = (32, 16, 4, 3), (16, 32, 4, 2)
 V1_A, V1_B, V1_C = (32, 16, 8, 4), (32, 16, 8, 3), (32, 32, 8, 4)
 # v2 (wgmma, sm_90a only): 64 rows, 2 warpgroups, 32 tokens, 3 stages
 V2 = (64, 32, 8, 3)
-# v1 with the bulk loader (sm_90a only): 32x16, one barrier per tile, 8 and 6 stages
-V1_BULK8, V1_BULK6 = (32, 16, 8, 8), (32, 16, 8, 6)
+# v1 with the bulk loader (sm_90a only), one barrier per tile: 32x16 x 8 stages, 32x32 x 5 stages
+V1_BULK8, V1_BULK32 = (32, 16, 8, 8), (32, 32, 8, 5)
 G128_A, G128_B = (64, 32, 4, 2), (128, 32, 8, 2)
 
 SCHEDULES = ("forward", "warp-ahead", "warp-ahead-reverse", "random", "reverse")
@@ -92,13 +92,13 @@ MATRIX: list[tuple[CaseSpec, KernelConfig | None]] = [
     # MLA, kernel v1 with the bulk loader (cp.async.bulk rows on mbarriers): page sizes 1, 3, 5, 7, 16, 64,
     # odd lengths (rows past the end zero-filled by their threads), empty splits, 2 mask words, mixed batches
     (CaseSpec((97,), (7,), "chain", dtype=BF, seed=51, **MLA), cfg(3, *V1_BULK8)),
-    (CaseSpec((0,), (6,), "deep", dtype=FP, seed=52, **MLA), cfg(4, *V1_BULK6)),
+    (CaseSpec((0,), (6,), "deep", dtype=FP, seed=52, **MLA), cfg(4, *V1_BULK32)),
     (CaseSpec((20,), (37,), "bushy", dtype=BF, seed=53, **MLA), cfg(2, *V1_BULK8)),
-    (CaseSpec((0, 54, 1), (1, 9, 4), "bushy", dtype=BF, page_size=16, seed=54, **MLA), cfg(5, *V1_BULK6)),
+    (CaseSpec((0, 54, 1), (1, 9, 4), "bushy", dtype=BF, page_size=16, seed=54, **MLA), cfg(5, *V1_BULK32)),
     (CaseSpec((45, 7), (8, 2), "deep", dtype=FP, page_size=3, seed=55, **MLA), cfg(3, *V1_BULK8)),
-    (CaseSpec((61,), (5,), "star", dtype=BF, page_size=5, seed=56, **MLA), cfg(2, *V1_BULK6)),
+    (CaseSpec((61,), (5,), "star", dtype=BF, page_size=5, seed=56, **MLA), cfg(2, *V1_BULK32)),
     (CaseSpec((33, 190), (3, 11), "bushy", dtype=BF, page_size=7, seed=57, **MLA), cfg(2, *V1_BULK8)),
-    (CaseSpec((130,), (3,), "chain", dtype=FP, page_size=64, seed=58, **MLA), cfg(16, *V1_BULK6)),
+    (CaseSpec((130,), (3,), "chain", dtype=FP, page_size=64, seed=58, **MLA), cfg(16, *V1_BULK32)),
     # v0 at page sizes 3 and 7 too
     (CaseSpec((50, 3), (6, 2), "bushy", dtype=BF, page_size=3, seed=29, **MLA), cfg(2, *MLA_B)),
     (CaseSpec((44,), (9,), "deep", dtype=FP, page_size=7, seed=30, **MLA), cfg(3, *MLA_A)),
@@ -346,7 +346,7 @@ def test_every_v1_barrier_is_needed_and_caught(emu, tile):
     assert not missed, f"skipping v1 block_sync call(s) {missed} went unnoticed in every strict mode"
 
 
-@pytest.mark.parametrize("tile", [V1_BULK8, V1_BULK6], ids=["bulk-s8", "bulk-s6"])
+@pytest.mark.parametrize("tile", [V1_BULK8, V1_BULK32], ids=["bulk-n16s8", "bulk-n32s5"])
 def test_every_v1_bulk_barrier_and_mbarrier_wait_is_needed_and_caught(emu, tile):
     # v1 with the bulk loader: barrier 0 publishes the mbarriers' init (the emulator reports a barrier used
     # by another thread before a block_sync followed its init), 1 Q landed (and the prologue tiles' rows

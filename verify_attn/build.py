@@ -94,10 +94,11 @@ class Tile:
 _FP8_F16_TILE = Tile(32, 32, 4, 2, 3, version=1, sn=2, fp8_mma=0)
 # v1's sm_90-only tile (199 KB: 32 tokens x 4 stages, one barrier per tile)
 _V1_SM90_TILE = Tile(32, 32, 2, 4, 4, version=1, sn=2, archs=("sm_90a",), bars=1)
-# v1 with the bulk loader (cp.async.bulk per KV row, mbarrier stages), sm_90a only: 16-token tiles, one
-# barrier per tile, 8 stages (5 tiles, 92 KB, in flight while 3 are read) or 6 (3 in flight)
+# v1 with the bulk loader (cp.async.bulk per KV row, mbarrier stages, the rows spread over the warps), sm_90a
+# only, one barrier per tile: 16 tokens x 8 stages (5 tiles, 92 KB, in flight while 3 are read), Dqk split 4;
+# 32 tokens x 5 stages (2 tiles, 75 KB, in flight), Dqk split 2
 _V1_BULK_S8 = Tile(32, 16, 2, 4, 8, version=1, sn=2, archs=("sm_90a",), bars=1, loader=1)
-_V1_BULK_S6 = Tile(32, 16, 2, 4, 6, version=1, sn=2, archs=("sm_90a",), bars=1, loader=1)
+_V1_BULK_N32 = Tile(32, 32, 4, 2, 5, version=1, sn=2, archs=("sm_90a",), bars=1, loader=1)
 # v2 (wgmma, sm_90a only): 64 rows, 2 warpgroups (4 warps x 16 rows each; Dqk / Dv halves)
 _V2_TILE = Tile(64, 32, 4, 2, 3, version=2, archs=("sm_90a",))
 
@@ -106,7 +107,7 @@ _V2_TILE = Tile(64, 32, 4, 2, 3, version=2, archs=("sm_90a",))
 # MLA tiles (32x16 w4 s3, 16x32 w4 s2) stay selectable next to v1's.
 TILES: dict[str, list[Tile]] = {
     "mla576": [Tile(32, 16, 2, 4, 4, version=1, sn=2, bars=1), Tile(32, 16, 2, 4, 3, version=1, sn=2),
-               _V1_SM90_TILE, Tile(32, 16, 2, 2, 3), Tile(16, 32, 1, 4, 2), _V2_TILE, _V1_BULK_S8, _V1_BULK_S6],
+               _V1_SM90_TILE, Tile(32, 16, 2, 2, 3), Tile(16, 32, 1, 4, 2), _V2_TILE, _V1_BULK_S8, _V1_BULK_N32],
     # e4m3 caches: 32 tokens (one k step of the e4m3 P.V MMA), S warps 2 (dims) x 2 (tokens) x 2 (M)
     # The e4m3-MMA tile is sm_120's: on sm_90 nvcc lowers its MMAs to f16 HMMAs (no e4m3 rate there) and
     # the one-barrier loop needs more than 255 registers; the f16 tile is the H200's.

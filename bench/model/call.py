@@ -167,10 +167,10 @@ def copy_share(km: KernelModel, instrs, case: Case) -> float:
 
 
 def bulk_loader_lanes(km: KernelModel) -> list[int]:
-    """Lanes of each warp of the CTA that issue bulk copies: the v1 bulk loader's BN first threads each copy one
-    whole KV row (csrc/tree_verify/traits.h, Tile::LOADER 1), so warp j has min(32, max(0, BN - 32 j))."""
-    bn = km.tile.block_n
-    return [min(32, max(0, bn - 32 * j)) for j in range(km.tile.num_warps)]
+    """Lanes of each warp of the CTA that issue bulk copies: the v1 bulk loader spreads its BN rows over the
+    warps, BN / W lanes each (csrc/tree_verify/traits.h kBulkLanes, Tile::LOADER 1)."""
+    w = km.tile.num_warps
+    return [-(-km.tile.block_n // w)] * w
 
 
 def bulk_wait_distance(km: KernelModel) -> int:

@@ -132,8 +132,10 @@ template <class Head> struct TilesFor;
 //       the shared-memory reads of S (the H200's limit with mma.sync): 73.3 KB.
 //  MLA v1 for sm_90 only (199 KB, over sm_120's 99 KB): 32 tokens x 4 stages, one barrier per tile,
 //       S warps 4 x 2 (build.py marks its target archs).
-//  MLA v1 with the bulk loader, sm_90a only: 32 rows x 16 tokens, one barrier per tile, 8 or 6 stages (5 or
-//       3 tiles in flight; 175 / 137 KB); each KV row one cp.async.bulk on the stage's mbarrier.
+//  MLA v1 with the bulk loader, sm_90a only, one barrier per tile, each KV row one cp.async.bulk on the stage's
+//       mbarrier: 32 rows x 16 tokens x 8 stages (5 tiles in flight; 176 KB), S warps 4 (dims) x 2 (tokens);
+//       32 rows x 32 tokens x 5 stages (2 tiles in flight; 211 KB), S warps 2 (dims) x 2 (tokens) x 2 (M), the
+//       Dqk split halved so two sets of partial scores fit beside 5 stages.
 //  MLA v2 for sm_90a only (wgmma): 64 rows x 32 tokens x 3 stages, 2 warpgroups (Dqk halves for S, Dv
 //       halves for P V): Q 72 KB + KV 108 KB in the core-matrix layout + 2 x 16 KB of partial scores + 1 KB of
 //       staged mask words = 213 KB.
@@ -142,7 +144,7 @@ template <> struct TilesFor<HeadMLA> {
                         TileConfigV1<32, 32, 8, 4, 4, 2, 1, 1>,
                         TileConfig<32, 16, 2, 2, 3>, TileConfig<16, 32, 1, 4, 2>,
                         TileConfigV2<64, 32, 2, 3>, TileConfigV1<32, 16, 8, 8, 4, 2, 1, 1, 1>,
-                        TileConfigV1<32, 16, 8, 6, 4, 2, 1, 1, 1>>;
+                        TileConfigV1<32, 32, 8, 5, 2, 2, 1, 1, 1>>;
 };
 // e4m3 caches (MLA only): kernel v1 with e4m3 MMAs (m16n8k32) for S and P.V. A 32-token tile is one
 // k step of P.V; a 576-byte row (+16 B pad) makes a 32-token stage 18.5 KB, so 4 stages, one barrier

@@ -194,9 +194,12 @@ struct KernelTraitsV1 {
   // KV loader: kThreadsPerRow threads per tile row split its 16-byte chunks evenly (the largest such
   // count the block allows), so every copy sits at a constant offset from one row pointer; the
   // kLoadThreads = BN x kThreadsPerRow first threads load, the rest only compute.
-  // Bulk loader (Tile::LOADER 1): the BN first threads each copy one whole row (K, and V where it is not
-  // the K row) with one cp.async.bulk on the stage's mbarrier, which counts BN arrivals per phase.
+  // Bulk loader (Tile::LOADER 1): BN threads each copy one whole row (K, and V where it is not the K row)
+  // with one cp.async.bulk on the stage's mbarrier, which counts BN arrivals per phase. The rows are spread
+  // over the warps, kBulkLanes lanes each (row = lane x kWarps + warp): nvcc issues a warp's copies one lane
+  // after another (~52 cycles each on the H200, bench.model's bulk probe), so the warps share that time.
   static constexpr bool kBulk = Tile::LOADER == 1;
+  static constexpr int kBulkLanes = (BN + kWarps - 1) / kWarps;
   static constexpr int kThreadsPerRow = kBulk ? 1 : largest_common_divisor_upto(
       kRowElems / kKvPerChunk, kSharedKV ? kRowElems / kKvPerChunk : DV / kKvPerChunk, kThreads / BN);
   static constexpr int kLoadThreads = BN * kThreadsPerRow;
@@ -220,6 +223,7 @@ struct KernelTraitsV1 {
   static constexpr uint32_t kVRowBytes = kSharedKV ? 0u : uint32_t(DV) * sizeof(KvElem);
 
   static_assert(sizeof(Elem) == 2, "16-bit element types only");
+  static_assert(!kBulk || BN % kWarps == 0, "the bulk loader gives every warp BN / kWarps rows");
   static_assert(!kBulk || (kKRowBytes % 16 == 0 && kVRowBytes % 16 == 0 && kBarOffset % 8 == 0),
                 "bulk copies move whole rows of 16-byte multiples; the mbarriers are 8-byte aligned");
   static_assert(DQK % (kKStep * KSPLIT) == 0, "each S warp's head dims must be whole MMA k steps");

@@ -29,7 +29,7 @@
 //     fully unrolled 16-byte cp.async at constant offsets; running counters, no division
 //     or modulo per tile. Paged layouts advance (page, row) incrementally.
 //   * Masked tiles read the first tree-mask words of their rows from smem (staged with Q).
-//   * Bulk loader (Tile::LOADER 1): the BN first threads each copy one whole KV row with one
+//   * Bulk loader (Tile::LOADER 1): BN threads (BN / W lanes of every warp) each copy one whole KV row with one
 //     cp.async.bulk (the TMA unit), completing on the stage's mbarrier; every thread waits on the phase
 //     of the tile its S reads before the barrier that publishes it. A row past the range's end is
 //     zero-filled by its thread with st.shared (it only arrives). The index ring and Q stay on cp.async.
@@ -175,8 +175,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
   constexpr int CH = Tr::kKvPerChunk;  // K / V elements per 16-byte copy
 
   // ---- loader: loader thread -> (row of every tile, first 16-byte chunk of that row)
-  const bool loader = Tr::kLoadThreads == Tr::kThreads || tid < Tr::kLoadThreads;  // compile-time true when all load
-  const int ld_row = loader ? tid / Tr::kThreadsPerRow : 0;
+  // (bulk loader: kBulkLanes lanes of every warp, row lane x kWarps + warp)
+  const bool loader = Tr::kBulk ? lane < Tr::kBulkLanes
+                                : Tr::kLoadThreads == Tr::kThreads || tid < Tr::kLoadThreads;  // compile-time true when all load
+  const int ld_row = !loader ? 0 : Tr::kBulk ? lane * Tr::kWarps + warp : tid / Tr::kThreadsPerRow;
   const int ld_chunk = tid % Tr::kThreadsPerRow;
   int32_t* sIdx = reinterpret_cast<int32_t*>(smem + Smem::kIdx);  // (kIdxSlots, kThreads) kv_indices ring
   // (BM, kMaskStage) the first tree-mask words of each row's node, staged with Q
@@ -234,7 +236,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
           arch::bulk_copy_g2s(dK, k_row0 + copy_at.row_offset(id, k_sb, k_st), Tr::kKRowBytes, bar);
           if constexpr (!Tr::kSharedKV)
             arch::bulk_copy_g2s(dV, v_row0 + copy_at.row_offset(id, v_sb, v_st), Tr::kVRowBytes, bar);
-        } else {  // past the end: zeros, as cp.async's zero-fill (P is 0 there; 0 x stale NaN would not be)
+        } else {  // sass-model: rare (past the end: zeros, as cp.async's zero-fill; P is 0 there, 0 x NaN would not be)
           for (uint32_t o = 0; o < Tr::kKRowBytes; o += 16)
             *reinterpret_cast<uint4*>(reinterpret_cast<unsigned char*>(dK) + o) = make_uint4(0, 0, 0, 0);
           if constexpr (!Tr::kSharedKV)
