@@ -34,6 +34,18 @@ from . import call as predict, devices, kernels, sim
 SCHEMA_VERSION = 1
 
 
+KV_DTYPES = ("bf16", "fp16", "fp8_e4m3", "fp8_mla656")
+
+
+def _kv_dtypes(spec: str) -> list[str]:
+    """--kv-dtype: one cache format or several, comma-separated (each gets its own table)."""
+    out = [x.strip() for x in spec.split(",") if x.strip()]
+    bad = [x for x in out if x not in KV_DTYPES]
+    if bad or not out:
+        raise argparse.ArgumentTypeError(f"{spec!r}: comma-separated of {', '.join(KV_DTYPES)}")
+    return out
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m bench.model", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -45,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--layout", default="page1", help="page1 and/or paged, comma-separated")
     ap.add_argument("--page-size", type=int, default=64, help="page size of the paged layout (default 64)")
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"], help="q and out dtype")
-    ap.add_argument("--kv-dtype", default=None, choices=["bf16", "fp16", "fp8_e4m3", "fp8_mla656"],
+    ap.add_argument("--kv-dtype", default=None, type=_kv_dtypes,
                     help="KV cache storage (default: --dtype); fp8_e4m3 / fp8_mla656 read the fp8-cache kernels")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--kernel", default="all", help="all | default | a substring of the kernel name "
@@ -173,7 +185,7 @@ def best_splits(km, dev, case) -> predict.Prediction:
 
 def run(a: argparse.Namespace) -> dict:
     shape = get_shape(a.shape)
-    kv_dtype = a.kv_dtype or a.dtype
+    kv_dtype = a.kv_dtype[0] if isinstance(a.kv_dtype, list) else (a.kv_dtype or a.dtype)
     head = _head_of(shape, kv_dtype)
     ctxs = parse_ctx(a.ctx)
     trees = parse_int_list(a.tree, "--tree")
@@ -236,6 +248,7 @@ def _entry(km, dev, case, p: predict.Prediction) -> dict:
                      "bank_conflicts": {f"0x{i.addr:x} {i.opcode}": km.bank_degree[i.addr] for i in km.hot.instrs
                                         if i.addr in km.bank_degree},
                      "bank_unresolved": km.bank_unresolved},
+        "call_bytes": predict.counts(case).total_bytes, "call_flops": predict.counts(case).flops,
         "predicted_us": {dev.key: round(p.total_us, 2)}, "floor_us": {dev.key: round(p.floor_us, 2)},
         "frac_of_floor": {dev.key: round(p.frac_of_floor, 4)}, "bound": {dev.key: p.bound},
         "detail": {dev.key: p.to_dict()},
@@ -369,19 +382,29 @@ def main(argv: Optional[list[str]] = None) -> int:
                 raise ValueError
         except ValueError:
             ap.error(f"--splits must be auto, best or an int >= 1, got {a.splits!r}")
-    try:
-        payload = run(a)
-    except (ValueError, LookupError) as e:
-        ap.error(str(e))
-    except RuntimeError as e:  # no toolkit / tools: say so in one line
-        print(f"bench.model: {e}", file=sys.stderr)
-        return 2
-    print_table(payload, a.per_tile)
-    if payload["traces"]:
-        print("\nsimulated tile traces (hot path; bench/model/sim.py)")
-        print("\n".join(payload["traces"]))
+    kvs = a.kv_dtype or [a.dtype]
+    payloads = []
+    for kv in kvs:   # one table per cache format
+        a1 = argparse.Namespace(**{**vars(a), "kv_dtype": [kv]})
+        try:
+            payload = run(a1)
+        except (ValueError, LookupError) as e:
+            ap.error(str(e))
+        except RuntimeError as e:  # no toolkit / tools: say so in one line
+            print(f"bench.model: {e}", file=sys.stderr)
+            return 2
+        payloads.append(payload)
+        print_table(payload, a.per_tile)
+        if payload["traces"]:
+            print("\nsimulated tile traces (hot path; bench/model/sim.py)")
+            print("\n".join(payload["traces"]))
+        if len(kvs) > 1:
+            print()
+    if a.shape == "kimi-k2-tp8" and a.batch == 1 and 185_000 in parse_ctx(a.ctx):
+        from .goals import print_goals
+        print_goals(payloads)
     if a.json:
-        Path(a.json).write_text(json.dumps(payload, indent=1))
+        Path(a.json).write_text(json.dumps(payloads[0] if len(payloads) == 1 else payloads, indent=1))
         print(f"wrote {a.json}")
     return 0
 
