@@ -239,7 +239,7 @@ def test_python_tile_table_matches_config_h(hm):
             py.append({"head": head, "dqk": dqk, "dv": dv, "shared_kv": shared, "block_m": t.block_m,
                        "block_n": t.block_n, "warps_m": t.warps_m, "warps_n": t.warps_n,
                        "num_warps": t.num_warps, "num_stages": t.num_stages, "version": t.version, "sn": t.sn,
-                       "fp8_mma": t.fp8_mma, "bars": t.bars,
+                       "fp8_mma": t.fp8_mma, "bars": t.bars, "loader": t.loader,
                        "smem_bytes": vb.tile_smem(head, t)})
     assert sorted(cpp, key=str) == sorted(py, key=str)
     targets = {(d["head"], d["block_m"], d["block_n"], d["num_warps"], d["num_stages"]): t.targets("sm_120a")

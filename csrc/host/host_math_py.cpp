@@ -51,6 +51,7 @@ py::dict tile_dict(const char* head) {
   if constexpr (Tile::kVersion == 1) d["sn"] = Tile::SN; else d["sn"] = 1;
   if constexpr (Tile::kVersion == 1) d["fp8_mma"] = Tile::FP8_MMA; else d["fp8_mma"] = 1;
   if constexpr (Tile::kVersion == 1) d["bars"] = Tile::BARS; else d["bars"] = 2;
+  if constexpr (Tile::kVersion == 1) d["loader"] = Tile::LOADER; else d["loader"] = 0;
   d["smem_bytes"] = Tr::smem_bytes();
   return d;
 }
@@ -68,6 +69,7 @@ py::list tile_configs() {
   add_tiles<va::tv::HeadG256>(out, "gqa256", va::tv::TilesFor<va::tv::HeadG256>::type{});
   add_tiles<va::tv::HeadMLA, 1>(out, "mla576e4m3", va::tv::TilesForFp8<va::tv::HeadMLA>::type{});
   add_tiles<va::tv::HeadMLA, 2>(out, "mla576x656", va::tv::TilesFor656<va::tv::HeadMLA>::type{});
+  add_tiles<va::tv::HeadG128, 1>(out, "gqa128e4m3", va::tv::TilesForFp8<va::tv::HeadG128>::type{});
   return out;
 }
 
