@@ -25,7 +25,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Iterable, Optional
 
@@ -379,9 +379,7 @@ def _compiled_tile(mangled: str) -> Tile:
     t = tile_of_mangled(mangled)
     for tiles in TILES.values():
         for x in tiles:
-            if (x.block_m, x.block_n, x.warps_m, x.warps_n, x.num_stages, x.version, x.sn, x.fp8_mma, x.bars,
-                    x.loader) == (t.block_m, t.block_n, t.warps_m, t.warps_n, t.num_stages, t.version, t.sn,
-                                  t.fp8_mma, t.bars, t.loader):
+            if replace(x, archs=t.archs) == t:  # every field the mangled name carries
                 return x
     return t
 

@@ -233,6 +233,7 @@ def trace_lines(km, dev, p: predict.Prediction) -> list[str]:
 
 def _entry(km, dev, case, p: predict.Prediction) -> dict:
     r = km.hot_reading
+    cnt = predict.counts(case)  # the call's compulsory bytes and FLOPs (bench/model/goals.py's floors)
     return {
         "arch": km.arch, "kernel": km.name, "ctx": case.ctx, "tree_nodes": case.tree_nodes, "layout": case.layout,
         "page_size": case.page_size, "registers": km.registers, "smem_bytes": km.smem_bytes,
@@ -248,7 +249,7 @@ def _entry(km, dev, case, p: predict.Prediction) -> dict:
                      "bank_conflicts": {f"0x{i.addr:x} {i.opcode}": km.bank_degree[i.addr] for i in km.hot.instrs
                                         if i.addr in km.bank_degree},
                      "bank_unresolved": km.bank_unresolved},
-        "call_bytes": predict.counts(case).total_bytes, "call_flops": predict.counts(case).flops,
+        "call_bytes": cnt.total_bytes, "call_flops": cnt.flops,
         "predicted_us": {dev.key: round(p.total_us, 2)}, "floor_us": {dev.key: round(p.floor_us, 2)},
         "frac_of_floor": {dev.key: round(p.frac_of_floor, 4)}, "bound": {dev.key: p.bound},
         "detail": {dev.key: p.to_dict()},

@@ -16,7 +16,10 @@ from .devices import DEVICES
 
 # CALIBRATION.md P-18: decode attention reached 1.53 TB/s on the RTX PRO 6000 (85.5% of 1,792 GB/s)
 RTX_DECODE_BW = 1.53e12
-_DEV = {"sm_90a": "h200", "sm_120a": "rtx-pro-6000"}
+
+
+def _device(arch: str):
+    return next(d for d in DEVICES.values() if d.arch == arch)
 
 
 @dataclass
@@ -88,7 +91,7 @@ def evaluate(payloads: list[dict], ctx: int = 185_000) -> list[Goal]:
         g.append(Goal(name, b.us <= 1.05 * fl and _slow(b) <= 1.15 * fl, f"{_fmt(b)} vs {fl:.1f} us"))
     # 3. paged (page 16 and 64) within 5% of page1, both archs
     for arch in ("sm_120a", "sm_90a"):
-        dev = DEVICES[_DEV[arch]].name
+        dev = _device(arch).name
         for ps in (16, 64):
             name = f"{dev} bf16 paged {ps} within 5% of page1, 16 nodes"
             b1, bp = get(arch, "bf16", 16), get(arch, "bf16", 16, f"p{ps}")
@@ -99,7 +102,7 @@ def evaluate(payloads: list[dict], ctx: int = 185_000) -> list[Goal]:
                 g.append(Goal(name, r <= 1.05, f"{bp.us:.1f} vs {b1.us:.1f} us ({100 * (r - 1):+.1f}%)"))
     # 4. 64-node tree at >= 75% of the tensor rate the arch can reach (the datasheet rate's floor)
     for arch in ("sm_120a", "sm_90a"):
-        dev = DEVICES[_DEV[arch]]
+        dev = _device(arch)
         name = f"{dev.name} bf16, 64 nodes: >= 75% of the tensor rate"
         b = get(arch, "bf16", 64)
         if b is None:
@@ -109,7 +112,7 @@ def evaluate(payloads: list[dict], ctx: int = 185_000) -> list[Goal]:
         g.append(Goal(name, fl / b.us >= 0.75, f"{_fmt(b)}: {100 * fl / b.us:.0f}% of the {fl:.1f} us floor"))
     # 5-7. fp8 over bf16
     for arch, kv, want in (("sm_120a", "fp8_e4m3", 1.85), ("sm_90a", "fp8_e4m3", 1.5), ("sm_120a", "fp8_mla656", 1.6)):
-        dev = DEVICES[_DEV[arch]].name
+        dev = _device(arch).name
         name = f"{dev} {kv} over bf16, 16 nodes: >= {want}x"
         bb, bf = get(arch, "bf16", 16), get(arch, kv, 16)
         if bb is None or bf is None:

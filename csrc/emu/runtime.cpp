@@ -162,6 +162,7 @@ struct BulkCopy {
 // arrivals reach zero and its transaction count (bytes announced by expect_tx minus bytes the bulk
 // copies delivered) is zero. The copies of a completed phase land when a thread first waits on it.
 struct Mbar {
+  size_t off = 0;                 // its shared-memory offset
   int count = 0;                  // arrivals per phase (mbarrier.init)
   int pending = 0;                // arrivals still due in the current phase
   long long tx = 0;               // transaction bytes still due in the current phase
@@ -1253,14 +1254,16 @@ Mbar* mbar_at(Fiber* f, const void* bar, const char* what, std::source_location 
 }
 
 // Bulk copies write through the async proxy: a wgmma may read them without a generic-to-async fence.
+void land_one(Block& b, const BulkCopy& c) {
+  std::memcpy(c.dst, c.data.data(), c.data.size());
+  const size_t off = static_cast<size_t>(c.dst - b.smem);
+  for (size_t k = off / 16; k <= (off + c.data.size() - 1) / 16 && k < b.chunk_writer.size(); ++k)
+    b.chunk_writer[k] = 0;
+  b.cp_bytes += static_cast<long long>(c.data.size());
+}
+
 void land_bulk(Block& b, std::vector<BulkCopy>& copies) {
-  for (const BulkCopy& c : copies) {
-    std::memcpy(c.dst, c.data.data(), c.data.size());
-    const size_t off = static_cast<size_t>(c.dst - b.smem);
-    for (size_t k = off / 16; k <= (off + c.data.size() - 1) / 16 && k < b.chunk_writer.size(); ++k)
-      b.chunk_writer[k] = 0;
-    b.cp_bytes += static_cast<long long>(c.data.size());
-  }
+  for (const BulkCopy& c : copies) land_one(b, c);
   copies.clear();
 }
 
@@ -1268,7 +1271,7 @@ bool parity_done(const Mbar& m, unsigned parity) { return (m.completed & 1u) != 
 
 // Completes the current phase when its arrivals and transaction bytes are all in; then the waiting threads
 // whose phase completed resume, the copies landing first.
-void mbar_try_complete(Block& b, size_t off, Mbar& m) {
+void mbar_try_complete(Block& b, Mbar& m) {
   if (m.pending != 0 || m.tx != 0) return;
   for (BulkCopy& c : m.copies) m.unlanded.push_back(std::move(c));
   m.copies.clear();
@@ -1277,7 +1280,7 @@ void mbar_try_complete(Block& b, size_t off, Mbar& m) {
   bool woke = false;
   for (int t = 0; t < b.nthreads; ++t) {
     Fiber& w = b.fibers[t];
-    if (w.wait == WaitKind::kMbarrier && w.wait_mbar == off && parity_done(m, w.wait_parity)) {
+    if (w.wait == WaitKind::kMbarrier && w.wait_mbar == m.off && parity_done(m, w.wait_parity)) {
       w.wait = WaitKind::kNone;
       woke = true;
     }
@@ -1285,14 +1288,14 @@ void mbar_try_complete(Block& b, size_t off, Mbar& m) {
   if (woke) land_bulk(b, m.unlanded);
 }
 
-void mbar_arrive_n(Fiber* f, Mbar& m, const void* bar, std::source_location loc) {
+void mbar_arrive_n(Fiber* f, Mbar& m, std::source_location loc) {
   Block& b = *f->block;
   if (m.pending <= 0) {
     report(b, f, "mbarrier_arrive: more arrivals than the barrier's count (" + std::to_string(m.count) + ")", loc);
     return;
   }
   --m.pending;
-  mbar_try_complete(b, static_cast<size_t>(static_cast<const unsigned char*>(bar) - b.smem), m);
+  mbar_try_complete(b, m);
 }
 
 }  // namespace
@@ -1313,6 +1316,7 @@ void mbarrier_init(void* bar, int count, std::source_location loc) {
     return;
   }
   Mbar m;
+  m.off = off;
   m.count = m.pending = count;
   m.init_loc = loc;
   m.init_tid = f->tc.linear_tid;
@@ -1323,14 +1327,14 @@ void mbarrier_init(void* bar, int count, std::source_location loc) {
 
 void mbarrier_arrive(void* bar, std::source_location loc) {
   Fiber* f = cur_fiber();
-  if (Mbar* m = mbar_at(f, bar, "mbarrier_arrive", loc)) mbar_arrive_n(f, *m, bar, loc);
+  if (Mbar* m = mbar_at(f, bar, "mbarrier_arrive", loc)) mbar_arrive_n(f, *m, loc);
 }
 
 void mbarrier_arrive_expect_tx(void* bar, uint32_t bytes, std::source_location loc) {
   Fiber* f = cur_fiber();
   if (Mbar* m = mbar_at(f, bar, "mbarrier_arrive_expect_tx", loc)) {
     m->tx += bytes;
-    mbar_arrive_n(f, *m, bar, loc);
+    mbar_arrive_n(f, *m, loc);
   }
 }
 
@@ -1351,15 +1355,10 @@ void bulk_copy_g2s(void* smem_dst, const void* gmem_src, uint32_t bytes, void* b
   c.data.resize(bytes);
   if (check_global(f, gmem_src, bytes, "cp.async.bulk source", loc)) std::memcpy(c.data.data(), gmem_src, bytes);
   else std::memset(c.data.data(), 0xFF, bytes);
-  if (settings().cp_async_at_issue) {  // the earliest legal landing, as for cp.async
-    std::vector<BulkCopy> now;
-    now.push_back(std::move(c));
-    land_bulk(b, now);
-  } else {
-    m->copies.push_back(std::move(c));
-  }
+  if (settings().cp_async_at_issue) land_one(b, c);  // the earliest legal landing, as for cp.async
+  else m->copies.push_back(std::move(c));
   m->tx -= bytes;
-  mbar_try_complete(b, static_cast<size_t>(static_cast<unsigned char*>(bar) - b.smem), *m);
+  mbar_try_complete(b, *m);
 }
 
 void mbarrier_wait(void* bar, unsigned parity, std::source_location loc) {
@@ -1370,7 +1369,7 @@ void mbarrier_wait(void* bar, unsigned parity, std::source_location loc) {
   Block& b = *f->block;
   if (!parity_done(*m, parity)) {
     f->wait = WaitKind::kMbarrier;
-    f->wait_mbar = static_cast<size_t>(static_cast<unsigned char*>(bar) - b.smem);
+    f->wait_mbar = m->off;
     f->wait_parity = parity;
     f->wait_loc = loc;
     yield(f);  // resumed by the arrival or copy that completes the phase (it landed the copies)

@@ -224,6 +224,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
   auto wait_tile = [&](int tile) {
     if constexpr (Tr::kBulk) arch::mbarrier_wait(sBar + tile % STAGES, static_cast<uint32_t>(tile / STAGES) & 1u);
   };
+  auto zero_row = [](KV* dst, uint32_t bytes) {  // st.shared zeros over one smem row
+    for (uint32_t o = 0; o < bytes; o += 16)
+      *reinterpret_cast<uint4*>(reinterpret_cast<unsigned char*>(dst) + o) = make_uint4(0, 0, 0, 0);
+  };
   auto issue_kv = [&](int32_t id) {
     if constexpr (Tr::kBulk) {
       if (loader) {
@@ -237,20 +241,12 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
           if constexpr (!Tr::kSharedKV)
             arch::bulk_copy_g2s(dV, v_row0 + copy_at.row_offset(id, v_sb, v_st), Tr::kVRowBytes, bar);
         } else {  // sass-model: rare (past the end: zeros, as cp.async's zero-fill; P is 0 there, 0 x NaN would not be)
-          for (uint32_t o = 0; o < Tr::kKRowBytes; o += 16)
-            *reinterpret_cast<uint4*>(reinterpret_cast<unsigned char*>(dK) + o) = make_uint4(0, 0, 0, 0);
-          if constexpr (!Tr::kSharedKV)
-            for (uint32_t o = 0; o < Tr::kVRowBytes; o += 16)
-              *reinterpret_cast<uint4*>(reinterpret_cast<unsigned char*>(dV) + o) = make_uint4(0, 0, 0, 0);
+          zero_row(dK, Tr::kKRowBytes);
+          if constexpr (!Tr::kSharedKV) zero_row(dV, Tr::kVRowBytes);
           arch::mbarrier_arrive(bar);
         }
       }
-      copy_at.advance();
-      ++issued;
-      issue_tok += BN;
-      return;
-    }
-    if (loader) {
+    } else if (loader) {
       const int stage = issued % STAGES;
       const bool valid = issue_tok < range.end;  // past the end: zeros land, no read
       // one row offset per tile; the chunks sit at constant offsets from it. A row past the end has
