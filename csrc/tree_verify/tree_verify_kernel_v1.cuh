@@ -797,8 +797,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
       continue;
     }
     const bool has_next = it + 1 < ntiles;
-    if (has_next) s_mma(it + 1, sacc, loads);  // the tensor pipe starts right after the barrier
-    else loads();
+    if (has_next) {
+      s_mma(it + 1, sacc, loads);  // the tensor pipe starts right after the barrier
+    } else {  // sass-model: cold (the last tile: its copies only, no S to compute)
+      loads();
+    }
     pv_load(it);    // P(it) was published by the barrier above; V(it) landed a tile ago
     rescale_o(it);  // alpha(it) too; the FMULs fill the wait for the S results
     if (has_next) s_store(sacc, it + 1);
