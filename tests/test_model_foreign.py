@@ -47,7 +47,7 @@ def test_foreign_command_line_reads_one_function(capsys):
         names = [n for n in sass.parse(sass.disassemble(cubin)) if "tree_verify_split_kernel" in n]
     except RuntimeError as e:
         pytest.skip(str(e))
-    v1 = next(n for n in names if vb._describe(n)[0].endswith("v1 m32 n16 w8 s4 k4 sn2 b1"))
+    v1 = next(n for n in names if vb._describe(n)[0].endswith("v1 m32 n32 w8 s4 k4 sn2 b1"))
     assert main(["--foreign", str(cubin), "--function", re.escape(v1) + "$", "--threads", "256", "--grid", "264",
                  "--trips", "100", "--smem", "0", "--flops", "1e12", "--no-bands"]) == 0
     out = capsys.readouterr().out

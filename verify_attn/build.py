@@ -106,12 +106,12 @@ _V2_TILE = Tile(64, 32, 4, 2, 3, version=2, archs=("sm_90a",))
 # selected by (block_m, block_n, num_warps, num_stages), unique across kernel versions: v0's
 # MLA tiles (32x16 w4 s3, 16x32 w4 s2) stay selectable next to v1's.
 TILES: dict[str, list[Tile]] = {
-    "mla576": [Tile(32, 16, 2, 4, 4, version=1, sn=2, bars=1), Tile(32, 16, 2, 4, 3, version=1, sn=2),
+    "mla576": [Tile(32, 16, 2, 4, 4, version=1, sn=2), Tile(32, 16, 2, 4, 3, version=1, sn=2),
                _V1_SM90_TILE, Tile(32, 16, 2, 2, 3), Tile(16, 32, 1, 4, 2), _V2_TILE, _V1_BULK_S8, _V1_BULK_N32],
     # e4m3 caches: 32 tokens (one k step of the e4m3 P.V MMA), S warps 2 (dims) x 2 (tokens) x 2 (M)
-    # The e4m3-MMA tile is sm_120's: on sm_90 nvcc lowers its MMAs to f16 HMMAs (no e4m3 rate there) and
-    # the one-barrier loop needs more than 255 registers; the f16 tile is the H200's.
-    "mla576e4m3": [Tile(32, 32, 4, 2, 4, version=1, sn=2, bars=1, archs=("sm_120a",)), _FP8_F16_TILE],  # f16: the H200's, the exact one
+    # The e4m3-MMA tile is sm_120's (4 stages, two barriers per tile: two tiles in flight in 91 KB): on sm_90
+    # nvcc lowers its MMAs to f16 HMMAs (no e4m3 rate there); the f16 tile is the H200's.
+    "mla576e4m3": [Tile(32, 32, 4, 2, 4, version=1, sn=2, archs=("sm_120a",)), _FP8_F16_TILE],  # f16: the H200's, the exact one
     "mla576x656": [_FP8_F16_TILE],
     "gqa128e4m3": [_FP8_F16_TILE],
     "gqa64": [Tile(64, 64, 4, 1, 2)],
@@ -124,10 +124,11 @@ DEFAULT_TILE: dict[tuple[str, str], Tile] = {
     # sm_90: the wgmma kernel v2, 96 vs v1's 166 us by the model at 185k / 16 nodes (NOTES.md, v2); v1 keeps
     # the shorter contexts in the autotuner's hands (4k: 16 vs 18 us by the model)
     ("mla576", "sm_90a"): _V2_TILE,
-    # sm_120: the one-barrier tile (4 stages, Dqk split 4 ways, 99 KB) over the two-barrier 3-stage one,
-    # 138 vs 172 us by the model at 185k / 16 nodes (NOTES.md, v1); the 3-stage tile stays compiled for
-    # the autotuner
-    ("mla576", "sm_120a"): Tile(32, 16, 2, 4, 4, version=1, sn=2, bars=1),
+    # sm_120: the two-barrier 4-stage tile (Dqk split 4 ways, 92 KB; two tiles in flight), 215.5 us by the
+    # model at 185k / 16 nodes against 430-433 for the 3-stage tile and the one-barrier 4-stage one it replaced
+    # (one tile in flight each: latency-bound; NOTES.md, "Two tiles in flight on sm_120"); the 3-stage tile
+    # stays compiled for the autotuner
+    ("mla576", "sm_120a"): Tile(32, 16, 2, 4, 4, version=1, sn=2),
     # e4m3 caches on sm_90: mma.sync has no e4m3 rate there (nvcc lowers it to f16 HMMAs), so the
     # tile that converts K / V to f16 itself, keeping Q and P exact, is the faster one too (NOTES.md)
     ("mla576e4m3", "sm_90a"): _FP8_F16_TILE,

@@ -124,10 +124,12 @@ struct TileList {};
 //       16 rows x 32 tokens x 2 stages: Q 18 KB + KV 73 KB; 4 warps split Dv 4 ways.
 //  GQA: one warp per 16 rows owns all of Dv; P stays in registers (WN = 1) except d256.
 template <class Head> struct TilesFor;
-//  MLA v1, one barrier per tile: 32 rows x 16 tokens x 4 stages, 8 warps, S warps 4 (dims) x 2
-//       (tokens): KV 73 KB + 2 sets of partial scores at a 20-float pitch 20 KB + 2 x P 3 KB + the
-//       index ring (2 KB) and 4 staged mask words per row = 99 KB exactly (sm_120's limit); Q and O
-//       in registers.
+//  MLA v1, two barriers per tile, sm_120's default: 32 rows x 16 tokens x 4 stages, 8 warps, S warps 4
+//       (dims) x 2 (tokens): KV 73 KB + one set of partial scores at a 20-float pitch 10 KB + 2 x P + the
+//       index ring (2 KB) and 4 staged mask words per row = 92 KB; Q and O in registers. Tiles i and i+1
+//       are read while i+2 and i+3 load: two tiles in flight (the one-barrier loop at 4 stages, which
+//       needs 99 KB for its second set of scores, keeps one: the model reads 215.5 against 433.0 us on
+//       the RTX PRO 6000 at 185k / 16 nodes, NOTES.md).
 //  MLA v1, 3 stages, S warps 4 (dims) x 2 (tokens): each K fragment serves both m tiles, halving
 //       the shared-memory reads of S (the H200's limit with mma.sync): 73.3 KB.
 //  MLA v1 for sm_90 only (199 KB, over sm_120's 99 KB): 32 tokens x 4 stages, one barrier per tile,
@@ -140,23 +142,24 @@ template <class Head> struct TilesFor;
 //       halves for P V): Q 72 KB + KV 108 KB in the core-matrix layout + 2 x 16 KB of partial scores + 1 KB of
 //       staged mask words = 213 KB.
 template <> struct TilesFor<HeadMLA> {
-  using type = TileList<TileConfigV1<32, 16, 8, 4, 4, 2, 1, 1>, TileConfigV1<32, 16, 8, 3, 4, 2>,
+  using type = TileList<TileConfigV1<32, 16, 8, 4, 4, 2>, TileConfigV1<32, 16, 8, 3, 4, 2>,
                         TileConfigV1<32, 32, 8, 4, 4, 2, 1, 1>,
                         TileConfig<32, 16, 2, 2, 3>, TileConfig<16, 32, 1, 4, 2>,
                         TileConfigV2<64, 32, 2, 3>, TileConfigV1<32, 16, 8, 8, 4, 2, 1, 1, 1>,
                         TileConfigV1<32, 32, 8, 5, 2, 2, 1, 1, 1>>;
 };
 // e4m3 caches (MLA only): kernel v1 with e4m3 MMAs (m16n8k32) for S and P.V. A 32-token tile is one
-// k step of P.V; a 576-byte row (+16 B pad) makes a 32-token stage 18.5 KB, so 4 stages, one barrier
-// per tile with 2 sets of 2 x 32 x 36 fp32 partial scores, e4m3 P and 512 B of staged mask words fit
-// in 98.1 KB. S warps 2 (dims: 288 = 9 k steps) x 2 (tokens) x 2 (M).
+// k step of P.V; a 576-byte row (+16 B pad) makes a 32-token stage 18.5 KB, so 4 stages, two barriers
+// per tile: one set of 2 x 32 x 36 fp32 partial scores, e4m3 P and 512 B of staged mask words beside
+// them, and two tiles in flight (the one-barrier loop's second score set filled 98.1 KB and left one).
+// S warps 2 (dims: 288 = 9 k steps) x 2 (tokens) x 2 (M).
 template <class Head> struct TilesForFp8 { using type = TileList<>; };
 //  The second tile converts K / V to f16 in registers (F2FP on sm_90 and sm_120) and keeps Q and P in
 //  f16: the H200's fp8 tile (its mma.sync has no e4m3 rate) and the accurate one on sm_120. 3 stages,
 //  75.6 KB.
 using TileFp8F16 = TileConfigV1<32, 32, 8, 3, 2, 2, 0>;
 template <> struct TilesForFp8<HeadMLA> {
-  using type = TileList<TileConfigV1<32, 32, 8, 4, 2, 2, 1, 1>, TileFp8F16>;
+  using type = TileList<TileConfigV1<32, 32, 8, 4, 2, 2>, TileFp8F16>;
 };
 // GQA d128 with e4m3 caches: kernel v1's f16 tile (K / V codes to f16 in registers, Q and P in f16), V rows
 // apart from K's: 32 rows x 32 tokens x 3 stages, S split 2 (dims: 64 = 2 steps of 32) x 2 (tokens) x 2 (M),

@@ -17,12 +17,14 @@
 //     across the m tiles); P and V fragments are loaded before the barrier that
 //     publishes the next tile's scores. The running max is lazy: it moves only when
 //     a tile beats it by more than 2^8, so O is rescaled on a few tiles per split.
-//   * Software pipeline, one barrier per tile (BARS = 1, the default tiles): between
-//     two barriers iteration i computes S(i+2), the softmax of tile i+1 and PV(i),
-//     three independent streams, PV last so a warp reaches the barrier with its MMAs
-//     in flight; the partial scores are double-buffered and STAGES >= 4 (tiles i .. i+2
-//     are read while i+3 loads). Two barriers per tile (BARS = 2): iteration i computes
-//     S(i+1), then after a second barrier PV(i) with the softmax of i+1; STAGES >= 3.
+//   * Software pipeline, one barrier per tile (BARS = 1): between two barriers
+//     iteration i computes S(i+2), the softmax of tile i+1 and PV(i), three
+//     independent streams, PV last so a warp reaches the barrier with its MMAs in
+//     flight; the partial scores are double-buffered and STAGES >= 4 (tiles i .. i+2
+//     are read while i+3 loads: one tile in flight at 4 stages). Two barriers per tile
+//     (BARS = 2, sm_120's tiles): iteration i computes S(i+1), then after a second
+//     barrier PV(i) with the softmax of i+1; STAGES >= 3, tiles i and i+1 are read
+//     while STAGES - 2 load (two in flight at 4 stages, in sm_120's 99 KB).
 //     P and alpha are double-buffered in both.
 //   * Loader: one kv_indices entry per tile row, copied into an smem ring ahead of its
 //     KV copy and read before the barrier; one row offset per tile (32-bit products);
