@@ -219,6 +219,38 @@ def run(a: argparse.Namespace) -> dict:
             "kernels": entries, "traces": traces}
 
 
+def goal_paged_payload(a: argparse.Namespace, payloads: list[dict]) -> Optional[dict]:
+    """Issue 27's paged goal compares page sizes 16 and 64 with page1 (bf16, 16 nodes, 185k). A run that read
+    page1 only gets them here: the kernel fastest at page1 on each arch, read again at both page sizes (the same
+    kernel, its splits chosen as the run chose them), so the goals command prints every goal. None when the run
+    read paged rows itself or no bf16 page1 row at 16 nodes."""
+    if "paged" in a.layout or 16 not in parse_int_list(a.tree, "--tree"):
+        return None
+    from .goals import best_rows
+    rows = best_rows([pl for pl in payloads if pl["kv_dtype"] == "bf16"])
+    shape = get_shape(a.shape)
+    head = _head_of(shape, "bf16")
+    entries = []
+    for arch, dev in _archs(a.arch):
+        b = rows.get((arch, "bf16", 185_000, 16, "page1"))
+        if b is None:
+            continue
+        tile = next(k.tile for k in kernels.load(arch, head, a.dtype, "page1") if k.name == b.kernel)
+        km = kernels.find(arch, head, a.dtype, "paged", tile)
+        for ps in (16, 64):
+            case = predict.Case(shape, 185_000, 16, a.batch, "paged", ps, kv_dtype="bf16")
+            p = (best_splits(km, dev, case) if a.splits == "best" else
+                 predict.predict(km, dev, case, None if a.splits == "auto" else int(a.splits)))
+            e = _entry(km, dev, case, p)
+            if not getattr(a, "no_bands", False):
+                e["band"] = {dev.key: model_bands.band(km, dev, case, p.num_splits, central=p).to_dict()}
+            entries.append(e)
+    if not entries:
+        return None
+    return {"schema": SCHEMA_VERSION, "kind": "model", "shape": shape.to_dict(), "dtype": a.dtype, "kv_dtype": "bf16",
+            "splits": a.splits, "kernels": entries, "traces": []}
+
+
 def trace_lines(km, dev, p: predict.Prediction) -> list[str]:
     """The simulated hot tile of `km` on `dev`, as the prediction `p` simulated it (its warps per scheduler and
     copy bandwidth): where the tensor pipe sits idle and what warp 0 waited on. How NOTES.md's per-tile
@@ -403,7 +435,11 @@ def main(argv: Optional[list[str]] = None) -> int:
             print()
     if a.shape == "kimi-k2-tp8" and a.batch == 1 and 185_000 in parse_ctx(a.ctx):
         from .goals import print_goals
-        print_goals(payloads)
+        paged = goal_paged_payload(a, payloads) if "bf16" in kvs else None
+        if paged is not None:
+            print("\nthe paged rows of the goals (the kernel fastest at page1, read at page sizes 16 and 64)")
+            print_table(paged, False)
+        print_goals(payloads + ([paged] if paged is not None else []))
     if a.json:
         Path(a.json).write_text(json.dumps(payloads[0] if len(payloads) == 1 else payloads, indent=1))
         print(f"wrote {a.json}")

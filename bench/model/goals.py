@@ -1,5 +1,7 @@
 """The kernel goals of issue 27, judged by the model's readings: `python -m bench.model --arch sm_120a,sm_90a
---ctx 185k --tree 16,64 --kv-dtype bf16,fp8_e4m3,fp8_mla656 [--layout page1,paged]` prints them after its rows.
+--ctx 185k --tree 16,64 --kv-dtype bf16,fp8_e4m3,fp8_mla656` prints them after its rows. A run that reads page1
+only also reads, for the paged goal, the kernel fastest at page1 at page sizes 16 and 64 (bench/model/__main__.py
+goal_paged_payload); with --layout page1,paged the goal compares the fastest kernel of each layout.
 
 Each goal takes the fastest kernel the run read for its (arch, cache format, tree, layout) by the central
 value (the one the model-sourced autotuner would ship), and says met / missed with the central value and
