@@ -200,10 +200,16 @@ struct KernelTraitsV1 {
   // after another (~52 cycles each on the H200, bench.model's bulk probe), so the warps share that time.
   static constexpr bool kBulk = Tile::LOADER == 1;
   static constexpr int kBulkLanes = (BN + kWarps - 1) / kWarps;
-  static constexpr int kThreadsPerRow = kBulk ? 1 : largest_common_divisor_upto(
-      kRowElems / kKvPerChunk, kSharedKV ? kRowElems / kKvPerChunk : DV / kKvPerChunk, kThreads / BN);
+  // A K row whose chunk count has no divisor that fits (the 656-byte rows: 41 chunks, a prime) is still spread
+  // over kThreads / BN threads: each copies ceil(chunks / threads) chunks, the last one predicated off past the
+  // row's end (kChunksTail), instead of one thread per row (warp 0 alone issuing every copy).
+  static constexpr int kRowChunks = kRowElems / kKvPerChunk;  // 16-byte chunks per K row
+  static constexpr int kTprDivisor = largest_common_divisor_upto(
+      kRowChunks, kSharedKV ? kRowChunks : DV / kKvPerChunk, kThreads / BN);
+  static constexpr int kThreadsPerRow = kBulk ? 1 : (kTprDivisor == 1 && kSharedKV ? kThreads / BN : kTprDivisor);
   static constexpr int kLoadThreads = BN * kThreadsPerRow;
-  static constexpr int kChunksK = kRowElems / kKvPerChunk / kThreadsPerRow;  // cp.async per loader thread per tile
+  static constexpr int kChunksK = (kRowChunks + kThreadsPerRow - 1) / kThreadsPerRow;  // cp.async per loader thread
+  static constexpr bool kChunksTail = kRowChunks % kThreadsPerRow != 0;  // the last chunk of some threads is past the row
   static constexpr int kChunksV = kSharedKV ? 0 : DV / kKvPerChunk / kThreadsPerRow;
   static constexpr int kTPL = BM * BN / kThreads;    // softmax: scores per lane, all in one row
   static constexpr int kLanesPerRow = BN / kTPL;

@@ -257,7 +257,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
       KV* dK = sK + stage * Smem::kStageElems + ld_row * Smem::kKPitch + ld_chunk * CH;
 #pragma unroll
       for (int j = 0; j < Tr::kChunksK; ++j)
-        arch::cp_async_16_zfill(dK + j * Tr::kThreadsPerRow * CH, ks + j * Tr::kThreadsPerRow * CH, valid);
+        if (!Tr::kChunksTail || j + 1 < Tr::kChunksK || (j * Tr::kThreadsPerRow + ld_chunk) < Tr::kRowChunks)
+          arch::cp_async_16_zfill(dK + j * Tr::kThreadsPerRow * CH, ks + j * Tr::kThreadsPerRow * CH, valid);
       if constexpr (!Tr::kSharedKV) {
         const KV* vs = v_row0 + copy_at.row_offset(id, v_sb, v_st);  // as K's: id 0 past the end
         KV* dV = sV + stage * Smem::kStageElems + ld_row * Smem::kVPitch + ld_chunk * CH;
