@@ -479,26 +479,40 @@ FP8_MATRIX = [
 ]
 
 
-# GQA 128 with e4m3 caches (kernel v1's f16 tile, V rows apart from K's): groups 1, 4, 8, page sizes 1, 3, 16,
-# 64, odd lengths, mixed batches, empty splits
+# GQA with e4m3 caches (kernel v1's f16 tile, V rows apart from K's, deeper rings than MLA's): d128 at 6 stages
+# (groups 1, 4, 8, 16, page sizes 1, 3, 16, 64, odd lengths, mixed batches, empty splits), d256 at 4, d64 at 6 on
+# 4 warps (whose splits merge in the v0 combine: Dv 64 is under the v1 combine's 128 columns per warp); the
+# 3-stage tile stays compiled for d128 and d256 (GQA_FP8_S3 cases)
+GQA_FP8_TILE = {128: (32, 32, 8, 6), 256: (32, 32, 8, 4), 64: (32, 32, 4, 6)}
 GQA_FP8_MATRIX = [
     (CaseSpec((54,), (5,), "bushy", dtype=BF, kv_dtype="fp8_e4m3", seed=90, **gqa(8, 1)), 1),
     (CaseSpec((97, 3), (7, 2), "chain", dtype=FP, kv_dtype="fp8_e4m3", page_size=3, seed=91, **gqa(8, 2)), 3),
     (CaseSpec((0, 200, 1), (1, 16, 4), "bushy", dtype=BF, kv_dtype="fp8_e4m3", page_size=16, seed=92, **gqa(4, 4)), 4),
     (CaseSpec((20,), (37,), "deep", dtype=FP, kv_dtype="fp8_e4m3", seed=93, **gqa(4, 1)), 2),
     (CaseSpec((130,), (3,), "star", dtype=BF, kv_dtype="fp8_e4m3", page_size=64, seed=94, **gqa(16, 2)), 16),
+    # d64 and d256: the default config first, then pages 5 / 7 / 16, mixed batches, more splits than tiles
+    (CaseSpec((61,), (5,), "bushy", dtype=BF, kv_dtype="fp8_e4m3", seed=95, **gqa(4, 2, 64)), 1),
+    (CaseSpec((0, 97, 5), (1, 9, 3), "deep", dtype=FP, kv_dtype="fp8_e4m3", page_size=5, seed=96, **gqa(8, 1, 64)), 3),
+    (CaseSpec((130,), (4,), "chain", dtype=BF, kv_dtype="fp8_e4m3", page_size=16, seed=97, **gqa(16, 2, 64)), 8),
+    (CaseSpec((45,), (6,), "star", dtype=BF, kv_dtype="fp8_e4m3", seed=98, **gqa(4, 1, 256)), 1),
+    (CaseSpec((33, 90), (3, 11), "bushy", dtype=FP, kv_dtype="fp8_e4m3", page_size=7, seed=99, **gqa(8, 2, 256)), 4),
+    (CaseSpec((200,), (2,), "chain", dtype=BF, kv_dtype="fp8_e4m3", page_size=64, seed=100, **gqa(2, 1, 256)), 16),
 ]
+_GQA_FP8_DEFAULT_CASES = {0, 5, 8}   # run through the backend's default config
+_GQA_FP8_S3_CASES = {3, 9}           # on the 3-stage tile (FP8_F16_TILE)
 
 
-@pytest.mark.parametrize("i", range(len(GQA_FP8_MATRIX)), ids=[f"{s.id}-{n}s" for s, n in GQA_FP8_MATRIX])
-def test_fp8_e4m3_gqa128_matches_reference(emu, i):
-    """GQA with e4m3 caches in CUDA (issue 27): the 16-bit tolerance against the float64 reference on the
-    dequantized cache; the first case through the backend's default config."""
+@pytest.mark.parametrize("i", range(len(GQA_FP8_MATRIX)),
+                         ids=[f"{s.id}-{n}s" for s, n in GQA_FP8_MATRIX])
+def test_fp8_e4m3_gqa_matches_reference(emu, i):
+    """GQA with e4m3 caches in CUDA (issue 27), d64 / d128 / d256: the 16-bit tolerance against the float64
+    reference on the dequantized cache; the first case of each head dim through the backend's default config."""
     spec, splits = GQA_FP8_MATRIX[i]
     emu.set_schedule(SCHEDULES[i % len(SCHEDULES)], seed=i)
     emu.set_cp_async_landing("issue" if i % 2 else "wait")
     case = make_case(spec)
-    out, lse = _run(case, None if i == 0 else cfg(splits, *FP8_F16_TILE))
+    tile = FP8_F16_TILE if i in _GQA_FP8_S3_CASES else GQA_FP8_TILE[spec.dqk]
+    out, lse = _run(case, None if i in _GQA_FP8_DEFAULT_CASES else cfg(splits, *tile))
     check_against_reference(out, lse, case)
 
 
@@ -591,11 +605,12 @@ def test_every_fp8_barrier_is_needed_and_caught(emu, tile):
     assert not missed, f"skipping e4m3-kernel block_sync call(s) {missed} went unnoticed in every strict mode"
 
 
-def test_every_gqa_fp8_barrier_is_needed_and_caught(emu):
-    # GQA 128 on the f16 tile: as the MLA f16 tile (the Q row scales, then 2 before the loop, 2 per tile),
-    # with V rows copied apart from K's
-    case = make_case(CaseSpec((300,), (7,), "bushy", dtype=BF, kv_dtype="fp8_e4m3", seed=78, **gqa(8, 1)))
-    missed = _missed_barriers(emu, case, cfg(1, *FP8_F16_TILE), 12)
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_every_gqa_fp8_barrier_is_needed_and_caught(emu, d):
+    # GQA on the f16 tile (its default ring per head dim; d64 on 4 warps): as the MLA f16 tile (the Q row scales,
+    # then 2 before the loop, 2 per tile), with V rows copied apart from K's
+    case = make_case(CaseSpec((300,), (7,), "bushy", dtype=BF, kv_dtype="fp8_e4m3", seed=78, **gqa(8, 1, d)))
+    missed = _missed_barriers(emu, case, cfg(1, *GQA_FP8_TILE[d]), 12)
     assert not missed, f"skipping GQA e4m3-cache block_sync call(s) {missed} went unnoticed in every strict mode"
 
 
@@ -647,11 +662,14 @@ def test_fp8_mla656_scales_and_rope_are_read(emu):
     check_against_reference(out, lse, case)           # the reference reads the same modified rows
 
 
-def test_fp8_gqa_is_refused_with_a_reason(emu):
-    """The CUDA kernels read fp8 caches for MLA 576/512 and GQA 128 only: a GQA 64 fp8 call names why (and auto falls
-    back to a backend that reads it, here the reference on CPU tensors)."""
-    case = make_case(CaseSpec((30,), (3,), "bushy", dtype=FP, kv_dtype="fp8_e4m3", seed=85, **gqa(4, 2, 64)))
-    with pytest.raises(ValueError, match="fp8 caches: the kernels are built for MLA 576/512"):
+def test_fp8_gqa_outside_the_family_is_refused_with_a_reason(emu):
+    """Every compiled head reads e4m3 caches now (MLA 576/512, GQA 64 / 128 / 256); a head dim the family lacks
+    names the compiled shapes (and auto falls back to a backend that reads it, here the reference on CPU tensors),
+    and 656-byte rows stay MLA-only."""
+    case = make_case(CaseSpec((30,), (3,), "bushy", dtype=FP, kv_dtype="fp8_e4m3", seed=85, **gqa(4, 2, 96)))
+    with pytest.raises(ValueError, match="head shape Dqk=96 Dv=96 .*GQA 64, 128, 256"):
         tree_verify(**case.kwargs, backend="cuda-emu")
     out = tree_verify(**case.kwargs, backend="auto")
     check_against_reference(out, None, case)
+    with pytest.raises(ValueError, match="fp8_mla656 needs an MLA 576/512 cache"):   # the cache's own layout
+        make_case(CaseSpec((30,), (3,), "bushy", dtype=FP, kv_dtype="fp8_mla656", seed=86, **gqa(4, 2, 64)))

@@ -230,9 +230,10 @@ def test_int64_indices_prefix_only_and_too_wide_tree():
 # ------------------------------------------------------------ e4m3 caches ----
 
 @pytest.mark.parametrize("page_size", [1, 16])
-@pytest.mark.parametrize("head", ["llama-gqa128", "qwen-gqa128"])
-def test_fp8_e4m3_gqa128_matches_reference(page_size, head):
-    """GQA 128 with e4m3 caches: kernel v1's f16 tile (K / V codes to f16 in registers), 16-bit tolerance."""
+@pytest.mark.parametrize("head", ["llama-gqa128", "qwen-gqa128", "gqa64", "gqa256"])
+def test_fp8_e4m3_gqa_matches_reference(page_size, head):
+    """GQA 64 / 128 / 256 with e4m3 caches: kernel v1's f16 tile (K / V codes to f16 in registers; d64 on its
+    4-warp twin, merged by the v0 combine), 16-bit tolerance."""
     _check(_spec(head, prefix_lens=(4097, 300), tree_sizes=(16, 5), page_size=page_size, seed=33,
                  kv_dtype="fp8_e4m3"))
 

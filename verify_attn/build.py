@@ -48,9 +48,12 @@ HEADS: dict[str, tuple[int, int, bool]] = {
     "mla576e4m3": (576, 512, True),  # e4m3 caches (TilesForFp8<HeadMLA>): q / out bf16 or fp16
     "mla576x656": (576, 512, True),  # FlashMLA's 656-byte fp8 MLA rows (TilesFor656<HeadMLA>)
     "gqa128e4m3": (128, 128, False),  # e4m3 caches (TilesForFp8<HeadG128>): kernel v1's f16 tile
+    "gqa64e4m3": (64, 64, False),     # e4m3 caches (TilesForFp8<HeadG64>): the f16 tile on 4 warps
+    "gqa256e4m3": (256, 256, False),  # e4m3 caches (TilesForFp8<HeadG256>): kernel v1's f16 tile
 }
 # head key -> its e4m3-cache variant (VA_TV_INSTANTIATE_FP8); the heads that have one
-FP8_HEADS: dict[str, str] = {"mla576": "mla576e4m3", "gqa128": "gqa128e4m3"}
+FP8_HEADS: dict[str, str] = {"mla576": "mla576e4m3", "gqa64": "gqa64e4m3", "gqa128": "gqa128e4m3",
+                             "gqa256": "gqa256e4m3"}
 # head key -> its 656-byte-row variant (VA_TV_INSTANTIATE_656)
 MLA656_HEADS: dict[str, str] = {"mla576": "mla576x656"}
 # K row bytes in the cache where they are not Dqk x the element size
@@ -113,7 +116,12 @@ TILES: dict[str, list[Tile]] = {
     # nvcc lowers its MMAs to f16 HMMAs (no e4m3 rate there); the f16 tile is the H200's.
     "mla576e4m3": [Tile(32, 32, 4, 2, 4, version=1, sn=2, archs=("sm_120a",)), _FP8_F16_TILE],  # f16: the H200's, the exact one
     "mla576x656": [_FP8_F16_TILE],
-    "gqa128e4m3": [_FP8_F16_TILE],
+    # GQA: the f16 tile with deeper rings than MLA's (a GQA stage is 4.6-17 KB): 6 stages at d128, 4 at d256 (5
+    # would pass sm_120's 99 KB), the 3-stage tile kept; d64 on 4 warps (8 would leave each 8 Dv columns, under
+    # the n16 pair of ldmatrix .trans: TileFp8F16W4)
+    "gqa128e4m3": [Tile(32, 32, 4, 2, 6, version=1, sn=2, fp8_mma=0), _FP8_F16_TILE],
+    "gqa256e4m3": [Tile(32, 32, 4, 2, 4, version=1, sn=2, fp8_mma=0), _FP8_F16_TILE],
+    "gqa64e4m3": [Tile(32, 32, 2, 2, 6, version=1, sn=2, fp8_mma=0)],
     "gqa64": [Tile(64, 64, 4, 1, 2)],
     "gqa128": [Tile(64, 32, 4, 1, 2), Tile(128, 32, 8, 1, 2)],
     "gqa256": [Tile(32, 32, 2, 2, 2)],

@@ -372,8 +372,8 @@ def predict(km: KernelModel, dev: DeviceModel, case: Case, num_splits: Optional[
     prologue = waves * pro_cycles / dev.clock_hz * 1e6
     main = main_cycles / dev.clock_hz * 1e6
     comb = combine_us(km, dev, case, S)
-    # v1 launches its combine with programmatic dependent launch (launch_shape.cuh)
-    launch = dev.launch_us.value + ((dev.pdl_launch_us.value if km.tile.version >= 1 else dev.launch_us.value)
+    # the v1 combine is launched with programmatic dependent launch (launch_shape.cuh)
+    launch = dev.launch_us.value + ((dev.pdl_launch_us.value if km.combine_pdl else dev.launch_us.value)
                                     if S > 1 else 0.0)
     total = main + prologue + comb + launch
     c = counts(case)

@@ -129,8 +129,8 @@ def evaluate(payloads: list[dict], ctx: int = 185_000) -> list[Goal]:
     from verify_attn import build as vb
     built = sorted(k for k in vb.HEADS if k.startswith("gqa") and k in vb.FP8_HEADS.values())
     g.append(Goal("GQA with fp8 caches in CUDA: built and correct", bool(built),
-                  f"built: {', '.join(built) or 'none'}; correctness: tests/test_cuda_emu.py -k gqa128 (emulator), "
-                  "tests/test_cuda_gpu.py -k gqa128 (GPU)"))
+                  f"built: {', '.join(built) or 'none'}; correctness: tests/test_cuda_emu.py -k 'gqa_fp8 or "
+                  "fp8_e4m3_gqa' (emulator), tests/test_cuda_gpu.py -k fp8_e4m3_gqa (GPU)"))
     return g
 
 

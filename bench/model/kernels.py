@@ -40,6 +40,7 @@ class KernelModel:
     # shared-memory bank conflicts (bench.model.banks): instruction address -> wavefronts / conflict-free ones
     bank_degree: dict = field(default_factory=dict)
     bank_unresolved: int = 0      # accesses of the hot tile whose lanes' addresses could not be read
+    combine_pdl: bool = False     # its combine is the v1 one, launched with programmatic dependent launch
 
     @property
     def threads(self) -> int:
@@ -113,7 +114,10 @@ def load(arch: str, head: str, dtype: str, layout: str) -> tuple[KernelModel, ..
         hot = analysis.tile_path(f, lp, mk.cold, kfile, rare=mk.rare, bulk_lanes=lanes)
         cold = analysis.tile_path(f, lp, mk.cold, kfile, include_cold=True, hot=mk.hot, rare=mk.rare,
                                   bulk_lanes=lanes)
-        comb_path, comb_regs, comb_per = combines.get(min(tile.version, 1), (None, 0, 1))  # v2 launches the v1 combine
+        # v1 / v2 launch the v1 combine (128 columns per warp), except for a Dv under 128 (GQA 64 with e4m3 caches),
+        # which takes v0's (csrc/tree_verify/launch_shape.cuh)
+        comb_v = 1 if tile.version >= 1 and dv % 128 == 0 else 0
+        comb_path, comb_regs, comb_per = combines.get(comb_v, (None, 0, 1))
         acc = banks.conflicts(f, warps=tile.num_warps)
         hot_addrs = {i.addr for i in hot.instrs}
         out.append(KernelModel(arch, readable, name, tile, head, dtype, layout, regs.get(name, 0),
@@ -121,7 +125,8 @@ def load(arch: str, head: str, dtype: str, layout: str) -> tuple[KernelModel, ..
                                analysis.read_tile(hot),
                                analysis.read_tile(cold), comb_path, comb_regs, comb_per,
                                {a: x.degree for a, x in acc.items() if x.degree > 1.0},
-                               sum(1 for a, x in acc.items() if a in hot_addrs and not x.resolved)))
+                               sum(1 for a, x in acc.items() if a in hot_addrs and not x.resolved),
+                               comb_v == 1))
     if not out:
         raise LookupError(f"no split kernels in {cubin}")
     order = {t: i for i, t in enumerate(vb.TILES[head])}

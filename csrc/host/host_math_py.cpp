@@ -70,6 +70,8 @@ py::list tile_configs() {
   add_tiles<va::tv::HeadMLA, 1>(out, "mla576e4m3", va::tv::TilesForFp8<va::tv::HeadMLA>::type{});
   add_tiles<va::tv::HeadMLA, 2>(out, "mla576x656", va::tv::TilesFor656<va::tv::HeadMLA>::type{});
   add_tiles<va::tv::HeadG128, 1>(out, "gqa128e4m3", va::tv::TilesForFp8<va::tv::HeadG128>::type{});
+  add_tiles<va::tv::HeadG64, 1>(out, "gqa64e4m3", va::tv::TilesForFp8<va::tv::HeadG64>::type{});
+  add_tiles<va::tv::HeadG256, 1>(out, "gqa256e4m3", va::tv::TilesForFp8<va::tv::HeadG256>::type{});
   return out;
 }
 

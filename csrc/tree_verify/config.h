@@ -162,9 +162,18 @@ template <> struct TilesForFp8<HeadMLA> {
   using type = TileList<TileConfigV1<32, 32, 8, 4, 2, 2>, TileFp8F16>;
 };
 // GQA d128 with e4m3 caches: kernel v1's f16 tile (K / V codes to f16 in registers, Q and P in f16), V rows
-// apart from K's: 32 rows x 32 tokens x 3 stages, S split 2 (dims: 64 = 2 steps of 32) x 2 (tokens) x 2 (M),
-// every warp 16 Dv columns of all rows.
-template <> struct TilesForFp8<HeadG128> { using type = TileList<TileFp8F16>; };
+// apart from K's: 32 rows x 32 tokens, S split 2 (dims: 64 = 2 steps of 32) x 2 (tokens) x 2 (M), every warp 16
+// Dv columns of all rows. A stage is 9 KB, so 6 stages (4 tiles in flight, 75 KB) are the default; the 3-stage
+// tile (one in flight) stays compiled.
+template <> struct TilesForFp8<HeadG128> { using type = TileList<TileConfigV1<32, 32, 8, 6, 2, 2, 0>, TileFp8F16>; };
+// GQA d256 with e4m3 caches: the same tile (S dims per warp: 128 = 4 steps of 32; every warp 32 Dv columns) at 4
+// stages (17 KB each; 87 KB, two tiles in flight; 5 would pass sm_120's 99 KB), and at 3.
+template <> struct TilesForFp8<HeadG256> { using type = TileList<TileConfigV1<32, 32, 8, 4, 2, 2, 0>, TileFp8F16>; };
+// GQA d64 with e4m3 caches: the f16 tile on 4 warps (8 would leave each 8 Dv columns, under an n16 pair): S split
+// 2 (dims: 32 = one step) x 2 (tokens), both m tiles per warp; every warp 16 Dv columns of all rows; 6 stages of
+// 4.6 KB (49 KB). Its splits merge in the v0 combine (Dv 64 is under the v1 combine's 128 columns per warp).
+using TileFp8F16W4 = TileConfigV1<32, 32, 4, 6, 2, 2, 0>;
+template <> struct TilesForFp8<HeadG64> { using type = TileList<TileFp8F16W4>; };
 // FlashMLA's 656-byte rows (512 e4m3 codes, 4 fp32 scales, 64 bf16 RoPE values): the f16 tile only.
 template <class Head> struct TilesFor656 { using type = TileList<>; };
 template <> struct TilesFor656<HeadMLA> { using type = TileList<TileFp8F16>; };

@@ -40,7 +40,7 @@ const KernelEntry& find_entry(const Params& p) {
   for (const KernelEntry& e : registry()) os << ' ' << e.name;
   if (registry().empty()) os << " none";
   os << " (supported: bf16/fp16 x {576x512 with V = K[..., :512], 64, 128, 256} x {page1, paged}; fp8 caches: "
-        "576x512, and 128 with e4m3 caches)";
+        "576x512, and 64, 128, 256 with e4m3 caches)";
   throw std::invalid_argument(os.str());
 }
 

@@ -70,7 +70,9 @@ void launch_one(const Params& p, const LaunchConfig& cfg, cudaStream_t stream) {
   va::arch::launch(K::kernel, grid, dim3(Tr::kThreads), Tr::smem_bytes(), stream, p, cfg.num_splits);
   if (cfg.num_splits > 1) {
     const int pairs = p.total_q * p.num_q_heads;
-    if constexpr (Tile::kVersion >= 1) {
+    // v1 / v2 tiles: the v1 combine (128 columns per warp, programmatic dependent launch); a head narrower
+    // than that (GQA 64 with e4m3 caches) takes the v0 combine, which reads the same workspace
+    if constexpr (Tile::kVersion >= 1 && Head::DV % kCombineV1Cols == 0) {
       va::arch::launch_dependent(tree_verify_combine_kernel_v1<T, Head::DV>,
                                  dim3(va::host::ceil_div(pairs * kCombineV1WarpsPerRow<Head::DV>, kCombineV1Warps)),
                                  dim3(32 * kCombineV1Warps), 0,

@@ -201,7 +201,7 @@ def family_problem(p: Problem) -> Optional[str]:
         return f"KV cache format {p.kv_dtype!r} (the kernels read {', '.join(KV_FORMATS)})"
     if problem_head(p) is None:
         return ("fp8 caches: the kernels are built for MLA 576/512 (v_cache = k_cache[..., :512]; e4m3 and 656-byte "
-                "rows) and GQA 128 (e4m3) only")
+                "rows) and GQA 64 / 128 / 256 (e4m3) only")
     return None
 
 
