@@ -53,6 +53,7 @@ V2 = (64, 32, 8, 3)
 # v1 with the bulk loader (sm_90a only), one barrier per tile: 32x16 x 8 stages, 32x32 x 5 stages
 V1_BULK8, V1_BULK32 = (32, 16, 8, 8), (32, 32, 8, 5)
 G128_A, G128_B = (64, 32, 4, 2), (128, 32, 8, 2)
+G128_V1 = (32, 32, 8, 4)  # GQA 128 on kernel v1 (S split 2 x 2 x 2, 4 stages)
 
 SCHEDULES = ("forward", "warp-ahead", "warp-ahead-reverse", "random", "reverse")
 
@@ -110,6 +111,11 @@ MATRIX: list[tuple[CaseSpec, KernelConfig | None]] = [
     (CaseSpec((0, 54, 1), (1, 9, 4), "bushy", dtype=FP, page_size=16, seed=14, **gqa(8, 2)), cfg(16, *G128_A)),
     (CaseSpec((70, 5), (6, 2), "star", dtype=BF, page_size=32, seed=15, **gqa(4, 4)), cfg(3, *G128_A)),
     (CaseSpec((29,), (3,), "chain", dtype=FP, page_size=7, seed=16, **gqa(4, 1)), cfg(2, *G128_B)),
+    # GQA 128 on kernel v1 (16-bit, V rows apart from K's): pages 1, 3, 16, 64, odd lengths, mixed batches, 1-16 splits
+    (CaseSpec((97, 3), (9, 1), "chain", dtype=BF, seed=101, **gqa(8, 2)), cfg(3, *G128_V1)),
+    (CaseSpec((0, 54, 1), (1, 9, 4), "bushy", dtype=FP, page_size=16, seed=102, **gqa(4, 4)), cfg(5, *G128_V1)),
+    (CaseSpec((45, 7), (8, 2), "deep", dtype=BF, page_size=3, seed=103, **gqa(16, 1)), cfg(1, *G128_V1)),
+    (CaseSpec((130,), (3,), "star", dtype=FP, page_size=64, seed=104, **gqa(8, 1)), cfg(16, *G128_V1)),
     # GQA 64 and 256
     (CaseSpec((33,), (3,), "bushy", dtype=BF, page_size=32, seed=17, **gqa(4, 4, 64)), None),
     (CaseSpec((61, 2), (5, 1), "deep", dtype=FP, seed=18, **gqa(4, 2, 64)), cfg(3, 64, 64, 4, 2)),
@@ -344,6 +350,13 @@ def test_every_v1_barrier_is_needed_and_caught(emu, tile):
     case = make_case(CaseSpec((300,), (7,), "bushy", dtype=BF, seed=46, **MLA))
     missed = _missed_barriers(emu, case, cfg(1, *tile), 12)
     assert not missed, f"skipping v1 block_sync call(s) {missed} went unnoticed in every strict mode"
+
+
+def test_every_v1_gqa_barrier_is_needed_and_caught(emu):
+    # GQA 128 on kernel v1 (16-bit, V rows apart from K's): the two-barrier loop as MLA's, its V copies beside K's
+    case = make_case(CaseSpec((300,), (7,), "bushy", dtype=BF, seed=47, **gqa(8, 1)))
+    missed = _missed_barriers(emu, case, cfg(1, *G128_V1), 12)
+    assert not missed, f"skipping v1 GQA block_sync call(s) {missed} went unnoticed in every strict mode"
 
 
 @pytest.mark.parametrize("tile", [V1_BULK8, V1_BULK32], ids=["bulk-n16s8", "bulk-n32s5"])

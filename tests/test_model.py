@@ -357,3 +357,18 @@ def test_hot_path_commits_one_copy_group_per_tile(arch, head):
         assert ops.count("DEPBAR") == 1, km.name   # the loop's one cp.async.wait_group
         checked += 1
     assert checked >= 1
+
+
+def test_a_file_with_unreadable_kernels_still_gives_the_readable_ones():
+    """GQA 128 bf16: the v0 tiles' copy loop has a thread-dependent trip count (the model cannot read it); the v1
+    tile beside them is read, on both archs (its tile fields equal sm_120's e4m3-MMA tile's: the head decides its
+    archs), and the left-out kernels are listed with the reason."""
+    _tools_or_skip()
+    from bench.model import kernels
+    for arch in ("sm_120a", "sm_90a"):
+        ks = kernels.load(arch, "gqa128", "bf16", "page1")
+        v1 = [k for k in ks if k.tile.version == 1]
+        assert len(v1) == 1 and v1[0].tile.targets(arch), [k.name for k in ks]
+        left = kernels.unreadable(arch, "gqa128", "bf16", "page1")
+        assert any("m64 n32 w4 s2" in n for n, _ in left), left     # v0's default tile, on both archs
+        assert all(" v1 " not in n and "trip count" in why for n, why in left), left

@@ -123,7 +123,7 @@ TILES: dict[str, list[Tile]] = {
     "gqa256e4m3": [Tile(32, 32, 4, 2, 4, version=1, sn=2, fp8_mma=0), _FP8_F16_TILE],
     "gqa64e4m3": [Tile(32, 32, 2, 2, 6, version=1, sn=2, fp8_mma=0)],
     "gqa64": [Tile(64, 64, 4, 1, 2)],
-    "gqa128": [Tile(64, 32, 4, 1, 2), Tile(128, 32, 8, 1, 2)],
+    "gqa128": [Tile(64, 32, 4, 1, 2), Tile(128, 32, 8, 1, 2), Tile(32, 32, 4, 2, 4, version=1, sn=2)],
     "gqa256": [Tile(32, 32, 2, 2, 2)],
 }
 # The default tile per (head, arch): the first compiled tile the arch can run, unless named here
@@ -384,9 +384,16 @@ def is_656_mangled(mangled: str) -> bool:
 
 
 def _compiled_tile(mangled: str) -> Tile:
-    """The TILES entry (with its target archs) of a split kernel's mangled name."""
+    """The TILES entry (with its target archs) of a split kernel's mangled name: its own head's first (the same tile
+    fields can target other archs in another head, e.g. m32 n32 w8 s4 k2: sm_120's e4m3-MMA tile, both archs' GQA 128
+    bf16 tile), then any head's."""
     t = tile_of_mangled(mangled)
-    for tiles in TILES.values():
+    head = None
+    m = re.search(r"HeadConfigILi(\d+)ELi(\d+)ELb([01])E", mangled)
+    if m:
+        fmt = "fp8_mla656" if is_656_mangled(mangled) else "fp8_e4m3" if is_fp8_mangled(mangled) else False
+        head = head_key(int(m.group(1)), int(m.group(2)), m.group(3) == "1", fmt)
+    for tiles in ([TILES[head]] if head in TILES else []) + list(TILES.values()):
         for x in tiles:
             if replace(x, archs=t.archs) == t:  # every field the mangled name carries
                 return x

@@ -84,6 +84,15 @@ def _marked_loop(f: sass.Function, marker: str) -> tuple[str, "analysis.Markers"
     raise LookupError(f"{f.name[:70]}...: no loop marked `sass-model: {marker[:-1].replace('_', '-')}`")
 
 
+# (arch, head, dtype, layout) -> [(kernel, why)]: split kernels of a cubin the model could not read
+_UNREADABLE: dict[tuple, list[tuple[str, str]]] = {}
+
+
+def unreadable(arch: str, head: str, dtype: str, layout: str) -> list[tuple[str, str]]:
+    """The split kernels of one instantiation file that `load` left out, each with the reason (after `load`)."""
+    return list(_UNREADABLE.get((arch, head, dtype, layout), ()))
+
+
 @functools.lru_cache(maxsize=None)
 def load(arch: str, head: str, dtype: str, layout: str) -> tuple[KernelModel, ...]:
     """Every split kernel (tile config) of one instantiation file, read from its cubin."""
@@ -111,9 +120,13 @@ def load(arch: str, head: str, dtype: str, layout: str) -> tuple[KernelModel, ..
         # a bulk loader's waterfall loops: one iteration per copying lane of the loader warp (the BN first threads
         # copy a row each: call.bulk_loader_lanes); paths without bulk copies are unaffected
         lanes = min(32, tile.block_n)
-        hot = analysis.tile_path(f, lp, mk.cold, kfile, rare=mk.rare, bulk_lanes=lanes)
-        cold = analysis.tile_path(f, lp, mk.cold, kfile, include_cold=True, hot=mk.hot, rare=mk.rare,
-                                  bulk_lanes=lanes)
+        try:
+            hot = analysis.tile_path(f, lp, mk.cold, kfile, rare=mk.rare, bulk_lanes=lanes)
+            cold = analysis.tile_path(f, lp, mk.cold, kfile, include_cold=True, hot=mk.hot, rare=mk.rare,
+                                      bulk_lanes=lanes)
+        except LookupError as e:  # e.g. GQA's v0 tiles: a copy loop whose trip count depends on the thread
+            _UNREADABLE.setdefault((arch, head, dtype, layout), []).append((readable, str(e)))
+            continue
         # v1 / v2 launch the v1 combine (128 columns per warp), except for a Dv under 128 (GQA 64 with e4m3 caches),
         # which takes v0's (csrc/tree_verify/launch_shape.cuh)
         comb_v = 1 if tile.version >= 1 and dv % 128 == 0 else 0
@@ -128,7 +141,8 @@ def load(arch: str, head: str, dtype: str, layout: str) -> tuple[KernelModel, ..
                                sum(1 for a, x in acc.items() if a in hot_addrs and not x.resolved),
                                comb_v == 1))
     if not out:
-        raise LookupError(f"no split kernels in {cubin}")
+        why = "; ".join(f"{k}: {e}" for k, e in unreadable(arch, head, dtype, layout))
+        raise LookupError(f"no split kernels the model can read in {cubin}" + (f" ({why})" if why else ""))
     order = {t: i for i, t in enumerate(vb.TILES[head])}
     return tuple(sorted(out, key=lambda k: order.get(k.tile, 99)))
 

@@ -178,7 +178,7 @@ template <> struct TilesForFp8<HeadG64> { using type = TileList<TileFp8F16W4>; }
 template <class Head> struct TilesFor656 { using type = TileList<>; };
 template <> struct TilesFor656<HeadMLA> { using type = TileList<TileFp8F16>; };
 template <> struct TilesFor<HeadG128> {
-  using type = TileList<TileConfig<64, 32, 4, 1, 2>, TileConfig<128, 32, 8, 1, 2>>;
+  using type = TileList<TileConfig<64, 32, 4, 1, 2>, TileConfig<128, 32, 8, 1, 2>, TileConfigV1<32, 32, 8, 4, 2, 2>>;
 };
 template <> struct TilesFor<HeadG64> {
   using type = TileList<TileConfig<64, 64, 4, 1, 2>>;
