@@ -372,3 +372,15 @@ def test_a_file_with_unreadable_kernels_still_gives_the_readable_ones():
         left = kernels.unreadable(arch, "gqa128", "bf16", "page1")
         assert any("m64 n32 w4 s2" in n for n, _ in left), left     # v0's default tile, on both archs
         assert all(" v1 " not in n and "trip count" in why for n, why in left), left
+
+
+def test_the_model_reads_the_combine_each_launch_uses():
+    """v1 / v2 tiles launch the v1 combine with programmatic dependent launch, except a Dv under its 128 columns per
+    warp (GQA 64 with e4m3 caches), which launches v0's (csrc/tree_verify/launch_shape.cuh): the model reads that
+    one, and charges its launch without PDL."""
+    _tools_or_skip()
+    from bench.model import kernels
+    d64 = kernels.load("sm_120a", "gqa64e4m3", "bf16", "page1")
+    assert d64 and all(k.combine is not None and not k.combine_pdl for k in d64), [k.name for k in d64]
+    mla = [k for k in kernels.load("sm_120a", "mla576", "bf16", "page1") if k.tile.version == 1]
+    assert mla and all(k.combine is not None and k.combine_pdl for k in mla)
