@@ -200,14 +200,7 @@ def run(a: argparse.Namespace) -> dict:
                 for ctx in ctxs:
                     for n in trees:
                         case = predict.Case(shape, ctx, n, a.batch, lay, ps, kv_dtype=kv_dtype)
-                        if a.splits == "best":
-                            p = best_splits(km, dev, case)
-                        else:
-                            s = None if a.splits == "auto" else int(a.splits)
-                            p = predict.predict(km, dev, case, s)
-                        e = _entry(km, dev, case, p)
-                        if not getattr(a, "no_bands", False):
-                            e["band"] = {dev.key: model_bands.band(km, dev, case, p.num_splits, central=p).to_dict()}
+                        p, e = _read_row(a, km, dev, case)
                         entries.append(e)
                         if getattr(a, "trace", False) and ctx == ctxs[0] and n == trees[0]:
                             traces += trace_lines(km, dev, p)
@@ -217,6 +210,19 @@ def run(a: argparse.Namespace) -> dict:
             "devices": {d.key: {"name": d.name, "arch": d.arch, "constants": d.constants()}
                         for _, d in _archs(a.arch)},
             "kernels": entries, "traces": traces}
+
+
+def _read_row(a: argparse.Namespace, km, dev, case) -> tuple[predict.Prediction, dict]:
+    """One table row: the prediction with the run's split rule (--splits auto | best | N) and, unless --no-bands,
+    its band."""
+    if a.splits == "best":
+        p = best_splits(km, dev, case)
+    else:
+        p = predict.predict(km, dev, case, None if a.splits == "auto" else int(a.splits))
+    e = _entry(km, dev, case, p)
+    if not getattr(a, "no_bands", False):
+        e["band"] = {dev.key: model_bands.band(km, dev, case, p.num_splits, central=p).to_dict()}
+    return p, e
 
 
 def goal_paged_payload(a: argparse.Namespace, payloads: list[dict]) -> Optional[dict]:
@@ -239,12 +245,7 @@ def goal_paged_payload(a: argparse.Namespace, payloads: list[dict]) -> Optional[
         km = kernels.find(arch, head, a.dtype, "paged", tile)
         for ps in (16, 64):
             case = predict.Case(shape, 185_000, 16, a.batch, "paged", ps, kv_dtype="bf16")
-            p = (best_splits(km, dev, case) if a.splits == "best" else
-                 predict.predict(km, dev, case, None if a.splits == "auto" else int(a.splits)))
-            e = _entry(km, dev, case, p)
-            if not getattr(a, "no_bands", False):
-                e["band"] = {dev.key: model_bands.band(km, dev, case, p.num_splits, central=p).to_dict()}
-            entries.append(e)
+            entries.append(_read_row(a, km, dev, case)[1])
     if not entries:
         return None
     return {"schema": SCHEMA_VERSION, "kind": "model", "shape": shape.to_dict(), "dtype": a.dtype, "kv_dtype": "bf16",
