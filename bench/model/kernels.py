@@ -108,7 +108,7 @@ def load(arch: str, head: str, dtype: str, layout: str) -> tuple[KernelModel, ..
         combines[1 if "combine_kernel_v1" in n else 0] = (analysis.tile_path(f, lp, mk.cold, cfile),
                                                            regs.get(n, 0), mk.per_iter.get(lp.branch.line, 1))
     dqk, dv, shared = vb.HEADS[head]
-    out = []
+    out, skipped = [], []
     for name, f in funcs.items():
         if "tree_verify_split_kernel" not in name:
             continue
@@ -117,15 +117,16 @@ def load(arch: str, head: str, dtype: str, layout: str) -> tuple[KernelModel, ..
         if not tile.targets(arch):  # e.g. the wgmma tile built for sm_120a: compiled to nothing, never launched
             continue
         kfile, mk, lp = _marked_loop(f, "tile_loops")
-        # a bulk loader's waterfall loops: one iteration per copying lane of the loader warp (the BN first threads
-        # copy a row each: call.bulk_loader_lanes); paths without bulk copies are unaffected
+        # a bulk loader's waterfall loops: one iteration per lane that could copy (at most min(32, BN)); the
+        # simulation runs each warp's own copying lanes only (call.bulk_loader_lanes: BN / W, the rows spread over
+        # the warps); paths without bulk copies are unaffected
         lanes = min(32, tile.block_n)
         try:
             hot = analysis.tile_path(f, lp, mk.cold, kfile, rare=mk.rare, bulk_lanes=lanes)
             cold = analysis.tile_path(f, lp, mk.cold, kfile, include_cold=True, hot=mk.hot, rare=mk.rare,
                                       bulk_lanes=lanes)
         except LookupError as e:  # e.g. GQA's v0 tiles: a copy loop whose trip count depends on the thread
-            _UNREADABLE.setdefault((arch, head, dtype, layout), []).append((readable, str(e)))
+            skipped.append((readable, str(e)))
             continue
         # v1 / v2 launch the v1 combine (128 columns per warp), except for a Dv under 128 (GQA 64 with e4m3 caches),
         # which takes v0's (csrc/tree_verify/launch_shape.cuh)
@@ -140,8 +141,9 @@ def load(arch: str, head: str, dtype: str, layout: str) -> tuple[KernelModel, ..
                                {a: x.degree for a, x in acc.items() if x.degree > 1.0},
                                sum(1 for a, x in acc.items() if a in hot_addrs and not x.resolved),
                                comb_v == 1))
+    _UNREADABLE[(arch, head, dtype, layout)] = skipped
     if not out:
-        why = "; ".join(f"{k}: {e}" for k, e in unreadable(arch, head, dtype, layout))
+        why = "; ".join(f"{k}: {e}" for k, e in skipped)
         raise LookupError(f"no split kernels the model can read in {cubin}" + (f" ({why})" if why else ""))
     order = {t: i for i, t in enumerate(vb.TILES[head])}
     return tuple(sorted(out, key=lambda k: order.get(k.tile, 99)))
