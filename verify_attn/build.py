@@ -385,16 +385,21 @@ def is_656_mangled(mangled: str) -> bool:
     return re.search(r"TileConfigV1I(?:Li\d+E)+EELb1ELb1E", mangled) is not None
 
 
+def _head_dims(mangled: str) -> Optional[tuple[int, int, bool]]:
+    """(Dqk, Dv, shared KV) of a split kernel's HeadConfig in its mangled name; None when it has none."""
+    m = re.search(r"HeadConfigILi(\d+)ELi(\d+)ELb([01])E", mangled)
+    return (int(m.group(1)), int(m.group(2)), m.group(3) == "1") if m else None
+
+
 def _compiled_tile(mangled: str) -> Tile:
     """The TILES entry (with its target archs) of a split kernel's mangled name: its own head's first (the same tile
     fields can target other archs in another head, e.g. m32 n32 w8 s4 k2: sm_120's e4m3-MMA tile, both archs' GQA 128
     bf16 tile), then any head's."""
     t = tile_of_mangled(mangled)
-    head = None
-    m = re.search(r"HeadConfigILi(\d+)ELi(\d+)ELb([01])E", mangled)
-    if m:
+    head, dims = None, _head_dims(mangled)
+    if dims:
         fmt = "fp8_mla656" if is_656_mangled(mangled) else "fp8_e4m3" if is_fp8_mangled(mangled) else False
-        head = head_key(int(m.group(1)), int(m.group(2)), m.group(3) == "1", fmt)
+        head = head_key(*dims, fmt)
     for tiles in ([TILES[head]] if head in TILES else []) + list(TILES.values()):
         for x in tiles:
             if replace(x, archs=t.archs) == t:  # every field the mangled name carries
@@ -406,11 +411,11 @@ def _describe(mangled: str) -> tuple[str, int]:
     """Readable name and dynamic smem (bytes) of a kernel from its mangled name."""
     elem = next((v for k, v in _ELEM.items() if k in mangled), "?")
     if "tree_verify_split_kernel" in mangled:
-        dqk, dv, shared = re.search(r"HeadConfigILi(\d+)ELi(\d+)ELb([01])E", mangled).groups()
+        dqk, dv, shared = _head_dims(mangled)
         layout = "paged" if "PagedLayout" in mangled else "page1"
         tile = tile_of_mangled(mangled)
         fp8, m656 = is_fp8_mangled(mangled), is_656_mangled(mangled)
-        dyn = smem_bytes(tile, int(dqk), int(dv), shared == "1", kv_bytes=1 if fp8 else 2, kv_row=656 if m656 else 0)
+        dyn = smem_bytes(tile, dqk, dv, shared, kv_bytes=1 if fp8 else 2, kv_row=656 if m656 else 0)
         name = f"split {elem}{'q-656kv' if m656 else 'q-e4m3kv' if fp8 else ''} {dqk}x{dv} {layout} {tile.label()}"
         return name, dyn
     if "tree_verify_combine_kernel" in mangled:
