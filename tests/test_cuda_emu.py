@@ -495,37 +495,39 @@ FP8_MATRIX = [
 # GQA with e4m3 caches (kernel v1's f16 tile, V rows apart from K's, deeper rings than MLA's): d128 at 6 stages
 # (groups 1, 4, 8, 16, page sizes 1, 3, 16, 64, odd lengths, mixed batches, empty splits), d256 at 4, d64 at 6 on
 # 4 warps (whose splits merge in the v0 combine: Dv 64 is under the v1 combine's 128 columns per warp); the
-# 3-stage tile stays compiled for d128 and d256 (GQA_FP8_S3 cases)
+# 3-stage tile stays compiled for d128 and d256 (FP8_F16_TILE cases)
 GQA_FP8_TILE = {128: (32, 32, 8, 6), 256: (32, 32, 8, 4), 64: (32, 32, 4, 6)}
-GQA_FP8_MATRIX = [
-    (CaseSpec((54,), (5,), "bushy", dtype=BF, kv_dtype="fp8_e4m3", seed=90, **gqa(8, 1)), 1),
-    (CaseSpec((97, 3), (7, 2), "chain", dtype=FP, kv_dtype="fp8_e4m3", page_size=3, seed=91, **gqa(8, 2)), 3),
-    (CaseSpec((0, 200, 1), (1, 16, 4), "bushy", dtype=BF, kv_dtype="fp8_e4m3", page_size=16, seed=92, **gqa(4, 4)), 4),
-    (CaseSpec((20,), (37,), "deep", dtype=FP, kv_dtype="fp8_e4m3", seed=93, **gqa(4, 1)), 2),
-    (CaseSpec((130,), (3,), "star", dtype=BF, kv_dtype="fp8_e4m3", page_size=64, seed=94, **gqa(16, 2)), 16),
-    # d64 and d256: the default config first, then pages 5 / 7 / 16, mixed batches, more splits than tiles
-    (CaseSpec((61,), (5,), "bushy", dtype=BF, kv_dtype="fp8_e4m3", seed=95, **gqa(4, 2, 64)), 1),
-    (CaseSpec((0, 97, 5), (1, 9, 3), "deep", dtype=FP, kv_dtype="fp8_e4m3", page_size=5, seed=96, **gqa(8, 1, 64)), 3),
-    (CaseSpec((130,), (4,), "chain", dtype=BF, kv_dtype="fp8_e4m3", page_size=16, seed=97, **gqa(16, 2, 64)), 8),
-    (CaseSpec((45,), (6,), "star", dtype=BF, kv_dtype="fp8_e4m3", seed=98, **gqa(4, 1, 256)), 1),
-    (CaseSpec((33, 90), (3, 11), "bushy", dtype=FP, kv_dtype="fp8_e4m3", page_size=7, seed=99, **gqa(8, 2, 256)), 4),
-    (CaseSpec((200,), (2,), "chain", dtype=BF, kv_dtype="fp8_e4m3", page_size=64, seed=100, **gqa(2, 1, 256)), 16),
+_E = dict(kv_dtype="fp8_e4m3")
+# (spec, config or None for the backend's default): the first case of each head dim through the default
+GQA_FP8_MATRIX: list[tuple[CaseSpec, KernelConfig | None]] = [
+    (CaseSpec((54,), (5,), "bushy", dtype=BF, seed=90, **_E, **gqa(8, 1)), None),
+    (CaseSpec((97, 3), (7, 2), "chain", dtype=FP, page_size=3, seed=91, **_E, **gqa(8, 2)), cfg(3, *GQA_FP8_TILE[128])),
+    (CaseSpec((0, 200, 1), (1, 16, 4), "bushy", dtype=BF, page_size=16, seed=92, **_E, **gqa(4, 4)),
+     cfg(4, *GQA_FP8_TILE[128])),
+    (CaseSpec((20,), (37,), "deep", dtype=FP, seed=93, **_E, **gqa(4, 1)), cfg(2, *FP8_F16_TILE)),
+    (CaseSpec((130,), (3,), "star", dtype=BF, page_size=64, seed=94, **_E, **gqa(16, 2)), cfg(16, *GQA_FP8_TILE[128])),
+    # d64 and d256: pages 5 / 7 / 16 / 64, mixed batches, more splits than tiles
+    (CaseSpec((61,), (5,), "bushy", dtype=BF, seed=95, **_E, **gqa(4, 2, 64)), None),
+    (CaseSpec((0, 97, 5), (1, 9, 3), "deep", dtype=FP, page_size=5, seed=96, **_E, **gqa(8, 1, 64)),
+     cfg(3, *GQA_FP8_TILE[64])),
+    (CaseSpec((130,), (4,), "chain", dtype=BF, page_size=16, seed=97, **_E, **gqa(16, 2, 64)), cfg(8, *GQA_FP8_TILE[64])),
+    (CaseSpec((45,), (6,), "star", dtype=BF, seed=98, **_E, **gqa(4, 1, 256)), None),
+    (CaseSpec((33, 90), (3, 11), "bushy", dtype=FP, page_size=7, seed=99, **_E, **gqa(8, 2, 256)), cfg(4, *FP8_F16_TILE)),
+    (CaseSpec((200,), (2,), "chain", dtype=BF, page_size=64, seed=100, **_E, **gqa(2, 1, 256)),
+     cfg(16, *GQA_FP8_TILE[256])),
 ]
-_GQA_FP8_DEFAULT_CASES = {0, 5, 8}   # run through the backend's default config
-_GQA_FP8_S3_CASES = {3, 9}           # on the 3-stage tile (FP8_F16_TILE)
 
 
 @pytest.mark.parametrize("i", range(len(GQA_FP8_MATRIX)),
-                         ids=[f"{s.id}-{n}s" for s, n in GQA_FP8_MATRIX])
+                         ids=[f"{s.id}-{c.num_splits if c else 'dflt'}s" for s, c in GQA_FP8_MATRIX])
 def test_fp8_e4m3_gqa_matches_reference(emu, i):
     """GQA with e4m3 caches in CUDA (issue 27), d64 / d128 / d256: the 16-bit tolerance against the float64
     reference on the dequantized cache; the first case of each head dim through the backend's default config."""
-    spec, splits = GQA_FP8_MATRIX[i]
+    spec, config = GQA_FP8_MATRIX[i]
     emu.set_schedule(SCHEDULES[i % len(SCHEDULES)], seed=i)
     emu.set_cp_async_landing("issue" if i % 2 else "wait")
     case = make_case(spec)
-    tile = FP8_F16_TILE if i in _GQA_FP8_S3_CASES else GQA_FP8_TILE[spec.dqk]
-    out, lse = _run(case, None if i in _GQA_FP8_DEFAULT_CASES else cfg(splits, *tile))
+    out, lse = _run(case, config)
     check_against_reference(out, lse, case)
 
 
