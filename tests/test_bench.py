@@ -550,3 +550,20 @@ def test_overhead_tool_runs_and_cleans_up(capsys):
     out = capsys.readouterr().out
     assert "validation=shapes" in out and "validation=full" in out
     assert "noop" not in known_backends()
+
+
+def test_emu_sweep_runs_random_cases_and_reports_each_tile(capsys):
+    """bench.emu_sweep: random cases through named tiles on the emulator, a row per tile with its failures and error
+    quantiles; an unknown tile name is refused with the known ones."""
+    from bench import emu_sweep
+    from verify_attn.backends import cuda_emu
+    ok, why = cuda_emu.available()
+    if not ok:
+        pytest.skip(f"cuda-emu: {why}")
+    assert emu_sweep.main(["--tiles", "gqa128-e4m3-s6,mla-bf16-n16-s4", "--cases", "3", "--seed", "2"]) == 0
+    out = capsys.readouterr().out
+    for name in ("gqa128-e4m3-s6", "mla-bf16-n16-s4"):
+        row = next(x for x in out.splitlines() if x.startswith(name))
+        assert row.split()[1:3] == ["3", "0"], row          # 3 cases, 0 failures
+    assert emu_sweep.main(["--tiles", "nope"]) == 2
+    assert "known: mla-bf16-n16-s4" in capsys.readouterr().err
