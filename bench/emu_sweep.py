@@ -3,7 +3,7 @@
 Each case draws a batch of 1-3 requests (prefixes 0-600 tokens, trees of 1-37 nodes of every kind), a page size,
 a split count, q's dtype, an emulator schedule and a cp.async landing, runs one compiled tile through
 `backend="cuda-emu"` and compares with the reference on the (dequantized) cache. The 16-bit tiles and the f16 fp8
-tiles are held to the 16-bit tolerance (tests/cases.py); the e4m3-MMA tile, which rounds Q and P to e4m3, to
+tiles are held to the 16-bit tolerance (tests/cases.py); the e4m3-MMA tiles, which round Q and P to e4m3, to
 `tolerances.FP8_MMA_*`. It prints, per tile, the cases, the failures and the error distribution (max |err| /
 max |ref| per call: p50, p90, p99, max), so a tolerance can be read against the tail it must hold.
 
@@ -30,6 +30,7 @@ TILES: dict[str, tuple[dict, Optional[str], tuple[int, int, int, int], bool]] = 
     "mla-bf16-n16-s4": (dict(hq=8, hkv=1, dqk=576, dv=512, mla=True), None, (32, 16, 8, 4), False),
     "mla-e4m3-mma": (dict(hq=8, hkv=1, dqk=576, dv=512, mla=True), "fp8_e4m3", (32, 32, 8, 4), True),
     "mla-656-f16": (dict(hq=8, hkv=1, dqk=576, dv=512, mla=True), "fp8_mla656", (32, 32, 8, 3), False),
+    "mla-656-e4m3-mma": (dict(hq=8, hkv=1, dqk=576, dv=512, mla=True), "fp8_mla656", (32, 32, 8, 4), True),
     "gqa64-e4m3-s6": (dict(hkv=2, dqk=64, dv=64, mla=False), "fp8_e4m3", (32, 32, 4, 6), False),
     "gqa128-e4m3-s6": (dict(hkv=1, dqk=128, dv=128, mla=False), "fp8_e4m3", (32, 32, 8, 6), False),
     "gqa256-e4m3-s4": (dict(hkv=2, dqk=256, dv=256, mla=False), "fp8_e4m3", (32, 32, 8, 4), False),

@@ -640,41 +640,119 @@ def _caught_e4m3(emu, case, config) -> bool:
 
 
 
-# FlashMLA's 656-byte rows (TilesFor656): e4m3 codes x per-128 scales and bf16 RoPE, on the f16 tile
+# FlashMLA's 656-byte rows (TilesFor656): e4m3 codes x per-128 scales and bf16 RoPE. sm_120's tile runs S and P.V
+# on e4m3 MMAs (each 128-column block's sum times the token's block scale; P once per block, times the token's
+# block scale over the block's running largest; the RoPE on f16 MMAs): the e4m3-MMA tolerance. The f16 tile
+# (codes x scale in registers, f16 MMAs) is exact up to f16: the 16-bit tolerance.
+MLA656_E4M3_TILE = (32, 32, 8, 4)
 MLA656_MATRIX = [
     (CaseSpec((54,), (5,), "bushy", dtype=BF, kv_dtype="fp8_mla656", seed=80, **MLA), 1),
     (CaseSpec((97, 3), (7, 2), "chain", dtype=FP, kv_dtype="fp8_mla656", page_size=5, seed=81, **MLA), 3),
     (CaseSpec((300,), (9,), "star", dtype=BF, kv_dtype="fp8_mla656", page_size=16, seed=82, **MLA), 2),
     (CaseSpec((0, 200, 1), (1, 16, 4), "deep", dtype=FP, kv_dtype="fp8_mla656", page_size=3, seed=83, **MLA), 4),
     (CaseSpec((20,), (37,), "bushy", dtype=BF, kv_dtype="fp8_mla656", page_size=7, seed=84, **MLA), 2),
+    (CaseSpec((130, 61), (16, 3), "bushy", dtype=BF, kv_dtype="fp8_mla656", page_size=64, seed=87, **MLA), 3),
 ]
 
 
+def _check_656(case, out, lse, tile) -> tuple[float, float]:
+    rel, lse_err = _fp8_errors(case, out, lse)
+    if tile == MLA656_E4M3_TILE:
+        assert rel <= FP8_MMA_REL_TOL and lse_err <= FP8_MMA_LSE_ATOL, (case.spec.id, rel, lse_err)
+    else:
+        check_against_reference(out, lse, case)  # tolerances.FP8_TOL: exact codes x power-of-two scales, f16 MMAs
+    return rel, lse_err
+
+
+@pytest.mark.parametrize("tile", [MLA656_E4M3_TILE, FP8_F16_TILE], ids=["e4m3-mma", "f16-mma"])
 @pytest.mark.parametrize("i", range(len(MLA656_MATRIX)), ids=[f"{s.id}-{n}s" for s, n in MLA656_MATRIX])
-def test_fp8_mla656_rows_match_reference(emu, i):
+def test_fp8_mla656_rows_match_reference(emu, i, tile):
     spec, splits = MLA656_MATRIX[i]
     emu.set_schedule(SCHEDULES[i % len(SCHEDULES)], seed=i)
     emu.set_cp_async_landing("issue" if i % 2 else "wait")
     case = make_case(spec)
-    config = None if i == 0 else cfg(splits, *FP8_F16_TILE)  # the default is that tile too
-    out, lse = _run(case, config)
-    rel, lse_err = _fp8_errors(case, out, lse)
-    print(f"{spec.id}: max|err|/max|ref| {rel:.4f}, max|lse err| {lse_err:.2e}")  # NOTES.md's figures (pytest -s)
-    check_against_reference(out, lse, case)  # tolerances.FP8_TOL: exact codes x power-of-two scales, f16 MMAs
+    out, lse = _run(case, cfg(splits, *tile))
+    rel, lse_err = _check_656(case, out, lse, tile)
+    print(f"{spec.id} {'e4m3-mma' if tile == MLA656_E4M3_TILE else 'f16-mma'}: max|err|/max|ref| {rel:.4f}, "
+          f"max|lse err| {lse_err:.2e}")  # NOTES.md's figures (pytest -s)
 
 
-def test_fp8_mla656_scales_and_rope_are_read(emu):
+def test_fp8_mla656_default_config_is_the_arch_default_tile(emu):
+    from verify_attn import build as vb
+    from verify_attn import device as vdevice
+
+    case = make_case(MLA656_MATRIX[0][0])
+    p = case.problem()
+    c = cuda_emu.default_config(p)
+    t = vb.default_tile("mla576x656", vdevice.props_for(p.device).arch)  # CPU tensors: the planning arch
+    assert (c.block_m, c.block_n, c.num_warps, c.num_stages) == (t.block_m, t.block_n, t.num_warps, t.num_stages)
+    assert vb.default_tile("mla576x656", "sm_90a").fp8_mma == 0 and vb.default_tile("mla576x656", "sm_120a").fp8_mma
+    out, lse = _run(case, None)
+    _check_656(case, out, lse, (t.block_m, t.block_n, t.num_warps, t.num_stages))
+
+
+def _656_rows(case):
+    rows = case.kwargs["k_cache"]                    # uint8 [slots, 1, 656]
+    return rows[..., 512:528].view(torch.float32), rows[..., 528:656].view(torch.bfloat16)  # 4 scales, RoPE
+
+
+@pytest.mark.parametrize("tile", [MLA656_E4M3_TILE, FP8_F16_TILE], ids=["e4m3-mma", "f16-mma"])
+def test_fp8_mla656_scales_and_rope_are_read(emu, tile):
     """Every block's scale doubled and the RoPE negated in the rows: the kernel follows the reference on
-    the modified cache (a kernel that ignored the scales or read the RoPE as codes would not)."""
+    the modified cache, which is far from the unmodified one (a kernel that ignored the scales or read the
+    RoPE as codes would not follow it)."""
     spec, splits = MLA656_MATRIX[0]
+    case = make_case(spec)
+    before, _ = reference_verify(case.problem())
+    scales, rope = _656_rows(case)
+    scales.mul_(2.0)                                  # every block's scale doubled: values double
+    rope.mul_(-1)                                     # RoPE negated
+    after, _ = reference_verify(case.problem())
+    assert float((after - before).abs().max() / after.abs().max()) > 4 * FP8_MMA_REL_TOL
+    out, lse = _run(case, cfg(splits, *tile))
+    _check_656(case, out, lse, tile)                  # the reference reads the same modified rows
+
+
+def test_fp8_mla656_block_references_move_and_zero_blocks(emu):
+    """The e4m3 tile's P carries each token's block scale over the block's running largest |scale|. Each block's
+    codes are divided by a factor and its scale multiplied by it (the values stay, up to the codes' rounding;
+    only the split between code and scale moves): block 0 by 1 .. 2^6 in a cycle of 7 tokens, block 1 by 1
+    growing to 2^4 over each request's context (its reference moves on late tiles; PV must rescale O then), block 2
+    by 2^3 shrinking to 1; block 3's scales 0 (its values and V columns 0, its reference never set). Within the
+    e4m3-MMA tolerance, finite, block 3's columns exactly 0.
+    (Values times 2^4 instead would give scores of ~27 nat, whose e4m3 rounding of Q alone is 0.57 nat of LSE,
+    past the tolerance: the f16 tile is the one for such caches; NOTES.md.)"""
+    spec = CaseSpec((300, 77), (9, 4), "bushy", dtype=BF, kv_dtype="fp8_mla656", seed=88, **MLA)
     case = make_case(spec)
     kw = case.kwargs
     rows = kw["k_cache"]                              # uint8 [slots, 1, 656]
-    scales = rows[..., 512:528].view(torch.float32)   # 4 per row
-    scales.mul_(2.0)                                  # every block's scale doubled: values double
-    rows[..., 528:656].view(torch.bfloat16).mul_(-1)  # RoPE negated
-    out, lse = _run(case, cfg(splits, *FP8_F16_TILE))
-    check_against_reference(out, lse, case)           # the reference reads the same modified rows
+    t = torch.zeros(rows.shape[0], 1, 1)              # each slot's place in its request's context, 0 .. 1
+    for b in range(len(kw["kv_indptr"]) - 1):
+        idx = kw["kv_indices"][int(kw["kv_indptr"][b]):int(kw["kv_indptr"][b + 1])].long()
+        t[idx] = torch.arange(len(idx), dtype=torch.float32).view(-1, 1, 1) / len(idx)
+    f = torch.cat([2.0 ** (torch.round(t * 1000) % 7), 2.0 ** torch.floor(5 * t), 2.0 ** (3 - torch.floor(4 * t)),
+                   torch.ones_like(t)], -1)           # [slots, 1, 4]
+    codes = rows[..., :512].view(torch.float8_e4m3fn).float().view(*rows.shape[:-1], 4, 128)
+    rows[..., :512] = (codes / f.unsqueeze(-1)).view(*rows.shape[:-1], 512).to(torch.float8_e4m3fn).view(torch.uint8)
+    scales, _ = _656_rows(case)
+    scales.mul_(f)
+    scales[..., 3] = 0.0
+    out, lse = _run(case, cfg(3, *MLA656_E4M3_TILE))
+    rel, lse_err = _check_656(case, out, lse, MLA656_E4M3_TILE)
+    print(f"block references: max|err|/max|ref| {rel:.4f}, max|lse err| {lse_err:.2e}")
+    assert torch.equal(out[..., 384:], torch.zeros_like(out[..., 384:]))
+    # q = 0: every score 0, so no row max moves after a split's first tile and only the block references' moves
+    # make PV rescale O (a kernel that looked at alpha alone would keep the early tiles at their old weight)
+    kw["q"].zero_()
+    out, lse = _run(case, cfg(3, *MLA656_E4M3_TILE))
+    _check_656(case, out, lse, MLA656_E4M3_TILE)
+
+
+def test_every_fp8_mla656_barrier_is_needed_and_caught(emu):
+    # the e4m3 656 tile: as the e4m3 MLA tile (the Q row scales, then 2 before the loop, 2 per tile)
+    case = make_case(CaseSpec((300,), (7,), "bushy", dtype=BF, kv_dtype="fp8_mla656", seed=79, **MLA))
+    missed = _missed_barriers(emu, case, cfg(1, *MLA656_E4M3_TILE), 12, _caught_e4m3)
+    assert not missed, f"skipping e4m3 656-row block_sync call(s) {missed} went unnoticed in every strict mode"
 
 
 def test_fp8_gqa_outside_the_family_is_refused_with_a_reason(emu):

@@ -254,6 +254,24 @@ def test_fp8_e4m3_cache_matches_reference(page_size, dtype):
     assert rel <= FP8_MMA_REL_TOL and float((lse.double().cpu() - ref_lse).abs().max()) <= FP8_MMA_LSE_ATOL
 
 
+@pytest.mark.parametrize("page_size", [1, 64])
+def test_fp8_mla656_default_matches_reference(page_size):
+    """The 656-byte rows through the arch's default tile: sm_120's runs S and P.V on e4m3 MMAs (per-block scales;
+    tolerances.FP8_MMA_*), sm_90's is the f16 tile (the 16-bit tolerance)."""
+    from verify_attn.reference import reference_verify
+    from verify_attn.tolerances import FP8_MMA_LSE_ATOL, FP8_MMA_REL_TOL
+
+    spec = _spec("kimi-mla", torch.bfloat16, prefix_lens=(4097, 300, 0), tree_sizes=(16, 5, 1), page_size=page_size,
+                 seed=34, kv_dtype="fp8_mla656")
+    if not vb.default_tile("mla576x656", vdevice.props_for(torch.device("cuda")).arch).fp8_mma:
+        _check(spec)
+        return
+    case, o, lse = _run(spec)
+    ref, ref_lse = reference_verify(make_case(spec).problem())
+    rel = float((o.double().cpu() - ref).abs().max() / ref.abs().max())
+    assert rel <= FP8_MMA_REL_TOL and float((lse.double().cpu() - ref_lse).abs().max()) <= FP8_MMA_LSE_ATOL
+
+
 def test_fp8_scale_tensor_is_read_on_the_device_in_a_graph():
     """A 0-d k_scale tensor is read by the kernel: changing it between CUDA-graph replays changes the
     result exactly as a new call with that scale does (no host read, no recapture)."""
@@ -276,8 +294,8 @@ def test_fp8_scale_tensor_is_read_on_the_device_in_a_graph():
         assert torch.equal(out, want), mul
 
 
-@pytest.mark.parametrize("kv_dtype,tile", [("fp8_e4m3", (32, 32, 8, 3)), ("fp8_mla656", None)],
-                         ids=["e4m3-f16-tile", "mla656"])
+@pytest.mark.parametrize("kv_dtype,tile", [("fp8_e4m3", (32, 32, 8, 3)), ("fp8_mla656", (32, 32, 8, 3))],
+                         ids=["e4m3-f16-tile", "mla656-f16-tile"])
 @pytest.mark.parametrize("page_size", [1, 64])
 def test_fp8_f16_path_matches_reference_at_16_bit_tolerance(kv_dtype, tile, page_size):
     """The f16 tile (K / V converted in registers; the sm_90 default for e4m3) and the 656-byte rows:

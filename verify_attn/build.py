@@ -115,7 +115,9 @@ TILES: dict[str, list[Tile]] = {
     # The e4m3-MMA tile is sm_120's (4 stages, two barriers per tile: two tiles in flight in 91 KB): on sm_90
     # nvcc lowers its MMAs to f16 HMMAs (no e4m3 rate there); the f16 tile is the H200's.
     "mla576e4m3": [Tile(32, 32, 4, 2, 4, version=1, sn=2, archs=("sm_120a",)), _FP8_F16_TILE],  # f16: the H200's, the exact one
-    "mla576x656": [_FP8_F16_TILE],
+    # 656-byte rows: sm_120's tile on e4m3 MMAs (per-block scales on S's block sums and on P, RoPE on f16 MMAs;
+    # 4 stages, two tiles in flight, 99 KB to the byte); the f16 tile is the H200's and the exact one
+    "mla576x656": [Tile(32, 32, 4, 2, 4, version=1, sn=2, archs=("sm_120a",)), _FP8_F16_TILE],
     # GQA: the f16 tile with deeper rings than MLA's (a GQA stage is 4.6-17 KB): 6 stages at d128, 4 at d256 (5
     # would pass sm_120's 99 KB), the 3-stage tile kept; d64 on 4 warps (8 would leave each 8 Dv columns, under
     # the n16 pair of ldmatrix .trans: TileFp8F16W4)
@@ -142,6 +144,7 @@ DEFAULT_TILE: dict[tuple[str, str], Tile] = {
     # e4m3 caches on sm_90: mma.sync has no e4m3 rate there (nvcc lowers it to f16 HMMAs), so the
     # tile that converts K / V to f16 itself, keeping Q and P exact, is the faster one too (NOTES.md)
     ("mla576e4m3", "sm_90a"): _FP8_F16_TILE,
+    ("mla576x656", "sm_90a"): _FP8_F16_TILE,
 }
 
 
@@ -201,15 +204,18 @@ def smem_bytes(tile: Tile, dqk: int, dv: int, shared_kv: bool, kv_bytes: int = 2
     if tile.version == 1:
         kpad = 16 // kv_bytes
         pb = 1 if kv_bytes == 1 and tile.fp8_mma else 2  # P element bytes
-        krow = (kv_row + 32) if kv_row else dqk + kpad   # kv_row: 656-byte rows, a 32-byte pad
+        krow = kv_row if kv_row else dqk + kpad   # kv_row: 656-byte rows, unpadded (41 16-byte units, odd)
         stage = tile.block_n * krow + (0 if shared_kv else tile.block_n * (dv + kpad))
         parts = 2 if tile.bars == 1 else 1  # one barrier per tile: two sets of partial scores
         spitch = tile.block_n + (4 if parts == 2 else 8)
         part = tile.ksplit * tile.block_m * spitch * 4 * parts
-        p = 2 * tile.block_m * (tile.block_n + 16 // pb) * pb
-        stats = (5 if kv_bytes == 1 else 4) * tile.block_m * 4  # alpha x 2, 1/l, lse2 (+ Q row scale)
-        slots = tile.num_stages - (2 if parts == 2 else 1)  # kv_indices ring slots (kIdxSlots)
-        idx_ring = slots * 32 * tile.num_warps * 4
+        e4m3_656 = bool(kv_row) and tile.fp8_mma  # P once per 128-column block, 4 side by side
+        # P: parts buffers; the 4-block rows (128 bytes) swizzled instead of padded
+        p = parts * tile.block_m * ((4 * tile.block_n) if e4m3_656 else (tile.block_n + 16 // pb)) * pb
+        stats = (parts + 2 + (1 if kv_bytes == 1 else 0)) * tile.block_m * 4  # alpha x parts, 1/l, lse2 (+ Q scale)
+        stats += 4 * tile.block_n * 4 if e4m3_656 else 0  # the tile's block scales per token
+        slots = tile.num_stages - 2  # kv_indices ring slots (kIdxSlots)
+        idx_ring = slots * _ring_threads(tile, dqk, dv, shared_kv, kv_bytes, kv_row) * 4
         mask = tile.block_m * 4 * 4  # the first 4 tree-mask words of each row (kMaskStage)
         bars = 8 * tile.num_stages if tile.loader else 0  # the bulk loader's mbarriers
         return tile.num_stages * stage * kv_bytes + part + p + stats + idx_ring + mask + bars
@@ -219,6 +225,22 @@ def smem_bytes(tile: Tile, dqk: int, dv: int, shared_kv: bool, kv_bytes: int = 2
     p = tile.block_m * (tile.block_n + pad) * elem if tile.warps_n > 1 else 0
     red = 2 * tile.warps_n * tile.block_m * 4 if tile.warps_n > 1 else 0
     return q + k + v + p + red
+
+
+def _ring_threads(tile: Tile, dqk: int, dv: int, shared_kv: bool, kv_bytes: int, kv_row: int) -> int:
+    """Threads with a kv_indices ring slot (kRingThreads in traits.h): every thread with the bulk loader, else
+    the BN x kThreadsPerRow loaders."""
+    threads = 32 * tile.num_warps
+    if tile.loader:
+        return threads
+    per_chunk = 16 // kv_bytes
+    row_chunks = (kv_row or dqk) // per_chunk
+    other = row_chunks if shared_kv else dv // per_chunk
+    cap = threads // tile.block_n
+    tpr = next((d for d in range(cap, 1, -1) if row_chunks % d == 0 and other % d == 0), 1)
+    if tpr == 1 and shared_kv:  # a prime chunk count (the 656-byte rows' 41): spread anyway (4 per row on e4m3)
+        tpr = 4 if (kv_row and tile.fp8_mma) else cap
+    return tile.block_n * tpr
 
 
 def instantiation_file(dtype: str, head: str, layout: str) -> Path:

@@ -96,14 +96,18 @@ struct KernelTraits {
 
 // Shared memory of the v1 kernel: STAGES x (K rows [+ V rows]), the KSPLIT fp32
 // partial score tiles (PARTS sets: 2 with one barrier per tile, tile i+1's read while
-// i+2's are written), P and alpha double-buffered (tile i read by PV while tile
-// i+1's softmax writes), 1/l and lse2. Q is staged once in the last pipeline
-// stages before their tiles are issued and then lives in registers.
+// i+2's are written), P and alpha (PARTS buffers: with one barrier per tile PV(i) reads
+// tile i's while the softmax of i+1 writes; with two, PV(i) loads P(i) and alpha(i) into
+// registers before the second barrier and the softmax of i+1 writes after it, so one
+// buffer), 1/l and lse2. Q is staged once in the last pipeline stages before their tiles
+// are issued and then lives in registers.
 template <int BM, int BN, int STAGES, int KSPLIT, int DQK, int DV, bool kSharedKV, int KVB = 2, int PB = KVB,
-          int KROW = DQK, int KPADB = 16, int PARTS = 1>
+          int KROW = DQK, int KPADB = 16, int PARTS = 1, int PGROUPS = 1>
 struct SharedMemoryPlanV1 {
   // KROW: K row elements in the cache (DQK; 656 bytes for the 656-byte MLA rows), KPADB: its pad in bytes
   // KVB: bytes per K / V element (2: the 16-bit type of q; 1: e4m3); PB: per P element. Q is staged 16-bit.
+  // PGROUPS: P copies side by side in a row (4: the 656-byte rows on e4m3 MMAs, P times each 128-column
+  // block's per-token scale).
   static constexpr int kQElem = 2;
   static constexpr int kKvElem = KVB;
   static constexpr int kPad = 16 / KVB;                            // elements per K/V/P row (16 B): conflict-free ldmatrix
@@ -115,7 +119,11 @@ struct SharedMemoryPlanV1 {
   // floats per partial-score row: BN + 8 keeps the float2 stores conflict-free; the one-barrier tiles take
   // BN + 4 (2-way conflicts on those stores) to fit their two sets in sm_120's 99 KB
   static constexpr int kSPitch = BN + (PARTS == 2 ? 4 : 8);
-  static constexpr int kPPitch = BN + 16 / PB;  // elements per P row (ldmatrix rows on distinct banks)
+  static constexpr int kPBufs = PARTS;          // P / alpha buffers (above)
+  // elements per P row: a 16-byte pad puts the 8 rows an ldmatrix reads on distinct banks; the 4-block rows
+  // (128 bytes) instead swizzle their 16-byte chunks (chunk ^ row % 8, kPSwizzle)
+  static constexpr bool kPSwizzle = PGROUPS > 1;
+  static constexpr int kPPitch = PGROUPS * BN + (kPSwizzle ? 0 : 16 / PB);
   static constexpr int kQStages = int((size_t(BM) * kQPitch * kQElem + kStageBytes - 1) / kStageBytes);  // stages Q borrows
 
   static constexpr size_t kK = 0;
@@ -123,21 +131,27 @@ struct SharedMemoryPlanV1 {
   static constexpr size_t kPart = size_t(STAGES) * kStageBytes;
   static constexpr int kPartFloats = KSPLIT * BM * kSPitch;  // one set of partial scores
   static constexpr size_t kP = kPart + size_t(PARTS) * kPartFloats * sizeof(float);
-  static constexpr size_t kStats = kP + size_t(2) * BM * kPPitch * PB;
-  // 2 x alpha, 1/l, lse2 per row; with e4m3 operands also each Q row's quantization scale
-  static constexpr int kStatsPerRow = KVB == 1 ? 5 : 4;
-  static constexpr size_t kIdx = kStats + size_t(kStatsPerRow) * BM * sizeof(float);
-  // kv_indices ring, a slot per thread: an index lives from its copy (iteration j) to its read (iteration
-  // j + STAGES - 3 with two barriers per tile, j + STAGES - 4 with one; tree_verify_kernel_v1.cuh)
-  static constexpr int kIdxSlots = PARTS == 2 ? STAGES - 2 : STAGES - 1;
+  static constexpr size_t kStats = kP + size_t(kPBufs) * BM * kPPitch * PB;
+  // kPBufs x alpha, 1/l, lse2 per row; with e4m3 operands also each Q row's quantization scale
+  static constexpr int kStatsPerRow = kPBufs + 2 + (KVB == 1 ? 1 : 0);
+  // with PGROUPS blocks: the tile's per-token block scales, (PGROUPS, BN) floats, written by the S warps for the
+  // softmax (a softmax lane's 4 tokens of one block are then one conflict-free 16-byte load)
+  static constexpr size_t kScl = kStats + size_t(kStatsPerRow) * BM * sizeof(float);
+  static constexpr size_t kIdx = kScl + (PGROUPS > 1 ? size_t(PGROUPS) * BN * sizeof(float) : 0);
+  // kv_indices ring, a slot per loader thread (kRingThreads of the traits): the index of tile T is copied in
+  // iteration T - kRingAhead and read at the top of iteration T - STAGES + 1 (tree_verify_kernel_v1.cuh), so
+  // STAGES - 2 (two barriers per tile) or STAGES - 3 (one) copies are in flight when it is read, and the copy
+  // that reuses its slot is issued later in that iteration, after the KV copy whose address needs the read
+  // value (a register dependency orders them). STAGES - 2 slots for both.
+  static constexpr int kIdxSlots = STAGES - 2;
   // tree-mask words staged per row after the ring (the first kMaskStage of each row: trees up to
   // 32 * kMaskStage = 128 nodes; the further words of wider trees are read from global memory). 4, not 8:
   // the 4-way-split one-barrier tile fills sm_120's 99 KB to the byte with 4.
   static constexpr int kMaskStage = 4;
-  template <int kThreads>
-  static constexpr size_t mask_offset() { return kIdx + size_t(kIdxSlots) * kThreads * sizeof(int32_t); }
-  template <int kThreads>
-  static constexpr size_t total() { return mask_offset<kThreads>() + size_t(BM) * kMaskStage * sizeof(uint32_t); }
+  template <int kRingThreads>
+  static constexpr size_t mask_offset() { return kIdx + size_t(kIdxSlots) * kRingThreads * sizeof(int32_t); }
+  template <int kRingThreads>
+  static constexpr size_t total() { return mask_offset<kRingThreads>() + size_t(BM) * kMaskStage * sizeof(uint32_t); }
 
   static_assert(kQStages <= STAGES - 1, "the Q tile must fit in the stages the prologue does not fill first");
   static_assert(kPart % 16 == 0 && kP % 16 == 0 && kStats % 16 == 0 && kIdx % 16 == 0 && kStageBytes % 16 == 0,
@@ -154,7 +168,10 @@ constexpr int largest_common_divisor_upto(int a, int b, int cap) {
 // kFp8: K / V are e4m3 codes (one scale per tensor); S and P.V use mma.m16n8k32 .e4m3 with Q
 // quantized per row and P stored as e4m3 (csrc/host/fp8.h has the fragment permutations).
 // kMla656: the caches are FlashMLA's 656-byte MLA rows (512 e4m3 codes, 4 fp32 scales one per 128, 64
-// bf16 RoPE values), on the f16 tile: K / V codes times their row's scale, RoPE converted to f16.
+// bf16 RoPE values). On the f16 tile: K / V codes times their row's scale, RoPE converted to f16. On e4m3
+// MMAs (k656E4m3): S over each 128-column block in its own accumulators, times the token's block scale,
+// plus the RoPE on f16 MMAs; P stored once per block, times the token's block scale over the block's
+// running largest scale (every warp's 64 Dv columns lie in one block).
 template <class Elem_, class Head, class Layout_, class Tile, bool kFp8_ = false, bool kMla656_ = false>
 struct KernelTraitsV1 {
   using Elem = Elem_;
@@ -163,6 +180,8 @@ struct KernelTraitsV1 {
   static constexpr bool kE4m3Mma = kFp8 && Tile::FP8_MMA == 1;  // products on e4m3 MMAs
   static constexpr bool kFp8Deq = kFp8 && Tile::FP8_MMA == 0;   // K / V to f16 in registers, f16 MMAs
   static constexpr bool kMla656 = kMla656_;
+  static constexpr bool k656E4m3 = kMla656 && kE4m3Mma;
+  static constexpr int k656Block = 128;  // values per scale of a 656-byte row
   using KvElem = std::conditional_t<kFp8, uint8_t, Elem>;  // K / V storage
   static constexpr int kPBytes = kE4m3Mma ? 1 : 2;          // P storage: e4m3, or 16-bit (T; f16 when kFp8Deq)
   static constexpr int kKStep = kFp8 ? 32 : 16;             // K elements per S step (one 32-byte ldmatrix pair)
@@ -186,7 +205,8 @@ struct KernelTraitsV1 {
   static constexpr int kSKSteps = kSDims / kKStep;   // MMA k steps per S warp
   static constexpr int kQFrags = kSKSteps * kMmaPerStep;  // Q A fragments per m tile
   // accumulator sets over alternate k steps: at least 4 independent MMA chains per warp
-  static constexpr int kSAcc = (kSMT * kSN8 >= 4 || kSKSteps < 2) ? 1 : 2;
+  // (656-byte rows on e4m3 MMAs: always two, one per 128-column block of the warp's two)
+  static constexpr int kSAcc = k656E4m3 ? 2 : (kSMT * kSN8 >= 4 || kSKSteps < 2) ? 1 : 2;
   static constexpr int kODV = DV / kWarps;           // Dv columns per warp in O
   static constexpr int kON8 = kODV / 8;
   static constexpr int kPKSteps = BN / (kE4m3Mma ? 32 : 16);  // MMA k steps of P.V per tile
@@ -206,8 +226,12 @@ struct KernelTraitsV1 {
   static constexpr int kRowChunks = kRowElems / kKvPerChunk;  // 16-byte chunks per K row
   static constexpr int kTprDivisor = largest_common_divisor_upto(
       kRowChunks, kSharedKV ? kRowChunks : DV / kKvPerChunk, kThreads / BN);
-  static constexpr int kThreadsPerRow = kBulk ? 1 : (kTprDivisor == 1 && kSharedKV ? kThreads / BN : kTprDivisor);
+  // (the 656-byte rows on e4m3 MMAs: 4 threads per row, so the index ring of 128 loaders fits sm_120's 99 KB)
+  static constexpr int kThreadsPerRow =
+      kBulk ? 1 : (kTprDivisor == 1 && kSharedKV ? (k656E4m3 ? 4 : kThreads / BN) : kTprDivisor);
   static constexpr int kLoadThreads = BN * kThreadsPerRow;
+  // threads with a kv_indices ring slot: the loaders (the bulk loader's lanes sit in every warp: all threads)
+  static constexpr int kRingThreads = kBulk ? kThreads : kLoadThreads;
   static constexpr int kChunksK = (kRowChunks + kThreadsPerRow - 1) / kThreadsPerRow;  // cp.async per loader thread
   static constexpr bool kChunksTail = kRowChunks % kThreadsPerRow != 0;  // the last chunk of some threads is past the row
   static constexpr int kChunksV = kSharedKV ? 0 : DV / kKvPerChunk / kThreadsPerRow;
@@ -218,12 +242,12 @@ struct KernelTraitsV1 {
   VA_HD static int soft_row(int warp, int lane) { return warp * (32 / kLanesPerRow) + lane / kLanesPerRow; }
   VA_HD static int soft_col(int lane) { return (lane % kLanesPerRow) * kTPL; }
 
-  // 656-byte rows: a 32-byte pad keeps the 688-byte pitch an odd number of 16-byte units (conflict-free ldmatrix)
+  // 656-byte rows: no pad, the 656-byte pitch is already an odd number (41) of 16-byte units (conflict-free ldmatrix)
   using Smem = SharedMemoryPlanV1<BM, BN, STAGES, KSPLIT, DQK, DV, kSharedKV, int(sizeof(KvElem)), kPBytes, kRowElems,
-                                  kMla656 ? 32 : 16, Tile::BARS == 1 ? 2 : 1>;
+                                  kMla656 ? 0 : 16, Tile::BARS == 1 ? 2 : 1, k656E4m3 ? 4 : 1>;
   static constexpr int kQStages = Smem::kQStages;
   // the bulk loader's mbarriers (one per stage, 8 bytes each) after the plan's regions
-  static constexpr size_t kBarOffset = Smem::template total<kThreads>();
+  static constexpr size_t kBarOffset = Smem::template total<kRingThreads>();
   static constexpr size_t smem_bytes() { return kBarOffset + (kBulk ? size_t(STAGES) * 8 : 0); }
   static constexpr uint32_t kKRowBytes = uint32_t(kRowElems) * sizeof(KvElem);  // one bulk copy: a K row
   static constexpr uint32_t kVRowBytes = kSharedKV ? 0u : uint32_t(DV) * sizeof(KvElem);
@@ -235,8 +259,11 @@ struct KernelTraitsV1 {
   static_assert(DQK % (kKStep * KSPLIT) == 0, "each S warp's head dims must be whole MMA k steps");
   static_assert(!kFp8 || (BN == 32 && (kSharedKV || kFp8Deq)),
                 "e4m3 tiles: 32 tokens (one e4m3 k step, one .trans load); MLA rows, or V rows apart on the f16 tile");
-  static_assert(!kMla656 || (kFp8Deq && DQK == 576 && DV == 512 && KSPLIT == 2),
-                "656-byte rows: MLA 576/512 on the f16 tile, S split in two halves of 288 dims (9 steps of 32)");
+  static_assert(!kMla656 || (kFp8 && DQK == 576 && DV == 512 && KSPLIT == 2),
+                "656-byte rows: MLA 576/512, S split in two halves of 288 dims (9 steps of 32)");
+  static_assert(!k656E4m3 || (Tile::BARS == 2 && k656Block % kODV == 0 && kSKSteps == 9),
+                "656-byte rows on e4m3 MMAs: two barriers per tile (the block scales of P(i) are read before the "
+                "second), every warp's Dv columns inside one 128-column block, S dims 2 blocks + 32 RoPE per warp");
   static_assert(kODV % 16 == 0, "each warp's Dv slice must be whole n16 pairs (ldmatrix x4 .trans)");
   static_assert(kTPL == 1 || kTPL == 2 || kTPL == 4 || kTPL == 8, "1, 2, 4 or 8 scores per softmax lane");
   static_assert(kLanesPerRow <= 32 && (32 % kLanesPerRow) == 0, "a row's softmax lanes stay inside one warp");

@@ -166,10 +166,21 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
   float* sPart = reinterpret_cast<float*>(smem + Smem::kPart);   // (PARTS, KSPLIT, BM, BN) partial scores
   // one barrier per tile: tile t's partial scores in set t % 2 (the softmax reads t + 1's, S writes t + 2's)
   auto part_of = [&](int tile) { return kOneBar ? sPart + (tile & 1) * Smem::kPartFloats : sPart; };
-  PE* sP = reinterpret_cast<PE*>(smem + Smem::kP);                // (2, BM, BN) probabilities
-  float* sAlpha = reinterpret_cast<float*>(smem + Smem::kStats);  // (2, BM) rescale factor per tile
-  float* sFin = sAlpha + 2 * BM;                                  // (2, BM) 1/l and log2-sum-exp2 at the end
+  // P and alpha: kPBufs buffers (2 with one barrier per tile, else 1: traits.h), tile t's in pbuf(t)
+  auto pbuf = [](int tile) { return Smem::kPBufs == 2 ? (tile & 1) : 0; };
+  PE* sP = reinterpret_cast<PE*>(smem + Smem::kP);                // (kPBufs, BM, kPPitch) probabilities
+  // element offset of P's (row, column) in a buffer: 16-byte chunks swizzled by the row on 128-byte rows
+  auto p_at = [](int row, int col) {
+    if constexpr (Smem::kPSwizzle) {
+      constexpr int kChunk = 16 / int(sizeof(PE));
+      return row * Smem::kPPitch + (((col / kChunk) ^ (row & 7)) * kChunk) + col % kChunk;
+    }
+    return row * Smem::kPPitch + col;
+  };
+  float* sAlpha = reinterpret_cast<float*>(smem + Smem::kStats);  // (kPBufs, BM) rescale factor per tile
+  float* sFin = sAlpha + Smem::kPBufs * BM;                       // (2, BM) 1/l and log2-sum-exp2 at the end
   float* sQScale = sFin + 2 * BM;                                 // (BM) e4m3 path: each Q row's scale
+  float* sScl = reinterpret_cast<float*>(smem + Smem::kScl);      // (4, BN) 656 e4m3: the tile's block scales
 
   const T* q = static_cast<const T*>(p.q);
   const KV* kc = static_cast<const KV*>(p.k_cache);
@@ -182,9 +193,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
                                 : Tr::kLoadThreads == Tr::kThreads || tid < Tr::kLoadThreads;  // compile-time true when all load
   const int ld_row = !loader ? 0 : Tr::kBulk ? lane * Tr::kWarps + warp : tid / Tr::kThreadsPerRow;
   const int ld_chunk = tid % Tr::kThreadsPerRow;
-  int32_t* sIdx = reinterpret_cast<int32_t*>(smem + Smem::kIdx);  // (kIdxSlots, kThreads) kv_indices ring
+  int32_t* sIdx = reinterpret_cast<int32_t*>(smem + Smem::kIdx);  // (kIdxSlots, kRingThreads) kv_indices ring
   // (BM, kMaskStage) the first tree-mask words of each row's node, staged with Q
-  uint32_t* sMask = reinterpret_cast<uint32_t*>(smem + Smem::template mask_offset<Tr::kThreads>());
+  uint32_t* sMask = reinterpret_cast<uint32_t*>(smem + Smem::template mask_offset<Tr::kRingThreads>());
   constexpr int kMaskStage = Smem::kMaskStage;
   // Tiles 0..STAGES-2 (the prologue's) read their index directly; later tiles' indices are copied into
   // the ring by cp.async, kRingAhead - STAGES + 1 iterations before their KV copy, so no register waits
@@ -206,13 +217,16 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
   const int32_t* idx_base = index_at(p.kv_indices, kv_base, p.kv_indices_i64);
   auto fetch_ring = [&]() {
     if (loader)
-      arch::cp_async_4_zfill(sIdx + (ring_tile % Smem::kIdxSlots) * Tr::kThreads + tid,
+      arch::cp_async_4_zfill(sIdx + (ring_tile % Smem::kIdxSlots) * Tr::kRingThreads + tid,
                              index_at(idx_base, ring_at.pos, p.kv_indices_i64), ring_tok < range.end);
     ring_at.advance();
     ++ring_tile;
     ring_tok += BN;
   };
-  auto ring_id = [&](int tile) -> int32_t { return sIdx[(unsigned(tile) % Smem::kIdxSlots) * Tr::kThreads + tid]; };
+  // (only loaders have a slot; the others' id is never used)
+  auto ring_id = [&](int tile) -> int32_t {
+    return loader ? sIdx[(unsigned(tile) % Smem::kIdxSlots) * Tr::kRingThreads + tid] : 0;
+  };
   unsigned issued = 0;
   int issue_tok = range.begin + ld_row;  // this thread's token of tile `issued`
   // this thread's first K / V chunk, minus the row, and the 32-bit strides of the row offsets (V: only
@@ -316,6 +330,13 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
   const h::RowCol b_addr = h::ldsm_b_addr(lane);
   const h::RowCol bt_addr = h::ldsm_bt_addr(lane);
   uint32_t qf[Tr::kSMT][Tr::kQFrags][4];  // this warp's Q fragments: its m tiles x its dims
+  // 656-byte rows on e4m3 MMAs: S warp ws_k takes the 128-column blocks 2 ws_k, 2 ws_k + 1 (steps 0-7 of qf) and
+  // the RoPE dims 512 + 32 ws_k .. + 31 (qr: two bf16 k16 steps on K's bf16 RoPE values as they are, Q unscaled:
+  // the RoPE scores are multiplied by the rows' 1 / Q scale, qinv, when they join the blocks' sums)
+  [[maybe_unused]] uint32_t qr[Tr::k656E4m3 ? Tr::kSMT : 1][2][4];
+  [[maybe_unused]] float qinv[Tr::k656E4m3 ? Tr::kSMT : 1][2];
+  // first head dim of this warp's S step kk
+  auto s_dim0 = [&](int kk) { return Tr::k656E4m3 ? 2 * Tr::k656Block * ws_k + 32 * kk : ws_k * Tr::kSDims + kk * 32; };
   arch::cp_async_wait<kFirst>();  // Q landed (this thread's copies)
   arch::block_sync();             // ... and everyone's
   if constexpr (Tr::kFp8) {
@@ -342,7 +363,23 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
       const float inv[2] = {1.f / sQScale[r0], 1.f / sQScale[r0 + 8]};
 #pragma unroll
       for (int kk = 0; kk < Tr::kSKSteps; ++kk) {
-        if constexpr (Tr::kMla656) {
+        if constexpr (Tr::k656E4m3) {
+          if (kk == Tr::kSKSteps - 1) {  // the RoPE dims, bf16 (exact for bf16 q) in their natural k order
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf)
+#pragma unroll
+              for (int rh = 0; rh < 2; ++rh) {
+                const T* src = sQ + (r0 + 8 * rh) * Smem::kQPitch + 512 + 32 * ws_k + 16 * hf + 2 * (lane & 3);
+                float x0, x1, x2, x3;
+                arch::unpack2<T>(*reinterpret_cast<const uint32_t*>(src), x0, x1);
+                arch::unpack2<T>(*reinterpret_cast<const uint32_t*>(src + 8), x2, x3);
+                qr[i][hf][rh] = arch::pack2<__nv_bfloat16>(x0, x1);
+                qr[i][hf][rh + 2] = arch::pack2<__nv_bfloat16>(x2, x3);
+              }
+            qinv[i][0] = inv[0], qinv[i][1] = inv[1];
+            continue;
+          }
+        } else if constexpr (Tr::kMla656) {
           if (ws_k * Tr::kSDims + kk * 32 >= 512) {  // RoPE dims: K's bf16 values keep their k order
 #pragma unroll
             for (int hf = 0; hf < 2; ++hf)
@@ -361,8 +398,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
         }
 #pragma unroll
         for (int r = 0; r < 4; ++r) {  // row r0 + 8 (r & 1), dims 4 (lane % 4) + 16 (r >> 1) .. + 3 of the step
-          const T* src = sQ + (r0 + 8 * (r & 1)) * Smem::kQPitch + ws_k * Tr::kSDims + kk * 32 + 4 * (lane & 3) +
-                         16 * (r >> 1);
+          const T* src = sQ + (r0 + 8 * (r & 1)) * Smem::kQPitch + s_dim0(kk) + 4 * (lane & 3) + 16 * (r >> 1);
           const uint2 w = *reinterpret_cast<const uint2*>(src);
           float x0, x1, x2, x3;
           arch::unpack2<T>(w.x, x0, x1);
@@ -455,8 +491,73 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
       }
     }
   };
+  // 656-byte rows on e4m3 MMAs: the RoPE dims on bf16 MMAs, then the warp's two 128-column blocks, each in
+  // its own accumulator set (sacc[0], sacc[1]: four chains of 4 k32 steps), summed at the end times each
+  // token's scale of the block: scores in sacc[0].
+  [[maybe_unused]] auto s656e_mma = [&](int tile, SAcc& sacc, auto&& mid) {
+    const KV* sKs = sK + (tile % STAGES) * Smem::kStageElems;
+    const KV* sKw = sKs + (ws_n * Tr::kSTok + b_addr.row) * Smem::kKPitch + s_dim0(0) + 2 * b_addr.col;
+    float racc[Tr::kSMT][Tr::kSN8][4];
+#pragma unroll
+    for (int i = 0; i < Tr::kSMT; ++i)
+#pragma unroll
+      for (int j = 0; j < Tr::kSN8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) racc[i][j][e] = sacc[0][i][j][e] = sacc[1][i][j][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      if (kk == 2) mid();
+#pragma unroll
+      for (int blk = 0; blk < 2; ++blk)
+#pragma unroll
+        for (int j = 0; j < Tr::kSN8; j += 2) {
+          uint32_t bb[4];
+          arch::ldmatrix_x4(bb, sKw + j * 8 * Smem::kKPitch + blk * Tr::k656Block + kk * 32);
+          const uint32_t b0[2] = {bb[0], bb[1]}, b1[2] = {bb[2], bb[3]};
+          mma_pair(sacc[blk], j, 4 * blk + kk, b0, b1);
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < Tr::kSN8; j += 2)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {  // RoPE bytes 528 + 2 (d - 512): this warp's 16-dim half hf
+        uint32_t bb[4];
+        arch::ldmatrix_x4(bb, sKs + (ws_n * Tr::kSTok + b_addr.row + j * 8) * Smem::kKPitch + 528 + 64 * ws_k +
+                                  32 * hf + 2 * b_addr.col);
+        const uint32_t b0[2] = {bb[0], bb[1]}, b1[2] = {bb[2], bb[3]};
+#pragma unroll
+        for (int i = 0; i < Tr::kSMT; ++i) {
+          arch::mma_m16n8k16<__nv_bfloat16>(racc[i][j], qr[i][hf], b0, racc[i][j]);
+          arch::mma_m16n8k16<__nv_bfloat16>(racc[i][j + 1], qr[i][hf], b1, racc[i][j + 1]);
+        }
+      }
+    // the lane's tokens 2c, 2c + 1 of n tile j (c = lane % 4): their scales of blocks 2 ws_k, 2 ws_k + 1
+#pragma unroll
+    for (int j = 0; j < Tr::kSN8; ++j) {
+      const KV* sc = sKs + (ws_n * Tr::kSTok + j * 8 + 2 * (lane & 3)) * Smem::kKPitch + 512 + 8 * ws_k;
+      const float2 t0 = *reinterpret_cast<const float2*>(sc);
+      const float2 t1 = *reinterpret_cast<const float2*>(sc + Smem::kKPitch);
+      // ... and for the softmax, block-major (the 8 lanes of a column pair hold the same: lanes 0-3 store)
+      if (lane < 4) {
+        float* st = sScl + 2 * ws_k * BN + ws_n * Tr::kSTok + j * 8 + 2 * lane;
+        *reinterpret_cast<float2*>(st) = make_float2(t0.x, t1.x);
+        *reinterpret_cast<float2*>(st + BN) = make_float2(t0.y, t1.y);
+      }
+#pragma unroll
+      for (int i = 0; i < Tr::kSMT; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float2 t = (e & 1) ? t1 : t0;
+          sacc[0][i][j][e] = fmaf(sacc[1][i][j][e], t.y, fmaf(sacc[0][i][j][e], t.x, racc[i][j][e] * qinv[i][e >> 1]));
+        }
+    }
+  };
   // `mid()` runs after half of the k steps: work the warp issues while its first MMAs are in the pipe
   auto s_mma = [&](int tile, SAcc& sacc, auto&& mid) {
+    if constexpr (Tr::k656E4m3) {
+      s656e_mma(tile, sacc, mid);
+      return;
+    }
     // ldmatrix columns are 16-bit; with e4m3 rows each 16-byte column block holds 16 codes
     constexpr int kColScale = 2 / int(sizeof(KV));
     const KV* sKs = sK + (tile % STAGES) * Smem::kStageElems;
@@ -524,7 +625,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
           float x = sacc[0][i][j][2 * hf], y = sacc[0][i][j][2 * hf + 1];
-          if constexpr (Tr::kSAcc == 2) {
+          if constexpr (Tr::kSAcc == 2 && !Tr::k656E4m3) {  // (656 e4m3: summed with the block scales)
             x += sacc[1][i][j][2 * hf];
             y += sacc[1][i][j][2 * hf + 1];
           }
@@ -548,6 +649,54 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
   const int sgrow = row0 + srow;
   const int smask_row = sgrow < nrows ? qo_begin + sgrow / group : -1;  // node's q row; -1: padding row
   float m_run = h::neg_inf(), l_run = 0.f;                              // replicated over the row's lanes
+  // 656-byte rows on e4m3 MMAs: P of block g is stored as P x 2^8 x (the token's scale of block g) / blk_ref[g],
+  // blk_ref[g] the largest |scale| of block g in the tiles so far (the same in every thread: each row's lanes
+  // see all of a tile's tokens), so the codes stay <= 256 as without scales. A reference moves only when a
+  // tile's scales pass it; PV then rescales the warp's O by pv_ratio (old / new reference of its block,
+  // pv_blk), and the epilogue multiplies by pv_ref (the block's last reference).
+  [[maybe_unused]] float blk_ref[4] = {0.f, 0.f, 0.f, 0.f}, blk_inv[4] = {0.f, 0.f, 0.f, 0.f};
+  [[maybe_unused]] float pv_ratio = 1.f, pv_ref = 0.f;
+  [[maybe_unused]] const int pv_blk = warp * Tr::kODV / Tr::k656Block;
+  [[maybe_unused]] float pw[4][TPL];  // the lane's tokens' P factor per block: scale x 2^8 / the block's reference
+  // the softmax's block-scale work of a tile (sScl, written by its S warps): each block's largest |scale| in the
+  // tile (a row's lanes cover the tile's tokens), the references that move (and pv_ratio for PV(tile):
+  // rescale_o(tile - 1) ran before, rescale_o(tile) runs before the next), and pw
+  [[maybe_unused]] auto blk_prep = [&]() {
+    static_assert(!Tr::k656E4m3 || TPL == 4, "a softmax lane's tokens of one block: one 16-byte load");
+    float ts[4][TPL];
+    float tmx[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int g = 0; g < 4; ++g) {
+      lds_vec<TPL>(sScl + g * BN + scol, ts[g]);  // written by the S warps of this tile (s656e_mma)
+#pragma unroll
+      for (int e = 0; e < TPL; ++e) tmx[g] = arch::max_f(tmx[g], fabsf(ts[g][e]));
+    }
+    bool up = false;
+#pragma unroll
+    for (int g = 0; g < 4; ++g) {
+#pragma unroll
+      for (int x = 1; x < Tr::kLanesPerRow; x <<= 1) tmx[g] = arch::max_f(tmx[g], arch::shfl_xor(tmx[g], x));
+      up |= tmx[g] > blk_ref[g];
+    }
+    pv_ratio = 1.f;
+    if (up) {  // sass-model: cold (a block's scales pass its reference: the first tiles)
+#pragma unroll
+      for (int g = 0; g < 4; ++g) {
+        if (tmx[g] > blk_ref[g]) {  // (> 0: a block whose scales are all 0 keeps 0 codes and reference 0)
+          if (g == pv_blk) {
+            pv_ratio = blk_ref[g] / tmx[g];
+            pv_ref = tmx[g];
+          }
+          blk_ref[g] = tmx[g];
+          blk_inv[g] = kPScale / tmx[g];
+        }
+      }
+    }
+#pragma unroll
+    for (int g = 0; g < 4; ++g)
+#pragma unroll
+      for (int e = 0; e < TPL; ++e) pw[g][e] = ts[g][e] * blk_inv[g];
+  };
   auto softmax = [&](int tile, auto masked_tag) {
     constexpr bool kMasked = decltype(masked_tag)::value;
     const int tok0 = range.begin + tile * BN;
@@ -595,17 +744,26 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
 #pragma unroll
     for (int x = 1; x < Tr::kLanesPerRow; x <<= 1) rsum += arch::shfl_xor(rsum, x);
     l_run = l_run * alpha + rsum;
-    if constexpr (Tr::kE4m3Mma) {
+    if constexpr (Tr::k656E4m3) {  // P of every block, times the lane's tokens' factors (blk_prep)
+      blk_prep();  // (after rescale_o(tile - 1), which reads pv_ratio of tile - 1)
+      PE* pt = sP + pbuf(tile) * BM * Smem::kPPitch;
+#pragma unroll
+      for (int g = 0; g < 4; ++g)
+#pragma unroll
+        for (int e = 0; e < TPL; e += 2)
+          *reinterpret_cast<uint16_t*>(pt + p_at(srow, g * BN + h::fp8_pv_k_of_token(scol + e))) =
+              arch::cvt_e4m3x2(s[e] * pw[g][e], s[e + 1] * pw[g][e + 1]);
+    } else if constexpr (Tr::kE4m3Mma) {
       // e4m3 pairs at the MMA's k positions (tokens t, t + 1 are adjacent there for even t)
-      PE* prow = sP + ((tile & 1) * BM + srow) * Smem::kPPitch;
+      PE* prow = sP + (pbuf(tile) * BM + srow) * Smem::kPPitch;
 #pragma unroll
       for (int e = 0; e < TPL; e += 2)
         *reinterpret_cast<uint16_t*>(prow + h::fp8_pv_k_of_token(scol + e)) =
             arch::cvt_e4m3x2(s[e] * kPScale, s[e + 1] * kPScale);
     } else {
-      sts_pack<M16, TPL>(sP + ((tile & 1) * BM + srow) * Smem::kPPitch + scol, s);
+      sts_pack<M16, TPL>(sP + (pbuf(tile) * BM + srow) * Smem::kPPitch + scol, s);
     }
-    if (scol == 0) sAlpha[(tile & 1) * BM + srow] = alpha;
+    if (scol == 0) sAlpha[pbuf(tile) * BM + srow] = alpha;
   };
   auto tile_masked = [&](int tile) { return h::tile_needs_mask(range.begin + tile * BN, BN, prefix, range.end); };
 
@@ -621,7 +779,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
   // O *= alpha(tile) per row; with the lazy max, alpha is 1 for every row on almost every tile, and
   // then the warp skips the FMULs (the branch is warp-uniform).
   auto rescale_o = [&](int tile) {
-    const float* al = sAlpha + (tile & 1) * BM;
+    const float* al = sAlpha + pbuf(tile) * BM;
     float a[Tr::MS][2];
     bool moved = false;
 #pragma unroll
@@ -630,7 +788,12 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
       a[i][1] = al[i * 16 + (lane >> 2) + 8];
       moved |= a[i][0] != 1.f || a[i][1] != 1.f;
     }
+    if constexpr (Tr::k656E4m3) moved |= pv_ratio != 1.f;  // the warp's block reference moved (softmax of tile)
     if (arch::any(moved)) {  // sass-model: cold
+      if constexpr (Tr::k656E4m3) {
+#pragma unroll
+        for (int i = 0; i < Tr::MS; ++i) a[i][0] *= pv_ratio, a[i][1] *= pv_ratio;
+      }
 #pragma unroll
       for (int i = 0; i < Tr::MS; ++i)
 #pragma unroll
@@ -652,12 +815,14 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
   auto pv_load = [&](int tile) {
     // P's A fragments, every path alike: an e4m3 P step is 32 tokens, 16 codes per 16-byte column
     constexpr int kPStep = Tr::kE4m3Mma ? 32 : 16, kPCol = Tr::kE4m3Mma ? 2 : 1;
-    const PE* sPt = sP + (tile & 1) * BM * Smem::kPPitch;
+    // (656-byte rows on e4m3 MMAs: the copy of P for this warp's 128-column block)
+    const PE* sPt = sP + pbuf(tile) * BM * Smem::kPPitch;
+    const int pcol0 = Tr::k656E4m3 ? pv_blk * BN : 0;
 #pragma unroll
     for (int kk = 0; kk < Tr::kPKSteps; ++kk)
 #pragma unroll
       for (int i = 0; i < Tr::MS; ++i)
-        arch::ldmatrix_x4(pa[kk][i], sPt + (i * 16 + a_addr.row) * Smem::kPPitch + kk * kPStep + kPCol * a_addr.col);
+        arch::ldmatrix_x4(pa[kk][i], sPt + p_at(i * 16 + a_addr.row, pcol0 + kk * kPStep + kPCol * a_addr.col));
     if constexpr (Tr::kFp8) {
       // one .trans load per 16-dim chunk covers the 32-token tile (lane l gives the row of token l):
       // register m holds tokens 8m + 2c, +1 of the lane's dim pair (c = lane % 4)
@@ -685,7 +850,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
           }
         }
       }
-      if constexpr (Tr::kMla656) {
+      if constexpr (Tr::kMla656 && Tr::kFp8Deq) {
         // V = code x its token's scale of this warp's 128-value block: registers 0, 2 hold tokens
         // 16 kk + 2c, +1; registers 1, 3 tokens 16 kk + 2c + 8, +9
         const KV* sc = sV + (tile % STAGES) * Smem::kStageElems + 512 + 4 * ((warp * Tr::kODV) >> 7);
@@ -842,7 +1007,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
       const int qrow = qo_begin + grow / group;
       const int head = kvh * group + grow % group;
       // e4m3: P was stored times 2^8 and V's codes carry v_scale
-      const float inv = Tr::kE4m3Mma ? sFin[r] * (kv_scale(p.v_scale_ptr, p.v_scale) / kPScale)
+      // (656 e4m3: P also carried its block's scale over the block's reference pv_ref)
+      const float inv = Tr::k656E4m3 ? sFin[r] * (pv_ref / kPScale)
+                        : Tr::kE4m3Mma ? sFin[r] * (kv_scale(p.v_scale_ptr, p.v_scale) / kPScale)
                         : Tr::kFp8 ? sFin[r] * kv_scale(p.v_scale_ptr, p.v_scale) : sFin[r];
       const float lse2 = sFin[BM + r];
       // this lane's columns: 16-bit caches, dims 8j + 2c, +1 of n8 tile j; e4m3 caches, the chunk's
