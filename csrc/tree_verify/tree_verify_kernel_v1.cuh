@@ -223,10 +223,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
     ++ring_tile;
     ring_tok += BN;
   };
-  // (only loaders have a slot; the others' id is never used)
-  auto ring_id = [&](int tile) -> int32_t {
-    return loader ? sIdx[(unsigned(tile) % Smem::kIdxSlots) * Tr::kRingThreads + tid] : 0;
-  };
+  // (only loaders have a slot: the others read thread 0's, without a branch, and never use it)
+  const int ring_tid = Tr::kRingThreads == Tr::kThreads || tid < Tr::kRingThreads ? tid : 0;
+  auto ring_id = [&](int tile) -> int32_t { return sIdx[(unsigned(tile) % Smem::kIdxSlots) * Tr::kRingThreads + ring_tid]; };
   unsigned issued = 0;
   int issue_tok = range.begin + ld_row;  // this thread's token of tile `issued`
   // this thread's first K / V chunk, minus the row, and the 32-bit strides of the row offsets (V: only
