@@ -300,3 +300,25 @@ def test_wgmma_ceiling_is_measured_on_sm90_only():
     assert 100.0 < measure_wgmma_tflops(reps=3, iters=256) < 5000.0
     c64, c256 = measure_wgmma_latency_cycles(iters=256)
     assert 32.0 <= c64 < c256 < 1000.0
+
+
+def test_any_tile_arch_runs_a_tile_off_its_archs_only_where_its_shared_memory_fits(monkeypatch):
+    """VERIFY_ATTN_ANY_TILE_ARCH=1 (validation only): sm_120's e4m3-MMA tiles on an sm_90 device (227 KB), not the
+    sm_90-only 199 KB tile on sm_120 (99 KB), and nothing without it."""
+    from verify_attn.backends import cuda
+    from verify_attn.shapes import get_shape
+
+    mla656 = _cpu_problem(prefix_lens=(300,), tree_sizes=(9,), hq=8, hkv=1, dqk=576, dv=512, mla=True,
+                          dtype=torch.bfloat16, kv_dtype="fp8_mla656")
+    bf16 = _cpu_problem(prefix_lens=(300,), tree_sizes=(9,), hq=8, hkv=1, dqk=576, dv=512, mla=True,
+                        dtype=torch.bfloat16)
+    e4m3_tile = KernelConfig(num_splits=2, block_m=32, block_n=32, num_warps=8, num_stages=4)  # sm_120a only
+    monkeypatch.delenv(cuda.ANY_TILE_ARCH_ENV, raising=False)
+    with pytest.raises(ValueError, match=f"not for this device's sm_90a; {cuda.ANY_TILE_ARCH_ENV}=1 runs it"):
+        cuda.resolve_config(mla656, e4m3_tile, arch="sm_90a")
+    monkeypatch.setenv(cuda.ANY_TILE_ARCH_ENV, "1")
+    assert cuda.resolve_config(mla656, e4m3_tile, arch="sm_90a") == e4m3_tile
+    with pytest.raises(ValueError, match=r"not for this device's sm_120a \(\d+ B of shared memory, over its 101376\)"):
+        cuda.resolve_config(bf16, e4m3_tile, arch="sm_120a")   # the same key is the 199 KB sm_90-only bf16 tile
+    space = cuda.config_space(get_shape("kimi-k2-tp8"), "sm_90a", splits=(0,), kv_dtype="fp8_mla656")
+    assert all(not (c.num_stages == 4) for c in space)                 # tuning never picks it either

@@ -51,6 +51,19 @@ def _check(spec: CaseSpec, config=None):
     return check_against_reference(o, lse, case, *TOL[spec.dtype])
 
 
+def _check_e4m3_mma(spec: CaseSpec, config=None):
+    """The e4m3-MMA tiles (Q and P rounded to e4m3) against the float64 reference on the dequantized cache, within
+    tolerances.FP8_MMA_* (NOTES.md has the error study)."""
+    from verify_attn.reference import reference_verify
+    from verify_attn.tolerances import FP8_MMA_LSE_ATOL, FP8_MMA_REL_TOL
+
+    case, o, lse = _run(spec, config)
+    ref, ref_lse = reference_verify(make_case(spec).problem())
+    rel = float((o.double().cpu() - ref).abs().max() / ref.abs().max())
+    lse_err = float((lse.double().cpu() - ref_lse).abs().max())
+    assert rel <= FP8_MMA_REL_TOL and lse_err <= FP8_MMA_LSE_ATOL, (spec.id, rel, lse_err)
+
+
 # ------------------------------------------------------------------ matrix ----
 
 @pytest.mark.parametrize("head", list(HEADS))
@@ -241,35 +254,35 @@ def test_fp8_e4m3_gqa_matches_reference(page_size, head):
 @pytest.mark.parametrize("page_size", [1, 64])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_fp8_e4m3_cache_matches_reference(page_size, dtype):
-    """The e4m3-MMA kernel (TilesForFp8) against the float64 reference on the dequantized cache, within
-    tolerances.FP8_MMA_* (Q and P are quantized to e4m3 for the MMAs; NOTES.md has the error study)."""
-    from verify_attn.reference import reference_verify
-    from verify_attn.tolerances import FP8_MMA_LSE_ATOL, FP8_MMA_REL_TOL
+    """The e4m3 caches through the arch's default tile: sm_120's runs both products on e4m3 MMAs
+    (tolerances.FP8_MMA_*), sm_90's is the f16 tile (within those too)."""
+    _check_e4m3_mma(_spec("kimi-mla", dtype, prefix_lens=(4097, 300, 0), tree_sizes=(16, 5, 1), page_size=page_size,
+                          seed=31, kv_dtype="fp8_e4m3"))
 
-    spec = _spec("kimi-mla", dtype, prefix_lens=(4097, 300, 0), tree_sizes=(16, 5, 1), page_size=page_size,
-                 seed=31, kv_dtype="fp8_e4m3")
-    case, o, lse = _run(spec)
-    ref, ref_lse = reference_verify(make_case(spec).problem())
-    rel = float((o.double().cpu() - ref).abs().max() / ref.abs().max())
-    assert rel <= FP8_MMA_REL_TOL and float((lse.double().cpu() - ref_lse).abs().max()) <= FP8_MMA_LSE_ATOL
+
+@pytest.mark.parametrize("kv_dtype", ["fp8_e4m3", "fp8_mla656"])
+@pytest.mark.parametrize("page_size", [1, 64])
+def test_sm120_e4m3_mma_tiles_on_this_gpu(kv_dtype, page_size, monkeypatch):
+    """sm_120's e4m3-MMA tiles (32 x 32, 8 warps, 4 stages; TilesForFp8 and TilesFor656) on whatever GPU this is:
+    on an H200 through VERIFY_ATTN_ANY_TILE_ARCH=1, where nvcc lowers the e4m3 MMAs to f16 ones (the same kernel
+    code, slowly), so an H200 session validates them on hardware."""
+    from verify_attn.backends import cuda
+
+    monkeypatch.setenv(cuda.ANY_TILE_ARCH_ENV, "1")
+    _check_e4m3_mma(_spec("kimi-mla", torch.bfloat16, prefix_lens=(4097, 300, 0), tree_sizes=(16, 5, 1),
+                          page_size=page_size, seed=35, kv_dtype=kv_dtype), KernelConfig(0, 32, 32, 8, 4))
 
 
 @pytest.mark.parametrize("page_size", [1, 64])
 def test_fp8_mla656_default_matches_reference(page_size):
     """The 656-byte rows through the arch's default tile: sm_120's runs S and P.V on e4m3 MMAs (per-block scales;
     tolerances.FP8_MMA_*), sm_90's is the f16 tile (the 16-bit tolerance)."""
-    from verify_attn.reference import reference_verify
-    from verify_attn.tolerances import FP8_MMA_LSE_ATOL, FP8_MMA_REL_TOL
-
     spec = _spec("kimi-mla", torch.bfloat16, prefix_lens=(4097, 300, 0), tree_sizes=(16, 5, 1), page_size=page_size,
                  seed=34, kv_dtype="fp8_mla656")
-    if not vb.default_tile("mla576x656", vdevice.props_for(torch.device("cuda")).arch).fp8_mma:
+    if vb.default_tile("mla576x656", vdevice.props_for(torch.device("cuda")).arch).fp8_mma:
+        _check_e4m3_mma(spec)
+    else:
         _check(spec)
-        return
-    case, o, lse = _run(spec)
-    ref, ref_lse = reference_verify(make_case(spec).problem())
-    rel = float((o.double().cpu() - ref).abs().max() / ref.abs().max())
-    assert rel <= FP8_MMA_REL_TOL and float((lse.double().cpu() - ref_lse).abs().max()) <= FP8_MMA_LSE_ATOL
 
 
 def test_fp8_scale_tensor_is_read_on_the_device_in_a_graph():

@@ -165,8 +165,12 @@ def resolve_config(p: Problem, config: Optional[KernelConfig], arch: Optional[st
                          f"num_stages={x.num_stages})" for x in vb.TILES[head])
         raise ValueError(f"cuda backend: tile config {cfg} is not compiled for {head}; compiled: {have}")
     if arch is not None and not t.targets(arch):  # e.g. the 190 KB sm_90 tile, the e4m3-MMA tile on sm_90
-        raise ValueError(f"cuda backend: tile config {cfg} of {head} is built for {', '.join(t.archs)}, "
-                         f"not for this device's {arch}")
+        smem, limit = vb.tile_smem(head, t), vb.SMEM_LIMIT.get(arch, 99 * 1024)
+        if not any_tile_arch() or smem > limit:
+            raise ValueError(f"cuda backend: tile config {cfg} of {head} is built for {', '.join(t.archs)}, "
+                             f"not for this device's {arch}" + (f" ({smem} B of shared memory, over its {limit})"
+                                                                if smem > limit else
+                                                                f"; {ANY_TILE_ARCH_ENV}=1 runs it anyway"))
     if cfg.num_splits == 0:
         cfg = cfg.replace(num_splits=_splits_for(p, t))
     return cfg
@@ -318,6 +322,16 @@ def jit_set() -> Optional[list[str]]:
         raise ValueError(f"VERIFY_ATTN_JIT_SET: no instantiation file {', '.join(unknown)}; "
                          f"known: {', '.join(sorted(known))}")
     return stems
+
+
+ANY_TILE_ARCH_ENV = "VERIFY_ATTN_ANY_TILE_ARCH"
+
+
+def any_tile_arch() -> bool:
+    """$VERIFY_ATTN_ANY_TILE_ARCH=1: an explicit config may name a compiled tile its arch does not target when its
+    shared memory fits the device, for validation only: sm_120's e4m3-MMA tiles on an H200, where nvcc lowers the
+    e4m3 MMAs to f16 ones (slow there, the same code otherwise). Defaults and tuning never pick such a tile."""
+    return os.environ.get(ANY_TILE_ARCH_ENV, "").strip() == "1"
 
 
 def knockout_bits() -> int:
