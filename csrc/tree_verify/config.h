@@ -176,11 +176,11 @@ using TileFp8F16W4 = TileConfigV1<32, 32, 4, 6, 2, 2, 0>;
 template <> struct TilesForFp8<HeadG64> { using type = TileList<TileFp8F16W4>; };
 // FlashMLA's 656-byte rows (512 e4m3 codes, 4 fp32 scales, 64 bf16 RoPE values). sm_120's tile runs S and P.V
 // on e4m3 MMAs (each 128-column block summed apart and times its per-token scale; P stored once per block, times
-// the token's block scale; the RoPE on f16 MMAs): 32 tokens x 4 stages, two barriers per tile, two tiles in flight.
-// 656-byte rows unpadded (41 16-byte units, odd: conflict-free) 82 KB + one set of partial scores 10 KB + P
-// (4 blocks side by side, one buffer) 4.5 KB + the index ring of 128 loaders (4 threads per row) 1.5 KB + alpha,
-// 1/l, lse2, Q scales and mask words 1 KB = 99 KB to the byte. The f16 tile (K / V codes times their scale in
-// registers, f16 MMAs) is the H200's and the exact one.
+// the token's block scale; the RoPE on bf16 MMAs): 32 tokens x 4 stages, two barriers per tile, two in flight.
+// 656-byte rows unpadded (41 16-byte units, odd: conflict-free) 82 KB + one set of partial scores 10 KB + P (4
+// blocks side by side, one buffer, swizzled) 4 KB + the index ring of 128 loaders (4 threads per row) 1 KB + the
+// tile's block scales, alpha, 1/l, lse2, Q scales, mask words 1.5 KB = 100,864 B. The f16 tile (K / V codes times
+// their scale in registers, f16 MMAs) is the H200's and the exact one.
 template <class Head> struct TilesFor656 { using type = TileList<>; };
 template <> struct TilesFor656<HeadMLA> { using type = TileList<TileConfigV1<32, 32, 8, 4, 2, 2>, TileFp8F16>; };
 template <> struct TilesFor<HeadG128> {
