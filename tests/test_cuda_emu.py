@@ -704,13 +704,14 @@ def test_fp8_mla656_scales_and_rope_are_read(emu, tile):
     _check_656(case, out, lse, tile)                  # the reference reads the same modified rows
 
 
-def test_fp8_mla656_block_references_move_and_zero_blocks(emu):
-    """The e4m3 tile's P carries each token's block scale over the block's running largest |scale|. Each block's
+@pytest.mark.parametrize("tile", [MLA656_E4M3_TILE, FP8_F16_TILE], ids=["e4m3-mma", "f16-mma"])
+def test_fp8_mla656_block_references_move_and_zero_blocks(emu, tile):
+    """Both 656 tiles' P carries each token's block scale over the block's running largest |scale|. Each block's
     codes are divided by a factor and its scale multiplied by it (the values stay, up to the codes' rounding;
     only the split between code and scale moves): block 0 by 1 .. 2^6 in a cycle of 7 tokens, block 1 by 1
     growing to 2^4 over each request's context (its reference moves on late tiles; PV must rescale O then), block 2
     by 2^3 shrinking to 1; block 3's scales 0 (its values and V columns 0, its reference never set). Within the
-    e4m3-MMA tolerance, finite, block 3's columns exactly 0.
+    tile's tolerance, finite, block 3's columns exactly 0.
     (Values times 2^4 instead would give scores of ~27 nat, whose e4m3 rounding of Q alone is 0.57 nat of LSE,
     past the tolerance: the f16 tile is the one for such caches; NOTES.md.)"""
     spec = CaseSpec((300, 77), (9, 4), "bushy", dtype=BF, kv_dtype="fp8_mla656", seed=88, **MLA)
@@ -728,21 +729,22 @@ def test_fp8_mla656_block_references_move_and_zero_blocks(emu):
     scales, _ = _656_rows(case)
     scales.mul_(f)
     scales[..., 3] = 0.0
-    out, lse = _run(case, cfg(3, *MLA656_E4M3_TILE))
-    rel, lse_err = _check_656(case, out, lse, MLA656_E4M3_TILE)
+    out, lse = _run(case, cfg(3, *tile))
+    rel, lse_err = _check_656(case, out, lse, tile)
     print(f"block references: max|err|/max|ref| {rel:.4f}, max|lse err| {lse_err:.2e}")
     assert torch.equal(out[..., 384:], torch.zeros_like(out[..., 384:]))
     # q = 0: every score 0, so no row max moves after a split's first tile and only the block references' moves
     # make PV rescale O (a kernel that looked at alpha alone would keep the early tiles at their old weight)
     kw["q"].zero_()
-    out, lse = _run(case, cfg(3, *MLA656_E4M3_TILE))
-    _check_656(case, out, lse, MLA656_E4M3_TILE)
+    out, lse = _run(case, cfg(3, *tile))
+    _check_656(case, out, lse, tile)
 
 
-def test_every_fp8_mla656_barrier_is_needed_and_caught(emu):
-    # the e4m3 656 tile: as the e4m3 MLA tile (the Q row scales, then 2 before the loop, 2 per tile)
+@pytest.mark.parametrize("tile", [MLA656_E4M3_TILE, FP8_F16_TILE], ids=["e4m3-mma", "f16-mma"])
+def test_every_fp8_mla656_barrier_is_needed_and_caught(emu, tile):
+    # the 656 tiles: as the e4m3 MLA tiles (the Q row scales, then 2 before the loop, 2 per tile)
     case = make_case(CaseSpec((300,), (7,), "bushy", dtype=BF, kv_dtype="fp8_mla656", seed=79, **MLA))
-    missed = _missed_barriers(emu, case, cfg(1, *MLA656_E4M3_TILE), 12, _caught_e4m3)
+    missed = _missed_barriers(emu, case, cfg(1, *tile), 12, _caught_e4m3 if tile == MLA656_E4M3_TILE else None)
     assert not missed, f"skipping e4m3 656-row block_sync call(s) {missed} went unnoticed in every strict mode"
 
 

@@ -209,11 +209,11 @@ def smem_bytes(tile: Tile, dqk: int, dv: int, shared_kv: bool, kv_bytes: int = 2
         parts = 2 if tile.bars == 1 else 1  # one barrier per tile: two sets of partial scores
         spitch = tile.block_n + (4 if parts == 2 else 8)
         part = tile.ksplit * tile.block_m * spitch * 4 * parts
-        e4m3_656 = bool(kv_row) and tile.fp8_mma  # P once per 128-column block, 4 side by side
+        blocks = bool(kv_row)  # 656-byte rows: P once per 128-column block, 4 side by side
         # P: parts buffers; the 4-block rows (128 bytes) swizzled instead of padded
-        p = parts * tile.block_m * ((4 * tile.block_n) if e4m3_656 else (tile.block_n + 16 // pb)) * pb
+        p = parts * tile.block_m * ((4 * tile.block_n) if blocks else (tile.block_n + 16 // pb)) * pb
         stats = (parts + 2 + (1 if kv_bytes == 1 else 0)) * tile.block_m * 4  # alpha x parts, 1/l, lse2 (+ Q scale)
-        stats += 4 * tile.block_n * 4 if e4m3_656 else 0  # the tile's block scales per token
+        stats += 4 * tile.block_n * 4 if blocks else 0  # the tile's block scales per token
         slots = tile.num_stages - 2  # kv_indices ring slots (kIdxSlots)
         idx_ring = slots * _ring_threads(tile, dqk, dv, shared_kv, kv_bytes, kv_row) * 4
         mask = tile.block_m * 4 * 4  # the first 4 tree-mask words of each row (kMaskStage)

@@ -176,7 +176,7 @@ using TileFp8F16W4 = TileConfigV1<32, 32, 4, 6, 2, 2, 0>;
 template <> struct TilesForFp8<HeadG64> { using type = TileList<TileFp8F16W4>; };
 // FlashMLA's 656-byte rows (512 e4m3 codes, 4 fp32 scales, 64 bf16 RoPE values). sm_120's tile runs S and P.V
 // on e4m3 MMAs (each 128-column block summed apart and times its per-token scale; P stored once per block, times
-// the token's block scale; the RoPE on bf16 MMAs): 32 tokens x 4 stages, two barriers per tile, two in flight.
+// the token's block scale; the RoPE on q's type): 32 tokens x 4 stages, two barriers per tile, two in flight.
 // 656-byte rows unpadded (41 16-byte units, odd: conflict-free) 82 KB + one set of partial scores 10 KB + P (4
 // blocks side by side, one buffer, swizzled) 4 KB + the index ring of 128 loaders (4 threads per row) 1 KB + the
 // tile's block scales, alpha, 1/l, lse2, Q scales, mask words 1.5 KB = 100,864 B. The f16 tile (K / V codes times

@@ -168,10 +168,10 @@ constexpr int largest_common_divisor_upto(int a, int b, int cap) {
 // kFp8: K / V are e4m3 codes (one scale per tensor); S and P.V use mma.m16n8k32 .e4m3 with Q
 // quantized per row and P stored as e4m3 (csrc/host/fp8.h has the fragment permutations).
 // kMla656: the caches are FlashMLA's 656-byte MLA rows (512 e4m3 codes, 4 fp32 scales one per 128, 64
-// bf16 RoPE values). On the f16 tile: K / V codes times their row's scale, RoPE converted to f16. On e4m3
-// MMAs (k656E4m3): S over each 128-column block in its own accumulators, times the token's block scale,
-// plus the RoPE on f16 MMAs; P stored once per block, times the token's block scale over the block's
-// running largest scale (every warp's 64 Dv columns lie in one block).
+// bf16 RoPE values). S over each 128-column block in its own accumulators, times the token's block scale,
+// plus the RoPE on MMAs of q's type; P stored once per block, times the token's block scale over the block's
+// running largest |scale| (every warp's 64 Dv columns lie in one block). The codes go to e4m3 MMAs as they
+// are (k656E4m3), or to f16 ones converted in registers (the f16 tile).
 template <class Elem_, class Head, class Layout_, class Tile, bool kFp8_ = false, bool kMla656_ = false>
 struct KernelTraitsV1 {
   using Elem = Elem_;
@@ -205,8 +205,8 @@ struct KernelTraitsV1 {
   static constexpr int kSKSteps = kSDims / kKStep;   // MMA k steps per S warp
   static constexpr int kQFrags = kSKSteps * kMmaPerStep;  // Q A fragments per m tile
   // accumulator sets over alternate k steps: at least 4 independent MMA chains per warp
-  // (656-byte rows on e4m3 MMAs: always two, one per 128-column block of the warp's two)
-  static constexpr int kSAcc = k656E4m3 ? 2 : (kSMT * kSN8 >= 4 || kSKSteps < 2) ? 1 : 2;
+  // (656-byte rows: always two, one per 128-column block of the warp's two)
+  static constexpr int kSAcc = kMla656 ? 2 : (kSMT * kSN8 >= 4 || kSKSteps < 2) ? 1 : 2;
   static constexpr int kODV = DV / kWarps;           // Dv columns per warp in O
   static constexpr int kON8 = kODV / 8;
   static constexpr int kPKSteps = BN / (kE4m3Mma ? 32 : 16);  // MMA k steps of P.V per tile
@@ -244,7 +244,7 @@ struct KernelTraitsV1 {
 
   // 656-byte rows: no pad, the 656-byte pitch is already an odd number (41) of 16-byte units (conflict-free ldmatrix)
   using Smem = SharedMemoryPlanV1<BM, BN, STAGES, KSPLIT, DQK, DV, kSharedKV, int(sizeof(KvElem)), kPBytes, kRowElems,
-                                  kMla656 ? 0 : 16, Tile::BARS == 1 ? 2 : 1, k656E4m3 ? 4 : 1>;
+                                  kMla656 ? 0 : 16, Tile::BARS == 1 ? 2 : 1, kMla656 ? 4 : 1>;
   static constexpr int kQStages = Smem::kQStages;
   // the bulk loader's mbarriers (one per stage, 8 bytes each) after the plan's regions
   static constexpr size_t kBarOffset = Smem::template total<kRingThreads>();
@@ -261,9 +261,9 @@ struct KernelTraitsV1 {
                 "e4m3 tiles: 32 tokens (one e4m3 k step, one .trans load); MLA rows, or V rows apart on the f16 tile");
   static_assert(!kMla656 || (kFp8 && DQK == 576 && DV == 512 && KSPLIT == 2),
                 "656-byte rows: MLA 576/512, S split in two halves of 288 dims (9 steps of 32)");
-  static_assert(!k656E4m3 || (Tile::BARS == 2 && k656Block % kODV == 0 && kSKSteps == 9),
-                "656-byte rows on e4m3 MMAs: two barriers per tile (the block scales of P(i) are read before the "
-                "second), every warp's Dv columns inside one 128-column block, S dims 2 blocks + 32 RoPE per warp");
+  static_assert(!kMla656 || (Tile::BARS == 2 && k656Block % kODV == 0 && kSKSteps == 9),
+                "656-byte rows: two barriers per tile (the block scales of P(i) are read before the second), every "
+                "warp's Dv columns inside one 128-column block, S dims 2 blocks + 32 RoPE per warp");
   static_assert(kODV % 16 == 0, "each warp's Dv slice must be whole n16 pairs (ldmatrix x4 .trans)");
   static_assert(kTPL == 1 || kTPL == 2 || kTPL == 4 || kTPL == 8, "1, 2, 4 or 8 scores per softmax lane");
   static_assert(kLanesPerRow <= 32 && (32 % kLanesPerRow) == 0, "a row's softmax lanes stay inside one warp");

@@ -329,13 +329,13 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
   const h::RowCol b_addr = h::ldsm_b_addr(lane);
   const h::RowCol bt_addr = h::ldsm_bt_addr(lane);
   uint32_t qf[Tr::kSMT][Tr::kQFrags][4];  // this warp's Q fragments: its m tiles x its dims
-  // 656-byte rows on e4m3 MMAs: S warp ws_k takes the 128-column blocks 2 ws_k, 2 ws_k + 1 (steps 0-7 of qf) and
-  // the RoPE dims 512 + 32 ws_k .. + 31 (qr: two bf16 k16 steps on K's bf16 RoPE values as they are, Q unscaled:
+  // 656-byte rows: S warp ws_k takes the 128-column blocks 2 ws_k, 2 ws_k + 1 (steps 0-7 of qf) and
+  // the RoPE dims 512 + 32 ws_k .. + 31 (qr: two k16 steps in q's type on K's bf16 RoPE values, Q unscaled:
   // the RoPE scores are multiplied by the rows' 1 / Q scale, qinv, when they join the blocks' sums)
-  [[maybe_unused]] uint32_t qr[Tr::k656E4m3 ? Tr::kSMT : 1][2][4];
-  [[maybe_unused]] float qinv[Tr::k656E4m3 ? Tr::kSMT : 1][2];
+  [[maybe_unused]] uint32_t qr[Tr::kMla656 ? Tr::kSMT : 1][2][4];
+  [[maybe_unused]] float qinv[Tr::kMla656 ? Tr::kSMT : 1][2];
   // first head dim of this warp's S step kk
-  auto s_dim0 = [&](int kk) { return Tr::k656E4m3 ? 2 * Tr::k656Block * ws_k + 32 * kk : ws_k * Tr::kSDims + kk * 32; };
+  auto s_dim0 = [&](int kk) { return Tr::kMla656 ? 2 * Tr::k656Block * ws_k + 32 * kk : ws_k * Tr::kSDims + kk * 32; };
   arch::cp_async_wait<kFirst>();  // Q landed (this thread's copies)
   arch::block_sync();             // ... and everyone's
   if constexpr (Tr::kFp8) {
@@ -362,8 +362,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
       const float inv[2] = {1.f / sQScale[r0], 1.f / sQScale[r0 + 8]};
 #pragma unroll
       for (int kk = 0; kk < Tr::kSKSteps; ++kk) {
-        if constexpr (Tr::k656E4m3) {
-          if (kk == Tr::kSKSteps - 1) {  // the RoPE dims, bf16 (exact for bf16 q) in their natural k order
+        if constexpr (Tr::kMla656) {
+          if (kk == Tr::kSKSteps - 1) {  // the RoPE dims, in q's type (exact), in their natural k order
 #pragma unroll
             for (int hf = 0; hf < 2; ++hf)
 #pragma unroll
@@ -372,26 +372,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
                 float x0, x1, x2, x3;
                 arch::unpack2<T>(*reinterpret_cast<const uint32_t*>(src), x0, x1);
                 arch::unpack2<T>(*reinterpret_cast<const uint32_t*>(src + 8), x2, x3);
-                qr[i][hf][rh] = arch::pack2<__nv_bfloat16>(x0, x1);
-                qr[i][hf][rh + 2] = arch::pack2<__nv_bfloat16>(x2, x3);
+                qr[i][hf][rh] = arch::pack2<T>(x0, x1);
+                qr[i][hf][rh + 2] = arch::pack2<T>(x2, x3);
               }
             qinv[i][0] = inv[0], qinv[i][1] = inv[1];
-            continue;
-          }
-        } else if constexpr (Tr::kMla656) {
-          if (ws_k * Tr::kSDims + kk * 32 >= 512) {  // RoPE dims: K's bf16 values keep their k order
-#pragma unroll
-            for (int hf = 0; hf < 2; ++hf)
-#pragma unroll
-              for (int rh = 0; rh < 2; ++rh) {
-                const T* src = sQ + (r0 + 8 * rh) * Smem::kQPitch + ws_k * Tr::kSDims + kk * 32 + 16 * hf +
-                               2 * (lane & 3);
-                float x0, x1, x2, x3;
-                arch::unpack2<T>(*reinterpret_cast<const uint32_t*>(src), x0, x1);
-                arch::unpack2<T>(*reinterpret_cast<const uint32_t*>(src + 8), x2, x3);
-                qf[i][2 * kk + hf][rh] = arch::pack2<__half>(x0 * inv[rh], x1 * inv[rh]);
-                qf[i][2 * kk + hf][rh + 2] = arch::pack2<__half>(x2 * inv[rh], x3 * inv[rh]);
-              }
             continue;
           }
         }
@@ -456,44 +440,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
     b[0] = arch::e4m3x2_to_f16x2(codes);
     b[1] = arch::e4m3x2_to_f16x2(codes >> 16);
   };
-  // 656-byte rows, S step kk for n tiles j, j + 1 (dims d0 .. d0 + 31 of this warp's half): the e4m3
-  // codes times the token's scale of their 128-value block (f16, exact for FlashMLA's power-of-two
-  // scales), or, past 512, the bf16 RoPE values (bytes 528 + 2 (d - 512)) converted to f16 in their
-  // natural k order.
-  [[maybe_unused]] auto s656_step = [&](const KV* sKs, int kk, int j, float (&acc)[Tr::kSMT][Tr::kSN8][4]) {
-    const int d0 = ws_k * Tr::kSDims + kk * 32;  // warp-uniform
-    uint32_t bb[4];
-    if (d0 < 512) {
-      arch::ldmatrix_x4(bb, sKs + (ws_n * Tr::kSTok + b_addr.row) * Smem::kKPitch + d0 + 2 * b_addr.col +
-                                j * 8 * Smem::kKPitch);
-      // a lane's B fragments hold one token of tile j (row lane / 4) and one of tile j + 1 (8 rows on)
-      const KV* sc = sKs + (ws_n * Tr::kSTok + j * 8 + (lane >> 2)) * Smem::kKPitch + 512 + 4 * (d0 >> 7);
-      const float s0 = *reinterpret_cast<const float*>(sc), s1 = *reinterpret_cast<const float*>(sc + 8 * Smem::kKPitch);
-      const uint32_t h0 = arch::pack2<__half>(s0, s0), h1 = arch::pack2<__half>(s1, s1);
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        uint32_t b0[2], b1[2];
-        k_frag(bb[hf], b0);
-        k_frag(bb[2 + hf], b1);
-        b0[0] = arch::hmul2_f16(b0[0], h0), b0[1] = arch::hmul2_f16(b0[1], h0);
-        b1[0] = arch::hmul2_f16(b1[0], h1), b1[1] = arch::hmul2_f16(b1[1], h1);
-        mma_pair(acc, j, 2 * kk + hf, b0, b1);
-      }
-    } else {
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        arch::ldmatrix_x4(bb, sKs + (ws_n * Tr::kSTok + b_addr.row + j * 8) * Smem::kKPitch + 528 + 2 * (d0 - 512) +
-                                  32 * hf + 2 * b_addr.col);
-        const uint32_t b0[2] = {arch::bf16x2_to_f16x2(bb[0]), arch::bf16x2_to_f16x2(bb[1])};
-        const uint32_t b1[2] = {arch::bf16x2_to_f16x2(bb[2]), arch::bf16x2_to_f16x2(bb[3])};
-        mma_pair(acc, j, 2 * kk + hf, b0, b1);
-      }
-    }
-  };
-  // 656-byte rows on e4m3 MMAs: the RoPE dims on bf16 MMAs, then the warp's two 128-column blocks, each in
-  // its own accumulator set (sacc[0], sacc[1]: four chains of 4 k32 steps), summed at the end times each
-  // token's scale of the block: scores in sacc[0].
-  [[maybe_unused]] auto s656e_mma = [&](int tile, SAcc& sacc, auto&& mid) {
+  // 656-byte rows: the warp's two 128-column blocks, each in its own accumulator set (sacc[0], sacc[1]: four
+  // chains of 4 k32 steps; e4m3 MMAs, or two f16 ones per step on the codes converted), then the RoPE dims on
+  // MMAs of q's type, summed at the end with each block's sum times the token's scale of the block: in sacc[0].
+  [[maybe_unused]] auto s656_mma = [&](int tile, SAcc& sacc, auto&& mid) {
     const KV* sKs = sK + (tile % STAGES) * Smem::kStageElems;
     const KV* sKw = sKs + (ws_n * Tr::kSTok + b_addr.row) * Smem::kKPitch + s_dim0(0) + 2 * b_addr.col;
     float racc[Tr::kSMT][Tr::kSN8][4];
@@ -512,8 +462,18 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
         for (int j = 0; j < Tr::kSN8; j += 2) {
           uint32_t bb[4];
           arch::ldmatrix_x4(bb, sKw + j * 8 * Smem::kKPitch + blk * Tr::k656Block + kk * 32);
-          const uint32_t b0[2] = {bb[0], bb[1]}, b1[2] = {bb[2], bb[3]};
-          mma_pair(sacc[blk], j, 4 * blk + kk, b0, b1);
+          if constexpr (Tr::kFp8Deq) {  // bb: tile j dims 0-15, 16-31 of the step; tile j + 1 the same
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf) {
+              uint32_t b0[2], b1[2];
+              k_frag(bb[hf], b0);
+              k_frag(bb[2 + hf], b1);
+              mma_pair(sacc[blk], j, 2 * (4 * blk + kk) + hf, b0, b1);
+            }
+          } else {
+            const uint32_t b0[2] = {bb[0], bb[1]}, b1[2] = {bb[2], bb[3]};
+            mma_pair(sacc[blk], j, 4 * blk + kk, b0, b1);
+          }
         }
     }
 #pragma unroll
@@ -523,11 +483,13 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
         uint32_t bb[4];
         arch::ldmatrix_x4(bb, sKs + (ws_n * Tr::kSTok + b_addr.row + j * 8) * Smem::kKPitch + 528 + 64 * ws_k +
                                   32 * hf + 2 * b_addr.col);
-        const uint32_t b0[2] = {bb[0], bb[1]}, b1[2] = {bb[2], bb[3]};
+        // K's bf16 values as they are for bf16 q; for fp16 q converted to f16 (exact within f16's range)
+        auto kv = [](uint32_t x) { return std::is_same_v<T, __nv_bfloat16> ? x : arch::bf16x2_to_f16x2(x); };
+        const uint32_t b0[2] = {kv(bb[0]), kv(bb[1])}, b1[2] = {kv(bb[2]), kv(bb[3])};
 #pragma unroll
         for (int i = 0; i < Tr::kSMT; ++i) {
-          arch::mma_m16n8k16<__nv_bfloat16>(racc[i][j], qr[i][hf], b0, racc[i][j]);
-          arch::mma_m16n8k16<__nv_bfloat16>(racc[i][j + 1], qr[i][hf], b1, racc[i][j + 1]);
+          arch::mma_m16n8k16<T>(racc[i][j], qr[i][hf], b0, racc[i][j]);
+          arch::mma_m16n8k16<T>(racc[i][j + 1], qr[i][hf], b1, racc[i][j + 1]);
         }
       }
     // the lane's tokens 2c, 2c + 1 of n tile j (c = lane % 4): their scales of blocks 2 ws_k, 2 ws_k + 1
@@ -553,8 +515,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
   };
   // `mid()` runs after half of the k steps: work the warp issues while its first MMAs are in the pipe
   auto s_mma = [&](int tile, SAcc& sacc, auto&& mid) {
-    if constexpr (Tr::k656E4m3) {
-      s656e_mma(tile, sacc, mid);
+    if constexpr (Tr::kMla656) {
+      s656_mma(tile, sacc, mid);
       return;
     }
     // ldmatrix columns are 16-bit; with e4m3 rows each 16-byte column block holds 16 codes
@@ -576,10 +538,6 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
 #pragma unroll
       for (int j = 0; j + 1 < Tr::kSN8; j += 2) {
         uint32_t bb[4];
-        if constexpr (Tr::kMla656) {
-          s656_step(sKs, kk, j, sacc[a]);  // the 656-byte rows: their own step (above)
-          continue;
-        }
         arch::ldmatrix_x4(bb, sKw + j * 8 * Smem::kKPitch + kk * Tr::kKStep);
         if constexpr (Tr::kFp8Deq) {  // bb: tile j dims 0-15, 16-31 of the step; tile j + 1 the same
 #pragma unroll
@@ -624,7 +582,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
           float x = sacc[0][i][j][2 * hf], y = sacc[0][i][j][2 * hf + 1];
-          if constexpr (Tr::kSAcc == 2 && !Tr::k656E4m3) {  // (656 e4m3: summed with the block scales)
+          if constexpr (Tr::kSAcc == 2 && !Tr::kMla656) {  // (656: summed with the block scales)
             x += sacc[1][i][j][2 * hf];
             y += sacc[1][i][j][2 * hf + 1];
           }
@@ -648,20 +606,21 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
   const int sgrow = row0 + srow;
   const int smask_row = sgrow < nrows ? qo_begin + sgrow / group : -1;  // node's q row; -1: padding row
   float m_run = h::neg_inf(), l_run = 0.f;                              // replicated over the row's lanes
-  // 656-byte rows on e4m3 MMAs: P of block g is stored as P x 2^8 x (the token's scale of block g) / blk_ref[g],
-  // blk_ref[g] the largest |scale| of block g in the tiles so far (the same in every thread: each row's lanes
-  // see all of a tile's tokens), so the codes stay <= 256 as without scales. A reference moves only when a
-  // tile's scales pass it; PV then rescales the warp's O by pv_ratio (old / new reference of its block,
-  // pv_blk), and the epilogue multiplies by pv_ref (the block's last reference).
+  // 656-byte rows: P of block g is stored as P x kPBlk x (the token's scale of block g) / blk_ref[g], blk_ref[g]
+  // the largest |scale| of block g in the tiles so far (the same in every thread: each row's lanes see all of a
+  // tile's tokens), so P stays in the range it has without scales (e4m3 codes <= 2^8 x 1, f16 <= 2^8). A
+  // reference moves only when a tile's scales pass it; PV then rescales the warp's O by pv_ratio (old / new
+  // reference of its block, pv_blk), and the epilogue multiplies by pv_ref (the block's last reference).
+  constexpr float kPBlk = Tr::kE4m3Mma ? kPScale : 1.f;
   [[maybe_unused]] float blk_ref[4] = {0.f, 0.f, 0.f, 0.f}, blk_inv[4] = {0.f, 0.f, 0.f, 0.f};
   [[maybe_unused]] float pv_ratio = 1.f, pv_ref = 0.f;
   [[maybe_unused]] const int pv_blk = warp * Tr::kODV / Tr::k656Block;
-  [[maybe_unused]] float pw[4][TPL];  // the lane's tokens' P factor per block: scale x 2^8 / the block's reference
+  [[maybe_unused]] float pw[4][TPL];  // the lane's tokens' P factor per block: scale x kPBlk / the block's reference
   // the softmax's block-scale work of a tile (sScl, written by its S warps): each block's largest |scale| in the
   // tile (a row's lanes cover the tile's tokens), the references that move (and pv_ratio for PV(tile):
   // rescale_o(tile - 1) ran before, rescale_o(tile) runs before the next), and pw
   [[maybe_unused]] auto blk_prep = [&]() {
-    static_assert(!Tr::k656E4m3 || TPL == 4, "a softmax lane's tokens of one block: one 16-byte load");
+    static_assert(!Tr::kMla656 || TPL == 4, "a softmax lane's tokens of one block: one 16-byte load");
     float ts[4][TPL];
     float tmx[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
@@ -687,7 +646,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
             pv_ref = tmx[g];
           }
           blk_ref[g] = tmx[g];
-          blk_inv[g] = kPScale / tmx[g];
+          blk_inv[g] = kPBlk / tmx[g];
         }
       }
     }
@@ -743,15 +702,23 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
 #pragma unroll
     for (int x = 1; x < Tr::kLanesPerRow; x <<= 1) rsum += arch::shfl_xor(rsum, x);
     l_run = l_run * alpha + rsum;
-    if constexpr (Tr::k656E4m3) {  // P of every block, times the lane's tokens' factors (blk_prep)
+    if constexpr (Tr::kMla656) {  // P of every block, times the lane's tokens' factors (blk_prep)
       blk_prep();  // (after rescale_o(tile - 1), which reads pv_ratio of tile - 1)
       PE* pt = sP + pbuf(tile) * BM * Smem::kPPitch;
 #pragma unroll
-      for (int g = 0; g < 4; ++g)
+      for (int g = 0; g < 4; ++g) {
+        if constexpr (Tr::kE4m3Mma) {  // e4m3 pairs at the MMA's k positions
 #pragma unroll
-        for (int e = 0; e < TPL; e += 2)
-          *reinterpret_cast<uint16_t*>(pt + p_at(srow, g * BN + h::fp8_pv_k_of_token(scol + e))) =
-              arch::cvt_e4m3x2(s[e] * pw[g][e], s[e + 1] * pw[g][e + 1]);
+          for (int e = 0; e < TPL; e += 2)
+            *reinterpret_cast<uint16_t*>(pt + p_at(srow, g * BN + h::fp8_pv_k_of_token(scol + e))) =
+                arch::cvt_e4m3x2(s[e] * pw[g][e], s[e + 1] * pw[g][e + 1]);
+        } else {  // f16, tokens in their order
+          float f[TPL];
+#pragma unroll
+          for (int e = 0; e < TPL; ++e) f[e] = s[e] * pw[g][e];
+          sts_pack<M16, TPL>(pt + p_at(srow, g * BN + scol), f);
+        }
+      }
     } else if constexpr (Tr::kE4m3Mma) {
       // e4m3 pairs at the MMA's k positions (tokens t, t + 1 are adjacent there for even t)
       PE* prow = sP + (pbuf(tile) * BM + srow) * Smem::kPPitch;
@@ -787,9 +754,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
       a[i][1] = al[i * 16 + (lane >> 2) + 8];
       moved |= a[i][0] != 1.f || a[i][1] != 1.f;
     }
-    if constexpr (Tr::k656E4m3) moved |= pv_ratio != 1.f;  // the warp's block reference moved (softmax of tile)
+    if constexpr (Tr::kMla656) moved |= pv_ratio != 1.f;  // the warp's block reference moved (softmax of tile)
     if (arch::any(moved)) {  // sass-model: cold
-      if constexpr (Tr::k656E4m3) {
+      if constexpr (Tr::kMla656) {
 #pragma unroll
         for (int i = 0; i < Tr::MS; ++i) a[i][0] *= pv_ratio, a[i][1] *= pv_ratio;
       }
@@ -814,9 +781,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
   auto pv_load = [&](int tile) {
     // P's A fragments, every path alike: an e4m3 P step is 32 tokens, 16 codes per 16-byte column
     constexpr int kPStep = Tr::kE4m3Mma ? 32 : 16, kPCol = Tr::kE4m3Mma ? 2 : 1;
-    // (656-byte rows on e4m3 MMAs: the copy of P for this warp's 128-column block)
+    // (656-byte rows: the copy of P for this warp's 128-column block)
     const PE* sPt = sP + pbuf(tile) * BM * Smem::kPPitch;
-    const int pcol0 = Tr::k656E4m3 ? pv_blk * BN : 0;
+    const int pcol0 = Tr::kMla656 ? pv_blk * BN : 0;
 #pragma unroll
     for (int kk = 0; kk < Tr::kPKSteps; ++kk)
 #pragma unroll
@@ -846,25 +813,6 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
             vb[kk][j / 2][1] = arch::e4m3x2_to_f16x2(ev >> 16);
             vb[kk][j / 2][2] = arch::e4m3x2_to_f16x2(od);
             vb[kk][j / 2][3] = arch::e4m3x2_to_f16x2(od >> 16);
-          }
-        }
-      }
-      if constexpr (Tr::kMla656 && Tr::kFp8Deq) {
-        // V = code x its token's scale of this warp's 128-value block: registers 0, 2 hold tokens
-        // 16 kk + 2c, +1; registers 1, 3 tokens 16 kk + 2c + 8, +9
-        const KV* sc = sV + (tile % STAGES) * Smem::kStageElems + 512 + 4 * ((warp * Tr::kODV) >> 7);
-        auto tok = [&](int t) { return *reinterpret_cast<const float*>(sc + t * Smem::kVPitch); };
-#pragma unroll
-        for (int kk = 0; kk < 2; ++kk) {
-          const int t0 = 16 * kk + 2 * (lane & 3);
-          const uint32_t lo = arch::pack2<__half>(tok(t0), tok(t0 + 1));
-          const uint32_t hi = arch::pack2<__half>(tok(t0 + 8), tok(t0 + 9));
-#pragma unroll
-          for (int c = 0; c < Tr::kON8 / 2; ++c) {
-            vb[kk][c][0] = arch::hmul2_f16(vb[kk][c][0], lo);
-            vb[kk][c][1] = arch::hmul2_f16(vb[kk][c][1], hi);
-            vb[kk][c][2] = arch::hmul2_f16(vb[kk][c][2], lo);
-            vb[kk][c][3] = arch::hmul2_f16(vb[kk][c][3], hi);
           }
         }
       }
@@ -1006,8 +954,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
       const int qrow = qo_begin + grow / group;
       const int head = kvh * group + grow % group;
       // e4m3: P was stored times 2^8 and V's codes carry v_scale
-      // (656 e4m3: P also carried its block's scale over the block's reference pv_ref)
-      const float inv = Tr::k656E4m3 ? sFin[r] * (pv_ref / kPScale)
+      // (656-byte rows: P also carried its block's scale over the block's reference pv_ref)
+      const float inv = Tr::kMla656 ? sFin[r] * (pv_ref / kPBlk)
                         : Tr::kE4m3Mma ? sFin[r] * (kv_scale(p.v_scale_ptr, p.v_scale) / kPScale)
                         : Tr::kFp8 ? sFin[r] * kv_scale(p.v_scale_ptr, p.v_scale) : sFin[r];
       const float lse2 = sFin[BM + r];
