@@ -118,20 +118,6 @@ VA_DEVICE uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
 #endif
 }
 
-// f16x2 product, rounded once to nearest (mul.rn.f16x2).
-VA_DEVICE uint32_t hmul2_f16(uint32_t a, uint32_t b) {
-#if VA_EMULATION
-  float a0, a1, b0, b1;
-  unpack2<__half>(a, a0, a1);
-  unpack2<__half>(b, b0, b1);
-  return pack2<__half>(a0 * b0, a1 * b1);  // the product of two f16 values is exact in fp32
-#else
-  uint32_t r;
-  asm("mul.rn.f16x2 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(b));
-  return r;
-#endif
-}
-
 // bf16x2 -> f16x2, each rounded to nearest (exact for bf16 values in f16's normal range).
 VA_DEVICE uint32_t bf16x2_to_f16x2(uint32_t x) {
   float lo, hi;

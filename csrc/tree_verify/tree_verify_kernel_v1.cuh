@@ -180,7 +180,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
   float* sAlpha = reinterpret_cast<float*>(smem + Smem::kStats);  // (kPBufs, BM) rescale factor per tile
   float* sFin = sAlpha + Smem::kPBufs * BM;                       // (2, BM) 1/l and log2-sum-exp2 at the end
   float* sQScale = sFin + 2 * BM;                                 // (BM) e4m3 path: each Q row's scale
-  float* sScl = reinterpret_cast<float*>(smem + Smem::kScl);      // (4, BN) 656 e4m3: the tile's block scales
+  float* sScl = reinterpret_cast<float*>(smem + Smem::kScl);      // (4, BN) 656-byte rows: the tile's block scales
 
   const T* q = static_cast<const T*>(p.q);
   const KV* kc = static_cast<const KV*>(p.k_cache);
@@ -625,7 +625,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
     float tmx[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
     for (int g = 0; g < 4; ++g) {
-      lds_vec<TPL>(sScl + g * BN + scol, ts[g]);  // written by the S warps of this tile (s656e_mma)
+      lds_vec<TPL>(sScl + g * BN + scol, ts[g]);  // written by the S warps of this tile (s656_mma)
 #pragma unroll
       for (int e = 0; e < TPL; ++e) tmx[g] = arch::max_f(tmx[g], fabsf(ts[g][e]));
     }
