@@ -106,8 +106,8 @@ template <int BM, int BN, int STAGES, int KSPLIT, int DQK, int DV, bool kSharedK
 struct SharedMemoryPlanV1 {
   // KROW: K row elements in the cache (DQK; 656 bytes for the 656-byte MLA rows), KPADB: its pad in bytes
   // KVB: bytes per K / V element (2: the 16-bit type of q; 1: e4m3); PB: per P element. Q is staged 16-bit.
-  // PGROUPS: P copies side by side in a row (4: the 656-byte rows on e4m3 MMAs, P times each 128-column
-  // block's per-token scale).
+  // PGROUPS: P copies side by side in a row (4: the 656-byte rows, P times each 128-column block's per-token
+  // scale).
   static constexpr int kQElem = 2;
   static constexpr int kKvElem = KVB;
   static constexpr int kPad = 16 / KVB;                            // elements per K/V/P row (16 B): conflict-free ldmatrix
