@@ -440,6 +440,22 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
     b[0] = arch::e4m3x2_to_f16x2(codes);
     b[1] = arch::e4m3x2_to_f16x2(codes >> 16);
   };
+  // one S k step (Q step `step`) for n tiles j, j + 1 from an ldmatrix x4 of K (bb: tile j dims 0-15, 16-31 of
+  // the step; tile j + 1 the same): e4m3 / 16-bit operands as loaded, or the codes to f16 (two k16 MMAs)
+  auto s_step = [&](float (&acc)[Tr::kSMT][Tr::kSN8][4], int j, int step, const uint32_t (&bb)[4]) {
+    if constexpr (Tr::kFp8Deq) {
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        uint32_t b0[2], b1[2];
+        k_frag(bb[hf], b0);
+        k_frag(bb[2 + hf], b1);
+        mma_pair(acc, j, 2 * step + hf, b0, b1);
+      }
+    } else {
+      const uint32_t b0[2] = {bb[0], bb[1]}, b1[2] = {bb[2], bb[3]};
+      mma_pair(acc, j, step, b0, b1);
+    }
+  };
   // 656-byte rows: the warp's two 128-column blocks, each in its own accumulator set (sacc[0], sacc[1]: four
   // chains of 4 k32 steps; e4m3 MMAs, or two f16 ones per step on the codes converted), then the RoPE dims on
   // MMAs of q's type, summed at the end with each block's sum times the token's scale of the block: in sacc[0].
@@ -462,18 +478,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
         for (int j = 0; j < Tr::kSN8; j += 2) {
           uint32_t bb[4];
           arch::ldmatrix_x4(bb, sKw + j * 8 * Smem::kKPitch + blk * Tr::k656Block + kk * 32);
-          if constexpr (Tr::kFp8Deq) {  // bb: tile j dims 0-15, 16-31 of the step; tile j + 1 the same
-#pragma unroll
-            for (int hf = 0; hf < 2; ++hf) {
-              uint32_t b0[2], b1[2];
-              k_frag(bb[hf], b0);
-              k_frag(bb[2 + hf], b1);
-              mma_pair(sacc[blk], j, 2 * (4 * blk + kk) + hf, b0, b1);
-            }
-          } else {
-            const uint32_t b0[2] = {bb[0], bb[1]}, b1[2] = {bb[2], bb[3]};
-            mma_pair(sacc[blk], j, 4 * blk + kk, b0, b1);
-          }
+          s_step(sacc[blk], j, 4 * blk + kk, bb);
         }
     }
 #pragma unroll
@@ -539,18 +544,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
       for (int j = 0; j + 1 < Tr::kSN8; j += 2) {
         uint32_t bb[4];
         arch::ldmatrix_x4(bb, sKw + j * 8 * Smem::kKPitch + kk * Tr::kKStep);
-        if constexpr (Tr::kFp8Deq) {  // bb: tile j dims 0-15, 16-31 of the step; tile j + 1 the same
-#pragma unroll
-          for (int hf = 0; hf < 2; ++hf) {
-            uint32_t b0[2], b1[2];
-            k_frag(bb[hf], b0);
-            k_frag(bb[2 + hf], b1);
-            mma_pair(sacc[a], j, 2 * kk + hf, b0, b1);
-          }
-        } else {
-          const uint32_t b0[2] = {bb[0], bb[1]}, b1[2] = {bb[2], bb[3]};
-          mma_pair(sacc[a], j, kk, b0, b1);
-        }
+        s_step(sacc[a], j, kk, bb);
       }
       if constexpr (Tr::kSN8 % 2 == 1) {
         // odd n8 count: x2 for the last tile (lanes 16-31, unused by .x2, repeat lanes 0-15's rows)
