@@ -679,6 +679,35 @@ def test_wgmma_ptx_include_is_generated_from_its_script():
     assert (gen.with_name("wgmma_ptx.inc")).read_text() == mod.render()
 
 
+@pytest.mark.parametrize("n", [32, 256], ids=["n32", "n256"])
+@pytest.mark.parametrize("ss", [False, True], ids=["a-regs", "a-smem"])
+def test_wgmma_e4m3_matches_matrix_product(wgmma_dev, n, ss):
+    """wgmma .e4m3 (k32): two accumulating steps on random codes (NaN codes left out), A from mma.m16n8k32
+    fragments or shared memory, B K-major with padded strides; each of two warpgroups computes the product
+    (fp32 accumulation: within fp32 rounding of the sums' magnitude)."""
+    import torch
+
+    def codes(shape):
+        c = RNG.integers(0, 256, size=shape, dtype=np.uint8)
+        c[(c & 0x7F) == 0x7F] = 0x38  # NaN codes -> 1.0
+        return c, torch.from_numpy(c).view(torch.float8_e4m3fn).double().numpy()
+
+    a, A = codes((64, 64))
+    b, B = codes((n, 64))  # K-major: n rows of k
+    out = np.full((256, n // 2), -1.0, np.float32)
+    wgmma_dev.register(a=a, b=b, out=out)
+    err = wgmma_dev.try_call("wgmma_e4m3", n, a, b, int(ss), 16, 256, out)
+    assert err is None, err
+    want, mag = A @ B.T, np.abs(A) @ np.abs(B).T
+    got = np.empty((2, 64, n))
+    for tid in range(256):
+        for i in range(n // 2):
+            r, c = wgmma_d_elem(tid, i)
+            got[tid // 128, r, c] = out[tid, i]
+    for wg in range(2):
+        assert (np.abs(got[wg] - want) <= 4e-7 * mag + 1e-30).all()
+
+
 def test_wgmma_needs_whole_warpgroups(emu):
     err, _, _ = _wgmma_case(emu, True, 32, False, False, threads=96)
     assert err is not None and "whole warpgroups" in err, err

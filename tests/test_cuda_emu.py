@@ -481,6 +481,8 @@ from verify_attn.tolerances import FP8_MMA_LSE_ATOL, FP8_MMA_REL_TOL  # noqa: E4
 
 FP8_TILE = (32, 32, 8, 4)      # TilesForFp8<HeadMLA> (config.h): e4m3 MMAs (Q and P rounded to e4m3)
 FP8_F16_TILE = (32, 32, 8, 3)  # K / V converted to f16 in registers, f16 MMAs (Q and P exact up to f16)
+V2_FP8_TILE = (64, 32, 8, 5)   # kernel v2 on wgmma .e4m3 (sm_90a): Q and P rounded to e4m3 like FP8_TILE
+E4M3_TILES = (FP8_TILE, V2_FP8_TILE)  # the tiles held to the e4m3-MMA tolerance
 FP8_MATRIX = [
     (CaseSpec((54,), (5,), "bushy", dtype=BF, kv_dtype="fp8_e4m3", seed=70, **MLA), 1),
     (CaseSpec((97, 3), (7, 2), "chain", dtype=FP, kv_dtype="fp8_e4m3", page_size=5, seed=71, **MLA), 3),
@@ -539,7 +541,7 @@ def _fp8_errors(case, out, lse) -> tuple[float, float]:
     return rel, float((lse.double() - ref_lse).abs().max())
 
 
-@pytest.mark.parametrize("tile", [FP8_TILE, FP8_F16_TILE], ids=["e4m3-mma", "f16-mma"])
+@pytest.mark.parametrize("tile", [FP8_TILE, FP8_F16_TILE, V2_FP8_TILE], ids=["e4m3-mma", "f16-mma", "v2-wgmma"])
 @pytest.mark.parametrize("i", range(len(FP8_MATRIX)),
                          ids=[f"{s.id}-{n}s" for s, n in FP8_MATRIX])
 def test_fp8_e4m3_matches_reference(emu, i, tile):
@@ -549,9 +551,10 @@ def test_fp8_e4m3_matches_reference(emu, i, tile):
     case = make_case(spec)
     out, lse = _run(case, cfg(splits, *tile))
     rel, lse_err = _fp8_errors(case, out, lse)
-    print(f"{spec.id} {'e4m3-mma' if tile == FP8_TILE else 'f16-mma'}: max|err|/max|ref| {rel:.4f}, "
+    name = {FP8_TILE: "e4m3-mma", V2_FP8_TILE: "v2-wgmma"}.get(tile, "f16-mma")
+    print(f"{spec.id} {name}: max|err|/max|ref| {rel:.4f}, "
           f"max|lse err| {lse_err:.2e}")  # the numbers tolerances.py quotes: pytest -s -k fp8_e4m3_matches
-    if tile == FP8_TILE:
+    if tile in E4M3_TILES:
         assert rel <= FP8_MMA_REL_TOL and lse_err <= FP8_MMA_LSE_ATOL, (spec.id, rel, lse_err)
     else:  # exact conversions, Q and P in f16: the 16-bit tolerance (tolerances.FP8_TOL)
         check_against_reference(out, lse, case)
@@ -601,6 +604,29 @@ def test_every_fp8_barrier_is_needed_and_caught(emu, tile):
     case = make_case(CaseSpec((300,), (7,), "bushy", dtype=BF, kv_dtype="fp8_e4m3", seed=77, **MLA))
     missed = _missed_barriers(emu, case, cfg(1, *tile), 12, _caught_e4m3 if tile == FP8_TILE else None)
     assert not missed, f"skipping e4m3-kernel block_sync call(s) {missed} went unnoticed in every strict mode"
+
+
+def test_every_v2_e4m3_barrier_wait_and_fence_is_needed_and_caught(emu):
+    # v2 on wgmma .e4m3: the barriers as v2's (one before the loop: Q quantized by other warps, its row scales, tile 0
+    # landed; then one per tile, which also publishes tile it + 1's V^T); wgmma_wait as v2's; fence_proxy_async as
+    # v2's (the emulator tracks cp.async landings for the async proxy, not the V^T / Q stores: those fences are the
+    # same calls). 307 tokens are 10 tiles: all 11 barriers, the first 12 waits, the first 8 fences.
+    case = make_case(CaseSpec((300,), (7,), "bushy", dtype=BF, kv_dtype="fp8_e4m3", seed=49, **MLA))
+    config = cfg(1, *V2_FP8_TILE)
+    for fault, n in (("skip_block_sync", 11), ("skip_wgmma_wait", 12), ("skip_fence_proxy_async", 8)):
+        missed = _missed_barriers(emu, case, config, n, _caught_e4m3, fault=fault)
+        assert not missed, f"v2 e4m3: {fault} call(s) {missed} went unnoticed in every strict mode"
+
+
+def test_v2_e4m3_runs_on_e4m3_wgmma(emu):
+    # every warp issues Dqk / 2 / 32 = 9 S wgmmas (k32) per tile (tiles 0 .. ntiles, as v2) and one m64n256k32 P V
+    # wgmma per tile; the e4m3-MMA tolerance
+    case = make_case(CaseSpec((97,), (7,), "chain", dtype=BF, kv_dtype="fp8_e4m3", seed=48, **MLA))
+    emu.reset_stats()
+    assert not _caught_e4m3(emu, case, cfg(1, *V2_FP8_TILE))
+    st = emu.stats()
+    tiles = -(-(97 + 7) // 32)
+    assert st["threads"] == 256 and st["mma"] == 8 * ((tiles + 1) * 9 + tiles), st
 
 
 @pytest.mark.parametrize("d", [64, 128, 256])
@@ -664,7 +690,8 @@ def test_fp8_mla656_rows_match_reference(emu, i, tile):
                          ids=["e4m3", "mla656"])
 def test_fp8_default_config_is_the_arch_default_tile(emu, head, spec):
     """Both fp8 formats: the default config is the planning arch's default tile (CPU tensors: sm_120's, on e4m3
-    MMAs), sm_90's is the f16 tile, and the default runs within its tolerance."""
+    MMAs), sm_90's is kernel v2 on wgmma .e4m3 for e4m3 caches and the f16 tile for 656-byte rows, and the default
+    runs within its tolerance."""
     from verify_attn import build as vb
     from verify_attn import device as vdevice
 
@@ -673,7 +700,8 @@ def test_fp8_default_config_is_the_arch_default_tile(emu, head, spec):
     c = cuda_emu.default_config(p)
     t = vb.default_tile(head, vdevice.props_for(p.device).arch)  # CPU tensors: the planning arch
     assert (c.block_m, c.block_n, c.num_warps, c.num_stages) == (t.block_m, t.block_n, t.num_warps, t.num_stages)
-    assert vb.default_tile(head, "sm_90a").fp8_mma == 0 and vb.default_tile(head, "sm_120a").fp8_mma
+    d90 = vb.default_tile(head, "sm_90a")
+    assert (d90.version == 2 if head == "mla576e4m3" else d90.fp8_mma == 0) and vb.default_tile(head, "sm_120a").fp8_mma
     out, lse = _run(case, None)
     if t.fp8_mma:
         rel, lse_err = _fp8_errors(case, out, lse)

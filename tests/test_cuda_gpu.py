@@ -254,8 +254,8 @@ def test_fp8_e4m3_gqa_matches_reference(page_size, head):
 @pytest.mark.parametrize("page_size", [1, 64])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_fp8_e4m3_cache_matches_reference(page_size, dtype):
-    """The e4m3 caches through the arch's default tile: sm_120's runs both products on e4m3 MMAs
-    (tolerances.FP8_MMA_*), sm_90's is the f16 tile (within those too)."""
+    """The e4m3 caches through the arch's default tile: sm_120's runs both products on e4m3 MMAs, sm_90's is kernel
+    v2 on wgmma .e4m3 (V transposed in shared memory per tile); both within tolerances.FP8_MMA_*."""
     _check_e4m3_mma(_spec("kimi-mla", dtype, prefix_lens=(4097, 300, 0), tree_sizes=(16, 5, 1), page_size=page_size,
                           seed=31, kv_dtype="fp8_e4m3"))
 

@@ -279,8 +279,9 @@ def test_calibrate_joins_measured_rows_with_predictions(tmp_path, capsys):
 
 def test_fp8_kernel_predicted_at_least_1_6x_over_bf16_on_sm120():
     """Issue 17's bar, kept: at 185k / 16 nodes / page_size 1 the e4m3-cache kernel (e4m3 MMAs) is
-    predicted at least 1.6x faster than the bf16 one on the RTX PRO 6000; on the H200 the fp8 default
-    is the f16 tile (mma.sync has no e4m3 rate there)."""
+    predicted at least 1.6x faster than the bf16 one on the RTX PRO 6000; on the H200 the fp8 default is kernel v2 on
+    wgmma .e4m3 (mma.sync has no e4m3 rate there), predicted faster than the bf16 default (issue 27's goal, 1.5x,
+    sits inside the model's band: NOTES.md)."""
     _tools_or_skip()
     from bench.model import predict
 
@@ -288,7 +289,9 @@ def test_fp8_kernel_predicted_at_least_1_6x_over_bf16_on_sm120():
     fp8 = predict("rtx-pro-6000", ctx=185_000, tree_nodes=16, kv_dtype="fp8_e4m3")
     assert bf16 and fp8 and bf16["us"] / fp8["us"] >= 1.6, (bf16, fp8)
     h = predict("h200", ctx=185_000, tree_nodes=16, kv_dtype="fp8_e4m3")
-    assert h and h["kernel"].endswith(" f16"), h
+    h_bf16 = predict("h200", ctx=185_000, tree_nodes=16)
+    assert h and " v2 " in h["kernel"] and "wgmma" in h["kernel"], h
+    assert h_bf16["us"] / h["us"] >= 1.3, (h_bf16, h)
 
 
 def test_split_heuristic_fills_whole_waves():

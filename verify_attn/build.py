@@ -104,6 +104,8 @@ _V1_BULK_S8 = Tile(32, 16, 2, 4, 8, version=1, sn=2, archs=("sm_90a",), bars=1, 
 _V1_BULK_N32 = Tile(32, 32, 4, 2, 5, version=1, sn=2, archs=("sm_90a",), bars=1, loader=1)
 # v2 (wgmma, sm_90a only): 64 rows, 2 warpgroups (4 warps x 16 rows each; Dqk / Dv halves)
 _V2_TILE = Tile(64, 32, 4, 2, 3, version=2, archs=("sm_90a",))
+# v2 on e4m3 caches: both products on wgmma .e4m3 (k32), V transposed per tile into a V^T buffer, 4 stages
+_V2_FP8_TILE = Tile(64, 32, 4, 2, 5, version=2, archs=("sm_90a",))
 
 # head key -> compiled tile configs, default first (TilesFor<...> in config.h). A config is
 # selected by (block_m, block_n, num_warps, num_stages), unique across kernel versions: v0's
@@ -114,7 +116,8 @@ TILES: dict[str, list[Tile]] = {
     # e4m3 caches: 32 tokens (one k step of the e4m3 P.V MMA), S warps 2 (dims) x 2 (tokens) x 2 (M)
     # The e4m3-MMA tile is sm_120's (4 stages, two barriers per tile: two tiles in flight in 91 KB): on sm_90
     # nvcc lowers its MMAs to f16 HMMAs (no e4m3 rate there); the f16 tile is the H200's.
-    "mla576e4m3": [Tile(32, 32, 4, 2, 4, version=1, sn=2, archs=("sm_120a",)), _FP8_F16_TILE],  # f16: the H200's, the exact one
+    "mla576e4m3": [Tile(32, 32, 4, 2, 4, version=1, sn=2, archs=("sm_120a",)), _FP8_F16_TILE,  # f16: the exact one
+                   _V2_FP8_TILE],
     # 656-byte rows: sm_120's tile on e4m3 MMAs (per-block scales on S's block sums and on P, RoPE in q's type;
     # 4 stages, two tiles in flight, 100,864 B); the f16 tile is the H200's and the exact one
     "mla576x656": [Tile(32, 32, 4, 2, 4, version=1, sn=2, archs=("sm_120a",)), _FP8_F16_TILE],
@@ -141,9 +144,10 @@ DEFAULT_TILE: dict[tuple[str, str], Tile] = {
     # (one tile in flight each: latency-bound; NOTES.md, "Two tiles in flight on sm_120"); the 3-stage tile
     # stays compiled for the autotuner
     ("mla576", "sm_120a"): Tile(32, 16, 2, 4, 4, version=1, sn=2),
-    # e4m3 caches on sm_90: mma.sync has no e4m3 rate there (nvcc lowers it to f16 HMMAs), so the
-    # tile that converts K / V to f16 itself, keeping Q and P exact, is the faster one too (NOTES.md)
-    ("mla576e4m3", "sm_90a"): _FP8_F16_TILE,
+    # e4m3 caches on sm_90: kernel v2 on wgmma .e4m3 (k32), 111.9 us [101-126] by the model at 185k / 16 nodes
+    # against 296.0 for the f16 tile (mma.sync has no e4m3 rate on sm_90: nvcc lowers it to f16 HMMAs); the f16
+    # tile, exact in Q and P, stays compiled (NOTES.md, "Kernel v2 on e4m3 caches")
+    ("mla576e4m3", "sm_90a"): _V2_FP8_TILE,
     ("mla576x656", "sm_90a"): _FP8_F16_TILE,
 }
 
@@ -199,8 +203,10 @@ def smem_bytes(tile: Tile, dqk: int, dv: int, shared_kv: bool, kv_bytes: int = 2
     kv_bytes 1: the e4m3-cache kernels (K / V one byte per element; P too on e4m3 MMAs, f16 otherwise)."""
     pad, elem = 8, 2
     if tile.version == 2:  # KernelTraitsV2: Q (BM rows) + STAGES x BN KV rows (core-matrix layout, no pad)
+        fp8 = (2 * (dv // 8) * 288 + tile.block_m * 4) if kv_bytes == 1 else 0  # e4m3: 2 V^T buffers, Q scales
+        ring = (tile.num_stages - 2) * 32 * tile.num_warps * 4  # the kv_indices ring (kIdxSlots x threads)
         return ((tile.block_m + tile.num_stages * tile.block_n) * dqk * kv_bytes  # + 2 sets of partial scores
-                + 2 * tile.warps_n * 128 * (tile.block_n // 2) * 4 + tile.block_m * 4 * 4)  # + 4 mask words a row
+                + 2 * tile.warps_n * 128 * (tile.block_n // 2) * 4 + tile.block_m * 4 * 4 + fp8 + ring)  # + mask words
     if tile.version == 1:
         kpad = 16 // kv_bytes
         pb = 1 if kv_bytes == 1 and tile.fp8_mma else 2  # P element bytes
@@ -398,8 +404,9 @@ def tile_of_mangled(mangled: str) -> Tile:
 
 
 def is_fp8_mangled(mangled: str) -> bool:
-    """A v1 split kernel built for e4m3 caches: KernelTraitsV1<..., TileConfigV1<...>, true>."""
-    return re.search(r"TileConfigV1I(?:Li\d+E)+EELb1E", mangled) is not None
+    """A split kernel built for e4m3 caches: KernelTraitsV1<..., TileConfigV1<...>, true> or
+    KernelTraitsV2<..., TileConfigV2<...>, true>."""
+    return re.search(r"TileConfigV[12]I(?:Li\d+E)+EELb1E", mangled) is not None
 
 
 def is_656_mangled(mangled: str) -> bool:

@@ -18,6 +18,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Optional
 
+from . import sass
 from .sass import Function, Instr, Loop, hgmma_shape
 
 MARKER = "sass-model:"
@@ -126,7 +127,7 @@ def classify(ins: Instr) -> str:
     op = ins.op
     if op in MMA_OPS:
         return "hmma"
-    if op == "HGMMA":  # wgmma.mma_async: asynchronous, warpgroup-wide (sim.py)
+    if op in sass.GMMA_OPS:  # wgmma.mma_async: asynchronous, warpgroup-wide (sim.py)
         return "hgmma"
     if op == "WARPGROUP":  # WARPGROUP.ARRIVE = wgmma.fence; WARPGROUP.DEPBAR.LE gsb0, K = wgmma.wait_group K
         return "wg_depbar" if "DEPBAR" in ins.mods else "wg_arrive"
@@ -534,7 +535,7 @@ def read_tile(path: TilePath) -> TileReading:
     widths = Counter(f"{i.op}.{8 * width_bytes(i)}" for i in ins if classify(i) in ("lds", "sts"))
     rd = sum(smem_bytes(i)[0] for i in ins)
     wr = sum(smem_bytes(i)[1] for i in ins)
-    hg = [i for i in ins if i.op == "HGMMA"]
+    hg = [i for i in ins if i.op in sass.GMMA_OPS]
     return TileReading(
         instructions=len(ins), classes=dict(classes), hmma=classes.get("hmma", 0), hmma_shapes=dict(shapes),
         hmma_flops=flops, hmma_chain_depth=mma_chain_depth(ins), hmma_accumulators=mma_independent_chains(ins),

@@ -26,7 +26,7 @@ from verify_attn import device as vdevice
 from verify_attn.config import heuristic_num_splits
 from verify_attn.shapes import HeadShape
 
-from . import sim
+from . import sass, sim
 from .analysis import smem_bytes
 from .devices import DeviceModel
 from .kernels import KernelModel
@@ -108,13 +108,17 @@ def counts(case: Case, elem_bytes: int = 2) -> rl.Counts:
                           page_size=case.page_size, kv_dtype=case.kv_dtype if fp8 else None)
 
 
-def tensor_rate_tflops(dev: DeviceModel, *, wgmma: bool = False, qmma: bool = False) -> float:
-    """The tensor rate a kernel's floor uses: the datasheet's for a wgmma tile and on sm_120 (where mma.sync is the
-    native path; e4m3 MMAs at the device's fp8 rate), the device's mma.sync-class rate for mma.sync on sm_90 (the
-    H200's is measured: bench.ceilings mma_peak)."""
+# wgmma .e4m3 (QGMMA) over the 16-bit wgmma rate: the H100 / H200 datasheets' dense fp8 1,979 over bf16 989 TFLOP/s
+QGMMA_SPEEDUP = 2.0
+
+
+def tensor_rate_tflops(dev: DeviceModel, *, wgmma: bool = False, qmma: bool = False, qgmma: bool = False) -> float:
+    """The tensor rate a kernel's floor uses: the datasheet's for a wgmma tile (e4m3 wgmma, QGMMA: the datasheet's
+    fp8 rate) and on sm_120 (where mma.sync is the native path; e4m3 MMAs at the device's fp8 rate), the device's
+    mma.sync-class rate for mma.sync on sm_90 (the H200's is measured: bench.ceilings mma_peak)."""
     ds = dev.datasheet_tflops.value if dev.datasheet_tflops is not None else dev.mma_tflops
     if wgmma:
-        return ds
+        return ds * (QGMMA_SPEEDUP if qgmma else 1.0)
     if dev.mma_flop_per_clk_sm.value >= dev.datasheet_mma_flop_per_clk_sm.value:  # mma.sync is the datasheet path
         return ds * (dev.qmma_speedup.value if qmma else 1.0)
     return dev.mma_tflops
@@ -378,12 +382,13 @@ def predict(km: KernelModel, dev: DeviceModel, case: Case, num_splits: Optional[
     total = main + prologue + comb + launch
     c = counts(case)
     qmma = any(i.op == "QMMA" for i in km.hot.instrs)  # e4m3 MMAs at the device's fp8 rate
-    wgmma = any(i.op == "HGMMA" for i in km.hot.instrs)  # sm_90a wgmma: judged at the datasheet (wgmma) rate
+    wgmma = any(i.op in sass.GMMA_OPS for i in km.hot.instrs)  # sm_90a wgmma: judged at the datasheet (wgmma) rate
     if wgmma:
         notes.append("HGMMA (wgmma) tile: the floor uses the datasheet tensor rate, not the mma.sync-class one")
     if any(i.op == "UBLKCP" for i in km.hot.instrs):
         notes.append(bulk_note(km, case))
-    fl = floor(c, dev, tensor_rate_tflops(dev, wgmma=wgmma, qmma=qmma))
+    qgmma = any(i.op == "QGMMA" for i in km.hot.instrs)
+    fl = floor(c, dev, tensor_rate_tflops(dev, wgmma=wgmma, qmma=qmma, qgmma=qgmma))
     l2_bytes = ctas * tiles * (km.tile.block_n * _row_bytes(case) + 4 * km.tile.block_n)
     dram_bytes = kv_total * (mt / sharers)
     parts = {"main loop": main, "prologue": prologue, "combine": comb, "launch": launch}

@@ -29,7 +29,7 @@ from typing import Optional
 from . import analysis, sass, sim
 from .devices import Const, DeviceModel, H200, get_device
 
-MMA_OPS = ("HMMA", "HGMMA", "QMMA")
+MMA_OPS = ("HMMA", "QMMA") + sass.GMMA_OPS
 
 H100_SXM = replace(
     H200, key="h100-sxm", name="H100 SXM5",

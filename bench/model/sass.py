@@ -186,9 +186,15 @@ def _mma_widths(opcode: str) -> tuple[int, int, int, int]:
     return acc, 4, 2, acc
 
 
+# wgmma.mma_async in SASS: HGMMA (16-bit and tf32 operands), QGMMA (e4m3 / e5m2: k32, the same 32 bytes of K per
+# instruction at twice the 16-bit FLOP rate). The model reads both alike ("HGMMA" in its prose means either).
+GMMA_OPS = ("HGMMA", "QGMMA")
+
+
 def hgmma_shape(opcode: str) -> tuple[int, int, int]:
-    """(M, N, K) of an HGMMA mnemonic: `HGMMA.64x256x16.F32.BF16` -> (64, 256, 16)."""
-    m = re.match(r"^HGMMA\.(\d+)x(\d+)x(\d+)", opcode)
+    """(M, N, K) of an HGMMA / QGMMA mnemonic: `HGMMA.64x256x16.F32.BF16` -> (64, 256, 16),
+    `QGMMA.64x32x32.F32.E4M3.E4M3` -> (64, 32, 32)."""
+    m = re.match(r"^[HQ]GMMA\.(\d+)x(\d+)x(\d+)", opcode)
     if not m:
         raise ValueError(f"not an HGMMA mnemonic with an MxNxK shape: {opcode!r}")
     return int(m.group(1)), int(m.group(2)), int(m.group(3))
@@ -256,7 +262,7 @@ def _decode_ublkcp(ins: Instr) -> None:
 def decode_registers(ins: Instr) -> None:
     """Fill ins.dsts / ins.srcs from its opcode and operands."""
     op, ops = ins.op, ins.operands
-    if op == "HGMMA":
+    if op in GMMA_OPS:
         _decode_hgmma(ins)
         return
     if op in ("HMMA", "QMMA", "IMMA", "OMMA", "BMMA"):

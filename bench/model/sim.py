@@ -39,6 +39,7 @@ from typing import Callable
 
 from .analysis import classify, smem_bytes
 from .devices import HMMA_FLOP, DeviceModel
+from . import sass
 from .sass import Instr, hgmma_shape
 
 
@@ -282,7 +283,7 @@ def simulate(body: list[Instr], dev: DeviceModel, *, warps: int, warps_per_barri
     reads = [i.regs_read() for i in body]
     writes = [i.regs_written() for i in body]
     is_bar = [i.op == "BAR" for i in body]
-    closes = [i.op == "HGMMA" and "gsb0" in i.operands for i in body]   # ends the warp's open commit group
+    closes = [i.op in sass.GMMA_OPS and "gsb0" in i.operands for i in body]   # ends the warp's open commit group
     depbar = [wgmma_wait_depth(i) for i in body]                          # K of WARPGROUP.DEPBAR.LE gsb0, K
     cp_wait = [cp_async_wait_depth(i) for i in body]                      # N of DEPBAR.LE SB0, N
     cp_commit = [i.op == "LDGDEPBAR" for i in body]

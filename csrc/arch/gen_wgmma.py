@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-SHAPES = (8, 16, 32, 64, 128, 256)   # wgmma m64nNk16: N = 8 .. 256 in steps of 8; these are the ones offered
-TYPES = {"bf16": "__nv_bfloat16", "f16": "__half"}
+SHAPES = (8, 16, 32, 64, 128, 256)   # wgmma m64nNk16 / k32: N = 8 .. 256 in steps of 8; these are the ones offered
+# PTX type -> the wrappers' T; e4m3 (uint8_t: the codes) is k32 and has no transpose immediates (K-major B only)
+TYPES = {"bf16": "__nv_bfloat16", "f16": "__half", "e4m3": "uint8_t"}
 
 
 def body(n: int, src: str, ptx_type: str) -> str:
@@ -33,14 +34,18 @@ def body(n: int, src: str, ptx_type: str) -> str:
     scale = f"%{k}"
     ins.append('"r"(static_cast<int>(accumulate))')
     k += 1
-    trans_b = f"%{k}"
-    ins.append('"n"(kTransB ? 1 : 0)')
-    imm = f"p, 1, 1, {trans_b}" if src == "rs" else f"p, 1, 1, 0, {trans_b}"
+    if ptx_type == "e4m3":  # scale-d, imm-scale-a, imm-scale-b; no transpose immediates
+        imm = "p, 1, 1"
+    else:
+        trans_b = f"%{k}"
+        ins.append('"n"(kTransB ? 1 : 0)')
+        imm = f"p, 1, 1, {trans_b}" if src == "rs" else f"p, 1, 1, 0, {trans_b}"
+    kdim = 32 if ptx_type == "e4m3" else 16
     lines = [
         "asm volatile(",
         '    "{\\n.reg .pred p;\\n"',
         f'    "setp.ne.b32 p, {scale}, 0;\\n"',
-        f'    "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx_type}.{ptx_type} "',
+        f'    "wgmma.mma_async.sync.aligned.m64n{n}k{kdim}.f32.{ptx_type}.{ptx_type} "',
         f'    "{{{d}}}, "',
         f'    "{operands_a}, {b}, {imm};\\n}}\\n"',
         f"    : {outs}",

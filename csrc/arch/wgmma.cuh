@@ -5,7 +5,10 @@
 //
 // A warpgroup is 4 consecutive warps (warp w of the block is warp w % 4 of warpgroup w / 4); all 128
 // threads execute every wgmma instruction below (.sync.aligned). One wgmma_rs / wgmma_ss computes
-// D (64 x N, fp32) = A (64 x 16) B (16 x N) + (accumulate ? D : 0) with 16-bit A and B:
+// D (64 x N, fp32) = A (64 x 16) B (16 x N) + (accumulate ? D : 0) with 16-bit A and B (T bf16 or f16), or
+// A (64 x 32) B (32 x N) with e4m3 A and B (T = uint8_t, the codes; k32, at twice the 16-bit rate): a 16-byte
+// core-matrix row then holds 16 elements, the A fragment is mma.m16n8k32's (byte i of a[r]: row g + 8 (r % 2),
+// k 4t + i + 16 (r / 2)) and B is K-major only (the PTX ISA transposes 16-bit operands only):
 //   * A from registers (wgmma_rs): warp q of the warpgroup holds rows 16q .. 16q+15 as the A fragment of
 //     mma.m16n8k16 (csrc/arch/mma.cuh); or from shared memory through a matrix descriptor (wgmma_ss, K-major).
 //   * B from shared memory through a matrix descriptor: K-major (kTransB = false: B stored N x 16 with k
@@ -81,6 +84,16 @@ VA_DEVICE void wgmma_fence_operand(float (&d)[N]) {
 #endif
 }
 
+// The operand types and shapes the wrappers offer (csrc/arch/gen_wgmma.py generates the same set).
+template <class T, int N, bool kTransB>
+VA_DEVICE constexpr void wgmma_check_types() {
+  static_assert(std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half> || std::is_same_v<T, uint8_t>,
+                "wgmma: T is bf16, f16 or uint8_t (e4m3 codes)");
+  static_assert(!std::is_same_v<T, uint8_t> || !kTransB, "wgmma .e4m3: B is K-major only");
+  static_assert(N == 8 || N == 16 || N == 32 || N == 64 || N == 128 || N == 256,
+                "wgmma: csrc/arch/gen_wgmma.py generates N = 8, 16, 32, 64, 128, 256");
+}
+
 #if VA_EMULATION
 
 VA_DEVICE void wgmma_fence(std::source_location loc = std::source_location::current()) {
@@ -99,19 +112,22 @@ VA_DEVICE void wgmma_wait(std::source_location loc = std::source_location::curre
 // landed cp.async copies) become visible to later async-proxy reads (wgmma operands) once a barrier follows.
 VA_DEVICE void fence_proxy_async() { ::va::emu::fence_proxy_async(); }
 
+template <class T>
+constexpr int wgmma_kind() {
+  return std::is_same_v<T, uint8_t> ? ::va::emu::kWgmmaE4m3
+                                    : std::is_same_v<T, __nv_bfloat16> ? ::va::emu::kWgmmaBf16 : ::va::emu::kWgmmaF16;
+}
 template <class T, int N, bool kTransB>
 VA_DEVICE void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b, bool accumulate,
                         std::source_location loc = std::source_location::current()) {
-  static_assert(std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>, "wgmma: T is bf16 or f16");
-  static_assert(N % 8 == 0 && N >= 8 && N <= 256, "wgmma m64nNk16: N = 8 .. 256 in steps of 8");
-  ::va::emu::wgmma(N, std::is_same_v<T, __nv_bfloat16>, d, a, 0, desc_b, kTransB, accumulate, loc);
+  wgmma_check_types<T, N, kTransB>();
+  ::va::emu::wgmma(N, wgmma_kind<T>(), d, a, 0, desc_b, kTransB, accumulate, loc);
 }
 template <class T, int N, bool kTransB>
 VA_DEVICE void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, bool accumulate,
                         std::source_location loc = std::source_location::current()) {
-  static_assert(std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>, "wgmma: T is bf16 or f16");
-  static_assert(N % 8 == 0 && N >= 8 && N <= 256, "wgmma m64nNk16: N = 8 .. 256 in steps of 8");
-  ::va::emu::wgmma(N, std::is_same_v<T, __nv_bfloat16>, d, nullptr, desc_a, desc_b, kTransB, accumulate, loc);
+  wgmma_check_types<T, N, kTransB>();
+  ::va::emu::wgmma(N, wgmma_kind<T>(), d, nullptr, desc_a, desc_b, kTransB, accumulate, loc);
 }
 
 #else  // nvcc
@@ -149,9 +165,7 @@ VA_DEVICE void fence_proxy_async() {
 
 template <class T, int N, bool kTransB>
 VA_DEVICE void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b, bool accumulate) {
-  static_assert(std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>, "wgmma: T is bf16 or f16");
-  static_assert(N == 8 || N == 16 || N == 32 || N == 64 || N == 128 || N == 256,
-                "wgmma_rs: csrc/arch/gen_wgmma.py generates N = 8, 16, 32, 64, 128, 256");
+  wgmma_check_types<T, N, kTransB>();
 #if VA_HAS_WGMMA
   VA_WGMMA_RS_BODY
 #else
@@ -160,9 +174,7 @@ VA_DEVICE void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc
 }
 template <class T, int N, bool kTransB>
 VA_DEVICE void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
-  static_assert(std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>, "wgmma: T is bf16 or f16");
-  static_assert(N == 8 || N == 16 || N == 32 || N == 64 || N == 128 || N == 256,
-                "wgmma_ss: csrc/arch/gen_wgmma.py generates N = 8, 16, 32, 64, 128, 256");
+  wgmma_check_types<T, N, kTransB>();
 #if VA_HAS_WGMMA
   VA_WGMMA_SS_BODY
 #else

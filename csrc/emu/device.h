@@ -82,9 +82,11 @@ void warp_sync(std::source_location loc);
 // ---- wgmma (warpgroup MMA, csrc/arch/wgmma.cuh): each warp's part is a warp collective; the 4 warps
 // of a warpgroup must issue the same sequence. Operands are read at issue; D lands at the wgmma_wait
 // that retires the op's commit group (NaN until then); smem operands must be unchanged at that wait
-// and, where cp.async wrote them, fenced by fence_proxy_async in the copying thread.
+// and, where cp.async wrote them, fenced by fence_proxy_async in the copying thread. kind: the operands'
+// type, WgmmaKind (k16 for the 16-bit types, k32 for e4m3; e4m3 has no MN-major B).
+enum WgmmaKind { kWgmmaF16 = 0, kWgmmaBf16 = 1, kWgmmaE4m3 = 2 };
 uint64_t smem_offset(const void* p);
-void wgmma(int n, bool bf16, float* d, const uint32_t* a, uint64_t desc_a, uint64_t desc_b, bool trans_b,
+void wgmma(int n, int kind, float* d, const uint32_t* a, uint64_t desc_a, uint64_t desc_b, bool trans_b,
            bool accumulate, std::source_location loc);
 void wgmma_fence(std::source_location loc);
 void wgmma_commit(std::source_location loc);

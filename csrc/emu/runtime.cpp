@@ -187,8 +187,8 @@ struct WgmmaOp {
 
 // The sequence of wgmmas one warpgroup issued, for checking that its 4 warps agree.
 struct WgSig {
-  int n;
-  bool bf16, ss, trans_b, accumulate;
+  int n, kind;
+  bool ss, trans_b, accumulate;
   uint64_t desc_a, desc_b;
   bool operator==(const WgSig&) const = default;
 };
@@ -564,8 +564,8 @@ void mark_landed(Fiber* f, const unsigned char* dst, int bytes) {
 }
 
 struct WgmmaArgs {
-  int n;
-  bool bf16, trans_b, accumulate;
+  int n, kind;  // kind: WgmmaKind (device.h)
+  bool trans_b, accumulate;
   float* d;
   const uint32_t* a;  // nullptr: A from shared memory (desc_a)
   uint64_t desc_a, desc_b;
@@ -587,9 +587,9 @@ Desc decode_desc(Fiber* f, uint64_t desc, const char* which, std::source_locatio
           static_cast<size_t>((desc >> 32) & 0x3FFF) << 4};
 }
 
-// Reads one 16-byte core-matrix row at shared offset `off` into out[8] (16-bit elements): bounds,
+// Reads one 16-byte core-matrix row at shared offset `off` into out[] (8 16-bit or 16 e4m3 elements): bounds,
 // alignment and async-proxy visibility checked; records the bytes for the retire-time check.
-template <bool kBf16>
+template <int kKind>
 void read_core_row(Fiber* f, size_t off, float* out, WgmmaOp& op, const char* which, std::source_location loc) {
   Block& b = *f->block;
   const unsigned char* p = b.smem + off;
@@ -604,9 +604,13 @@ void read_core_row(Fiber* f, size_t off, float* out, WgmmaOp& op, const char* wh
             loc);
     }
   }
-  uint16_t h[8];
-  std::memcpy(h, p, 16);
-  for (int i = 0; i < 8; ++i) out[i] = half_bits_to_float<kBf16>(h[i]);
+  if constexpr (kKind == kWgmmaE4m3) {
+    for (int i = 0; i < 16; ++i) out[i] = ::va::host::e4m3_to_float(p[i]);
+  } else {
+    uint16_t h[8];
+    std::memcpy(h, p, 16);
+    for (int i = 0; i < 8; ++i) out[i] = half_bits_to_float<kKind == kWgmmaBf16>(h[i]);
+  }
   op.read_at.push_back(p);
   op.read_bytes.insert(op.read_bytes.end(), p, p + 16);
 }
@@ -620,46 +624,57 @@ const WgmmaOp* find_pending(const Warp& w, const float* d) {
   return nullptr;
 }
 
-template <bool kBf16>
+// k16 (16-bit) or k32 (e4m3): either way two 16-byte core-matrix rows along k per row of A / B (K-major)
+template <int kKind>
 void wgmma_compute(Warp& w, const WgmmaArgs& x0, std::source_location loc) {
   Fiber* f = cur_fiber();
   Block& b = *w.block;
+  constexpr int kK = kKind == kWgmmaE4m3 ? 32 : 16, kPerRow = kK / 2;  // k of the op; elements per core row
   const int n = x0.n, nd = n / 2, q = w.index % 4;
   WgmmaOp op;
   op.n = n;
   op.loc = loc;
   // A: rows 16q .. 16q+15 of the warpgroup's 64
-  std::vector<float> A(16 * 16), B(16 * static_cast<size_t>(n));
-  if (x0.a != nullptr) {
+  std::vector<float> A(16 * kK), B(kK * static_cast<size_t>(n));
+  if (x0.a != nullptr) {  // the A fragment of mma.m16n8k16 (16-bit) / mma.m16n8k32 (e4m3: byte i of a[r] is k 4t + i)
     for (int l = 0; l < 32; ++l) {
       const auto* x = static_cast<const WgmmaArgs*>(w.args[l]);
       const int g = l >> 2, t = l & 3;
-      for (int r = 0; r < 4; ++r)
-        for (int h = 0; h < 2; ++h)
-          A[(g + 8 * (r & 1)) * 16 + 2 * t + h + 8 * (r >> 1)] =
-              half_bits_to_float<kBf16>(static_cast<uint16_t>(x->a[r] >> (16 * h)));
+      for (int r = 0; r < 4; ++r) {
+        if constexpr (kKind == kWgmmaE4m3) {
+          for (int i = 0; i < 4; ++i)
+            A[(g + 8 * (r & 1)) * kK + 4 * t + i + 16 * (r >> 1)] =
+                ::va::host::e4m3_to_float(static_cast<uint8_t>(x->a[r] >> (8 * i)));
+        } else {
+          for (int h = 0; h < 2; ++h)
+            A[(g + 8 * (r & 1)) * kK + 2 * t + h + 8 * (r >> 1)] =
+                half_bits_to_float<kKind == kWgmmaBf16>(static_cast<uint16_t>(x->a[r] >> (16 * h)));
+        }
+      }
     }
-  } else {  // K-major: element (m, k) at (m % 8) * 16 + (m / 8) * SBO + (k / 8) * LBO + (k % 8) * 2 bytes
+  } else {  // K-major: element (m, k) at (m % 8) * 16 + (m / 8) * SBO + (k / kPerRow) * LBO + (k % kPerRow) elements
     const Desc da = decode_desc(f, x0.desc_a, "A", loc);
     for (int r = 0; r < 16; ++r)
       for (int kb = 0; kb < 2; ++kb) {
         const int m = 16 * q + r;
-        read_core_row<kBf16>(f, da.start + (m % 8) * 16 + (m / 8) * da.sbo + kb * da.lbo, &A[r * 16 + 8 * kb], op,
-                             "wgmma A row", loc);
+        read_core_row<kKind>(f, da.start + (m % 8) * 16 + (m / 8) * da.sbo + kb * da.lbo, &A[r * kK + kPerRow * kb],
+                             op, "wgmma A row", loc);
       }
   }
   const Desc db = decode_desc(f, x0.desc_b, "B", loc);
-  float row[8];
-  if (!x0.trans_b) {  // K-major: (n, k) at (n % 8) * 16 + (n / 8) * SBO + (k / 8) * LBO + (k % 8) * 2 bytes
+  float row[16];
+  if (!x0.trans_b) {  // K-major: (n, k) at (n % 8) * 16 + (n / 8) * SBO + (k / kPerRow) * LBO + (k % kPerRow)
     for (int c = 0; c < n; ++c)
       for (int kb = 0; kb < 2; ++kb) {
-        read_core_row<kBf16>(f, db.start + (c % 8) * 16 + (c / 8) * db.sbo + kb * db.lbo, row, op, "wgmma B row", loc);
-        for (int i = 0; i < 8; ++i) B[(8 * kb + i) * n + c] = row[i];
+        read_core_row<kKind>(f, db.start + (c % 8) * 16 + (c / 8) * db.sbo + kb * db.lbo, row, op, "wgmma B row", loc);
+        for (int i = 0; i < kPerRow; ++i) B[(kPerRow * kb + i) * n + c] = row[i];
       }
+  } else if constexpr (kKind == kWgmmaE4m3) {
+    fatal(f, "wgmma .e4m3: B must be K-major (the PTX ISA allows the transposed layouts for 16-bit types only)", loc);
   } else {  // MN-major: (n, k) at (k % 8) * 16 + (n / 8) * SBO + (k / 8) * LBO + (n % 8) * 2 bytes
     for (int k = 0; k < 16; ++k)
       for (int nb = 0; nb < n / 8; ++nb) {
-        read_core_row<kBf16>(f, db.start + (k % 8) * 16 + nb * db.sbo + (k / 8) * db.lbo, row, op, "wgmma B row", loc);
+        read_core_row<kKind>(f, db.start + (k % 8) * 16 + nb * db.sbo + (k / 8) * db.lbo, row, op, "wgmma B row", loc);
         for (int i = 0; i < 8; ++i) B[k * n + 8 * nb + i] = row[i];
       }
   }
@@ -684,7 +699,7 @@ void wgmma_compute(Warp& w, const WgmmaArgs& x0, std::source_location loc) {
     for (int i = 0; i < nd; ++i) {
       const int r = g + 8 * ((i % 4) >> 1), c = 8 * (i / 4) + 2 * t + (i & 1);
       double acc = C[l * nd + i];
-      for (int k = 0; k < 16; ++k) acc += static_cast<double>(A[r * 16 + k]) * static_cast<double>(B[k * n + c]);
+      for (int k = 0; k < kK; ++k) acc += static_cast<double>(A[r * kK + k]) * static_cast<double>(B[k * n + c]);
       op.result[l * nd + i] = static_cast<float>(acc);
     }
     op.d[l] = x->d;
@@ -701,7 +716,7 @@ void wgmma_fn(Warp& w) {
   const std::source_location loc = w.op_loc;
   for (int l = 1; l < 32; ++l) {
     const auto& x = *static_cast<const WgmmaArgs*>(w.args[l]);
-    if (x.n != x0.n || x.bf16 != x0.bf16 || x.trans_b != x0.trans_b || x.accumulate != x0.accumulate ||
+    if (x.n != x0.n || x.kind != x0.kind || x.trans_b != x0.trans_b || x.accumulate != x0.accumulate ||
         (x.a == nullptr) != (x0.a == nullptr) || x.desc_b != x0.desc_b || (x0.a == nullptr && x.desc_a != x0.desc_a)) {
       fatal(f, "wgmma: lane " + std::to_string(l) + " passes a different shape, descriptor or scale-d than lane 0 "
                    "(they must be warp-uniform)",
@@ -718,7 +733,7 @@ void wgmma_fn(Warp& w) {
   }
   // the 4 warps of the warpgroup must issue the same sequence
   WgLog& lg = b.wg_logs[w.index / 4];
-  const WgSig sig{x0.n, x0.bf16, x0.a == nullptr, x0.trans_b, x0.accumulate, x0.a == nullptr ? x0.desc_a : 0, x0.desc_b};
+  const WgSig sig{x0.n, x0.kind, x0.a == nullptr, x0.trans_b, x0.accumulate, x0.a == nullptr ? x0.desc_a : 0, x0.desc_b};
   const long long k = w.wg_issued++;
   if (k - lg.base < static_cast<long long>(lg.sigs.size())) {
     if (!(lg.sigs[k - lg.base] == sig)) {
@@ -739,8 +754,9 @@ void wgmma_fn(Warp& w) {
     lg.sigs.pop_front();
     ++lg.base;
   }
-  if (x0.bf16) wgmma_compute<true>(w, x0, loc);
-  else wgmma_compute<false>(w, x0, loc);
+  if (x0.kind == kWgmmaE4m3) wgmma_compute<kWgmmaE4m3>(w, x0, loc);
+  else if (x0.kind == kWgmmaBf16) wgmma_compute<kWgmmaBf16>(w, x0, loc);
+  else wgmma_compute<kWgmmaF16>(w, x0, loc);
 }
 const WarpOp kWgmma{"wgmma.mma_async", wgmma_fn};
 
@@ -1204,9 +1220,9 @@ uint64_t smem_offset(const void* p) {
   }
   return static_cast<uint64_t>(c - b.smem);
 }
-void wgmma(int n, bool bf16, float* d, const uint32_t* a, uint64_t desc_a, uint64_t desc_b, bool trans_b,
+void wgmma(int n, int kind, float* d, const uint32_t* a, uint64_t desc_a, uint64_t desc_b, bool trans_b,
            bool accumulate, std::source_location loc) {
-  WgmmaArgs args{n, bf16, trans_b, accumulate, d, a, desc_a, desc_b};
+  WgmmaArgs args{n, kind, trans_b, accumulate, d, a, desc_a, desc_b};
   collective(&kWgmma, &args, loc);
 }
 void wgmma_fence(std::source_location loc) { collective(&kWgmmaFence, nullptr, loc); }

@@ -32,7 +32,7 @@ std::tuple<int, int> rc(RowCol x) { return {x.row, x.col}; }
 template <class Head, class Tile, int kFmt = 0>
 py::dict tile_dict(const char* head) {
   using Tr = std::conditional_t<
-      Tile::kVersion == 2, va::tv::KernelTraitsV2<uint16_t, Head, Page1Layout, Tile>,
+      Tile::kVersion == 2, va::tv::KernelTraitsV2<uint16_t, Head, Page1Layout, Tile, kFmt == 1>,
       std::conditional_t<Tile::kVersion == 1,
                          va::tv::KernelTraitsV1<uint16_t, Head, Page1Layout, Tile, kFmt != 0, kFmt == 2>,
                          va::tv::KernelTraits<uint16_t, Head, Page1Layout, Tile>>>;

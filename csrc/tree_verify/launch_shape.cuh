@@ -27,10 +27,10 @@ bool tile_matches(const LaunchConfig& c) {
 }
 
 // The traits and split kernel of a tile config: v0 (TileConfig), v1 (TileConfigV1) or v2 (TileConfigV2). kFmt: the cache
-// format, 0 (q's 16-bit type), 1 (e4m3, per-tensor scales), 2 (656-byte MLA rows); fp8 needs v1.
+// format, 0 (q's 16-bit type), 1 (e4m3, per-tensor scales), 2 (656-byte MLA rows); fp8 needs v1 or v2 (e4m3).
 template <class T, class Head, class Layout, class Tile, int kFmt = 0, int V = Tile::kVersion>
 struct KernelOf {
-  static_assert(kFmt == 0, "fp8 caches: kernel v1 tiles only");
+  static_assert(kFmt == 0, "fp8 caches: kernel v1 or v2 tiles only");
   using Tr = KernelTraits<T, Head, Layout, Tile>;
   static constexpr auto kernel = tree_verify_split_kernel<Tr>;
 };
@@ -41,8 +41,8 @@ struct KernelOf<T, Head, Layout, Tile, kFmt, 1> {
 };
 template <class T, class Head, class Layout, class Tile, int kFmt>
 struct KernelOf<T, Head, Layout, Tile, kFmt, 2> {
-  static_assert(kFmt == 0, "kernel v2: 16-bit caches only");
-  using Tr = KernelTraitsV2<T, Head, Layout, Tile>;
+  static_assert(kFmt != 2, "kernel v2: 16-bit or e4m3 caches (the 656-byte rows take v1)");
+  using Tr = KernelTraitsV2<T, Head, Layout, Tile, kFmt == 1>;
   static constexpr auto kernel = tree_verify_split_kernel_v2<Tr>;
 };
 

@@ -274,46 +274,63 @@ struct KernelTraitsV1 {
   static_assert(smem_bytes() <= 227 * 1024, "shared memory must fit sm_90's 227 KB per block");
 };
 
-// Kernel v2 (tree_verify_kernel_v2.cuh, sm_90a): MLA (V = the first Dv columns of the K row), 16-bit.
-// A KV stage holds BN rows in wgmma's no-swizzle core-matrix layout: token t, dims 8c .. 8c + 7 (one
-// 16-byte chunk) at byte (t / 8) kGroupBytes + c 128 + (t % 8) 16. S = Q K^T reads it K-major (LBO 128,
-// SBO kGroupBytes), O += P V MN-major (LBO kGroupBytes, SBO 128). Q (BM rows) sits before the stages in
-// the same layout and is the S wgmma's A operand.
-template <class Elem_, class Head, class Layout_, class Tile>
+// Kernel v2 (tree_verify_kernel_v2.cuh, sm_90a): MLA (V = the first Dv columns of the K row), 16-bit or e4m3
+// caches (kFp8: per-tensor scales, both products on wgmma .e4m3 at k32).
+// A KV stage holds BN rows in wgmma's no-swizzle core-matrix layout: token t, 16-byte chunk c (8 16-bit or 16
+// e4m3 dims) at byte (t / 8) kGroupBytes + c 128 + (t % 8) 16. S = Q K^T reads it K-major (LBO 128, SBO
+// kGroupBytes); with 16-bit caches O += P V reads it MN-major (LBO kGroupBytes, SBO 128). Q (BM rows) sits
+// before the stages in the same layout (e4m3: quantized per row) and is the S wgmma's A operand.
+// e4m3 has no MN-major wgmma operand: each tile's V is transposed into a V^T buffer (double-buffered): dim d,
+// k position kappa (a permutation of the tile's tokens, fp8_v2_token_of_k) at (d / 8) kVtSbo + (kappa / 16)
+// kVtLbo + (d % 8) 16 + kappa % 16, K-major for the P V wgmma; kVtLbo 144 and kVtSbo 288 (not 128, 256) spread a
+// warp's 4-byte transposing stores over all 32 banks.
+template <class Elem_, class Head, class Layout_, class Tile, bool kFp8_ = false>
 struct KernelTraitsV2 {
   using Elem = Elem_;
   using Layout = Layout_;
+  static constexpr bool kFp8 = kFp8_;
+  using KvElem = std::conditional_t<kFp8, uint8_t, Elem>;  // K / V storage; also the wgmma operand type
   static constexpr int DQK = Head::DQK;
   static constexpr int DV = Head::DV;
   static constexpr int BM = Tile::BM, BN = Tile::BN, STAGES = Tile::STAGES, WG = Tile::WG;
   static constexpr int kWarps = Tile::kWarps;
   static constexpr int kThreads = Tile::kThreads;
+  static constexpr int kChunkElems = 16 / int(sizeof(KvElem));  // elements per 16-byte chunk
+  static constexpr int kKStep = kFp8 ? 32 : 16;  // wgmma k: two chunks
   static constexpr int kSDims = DQK / WG;        // head dims per warpgroup in S
-  static constexpr int kSKSteps = kSDims / 16;   // wgmma k16 steps of S per warpgroup
+  static constexpr int kSKSteps = kSDims / kKStep;  // wgmma k steps of S per warpgroup
   static constexpr int kODV = DV / WG;           // Dv columns per warpgroup in O (the P V wgmma's N)
-  static constexpr int kPKSteps = BN / 16;       // k16 steps of P V
-  static constexpr int kChunks = DQK / 8;        // 16-byte chunks per KV row
+  static constexpr int kPKSteps = BN / kKStep;   // k steps of P V
+  static constexpr int kChunks = DQK / kChunkElems;             // 16-byte chunks per KV row
   static constexpr int kGroupBytes = kChunks * 128;             // 8 tokens x one row's chunks
   static constexpr size_t kStageBytes = size_t(BN / 8) * kGroupBytes;
   static constexpr int kTPR = kThreads / BN;     // loader threads per KV row
-  static constexpr int kChunksPerThread = kChunks / kTPR;
+  static constexpr int kChunksPerThread = (kChunks + kTPR - 1) / kTPR;  // the last one guarded where uneven
   static constexpr int kSAccN = BN / 2;          // S accumulator floats per thread
   static constexpr int kOAccN = kODV / 2;        // O accumulator floats per thread
+  static constexpr int kVtLbo = 144, kVtSbo = 288;                    // e4m3: the V^T buffers' core-matrix strides
+  static constexpr size_t kVtBytes = kFp8 ? size_t(DV / 8) * kVtSbo : 0;  // one V^T buffer
 
   static constexpr size_t kQ = 0;                                     // (BM rows) Q, core-matrix layout
   static constexpr size_t kKV = size_t(BM / 8) * kGroupBytes;         // STAGES KV tiles
   static constexpr size_t kPart = kKV + size_t(STAGES) * kStageBytes;  // (2, WG, kSAccN / 4, 128 threads, 4) partial scores
   static constexpr size_t kMask = kPart + size_t(2) * WG * 128 * kSAccN * sizeof(float);
   static constexpr int kMaskStage = 4;  // tree-mask words staged per row (trees up to 128 nodes)
-  static constexpr size_t kTotal = kMask + size_t(BM) * kMaskStage * sizeof(uint32_t);
+  static constexpr size_t kVt = kMask + size_t(BM) * kMaskStage * sizeof(uint32_t);  // e4m3: 2 V^T buffers
+  static constexpr size_t kQScale = kVt + 2 * kVtBytes;                 // e4m3: each Q row's scale (BM floats)
+  static constexpr int kIdxSlots = STAGES - 2;  // kv_indices ring: slots per thread (tree_verify_kernel_v2.cuh)
+  static constexpr size_t kIdx = kQScale + (kFp8 ? size_t(BM) * sizeof(float) : 0);
+  static constexpr size_t kTotal = kIdx + size_t(kIdxSlots) * kThreads * sizeof(int32_t);
   static constexpr size_t smem_bytes() { return kTotal; }
 
-  static_assert(sizeof(Elem) == 2, "16-bit element types only");
+  static_assert(sizeof(Elem) == 2, "q and out: 16-bit element types only");
   static_assert(Head::kSharedKV && DV <= DQK, "v2: MLA rows, V = K[..., :Dv]");
-  static_assert(DQK % WG == 0 && kSDims % 16 == 0, "each warpgroup's dims: whole k16 steps");
+  static_assert(DQK % WG == 0 && kSDims % kKStep == 0, "each warpgroup's dims: whole k steps");
   static_assert(kODV == 64 || kODV == 128 || kODV == 256, "the P V wgmma's N (csrc/arch/gen_wgmma.py)");
-  static_assert(kThreads % BN == 0 && kChunks % kTPR == 0 && BN % 8 == 0 && kThreads / (8 * kTPR) == BN / 8,
+  static_assert(kThreads % BN == 0 && BN % 8 == 0 && kThreads / (8 * kTPR) == BN / 8,
                 "loader: 8 tokens x kTPR chunk lanes per 8 * kTPR threads");
+  static_assert(!kFp8 || (BN == 32 && DV % 16 == 0 && kThreads == 256 && (DV / 16) % kWarps == 0),
+                "e4m3: 32 tokens (one k32 step of P V; the V^T transposition's lanes), whole chunks of V per warp");
   static_assert(BM % 8 == 0, "Q: whole 8-row core-matrix groups");
   static_assert(kOAccN + kSAccN <= 176, "O and S accumulators per thread");
   static_assert(smem_bytes() <= 227 * 1024, "shared memory must fit sm_90's 227 KB per block (and the 14-bit "

@@ -26,6 +26,15 @@
 //     each thread's kv_indices entry for the next tile is loaded one tile ahead into a register.
 //   * Masked tiles (the tree, the ragged end) read the first kMaskStage mask words of their rows from shared
 //     memory (staged with Q), wider trees' further words from global memory.
+// e4m3 caches (Tr::kFp8, per-tensor scales): both products on wgmma .e4m3 (k32, twice the 16-bit rate):
+//   * Q quantized per row like v1's e4m3 tiles (scale amax / 448, folded into the row's score scale) into the
+//     same core-matrix layout; S: Dqk / WG / 32 wgmma m64nBNk32 per warpgroup.
+//   * the exact max (no slack: P <= 1), P stored x 2^8 as e4m3 (the epilogue divides by 2^8 and multiplies by
+//     the V scale), straight from the S accumulator into the A fragment of one m64n(Dv / WG)k32 wgmma: k
+//     position kappa holds token fp8_pv_token_of_k(kappa) (csrc/host/fp8.h), which is where the S fragment has it.
+//   * e4m3 B operands are K-major only, so V is transposed: while S(it + 1) runs, the warps write tile it + 1's
+//     V^T (4-byte loads of 4 tokens, byte permutes, 4-byte stores; conflict-free both ways) into the V^T buffer
+//     that P V(it - 1) read, published by the next barrier.
 #pragma once
 
 #include <type_traits>
@@ -71,12 +80,15 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v2(c
   unsigned char* smem = arch::smem_dynamic<unsigned char>();
   float* sPart = reinterpret_cast<float*>(smem + Tr::kPart);  // (2, WG, 128, kSAccN) partial scores
   const T* q = static_cast<const T*>(p.q);
-  const T* kc = static_cast<const T*>(p.k_cache);
+  const auto* kc = static_cast<const typename Tr::KvElem*>(p.k_cache);
 
   // ---- Q: 64 rows in the core-matrix layout of a KV stage (rows for tokens), read by the S wgmmas
   // from shared memory (A K-major): 255 registers cannot hold Q's 72 fragment registers next to the
   // 128 of the O accumulator (ptxas spilled) ----
   unsigned char* sQ = smem + Tr::kQ;
+  using KV = typename Tr::KvElem;
+  constexpr int CE = Tr::kChunkElems;  // elements per 16-byte chunk
+  if constexpr (!Tr::kFp8)  // (e4m3: quantized below, after the first KV copies are issued)
   for (int i = tid; i < BM * Tr::kChunks; i += Tr::kThreads) {
     const int r = (i & 7) + 8 * (i / (8 * Tr::kChunks)), c = (i >> 3) % Tr::kChunks;  // 8 rows per 128 B
     const int grow = row0 + r;
@@ -100,7 +112,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v2(c
   const int ld_tok = (tid & 7) + 8 * (tid / (8 * Tr::kTPR));
   const int ld_lane = (tid >> 3) % Tr::kTPR;
   const int32_t k_sb = static_cast<int32_t>(p.k_stride_block), k_st = static_cast<int32_t>(p.k_stride_tok);
-  const T* k_row0 = kc + ld_lane * 8 + kvh * p.k_stride_head;
+  const KV* k_row0 = kc + ld_lane * CE + kvh * p.k_stride_head;
   const int dst0 = (ld_tok >> 3) * Tr::kGroupBytes + ld_lane * 128 + (ld_tok & 7) * 16;
   TokenCursor<L> idx_at(range.begin + ld_tok, BN, p.page_size);   // the next index to read
   TokenCursor<L> copy_at = idx_at;                                // the next tile to copy
@@ -118,30 +130,143 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v2(c
   };
   auto issue_kv = [&](int stage, int32_t id) {
     const bool valid = copy_tok < range.end;  // past the end: zeros land, no read (id 0 is in bounds)
-    const T* src = k_row0 + copy_at.row_offset(id, k_sb, k_st);
+    const KV* src = k_row0 + copy_at.row_offset(id, k_sb, k_st);
     unsigned char* dst = smem + Tr::kKV + stage * Tr::kStageBytes + dst0;
 #pragma unroll
     for (int j = 0; j < Tr::kChunksPerThread; ++j)
-      arch::cp_async_16_zfill(dst + j * Tr::kTPR * 128, src + j * Tr::kTPR * 8, valid);
+      if ((j + 1) * Tr::kTPR <= Tr::kChunks || ld_lane + j * Tr::kTPR < Tr::kChunks)  // e4m3: 36 chunks over 8 lanes
+        arch::cp_async_16_zfill(dst + j * Tr::kTPR * 128, src + j * Tr::kTPR * CE, valid);
     copy_at.advance();
     copy_tok += BN;
+  };
+  // kv_indices ring (like v1's): tiles 0 .. STAGES - 2 read their index directly; the index of a later tile is
+  // copied by cp.async into this thread's slot kRingAhead - STAGES + 1 iterations before its KV copy (iteration it
+  // copies tile it + kRingAhead's and reads tile it + STAGES - 1's, landed by the loop's top wait), so no register
+  // waits on a load (a register loaded one tile ahead kept the copies waiting ~400 cycles a tile by the model)
+  constexpr int kLoopPending = STAGES - 3;  // the loop's cp.async wait: tile it + 1 landed
+  constexpr int kRingAhead = STAGES + kLoopPending;
+  int32_t* sIdx = reinterpret_cast<int32_t*>(smem + Tr::kIdx);  // (kIdxSlots, kThreads)
+  TokenCursor<L> ring_at(range.begin + (STAGES - 1) * BN + ld_tok, BN, p.page_size);
+  int ring_tile = STAGES - 1, ring_tok = range.begin + (STAGES - 1) * BN + ld_tok;
+  const int32_t* idx_base = index_at(p.kv_indices, kv_base, p.kv_indices_i64);
+  auto fetch_ring = [&]() {
+    if constexpr (!(kKnockout & kKoNoIndex))
+      arch::cp_async_4_zfill(sIdx + (ring_tile % Tr::kIdxSlots) * Tr::kThreads + tid,
+                             index_at(idx_base, ring_at.pos, p.kv_indices_i64), ring_tok < range.end);
+    ring_at.advance();
+    ++ring_tile;
+    ring_tok += BN;
+  };
+  auto ring_id = [&](int tile) -> int32_t {
+    if constexpr (kKnockout & kKoNoIndex)  // page_size 1: the row of token t is t
+      return range.begin + tile * BN + ld_tok;
+    return sIdx[(tile % Tr::kIdxSlots) * Tr::kThreads + tid];
   };
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
     const int32_t id = read_index();
     if (s < ntiles) issue_kv(s, id);
+    if (s == 0)  // the ring indices of tiles STAGES - 1 .. kRingAhead - 1, with tile 0's group
+#pragma unroll
+      for (int j = STAGES - 1; j < kRingAhead; ++j) fetch_ring();
     arch::cp_async_commit();
   }
-  int32_t next_id = read_index();  // tile STAGES - 1's, loaded a tile ahead of its copy
+
+  // ---- e4m3: Q quantized per row (scale amax / 448, like v1's e4m3 tiles) into the core-matrix layout, while
+  // the first KV copies fly: warp w takes rows w, w + 8, ...; lane l the 16-dim chunks l, l + 32 ----
+  [[maybe_unused]] float* sQScale = reinterpret_cast<float*>(smem + Tr::kQScale);
+  if constexpr (Tr::kFp8) {
+    constexpr int kLaneChunks = (Tr::kChunks + 31) / 32;
+    for (int r = warp; r < BM; r += Tr::kWarps) {
+      const int grow = row0 + r;
+      const bool valid = grow < nrows;  // rows past T_b * group: zeros (never written out)
+      const T* src = valid ? q + (qo_begin + grow / group) * p.q_stride_tok + (kvh * group + grow % group) * p.q_stride_head
+                           : q;
+      float x[kLaneChunks][16];
+      float amax = 0.f;
+#pragma unroll
+      for (int j = 0; j < kLaneChunks; ++j) {
+        const int c = lane + 32 * j;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          uint4 w = make_uint4(0, 0, 0, 0);
+          if (valid && c < Tr::kChunks) w = arch::ld_global(reinterpret_cast<const uint4*>(src + 16 * c + 8 * h));
+          const uint32_t ws[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+          for (int u = 0; u < 4; ++u) arch::unpack2<T>(ws[u], x[j][8 * h + 2 * u], x[j][8 * h + 2 * u + 1]);
+        }
+#pragma unroll
+        for (int e = 0; e < 16; ++e) amax = arch::max_nan(amax, fabsf(x[j][e]));  // a NaN in the row: NaN scale
+      }
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) amax = arch::max_nan(amax, arch::shfl_xor(amax, o));
+      const float scale = amax > 0.f ? amax / h::kE4m3Max : (amax == 0.f ? 1.f : amax);
+      const float inv = 1.f / scale;
+      if (lane == 0) sQScale[r] = scale;
+#pragma unroll
+      for (int j = 0; j < kLaneChunks; ++j) {
+        const int c = lane + 32 * j;
+        if (c >= Tr::kChunks) continue;
+        uint32_t w[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u)
+          w[u] = uint32_t(arch::cvt_e4m3x2(x[j][4 * u] * inv, x[j][4 * u + 1] * inv)) |
+                 (uint32_t(arch::cvt_e4m3x2(x[j][4 * u + 2] * inv, x[j][4 * u + 3] * inv)) << 16);
+        *reinterpret_cast<uint4*>(sQ + (r >> 3) * Tr::kGroupBytes + c * 128 + (r & 7) * 16) =
+            make_uint4(w[0], w[1], w[2], w[3]);
+      }
+    }
+  }
+
+  // ---- e4m3: V^T of a landed stage into a V^T buffer. Lane (w = lane % 4, qp = lane / 4 % 4, x = lane / 16) of
+  // warp wp takes, for each 16-dim chunk c = wp + 8 i of V, dims 16 c + 4 w .. + 3 and the k word 4 qp of k half x,
+  // i.e. tokens 16 x + 2 qp + {0, 1, 8, 9} (fp8_pv_token_of_k): 4 loads of 4 bytes, read in the order {0, 1, 8, 9}
+  // (x = 0) or {1, 0, 9, 8} (x = 1) so that the 32 lanes of each load hit 32 banks (token % 8 and w), byte permutes
+  // undoing the order, 4 stores of 4 bytes (banks 16 (w % 2) + 8 (w / 2) + 4 x + qp: all 32 by kVtLbo / kVtSbo) ----
+  [[maybe_unused]] const int vt_w = lane & 3, vt_q = (lane >> 2) & 3, vt_x = lane >> 4;
+  [[maybe_unused]] const uint32_t vt_lo = vt_x ? 0x1504u : 0x5140u, vt_hi = vt_x ? 0x3726u : 0x7362u;
+  auto v_transpose = [&](int stage, int buf) {
+    if constexpr (Tr::kFp8) {
+      const unsigned char* src = smem + Tr::kKV + stage * Tr::kStageBytes;
+      unsigned char* dst = smem + Tr::kVt + buf * Tr::kVtBytes + vt_x * Tr::kVtLbo + 4 * vt_q;
+      int src_off[4];  // load u: token 16 x + 2 qp + ((u % 2) ^ x) + 8 (u / 2), word w of the chunk
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int t = 16 * vt_x + 2 * vt_q + ((u & 1) ^ vt_x) + 8 * (u >> 1);
+        src_off[u] = (t >> 3) * Tr::kGroupBytes + (t & 7) * 16 + 4 * vt_w;
+      }
+#pragma unroll
+      for (int i = 0; i < Tr::DV / 16 / Tr::kWarps; ++i) {
+        const int c = warp + Tr::kWarps * i;
+        uint32_t r[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u)
+          r[u] = *reinterpret_cast<const uint32_t*>(src + src_off[u] + c * 128);
+        const uint32_t lo01 = arch::prmt(r[0], r[1], vt_lo), hi01 = arch::prmt(r[0], r[1], vt_hi);
+        const uint32_t lo23 = arch::prmt(r[2], r[3], vt_lo), hi23 = arch::prmt(r[2], r[3], vt_hi);
+        const uint32_t o[4] = {arch::prmt(lo01, lo23, 0x5410u), arch::prmt(lo01, lo23, 0x7632u),
+                               arch::prmt(hi01, hi23, 0x5410u), arch::prmt(hi01, hi23, 0x7632u)};
+#pragma unroll
+        for (int b = 0; b < 4; ++b) {  // dim 16 c + 4 w + b
+          const int d = 16 * c + 4 * vt_w + b;
+          *reinterpret_cast<uint32_t*>(dst + (d >> 3) * Tr::kVtSbo + (d & 7) * 16) = o[b];
+        }
+      }
+    } else {
+      (void)stage, (void)buf;
+    }
+  };
 
   // ---- descriptors: K-major for S (k steps 128 B apart, 8-token groups kGroupBytes), MN-major for P V
   // (8-token groups kGroupBytes apart along k, 8-dim chunks 128 B along n) ----
+  // (e4m3: V^T K-major, kVtLbo along k, kVtSbo between 8-dim groups)
   const uint64_t k_desc0 = arch::wgmma_desc(smem + Tr::kKV, 128, Tr::kGroupBytes);
-  const uint64_t v_desc0 = arch::wgmma_desc(smem + Tr::kKV, Tr::kGroupBytes, 128);
-  const uint64_t q_desc = arch::wgmma_desc(sQ + wg * (Tr::kSDims / 8) * 128, 128, Tr::kGroupBytes);
+  const uint64_t v_desc0 = Tr::kFp8 ? arch::wgmma_desc(smem + Tr::kVt, Tr::kVtLbo, Tr::kVtSbo)
+                                    : arch::wgmma_desc(smem + Tr::kKV, Tr::kGroupBytes, 128);
+  const uint64_t q_desc = arch::wgmma_desc(sQ + wg * (Tr::kSDims / CE) * 128, 128, Tr::kGroupBytes);
 
   // ---- softmax state: rows qg and qg + 8 of the warp's 16 ----
-  const float scale_log2 = p.sm_scale * h::kLog2e;
+  float scale_log2[2] = {p.sm_scale * h::kLog2e, p.sm_scale * h::kLog2e};  // e4m3: x the Q row's and K's scales
   int smask_row[2];
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
@@ -162,18 +287,20 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v2(c
   auto part_at = [&](int tile, int g) { return sPart + ((((tile & 1) * WG + g) * (kSAccN / 4)) * 128 + tid % 128) * 4; };
   constexpr int kPartE4 = 128 * 4;  // floats from one float4 number of a thread to its next
   auto tile_masked = [&](int tile) { return h::tile_needs_mask(range.begin + tile * BN, BN, prefix, range.end); };
+  constexpr float kPScale = 256.f;  // e4m3 P: stored x 2^8 (3 bits of precision down to P = 2^-14)
 
   // S(tile) over this warpgroup's dims, issued and committed (not waited for)
   float sacc[kSAccN];
-  const uint64_t k_desc_wg = arch::wgmma_desc_advance(k_desc0, wg * (Tr::kSDims / 8) * 128);
-  const uint64_t v_desc_wg = arch::wgmma_desc_advance(v_desc0, wg * (Tr::kODV / 8) * 128);
+  const uint64_t k_desc_wg = arch::wgmma_desc_advance(k_desc0, wg * (Tr::kSDims / CE) * 128);
+  const uint64_t v_desc_wg =
+      arch::wgmma_desc_advance(v_desc0, wg * (Tr::kODV / 8) * (Tr::kFp8 ? Tr::kVtSbo : 128));
   auto s_issue = [&](int stage) {
     const uint64_t k_desc = arch::wgmma_desc_advance(k_desc_wg, stage * Tr::kStageBytes);
     arch::wgmma_fence_operand(sacc);
     arch::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kSKSteps; ++kk)
-      arch::wgmma_ss<T, BN, false>(sacc, arch::wgmma_desc_advance(q_desc, kk * 256),
+      arch::wgmma_ss<KV, BN, false>(sacc, arch::wgmma_desc_advance(q_desc, kk * 256),
                                    arch::wgmma_desc_advance(k_desc, kk * 256), kk > 0);
     arch::wgmma_commit();
     arch::wgmma_fence_operand(sacc);
@@ -189,8 +316,13 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v2(c
   // ---- tile 0's S before the loop ----
   arch::cp_async_wait<STAGES - 2>();  // Q and tile 0 landed (this thread's copies)
   arch::fence_proxy_async();          // ... visible to the wgmma's async proxy
-  arch::block_sync();                 // ... everyone's
+  arch::block_sync();                 // ... everyone's (e4m3: and the quantized Q, the row scales)
   s_issue(0);  // stage 0
+  if constexpr (Tr::kFp8) {
+    const float ks = p.sm_scale * h::kLog2e * kv_scale(p.k_scale_ptr, p.k_scale);
+    scale_log2[0] = ks * sQScale[wq * 16 + qg], scale_log2[1] = ks * sQScale[wq * 16 + qg + 8];
+  }
+  v_transpose(0, 0);  // tile 0's V^T: published by the loop's first barrier (its writers' proxy fences first)
   arch::wgmma_wait<0>();
   arch::wgmma_fence_operand(sacc);
   s_store(0);
@@ -200,8 +332,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v2(c
   // the stages of tiles it - 1, it and it + 1, advanced without a modulo
   int st_prev = STAGES - 1, st_cur = 0, st_next = 1;
   for (int it = 0; it < ntiles; ++it) {  // sass-model: tile-loop
-    arch::cp_async_wait<STAGES - 3>();  // tile it + 1 landed (this thread's copies)
-    arch::fence_proxy_async();          // ... visible to the wgmma's async proxy
+    arch::cp_async_wait<kLoopPending>();  // tile it + 1 landed (this thread's copies; the ring's index too)
+    arch::fence_proxy_async();            // ... visible to the wgmma's async proxy
+    // tile it + STAGES - 1's index: this thread's own ring slot, read before the barrier (its latency hides there)
+    const int32_t next_id = it + STAGES - 1 < ntiles ? ring_id(it + STAGES - 1) : 0;
     // everyone's; the partial scores of it published; every wgmma of iteration it - 1 retired, so stage
     // it - 1 is free
     arch::block_sync();
@@ -211,8 +345,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v2(c
     s_issue(st_next);
     if (!(kKnockout & kKoNoLoad) && it + STAGES - 1 < ntiles) issue_kv(st_prev, next_id);  // tile it + STAGES - 1
                                                                                            // into stage (it - 1)
+    if (it + kRingAhead < ntiles) fetch_ring();
     arch::cp_async_commit();
-    if (it + STAGES < ntiles) next_id = read_index();
 
     // the full scores of tile it at this thread's fragment positions, summed in warpgroup order (every
     // warpgroup gets the same bits); d[e]: row qg + 8 ((e % 4) / 2), column 8 (e / 4) + 2 qt + (e % 2)
@@ -240,7 +374,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v2(c
 #pragma unroll
     for (int e = 0; e < kSAccN; ++e) {
       const int hf = (e % 4) >> 1;
-      s[e] *= scale_log2;
+      s[e] *= scale_log2[hf];
       if (masked) {  // sass-model: cold
         const int t = tok0 + 8 * (e / 4) + 2 * qt + (e & 1);
         uint32_t word = 0;
@@ -264,7 +398,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v2(c
     for (int hf = 0; hf < 2; ++hf) {
       tmax[hf] = arch::max_f(tmax[hf], arch::shfl_xor(tmax[hf], 1));
       tmax[hf] = arch::max_f(tmax[hf], arch::shfl_xor(tmax[hf], 2));
-      alpha[hf] = h::lazy_softmax_update(m_run[hf], tmax[hf], 8.f, Exp2Fast{});
+      // e4m3: the exact max (P <= 1, stored x kPScale); 16-bit P: the lazy max (P <= 2^8)
+      alpha[hf] = h::lazy_softmax_update(m_run[hf], tmax[hf], Tr::kFp8 ? 0.f : 8.f, Exp2Fast{});
       mref[hf] = h::softmax_ref_max(m_run[hf]);
     }
 #pragma unroll
@@ -278,12 +413,22 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v2(c
       rsum[hf] += arch::shfl_xor(rsum[hf], 2);
       l_run[hf] = l_run[hf] * alpha[hf] + rsum[hf];
     }
-    // P as the A fragments of the P V k steps: step kk is n8 blocks 2kk (a0, a1) and 2kk + 1 (a2, a3)
+    // P as the A fragments of the P V k steps: step kk is n8 blocks 2kk (a0, a1) and 2kk + 1 (a2, a3). e4m3 (one
+    // k32 step): a[r] holds rows hf = r % 2, k 4 qt + 16 (r / 2) .. + 3, i.e. tokens 16 (r / 2) + 2 qt + {0, 1, 8,
+    // 9}: the S fragment's e = 8 (r / 2) + 2 hf + {0, 1, 4, 5}
     uint32_t pa[kPKSteps][4];
 #pragma unroll
     for (int kk = 0; kk < kPKSteps; ++kk)
 #pragma unroll
-      for (int r = 0; r < 4; ++r) pa[kk][r] = arch::pack2<T>(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
+      for (int r = 0; r < 4; ++r) {
+        if constexpr (Tr::kFp8) {
+          const int e = 8 * (r >> 1) + 2 * (r & 1);
+          pa[kk][r] = uint32_t(arch::cvt_e4m3x2(s[e] * kPScale, s[e + 1] * kPScale)) |
+                      (uint32_t(arch::cvt_e4m3x2(s[e + 4] * kPScale, s[e + 5] * kPScale)) << 16);
+        } else {
+          pa[kk][r] = arch::pack2<T>(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
+        }
+      }
     // O *= alpha per row; with the lazy max almost never (the branch is warp-uniform). O is not in flight:
     // P V(it - 1) retired at the end of the last iteration.
     if (arch::any(alpha[0] != 1.f || alpha[1] != 1.f)) {  // sass-model: cold
@@ -293,12 +438,21 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v2(c
     // O += P V(it) over this warpgroup's Dv columns, queued behind S(it + 1)
     arch::wgmma_fence_operand(oacc);
     arch::wgmma_fence();
-    const uint64_t v_desc = arch::wgmma_desc_advance(v_desc_wg, st_cur * Tr::kStageBytes);
+    if constexpr (Tr::kFp8) {  // V^T of tile it: buffer it % 2, K-major
+      arch::wgmma_rs<KV, Tr::kODV, false>(oacc, pa[0], arch::wgmma_desc_advance(v_desc_wg, (it & 1) * Tr::kVtBytes),
+                                          true);
+    } else {
+      const uint64_t v_desc = arch::wgmma_desc_advance(v_desc_wg, st_cur * Tr::kStageBytes);
 #pragma unroll
-    for (int kk = 0; kk < kPKSteps; ++kk)
-      arch::wgmma_rs<T, Tr::kODV, true>(oacc, pa[kk], arch::wgmma_desc_advance(v_desc, kk * 2 * Tr::kGroupBytes), true);
+      for (int kk = 0; kk < kPKSteps; ++kk)
+        arch::wgmma_rs<T, Tr::kODV, true>(oacc, pa[kk], arch::wgmma_desc_advance(v_desc, kk * 2 * Tr::kGroupBytes),
+                                          true);
+    }
     arch::wgmma_commit();
     arch::wgmma_fence_operand(oacc);
+    // e4m3: tile it + 1's V^T into the buffer P V(it - 1) read (retired before the barrier) while P V(it) runs (off
+    // the path from the barrier to P V); in the last iteration a stage nothing landed in, never read
+    v_transpose(st_next, (it + 1) & 1);
     arch::wgmma_wait<1>();  // S(it + 1) retired (P V(it) may still run): its partial scores out for the next barrier
     arch::wgmma_fence_operand(sacc);
     s_store(it + 1);
@@ -321,7 +475,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v2(c
     if (grow >= nrows) continue;
     const int qrow = qo_begin + grow / group;
     const int head = kvh * group + grow % group;
-    const float inv = h::row_inv_l(l_run[hf]);
+    // e4m3: O was summed from P x kPScale on V's codes
+    const float inv =
+        h::row_inv_l(l_run[hf]) * (Tr::kFp8 ? kv_scale(p.v_scale_ptr, p.v_scale) / kPScale : 1.f);
     const float lse2 = h::row_lse2(m_run[hf], l_run[hf], Log2{});
     const int col0 = wg * Tr::kODV + 2 * qt;
     if (direct) {

@@ -378,6 +378,53 @@ __global__ void k_wgmma(const uint16_t* a, const uint16_t* b, int trans_b, int s
   for (int i = 0; i < N / 2; ++i) st_global(out + threadIdx.x * (N / 2) + i, d[i]);
 }
 
+// ---- wgmma .e4m3: each warpgroup computes D (64 x N) = A (64 x 64) B (64 x N) in two k32 steps. A: 64 x 64 codes,
+// row-major; B: N x 64 codes (K-major, k contiguous), in shared memory through cp.async in the no-swizzle layout
+// (a core matrix is 8 rows x 16 codes), core matrices `pad` bytes apart beyond the packed stride. A from there
+// (ss) or from global memory into mma.m16n8k32 A fragments (rs: byte i of a[r] is row g + 8 (r % 2), k 4t + i
+// + 16 (r / 2) of the step). out: [blockDim.x][N / 2] D fragments.
+template <int N>
+__global__ void k_wgmma_e4m3(const uint8_t* a, const uint8_t* b, int ss, int pad, float* out) {
+  constexpr int K = 64;
+  unsigned char* sm = smem_dynamic<unsigned char>();
+  const int lbo = 128 + pad, sbo = (K / 16) * (128 + pad) + pad;  // the same strides for A and B
+  unsigned char* sa = sm + (((N / 8) * sbo + 127) / 128) * 128;
+  for (int c = threadIdx.x; c < N * K / 16; c += blockDim.x) {
+    const int n = c / (K / 16), kc = c % (K / 16);
+    cp_async_16(sm + (n % 8) * 16 + (n / 8) * sbo + kc * lbo, b + n * K + 16 * kc);
+  }
+  if (ss) {
+    for (int c = threadIdx.x; c < 64 * K / 16; c += blockDim.x) {
+      const int m = c / (K / 16), kc = c % (K / 16);
+      cp_async_16(sa + (m % 8) * 16 + (m / 8) * sbo + kc * lbo, a + m * K + 16 * kc);
+    }
+  }
+  cp_async_commit();
+  cp_async_wait<0>();
+  fence_proxy_async();
+  block_sync();
+  const int q = (threadIdx.x / 32) % 4, l = lane_id(), g = l >> 2, t = l & 3;
+  uint32_t fa[2][4];
+  if (!ss) {
+    for (int s = 0; s < 2; ++s)
+      for (int r = 0; r < 4; ++r)
+        fa[s][r] = ld_global(reinterpret_cast<const uint32_t*>(a + (16 * q + g + 8 * (r & 1)) * K + 32 * s + 4 * t +
+                                                               16 * (r >> 1)));
+  }
+  float d[N / 2];
+  for (int i = 0; i < N / 2; ++i) d[i] = 0.f;
+  const uint64_t db = wgmma_desc(sm, lbo, sbo), da = wgmma_desc(sa, lbo, sbo);
+  wgmma_fence();
+  for (int s = 0; s < 2; ++s) {
+    const uint64_t dbs = wgmma_desc_advance(db, 2 * s * lbo);
+    if (ss) wgmma_ss<uint8_t, N, false>(d, wgmma_desc_advance(da, 2 * s * lbo), dbs, s > 0);
+    else wgmma_rs<uint8_t, N, false>(d, fa[s], dbs, s > 0);
+  }
+  wgmma_commit();
+  wgmma_wait<0>();
+  for (int i = 0; i < N / 2; ++i) st_global(out + threadIdx.x * (N / 2) + i, d[i]);
+}
+
 }  // namespace va::emu_tests
 
 // ---- extern "C" entry points ---------------------------------------------------
@@ -452,6 +499,7 @@ VA_TEST_API const char* va_test_ldmatrix_oob(int smem_bytes, int offset_bytes, u
 }
 VA_TEST_API const char* va_test_crash(int addr) {
   return guarded([&] { launch(k_crash, dim3(1), dim3(32), 0, nullptr, static_cast<long long>(addr)); });
+
 }
 VA_TEST_API const char* va_test_ids(int gx, int gy, int gz, int bx, int by, int bz, int* out) {
   return guarded([&] { launch(k_ids, dim3(gx, gy, gz), dim3(bx, by, bz), 0, nullptr, out); });
@@ -467,6 +515,15 @@ VA_TEST_API const char* va_test_wgmma(int bf16, int n, const uint16_t* a, const 
     else if (n == 32) launch(k_wgmma<__half, 32>, dim3(1), dim3(threads), smem, nullptr, a, b, trans_b, ss, pad, mode, out);
     else if (n == 256 && bf16) launch(k_wgmma<__nv_bfloat16, 256>, dim3(1), dim3(threads), smem, nullptr, a, b, trans_b, ss, pad, mode, out);
     else throw std::invalid_argument("va_test_wgmma: n = 32 (bf16, f16) or 256 (bf16)");
+  });
+}
+VA_TEST_API const char* va_test_wgmma_e4m3(int n, const uint8_t* a, const uint8_t* b, int ss, int pad, int threads,
+                                           float* out) {
+  return guarded([&] {
+    const size_t smem = 48 * 1024;
+    if (n == 32) launch(k_wgmma_e4m3<32>, dim3(1), dim3(threads), smem, nullptr, a, b, ss, pad, out);
+    else if (n == 256) launch(k_wgmma_e4m3<256>, dim3(1), dim3(threads), smem, nullptr, a, b, ss, pad, out);
+    else throw std::invalid_argument("va_test_wgmma_e4m3: n = 32 or 256");
   });
 }
 VA_TEST_API const char* va_test_math(const float* x, const float* y, int n, float* out) {
