@@ -159,7 +159,7 @@ template <class Head> struct TilesForFp8 { using type = TileList<>; };
 //  75.6 KB.
 using TileFp8F16 = TileConfigV1<32, 32, 8, 3, 2, 2, 0>;
 template <> struct TilesForFp8<HeadMLA> {
-  using type = TileList<TileConfigV1<32, 32, 8, 4, 2, 2>, TileFp8F16, TileConfigV2<64, 32, 2, 5>>;
+  using type = TileList<TileConfigV1<32, 32, 8, 4, 2, 2>, TileFp8F16, TileConfigV2<64, 32, 2, 4>>;
 };
 // GQA d128 with e4m3 caches: kernel v1's f16 tile (K / V codes to f16 in registers, Q and P in f16), V rows
 // apart from K's: 32 rows x 32 tokens, S split 2 (dims: 64 = 2 steps of 32) x 2 (tokens) x 2 (M), every warp 16

@@ -225,32 +225,33 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v2(c
   // undoing the order, 4 stores of 4 bytes (banks 16 (w % 2) + 8 (w / 2) + 4 x + qp: all 32 by kVtLbo / kVtSbo) ----
   [[maybe_unused]] const int vt_w = lane & 3, vt_q = (lane >> 2) & 3, vt_x = lane >> 4;
   [[maybe_unused]] const uint32_t vt_lo = vt_x ? 0x1504u : 0x5140u, vt_hi = vt_x ? 0x3726u : 0x7362u;
+  // the thread's byte offsets, loop-invariant, so that every access of a tile is a base plus an immediate: loads
+  // u = 0, 2 (token parity x) from vt_ld0, u = 1, 3 (parity 1 - x) from vt_ld1, + (u / 2) kGroupBytes (8 tokens
+  // on), + 1024 i (chunk c = warp + 8 i); stores from vt_st + 16 b + 16 i kVtSbo (dim 16 c + 4 w + b)
+  [[maybe_unused]] const int vt_ld0 = 2 * vt_x * Tr::kGroupBytes + 32 * vt_q + 16 * vt_x + 4 * vt_w + 128 * warp;
+  [[maybe_unused]] const int vt_ld1 = vt_ld0 + 16 - 32 * vt_x;
+  [[maybe_unused]] const int vt_st =
+      vt_x * Tr::kVtLbo + 4 * vt_q + (vt_w >> 1) * Tr::kVtSbo + (vt_w & 1) * 64 + 2 * warp * Tr::kVtSbo;
   auto v_transpose = [&](int stage, int buf) {
     if constexpr (Tr::kFp8) {
       const unsigned char* src = smem + Tr::kKV + stage * Tr::kStageBytes;
-      unsigned char* dst = smem + Tr::kVt + buf * Tr::kVtBytes + vt_x * Tr::kVtLbo + 4 * vt_q;
-      int src_off[4];  // load u: token 16 x + 2 qp + ((u % 2) ^ x) + 8 (u / 2), word w of the chunk
-#pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        const int t = 16 * vt_x + 2 * vt_q + ((u & 1) ^ vt_x) + 8 * (u >> 1);
-        src_off[u] = (t >> 3) * Tr::kGroupBytes + (t & 7) * 16 + 4 * vt_w;
-      }
+      const unsigned char* src0 = src + vt_ld0;
+      const unsigned char* src1 = src + vt_ld1;
+      unsigned char* dst = smem + Tr::kVt + buf * Tr::kVtBytes + vt_st;
 #pragma unroll
       for (int i = 0; i < Tr::DV / 16 / Tr::kWarps; ++i) {
-        const int c = warp + Tr::kWarps * i;
-        uint32_t r[4];
-#pragma unroll
-        for (int u = 0; u < 4; ++u)
-          r[u] = *reinterpret_cast<const uint32_t*>(src + src_off[u] + c * 128);
+        const int c_off = i * Tr::kWarps * 128;
+        const uint32_t r[4] = {*reinterpret_cast<const uint32_t*>(src0 + c_off),
+                               *reinterpret_cast<const uint32_t*>(src1 + c_off),
+                               *reinterpret_cast<const uint32_t*>(src0 + c_off + Tr::kGroupBytes),
+                               *reinterpret_cast<const uint32_t*>(src1 + c_off + Tr::kGroupBytes)};
         const uint32_t lo01 = arch::prmt(r[0], r[1], vt_lo), hi01 = arch::prmt(r[0], r[1], vt_hi);
         const uint32_t lo23 = arch::prmt(r[2], r[3], vt_lo), hi23 = arch::prmt(r[2], r[3], vt_hi);
         const uint32_t o[4] = {arch::prmt(lo01, lo23, 0x5410u), arch::prmt(lo01, lo23, 0x7632u),
                                arch::prmt(hi01, hi23, 0x5410u), arch::prmt(hi01, hi23, 0x7632u)};
 #pragma unroll
-        for (int b = 0; b < 4; ++b) {  // dim 16 c + 4 w + b
-          const int d = 16 * c + 4 * vt_w + b;
-          *reinterpret_cast<uint32_t*>(dst + (d >> 3) * Tr::kVtSbo + (d & 7) * 16) = o[b];
-        }
+        for (int b = 0; b < 4; ++b)  // dim 16 c + 4 w + b
+          *reinterpret_cast<uint32_t*>(dst + 2 * Tr::kWarps * i * Tr::kVtSbo + 16 * b) = o[b];
       }
     } else {
       (void)stage, (void)buf;
@@ -305,12 +306,20 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v2(c
     arch::wgmma_commit();
     arch::wgmma_fence_operand(sacc);
   };
+  // e4m3 (two warpgroups): a warpgroup keeps its own partial scores in registers and reads only the other's from
+  // shared memory (16 KB a tile less); own + other is other + own bit for bit, so both still get the same S
+  constexpr bool kOwnInRegs = Tr::kFp8 && WG == 2;
+  [[maybe_unused]] float own[kSAccN];
   auto s_store = [&](int tile) {
     if constexpr (kKnockout & kKoNoExchange) return;
     float* my = part_at(tile, wg);
 #pragma unroll
     for (int e = 0; e < kSAccN; e += 4)
       *reinterpret_cast<float4*>(my + (e / 4) * kPartE4) = make_float4(sacc[e], sacc[e + 1], sacc[e + 2], sacc[e + 3]);
+    if constexpr (kOwnInRegs) {
+#pragma unroll
+      for (int e = 0; e < kSAccN; ++e) own[e] = sacc[e];
+    }
   };
 
   // ---- tile 0's S before the loop ----
@@ -354,6 +363,12 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v2(c
     if constexpr (kKnockout & kKoNoExchange) {
 #pragma unroll
       for (int e = 0; e < kSAccN; ++e) s[e] = 0.f;
+    } else if constexpr (kOwnInRegs) {
+#pragma unroll
+      for (int e = 0; e < kSAccN; e += 4) {
+        const float4 v = *reinterpret_cast<const float4*>(part_at(it, 1 - wg) + (e / 4) * kPartE4);
+        s[e] = own[e] + v.x, s[e + 1] = own[e + 1] + v.y, s[e + 2] = own[e + 2] + v.z, s[e + 3] = own[e + 3] + v.w;
+      }
     } else {
 #pragma unroll
       for (int e = 0; e < kSAccN; e += 4) {
@@ -372,10 +387,13 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v2(c
     const int tok0 = range.begin + it * BN;
     float tmax[2] = {h::neg_inf(), h::neg_inf()};
 #pragma unroll
-    for (int e = 0; e < kSAccN; ++e) {
-      const int hf = (e % 4) >> 1;
-      s[e] *= scale_log2[hf];
-      if (masked) {  // sass-model: cold
+    for (int e = 0; e < kSAccN; ++e) s[e] *= scale_log2[(e % 4) >> 1];
+    // the mask, one branch around the tile's scores (per score, the branches stayed in the hot path: 16 BRA and 17
+    // LOP3 a tile)
+    if (masked) {  // sass-model: cold
+#pragma unroll
+      for (int e = 0; e < kSAccN; ++e) {
+        const int hf = (e % 4) >> 1;
         const int t = tok0 + 8 * (e / 4) + 2 * qt + (e & 1);
         uint32_t word = 0;
         if (smask_row[hf] >= 0 && h::needs_mask_word(t, prefix, range.end)) {
@@ -391,8 +409,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v2(c
         const bool vis = smask_row[hf] >= 0 ? h::token_visible(t, prefix, range.end, word) : t < range.end;
         if (!vis) s[e] = h::neg_inf();
       }
-      tmax[hf] = arch::max_f(tmax[hf], s[e]);
     }
+#pragma unroll
+    for (int e = 0; e < kSAccN; ++e) tmax[(e % 4) >> 1] = arch::max_f(tmax[(e % 4) >> 1], s[e]);
     float alpha[2], mref[2], rsum[2] = {0.f, 0.f};
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
