@@ -1,6 +1,6 @@
 // Split-KV tree-verify attention, kernel v2 (sm_90a): the split kernel on wgmma.
 //
-// Same contract, grid, workspace and combine as v1 (tree_verify_kernel_v1.cuh); MLA rows, 16-bit.
+// Same contract, grid, workspace and combine as v1 (tree_verify_kernel_v1.cuh); MLA rows, 16-bit or e4m3 (below).
 // Why: on the H200, v1's mma.sync tile is held by its shared-memory term (every warp reads its K / V
 // fragments through ldmatrix, once per 32 rows; NOTES.md). A wgmma reads its B operand from shared
 // memory once for the 64 rows of a warpgroup, at the tensor core's own rate.
@@ -23,7 +23,7 @@
 //     while it + 2 lands.
 //   * Loader: 8 tokens x (threads / BN) chunk lanes per group of threads, every copy 16 bytes at a constant
 //     offset from one row pointer, writes conflict-free (a warp fills 4 whole 128-byte core-matrix rows);
-//     each thread's kv_indices entry for the next tile is loaded one tile ahead into a register.
+//     each thread's kv_indices entries come through a small shared-memory ring, cp.async'd tiles ahead (v1's).
 //   * Masked tiles (the tree, the ragged end) read the first kMaskStage mask words of their rows from shared
 //     memory (staged with Q), wider trees' further words from global memory.
 // e4m3 caches (Tr::kFp8, per-tensor scales): both products on wgmma .e4m3 (k32, twice the 16-bit rate):
@@ -32,9 +32,10 @@
 //   * the exact max (no slack: P <= 1), P stored x 2^8 as e4m3 (the epilogue divides by 2^8 and multiplies by
 //     the V scale), straight from the S accumulator into the A fragment of one m64n(Dv / WG)k32 wgmma: k
 //     position kappa holds token fp8_pv_token_of_k(kappa) (csrc/host/fp8.h), which is where the S fragment has it.
-//   * e4m3 B operands are K-major only, so V is transposed: while S(it + 1) runs, the warps write tile it + 1's
+//   * e4m3 B operands are K-major only, so V is transposed: while P V(it) runs, the warps write tile it + 1's
 //     V^T (4-byte loads of 4 tokens, byte permutes, 4-byte stores; conflict-free both ways) into the V^T buffer
 //     that P V(it - 1) read, published by the next barrier.
+//   * a warpgroup's own partial scores stay in registers: only the other warpgroup's are read back.
 #pragma once
 
 #include <type_traits>
