@@ -48,6 +48,26 @@ def test_hgmma_operands_shape_and_classes():
         sass.hgmma_shape("HMMA.16816.F32.BF16")
 
 
+def test_qgmma_reads_as_hgmma_with_twice_the_flops():
+    """wgmma .e4m3 (QGMMA.64xNx32): the same operands, bytes and pipe time per instruction as a 16-bit HGMMA of
+    the same N (32 bytes of K per row), twice its FLOPs; it closes a commit group with gsb0 like an HGMMA; and a
+    tile built on it is judged at the datasheet's fp8 rate."""
+    from bench.model import call
+
+    q = _one("QGMMA.64x256x32.F32.E4M3.E4M3 R24, R168, gdesc[UR8], R24, gsb0")
+    h = _one("HGMMA.64x256x16.F32.BF16 R24, R168, gdesc[UR8], R24, gsb0")
+    assert sass.hgmma_shape(q.opcode) == (64, 256, 32) and analysis.classify(q) == "hgmma"
+    assert q.dsts == h.dsts and q.srcs == h.srcs
+    assert analysis.smem_bytes(q) == analysis.smem_bytes(h) and analysis.hgmma_flops(q) == 2 * analysis.hgmma_flops(h)
+    ss = _one("QGMMA.64x32x32.F32.E4M3.E4M3 R152, gdesc[UR4], R152")
+    assert analysis.hgmma_a_from_smem(ss) and analysis.smem_bytes(ss) == ((32 * 32 + 64 * 32) // 4, 0)
+    fp8 = call.tensor_rate_tflops(H200, wgmma=True, qgmma=True)
+    assert fp8 == pytest.approx(2 * call.tensor_rate_tflops(H200, wgmma=True))
+    sq = _per_iter("1|QGMMA.64x256x32.F32.E4M3.E4M3 R24, R168, gdesc[UR8], R24, gsb0\n2|WARPGROUP.DEPBAR.LE gsb0, 0x0")
+    sh = _per_iter("1|HGMMA.64x256x16.F32.BF16 R24, R168, gdesc[UR8], R24, gsb0\n2|WARPGROUP.DEPBAR.LE gsb0, 0x0")
+    assert sq.cycles_per_iter == pytest.approx(sh.cycles_per_iter)
+
+
 @pytest.mark.parametrize("n", [32, 64, 256])
 def test_hgmma_smem_bytes_per_warp(n):
     """B is N rows x 32 bytes of K per warpgroup instruction, A (SS form) 64 x 32; each of the 4 warps
