@@ -115,7 +115,8 @@ TILES: dict[str, list[Tile]] = {
                _V1_SM90_TILE, Tile(32, 16, 2, 2, 3), Tile(16, 32, 1, 4, 2), _V2_TILE, _V1_BULK_S8, _V1_BULK_N32],
     # e4m3 caches: 32 tokens (one k step of the e4m3 P.V MMA), S warps 2 (dims) x 2 (tokens) x 2 (M)
     # The e4m3-MMA tile is sm_120's (4 stages, two barriers per tile: two tiles in flight in 91 KB): on sm_90
-    # nvcc lowers its MMAs to f16 HMMAs (no e4m3 rate there); the f16 tile is the H200's.
+    # nvcc lowers its MMAs to f16 HMMAs (no e4m3 rate there). The f16 tile keeps Q and P exact (any arch); the H200's
+    # default is kernel v2 on wgmma .e4m3 (DEFAULT_TILE).
     "mla576e4m3": [Tile(32, 32, 4, 2, 4, version=1, sn=2, archs=("sm_120a",)), _FP8_F16_TILE,  # f16: the exact one
                    _V2_FP8_TILE],
     # 656-byte rows: sm_120's tile on e4m3 MMAs (per-block scales on S's block sums and on P, RoPE in q's type;

@@ -281,7 +281,7 @@ struct KernelTraitsV1 {
 // kGroupBytes); with 16-bit caches O += P V reads it MN-major (LBO kGroupBytes, SBO 128). Q (BM rows) sits
 // before the stages in the same layout (e4m3: quantized per row) and is the S wgmma's A operand.
 // e4m3 has no MN-major wgmma operand: each tile's V is transposed into a V^T buffer (double-buffered): dim d,
-// k position kappa (a permutation of the tile's tokens, fp8_v2_token_of_k) at (d / 8) kVtSbo + (kappa / 16)
+// k position kappa (a permutation of the tile's tokens, fp8_pv_token_of_k) at (d / 8) kVtSbo + (kappa / 16)
 // kVtLbo + (d % 8) 16 + kappa % 16, K-major for the P V wgmma; kVtLbo 144 and kVtSbo 288 (not 128, 256) spread a
 // warp's 4-byte transposing stores over all 32 banks.
 template <class Elem_, class Head, class Layout_, class Tile, bool kFp8_ = false>
