@@ -689,9 +689,9 @@ def test_fp8_mla656_rows_match_reference(emu, i, tile):
 @pytest.mark.parametrize("head,spec", [("mla576e4m3", FP8_MATRIX[0][0]), ("mla576x656", MLA656_MATRIX[0][0])],
                          ids=["e4m3", "mla656"])
 def test_fp8_default_config_is_the_arch_default_tile(emu, head, spec):
-    """Both fp8 formats: the default config is the planning arch's default tile (CPU tensors: sm_120's, on e4m3
-    MMAs), sm_90's is kernel v2 on wgmma .e4m3 for e4m3 caches and the f16 tile for 656-byte rows, and the default
-    runs within its tolerance."""
+    """Both fp8 formats: the default config is the planning arch's default tile (CPU tensors: the H200's), sm_90's
+    is kernel v2 on wgmma .e4m3 for e4m3 caches and the f16 tile for 656-byte rows, sm_120's on e4m3 MMAs for
+    both, and the default runs within its tolerance."""
     from verify_attn import build as vb
     from verify_attn import device as vdevice
 
