@@ -123,16 +123,21 @@ def check_against_reference(out: torch.Tensor, lse: torch.Tensor | None, case: C
     return stats
 
 
-def check_e4m3_mma_against_reference(out: torch.Tensor, lse: torch.Tensor, case: Case) -> tuple[float, float]:
-    """The e4m3-MMA tiles' check (Q and P rounded to e4m3; tolerances.FP8_MMA_*): max |out - ref| / max |ref| and
-    max |lse - ref| against the float64 reference on the dequantized cache; returns both."""
-    from verify_attn.tolerances import FP8_MMA_LSE_ATOL, FP8_MMA_REL_TOL
-
+def fp8_errors(case: Case, out: torch.Tensor, lse: torch.Tensor) -> tuple[float, float]:
+    """(max |out - ref| / max |ref|, max |lse - ref|) against the float64 reference on the dequantized cache; out and
+    lse must be finite."""
     ref, ref_lse = reference_verify(case.problem())
     o, l = out.double().cpu(), lse.double().cpu()
     assert torch.isfinite(o).all() and torch.isfinite(l).all(), case.spec.id
     rel = float((o - ref.cpu()).abs().max() / ref.abs().max())
-    lse_err = float((l - ref_lse.cpu()).abs().max())
+    return rel, float((l - ref_lse.cpu()).abs().max())
+
+
+def check_e4m3_mma_against_reference(out: torch.Tensor, lse: torch.Tensor, case: Case) -> tuple[float, float]:
+    """The e4m3-MMA tiles' check (Q and P rounded to e4m3): fp8_errors within tolerances.FP8_MMA_*; returns both."""
+    from verify_attn.tolerances import FP8_MMA_LSE_ATOL, FP8_MMA_REL_TOL
+
+    rel, lse_err = fp8_errors(case, out, lse)
     assert rel <= FP8_MMA_REL_TOL and lse_err <= FP8_MMA_LSE_ATOL, (case.spec.id, rel, lse_err)
     return rel, lse_err
 

@@ -23,7 +23,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cases import TOL, CaseSpec, check_against_reference, make_case, poisoned_out
+from cases import TOL, CaseSpec, check_against_reference, fp8_errors, make_case, poisoned_out
 from verify_attn import tree_verify
 from verify_attn.backends import cuda_emu
 from verify_attn.config import KernelConfig
@@ -533,14 +533,6 @@ def test_fp8_e4m3_gqa_matches_reference(emu, i):
     check_against_reference(out, lse, case)
 
 
-def _fp8_errors(case, out, lse) -> tuple[float, float]:
-    """(max |out - ref| / max |ref|, max |lse - ref|) against the float64 reference on the dequantized cache."""
-    ref, ref_lse = reference_verify(case.problem())
-    assert torch.isfinite(out).all() and torch.isfinite(lse).all(), case.spec.id
-    rel = float((out.double() - ref).abs().max() / ref.abs().max())
-    return rel, float((lse.double() - ref_lse).abs().max())
-
-
 @pytest.mark.parametrize("tile", [FP8_TILE, FP8_F16_TILE, V2_FP8_TILE], ids=["e4m3-mma", "f16-mma", "v2-wgmma"])
 @pytest.mark.parametrize("i", range(len(FP8_MATRIX)),
                          ids=[f"{s.id}-{n}s" for s, n in FP8_MATRIX])
@@ -550,7 +542,7 @@ def test_fp8_e4m3_matches_reference(emu, i, tile):
     emu.set_cp_async_landing("issue" if i % 2 else "wait")
     case = make_case(spec)
     out, lse = _run(case, cfg(splits, *tile))
-    rel, lse_err = _fp8_errors(case, out, lse)
+    rel, lse_err = fp8_errors(case, out, lse)
     name = {FP8_TILE: "e4m3-mma", V2_FP8_TILE: "v2-wgmma"}.get(tile, "f16-mma")
     print(f"{spec.id} {name}: max|err|/max|ref| {rel:.4f}, "
           f"max|lse err| {lse_err:.2e}")  # the numbers tolerances.py quotes: pytest -s -k fp8_e4m3_matches
@@ -591,7 +583,7 @@ def test_fp8_scales_tensor_or_float_and_exactly_linear_in_v_scale(emu, tile):
     for k_mul, v_mul in ((1.1, 1.0), (1.0, 1.1)):
         o, l = _binding_fp8(emu, case, config, ks * k_mul, ks * v_mul)
         if tile == FP8_TILE:
-            rel, lse_err = _fp8_errors(case, o, l)
+            rel, lse_err = fp8_errors(case, o, l)
             assert rel > FP8_MMA_REL_TOL or lse_err > FP8_MMA_LSE_ATOL, (k_mul, v_mul, rel, lse_err)
         else:
             with pytest.raises(AssertionError):
@@ -642,7 +634,7 @@ def _caught_e4m3(emu, case, config) -> bool:
     """_caught for the e4m3-MMA tile: its tolerance is tolerances.FP8_MMA_*."""
     try:
         out, lse = _run(case, config)
-        rel, lse_err = _fp8_errors(case, out, lse)
+        rel, lse_err = fp8_errors(case, out, lse)
     except (RuntimeError, AssertionError):
         return True
     return rel > FP8_MMA_REL_TOL or lse_err > FP8_MMA_LSE_ATOL
@@ -665,7 +657,7 @@ MLA656_MATRIX = [
 
 
 def _check_656(case, out, lse, tile) -> tuple[float, float]:
-    rel, lse_err = _fp8_errors(case, out, lse)
+    rel, lse_err = fp8_errors(case, out, lse)
     if tile == MLA656_E4M3_TILE:
         assert rel <= FP8_MMA_REL_TOL and lse_err <= FP8_MMA_LSE_ATOL, (case.spec.id, rel, lse_err)
     else:
@@ -704,7 +696,7 @@ def test_fp8_default_config_is_the_arch_default_tile(emu, head, spec):
     assert (d90.version == 2 if head == "mla576e4m3" else d90.fp8_mma == 0) and vb.default_tile(head, "sm_120a").fp8_mma
     out, lse = _run(case, None)
     if t.fp8_mma:
-        rel, lse_err = _fp8_errors(case, out, lse)
+        rel, lse_err = fp8_errors(case, out, lse)
         assert rel <= FP8_MMA_REL_TOL and lse_err <= FP8_MMA_LSE_ATOL, (rel, lse_err)
     else:
         check_against_reference(out, lse, case)

@@ -93,6 +93,11 @@ VA_DEVICE uint16_t cvt_e4m3x2(float lo, float hi) {
 #endif
 }
 
+// Four floats -> four e4m3 codes in 32 bits, x0 in the low byte (an mma.m16n8k32 / wgmma .e4m3 fragment register).
+VA_DEVICE uint32_t cvt_e4m3x4(float x0, float x1, float x2, float x3) {
+  return uint32_t(cvt_e4m3x2(x0, x1)) | (uint32_t(cvt_e4m3x2(x2, x3)) << 16);
+}
+
 // Two e4m3 codes (the low 16 bits, low byte first) -> f16x2 (low code in the low half), exact.
 // PTX cvt.rn.f16x2.e4m3x2 (sm_89 and later).
 VA_DEVICE uint32_t e4m3x2_to_f16x2(uint32_t codes) {

@@ -70,6 +70,11 @@ VA_HD float f16_row_scale(float amax) {
   return exp2_int(e);
 }
 
+// The per-row scale of a row quantized to e4m3 (the e4m3-MMA kernels' Q): amax / 448, so the row's largest |x|
+// becomes the largest code; 1 for an all-zero row; NaN amax: NaN (the row's scores become NaN, as the reference's
+// do); inf amax: inf (the row's finite values round to 0).
+VA_HD float e4m3_row_scale(float amax) { return amax > 0.0f ? amax / kE4m3Max : (amax == 0.0f ? 1.0f : amax); }
+
 // f16 bits of an e4m3 code (exact: every e4m3 value is an f16 value; NaN -> f16 NaN 0x7E00).
 VA_HD uint16_t e4m3_to_f16_bits(uint8_t x) {
   const int e = (x >> 3) & 0xF, m = x & 7;

@@ -352,7 +352,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
       for (int x = 16; x > 0; x >>= 1) amax = arch::max_nan(amax, arch::shfl_xor(amax, x));
       if (lane == 0) {
         if constexpr (Tr::kFp8Deq) sQScale[r] = h::f16_row_scale(amax);
-        else sQScale[r] = amax > 0.f ? amax / h::kE4m3Max : (amax == 0.f ? 1.f : amax);  // NaN amax: NaN scale
+        else sQScale[r] = h::e4m3_row_scale(amax);  // NaN amax: NaN scale
       }
     }
     arch::block_sync();  // the row scales
@@ -394,8 +394,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v1(c
             a[r & 1] = arch::pack2<__half>(x0 * s, x1 * s);
             a[(r & 1) + 2] = arch::pack2<__half>(x2 * s, x3 * s);
           } else {  // a[r]: e4m3 bytes of dims 4c .. 4c + 3 (+16 for r >= 2)
-            qf[i][kk][r] =
-                uint32_t(arch::cvt_e4m3x2(x0 * s, x1 * s)) | (uint32_t(arch::cvt_e4m3x2(x2 * s, x3 * s)) << 16);
+            qf[i][kk][r] = arch::cvt_e4m3x4(x0 * s, x1 * s, x2 * s, x3 * s);
           }
         }
       }

@@ -201,7 +201,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v2(c
       }
 #pragma unroll
       for (int o = 16; o > 0; o >>= 1) amax = arch::max_nan(amax, arch::shfl_xor(amax, o));
-      const float scale = amax > 0.f ? amax / h::kE4m3Max : (amax == 0.f ? 1.f : amax);
+      const float scale = h::e4m3_row_scale(amax);
       const float inv = 1.f / scale;
       if (lane == 0) sQScale[r] = scale;
 #pragma unroll
@@ -211,8 +211,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v2(c
         uint32_t w[4];
 #pragma unroll
         for (int u = 0; u < 4; ++u)
-          w[u] = uint32_t(arch::cvt_e4m3x2(x[j][4 * u] * inv, x[j][4 * u + 1] * inv)) |
-                 (uint32_t(arch::cvt_e4m3x2(x[j][4 * u + 2] * inv, x[j][4 * u + 3] * inv)) << 16);
+          w[u] = arch::cvt_e4m3x4(x[j][4 * u] * inv, x[j][4 * u + 1] * inv, x[j][4 * u + 2] * inv,
+                                  x[j][4 * u + 3] * inv);
         *reinterpret_cast<uint4*>(sQ + (r >> 3) * Tr::kGroupBytes + c * 128 + (r & 7) * 16) =
             make_uint4(w[0], w[1], w[2], w[3]);
       }
@@ -443,8 +443,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v2(c
       for (int r = 0; r < 4; ++r) {
         if constexpr (Tr::kFp8) {
           const int e = 8 * (r >> 1) + 2 * (r & 1);
-          pa[kk][r] = uint32_t(arch::cvt_e4m3x2(s[e] * kPScale, s[e + 1] * kPScale)) |
-                      (uint32_t(arch::cvt_e4m3x2(s[e + 4] * kPScale, s[e + 5] * kPScale)) << 16);
+          pa[kk][r] = arch::cvt_e4m3x4(s[e] * kPScale, s[e + 1] * kPScale, s[e + 4] * kPScale, s[e + 5] * kPScale);
         } else {
           pa[kk][r] = arch::pack2<T>(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
         }
