@@ -7,6 +7,7 @@ kernels compile with `-DVA_TV_KNOCKOUT=bits` (csrc/tree_verify/request.cuh):
     1  no KV copies in the main loop (the stages keep stale rows: the compute alone)
     2  no kv_indices loads in the main loop (row id = token position, page_size 1)
     4  no partial-score exchange between kernel v2's warpgroups
+    8  no L2 prefetches in kernel v2 (its result stays right: the prefetch's A/B)
 
 Each variant is its own JIT module (VERIFY_ATTN_KNOCKOUT; the shipped module is untouched),
 built in parallel first. Every pinned kernel version is timed on the same inputs (cold L2,
@@ -14,7 +15,7 @@ CUDA graph, median); the unmodified build (bits 0) is checked against the float6
 the others are wrong by design and only timed. The table gives each variant's time and its
 difference to the full kernel: the share of the tile that part holds on the critical path.
 
-    python -m bench.knockout --ctx 185k --tree 16 --variants 0,1,2,4,7 --versions v2,v1 --json out.json
+    python -m bench.knockout --ctx 185k --tree 16 --variants 0,1,2,4,7,8 --versions v2,v1 --json out.json
 """
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ from typing import Optional
 REPO = Path(__file__).resolve().parent.parent
 STEM = "mla576_bf16_page1"
 NAMES = {0: "full kernel", 1: "no KV copies", 2: "no index loads", 3: "no copies, no index", 4: "no exchange (v2)",
-         5: "no copies, no exchange", 6: "no index, no exchange", 7: "compute only"}
+         5: "no copies, no exchange", 6: "no index, no exchange", 7: "compute only", 8: "no L2 prefetch (v2)"}
 
 
 def _env(bits: int) -> dict:
@@ -67,7 +68,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ctx", default="185k", help="prefix tokens (default 185k)")
     ap.add_argument("--tree", default="16", help="tree nodes, comma-separated (default 16)")
-    ap.add_argument("--variants", default="0,1,2,4,7", help="knockout bits to build and time (0 = the full kernel)")
+    ap.add_argument("--variants", default="0,1,2,4,7,8", help="knockout bits to build and time (0 = the full kernel)")
     ap.add_argument("--versions", default="v2,v1", help="pinned kernel versions to time")
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--json", metavar="PATH", help="write the rows as JSON")
@@ -78,8 +79,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         variants = sorted({int(x) for x in a.variants.split(",") if x.strip()})
     except ValueError:
         variants = []
-    if not variants or any(not 0 <= b < 8 for b in variants):
-        ap.error(f"--variants: knockout bits 0..7, comma-separated, got {a.variants!r}")
+    if not variants or any(b not in NAMES for b in variants):
+        ap.error(f"--variants: knockout bits {', '.join(map(str, NAMES))}, comma-separated, got {a.variants!r}")
     versions = [v.strip() for v in a.versions.split(",") if v.strip()]
     trees = parse_int_list(a.tree, "--tree")
     ctx = parse_tokens(a.ctx)

@@ -422,7 +422,7 @@ def test_block_reduce_and_pipeline_correct(dev):
 
 @pytest.mark.parametrize("mode,needle", [
     (0, "ld_global of 4 bytes"), (1, "st_global of 4 bytes"), (2, "cp.async source"),
-    (3, "not 16-byte aligned"),
+    (3, "not 16-byte aligned"), (5, "prefetch.global.L2 of 1 bytes"),
 ])
 def test_out_of_bounds_global_access_is_reported(emu, mode, needle):
     n = 16

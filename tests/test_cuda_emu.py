@@ -24,6 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cases import TOL, CaseSpec, check_against_reference, fp8_errors, make_case, poisoned_out
+from verify_attn import build as vb
 from verify_attn import tree_verify
 from verify_attn.backends import cuda_emu
 from verify_attn.config import KernelConfig
@@ -619,6 +620,35 @@ def test_v2_e4m3_runs_on_e4m3_wgmma(emu):
     st = emu.stats()
     tiles = -(-(97 + 7) // 32)
     assert st["threads"] == 256 and st["mma"] == 8 * ((tiles + 1) * 9 + tiles), st
+
+
+@pytest.mark.parametrize("tile,kv_dtype,page", [(V2, "", 1), (V2, "", 3), (V2, "", 16), (V2_FP8_TILE, "fp8_e4m3", 1),
+                                                  (V2_FP8_TILE, "fp8_e4m3", 5)],
+                         ids=["bf16-p1", "bf16-p3", "bf16-p16", "e4m3-p1", "e4m3-p5"])
+def test_v2_prefetches_exactly_the_rows_it_copies_later(emu, tile, kv_dtype, page):
+    # kernel v2 prefetches (prefetch.global.L2) the rows of tile t + STAGES - 1 + kPrefetch while it copies tile
+    # t + STAGES - 1: every KV byte the CTA copies from tile STAGES - 1 on must come from a 128-byte line the CTA
+    # prefetched before (the prologue copies tiles 0 .. STAGES - 2 unprefetched), and nothing else may (Q, the
+    # mask words are other tensors); so must the ring's index copies of tile kRingAhead on (one prefetch per token,
+    # kPrefetch iterations before). A wrong ring slot, cursor or line address misses bytes.
+    case = make_case(CaseSpec((300,), (7,), "bushy", dtype=BF, kv_dtype=kv_dtype, page_size=page, seed=51, **MLA))
+    emu.reset_stats()
+    if kv_dtype:
+        assert not _caught_e4m3(emu, case, cfg(1, *tile))
+    else:
+        out, lse = _run(case, cfg(1, *tile))
+        check_against_reference(out, lse, case, *TOL[BF])
+    st = emu.prefetch_stats()
+    stages, row = tile[3], 576 * (1 if kv_dtype else 2)
+    ring_ahead = 2 * stages - 3 + vb.V2_PREFETCH   # the ring copies tile it + ring_ahead's indices in iteration it
+    copied_after = 307 - (stages - 1) * 32          # tokens of tiles STAGES - 1 .. 9 (one split, one M tile)
+    indexed_after = max(0, 307 - ring_ahead * 32)  # tokens whose index the loop's ring copies (8 threads x 4 B)
+    assert st["cp_async16_src_prefetched"] == copied_after * row, st   # the KV rows' 16-byte copies
+    # the index copies (4 bytes; 8 threads a token): those of the loop's ring at least (a line of indices is shared
+    # by neighbouring tiles, so a prologue copy may come after another thread's prefetch of its line)
+    assert st["cp_async_src_prefetched"] - st["cp_async16_src_prefetched"] >= indexed_after * 32, st
+    lines = -(-row // 128) + 1                     # prefetch addresses per row (traits.h kLineLanes)
+    assert st["l2_prefetches"] == copied_after * lines + indexed_after, st
 
 
 @pytest.mark.parametrize("d", [64, 128, 256])

@@ -193,6 +193,11 @@ def kv_bytes_of(head: str) -> int:
     return 1 if head in FP8_HEADS.values() or head in MLA656_HEADS.values() else 2
 
 
+# kernel v2 prefetches (prefetch.global.L2) each tile's KV rows and indices this many iterations before their
+# cp.asyncs (KernelTraitsV2::kPrefetch in csrc/tree_verify/traits.h; bench.model reads the distance here)
+V2_PREFETCH = 2
+
+
 def tile_smem(head: str, tile: "Tile") -> int:
     """Dynamic shared memory of a head key's split kernel with `tile`."""
     dqk, dv, shared = HEADS[head]
@@ -205,7 +210,8 @@ def smem_bytes(tile: Tile, dqk: int, dv: int, shared_kv: bool, kv_bytes: int = 2
     pad, elem = 8, 2
     if tile.version == 2:  # KernelTraitsV2: Q (BM rows) + STAGES x BN KV rows (core-matrix layout, no pad)
         fp8 = (2 * (dv // 8) * 288 + tile.block_m * 4) if kv_bytes == 1 else 0  # e4m3: 2 V^T buffers, Q scales
-        ring = (tile.num_stages - 2) * 32 * tile.num_warps * 4  # the kv_indices ring (kIdxSlots x threads)
+        slots = 1 << (tile.num_stages - 2 + V2_PREFETCH - 1).bit_length()  # kIdxSlots: a power of two
+        ring = slots * 32 * tile.num_warps * 4  # the kv_indices ring (kIdxSlots x threads)
         return ((tile.block_m + tile.num_stages * tile.block_n) * dqk * kv_bytes  # + 2 sets of partial scores
                 + 2 * tile.warps_n * 128 * (tile.block_n // 2) * 4 + tile.block_m * 4 * 4 + fp8 + ring)  # + mask words
     if tile.version == 1:

@@ -145,6 +145,8 @@ def classify(ins: Instr) -> str:
         if any(m.startswith("ARRIVE") for m in ins.mods):  # arrive, arrive.expect_tx
             return "mbar_arrive"
         return "mbar"  # init (EXCH), and the rest
+    if op == "CCTL" and any(m.startswith("PF") for m in ins.mods):  # prefetch.global.L2 / .L1 (CCTL.E.PF2)
+        return "l2_prefetch"
     if op == "LDGSTS":
         return "ldgsts"
     if op in ("LDG", "LD"):

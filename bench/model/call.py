@@ -27,7 +27,7 @@ from verify_attn.config import heuristic_num_splits
 from verify_attn.shapes import HeadShape
 
 from . import sass, sim
-from .analysis import smem_bytes
+from .analysis import classify, smem_bytes
 from .devices import DeviceModel
 from .kernels import KernelModel
 
@@ -217,6 +217,28 @@ def bulk_spec(km: KernelModel, path, case: Case, dev: DeviceModel, warps_per_sch
                     lanes=lanes, wait_distance=bulk_wait_distance(km), issuing_schedulers=issuing)
 
 
+def prefetch_spec(km: KernelModel, instrs, case: Case, dev: DeviceModel, sm_dram: float, kv_tile: float):
+    """The sim.Prefetch of a tile path with L2 prefetches (CCTL.E.PF2), else None. Kernel v2 prefetches, in the
+    iteration that copies tile t, the rows of tile t + V2_PREFETCH (the row's lines over its loader threads) and
+    the ring's indices V2_PREFETCH copies ahead (one request per token), so every cp.async of the loop reads
+    lines prefetched V2_PREFETCH iterations before (the emulator test test_v2_prefetches_exactly_the_rows_it_copies_later
+    checks it). The bytes: the tile's rows and indices, over the CTA's prefetch instructions; the lane share: the
+    lines and tokens named over the SASS path's lanes."""
+    from verify_attn import build as vb
+    pf = [i for i in instrs if classify(i) == "l2_prefetch"]
+    if not pf:
+        return None
+    if km.tile.version != 2:
+        raise ValueError(f"{km.name}: L2 prefetches in a kernel whose prefetch distance the model does not know")
+    row = _row_bytes(case)
+    lines = -(-row // 128) + 1          # traits.h kLineLanes: every line a row touches, at any alignment
+    requests = km.tile.block_n * (lines + 1)   # + one per token for its index
+    sass_lanes = km.tile.num_warps * len(pf) * 32
+    return sim.Prefetch(ahead=vb.V2_PREFETCH, share=min(1.0, requests / sass_lanes),
+                        bytes=kv_tile / (km.tile.num_warps * len(pf)), dram_bytes_per_clk=sm_dram / dev.schedulers,
+                        l2_latency=dev.l2_latency_cycles.value)
+
+
 # constants the scheduler simulation does not read (it reads the others through instr_timing / simulate; the
 # DRAM latency in cycles, which the clock sets, goes into the key as a derived value)
 _NOT_SIMULATED = {"sms", "clock_ghz", "dram_gbs", "dram_efficiency", "l2_gbs", "l2_latency_cycles", "launch_us",
@@ -252,10 +274,14 @@ def tile_cost(km: KernelModel, dev: DeviceModel, *, path: str, resident_ctas: in
     # once for the `dram_sharers` CTAs that read it; the others hit L2) or of L2, whichever is smaller
     sm_dram = dev.dram_bytes_per_clk / active_sms * max(1.0, dram_sharers) / max(1, resident_ctas)
     sm_l2 = dev.l2_bytes_per_clk / active_sms / max(1, resident_ctas)
+    kv_tile = km.tile.block_n * _row_bytes(case) + 4 * km.tile.block_n
+    # with L2 prefetches the DRAM stream is the prefetches'; the copies then stream from L2
+    pf = prefetch_spec(km, instrs, case, dev, sm_dram, kv_tile)
     s = _simulate(instrs, dev, warps=per_sched, warps_per_barrier_group=group,
-                  cp_bytes_per_clk=min(sm_dram, sm_l2) / dev.schedulers, copy_share=copy_share(km, instrs, case),
-                  bank_degree=getattr(km, "bank_degree", None) or None,
-                  **({"bulk": b} if (b := bulk_spec(km, tp, case, dev, per_sched, group)) is not None else {}))
+                  cp_bytes_per_clk=(sm_l2 if pf else min(sm_dram, sm_l2)) / dev.schedulers,
+                  copy_share=copy_share(km, instrs, case), bank_degree=getattr(km, "bank_degree", None) or None,
+                  **({"bulk": b} if (b := bulk_spec(km, tp, case, dev, per_sched, group)) is not None else {}),
+                  **({"prefetch": pf} if pf is not None else {}))
     # throughput limits of the scheduler (for naming the bound the simulation hit)
     bulk = any(i.op == "UBLKCP" for i in instrs)   # a warp issues only its own lanes' bulk-copy iterations
     terms = {
@@ -270,12 +296,12 @@ def tile_cost(km: KernelModel, dev: DeviceModel, *, path: str, resident_ctas: in
     # each KV row (and its index) of its tile once from L2; the SASS count (reading.global_bytes)
     # assumes every lane of every warp loads, which a kernel whose loader uses some threads
     # overstates, so the tile geometry gives the bytes.
-    kv_tile = km.tile.block_n * _row_bytes(case) + 4 * km.tile.block_n
     l2_per_cta = kv_tile
     dram_per_cta = kv_tile / max(1.0, dram_sharers)
     dram = resident_ctas * dram_per_cta / (dev.dram_bytes_per_clk / active_sms)
     l2 = resident_ctas * l2_per_cta / (dev.l2_bytes_per_clk / active_sms)
-    little = dev.dram_latency_cycles / max(1, km.tile.num_stages - 1)
+    # (the tiles whose bytes are in flight: the stages' copies, and with L2 prefetches pf.ahead tiles more)
+    little = dev.dram_latency_cycles / max(1, km.tile.num_stages - 1 + (pf.ahead if pf else 0))
     # every resource the tile uses bounds it: the simulation schedules the issue-time pipes, but the shared-memory
     # bytes that move off the issue path (cp.async landing, wgmma operands) are only counted, so their sum with
     # the issue-time shared-memory traffic is a bound of its own

@@ -99,6 +99,14 @@ def instr_timing(ins: Instr, dev: DeviceModel, ldg_latency: float) -> Timing:
         chunks = max(1.0, wr / 16)
         return Timing("mio", max(1.0, chunks * dev.ldgsts_cycles_per_chunk.value * dev.schedulers), 0.0,
                       async_smem=async_smem, holds_sources=True)
+    if c == "l2_prefetch":
+        # prefetch.global.L2: one request per lane in the LSU queue the cp.asyncs use, each taken as one cp.async
+        # request's measured time (assumed: a line request is a request), its address registers held until then;
+        # no destination register, no completion (simulate streams its bytes with a Prefetch)
+        if dev.ldgsts_cycles_per_chunk is None:
+            return Timing("lsu", 1.0, 0.0)
+        return Timing("mio", max(1.0, 32 * dev.ldgsts_cycles_per_chunk.value * dev.schedulers), 0.0,
+                      holds_sources=True)
     if c in ("ldsm", "lds", "sts"):
         rd, wr = smem_bytes(ins)
         share = dev.smem_bytes_per_clk_sm.value / dev.schedulers
@@ -174,6 +182,27 @@ class Bulk:
     share: float = 1.0
 
 
+@dataclass(frozen=True)
+class Prefetch:
+    """What `simulate` needs to run a path's L2 prefetches (prefetch.global.L2 -> CCTL.E.PF2).
+
+    ahead:     iterations between a warp's prefetch of rows and its cp.asyncs of the same rows: every LDGSTS of
+               iteration j copies what the warp's prefetches of iteration j - ahead named (iterations j < ahead: the
+               prologue's prefetches, issued at time 0);
+    share:     the fraction of the path's prefetch lanes that really prefetch (scales each CCTL's LSU time);
+    bytes:     DRAM bytes each prefetch instruction brings into L2 (the tile's bytes over the CTA's prefetches);
+    dram_bytes_per_clk: the scheduler's share of the DRAM bandwidth the prefetches stream at (the copies then
+               stream at `cp_bytes_per_clk`, the L2 share);
+    l2_latency: cycles from a copy's request to its landing when its line is in L2.
+    A prefetch's bytes land in L2 the loaded DRAM latency after they streamed; a copy of a prefetched line lands
+    the L2 latency after its own bytes streamed, or when the prefetch lands if that is later."""
+    ahead: int
+    share: float
+    bytes: float
+    dram_bytes_per_clk: float
+    l2_latency: float
+
+
 @dataclass
 class SimResult:
     cycles_per_iter: float          # steady-state cycles for every warp of the scheduler to finish one iteration
@@ -195,8 +224,8 @@ class SimResult:
 def simulate(body: list[Instr], dev: DeviceModel, *, warps: int, warps_per_barrier_group: int,
              iters: int = 6, ldg_latency: float | None = None, cp_latency: float | None = None,
              cp_bytes_per_clk: float | None = None, copy_share: float = 1.0, bank_degree: dict | None = None,
-             timing: Callable[[Instr, DeviceModel, float], Timing] = instr_timing, bulk: Bulk | None = None
-             ) -> SimResult:
+             timing: Callable[[Instr, DeviceModel, float], Timing] = instr_timing, bulk: Bulk | None = None,
+             prefetch: Prefetch | None = None) -> SimResult:
     """Cycles per loop iteration of `warps` warps sharing one scheduler (steady state).
 
     cp.async (LDGSTS) lands `cp_latency` cycles (default: the device's loaded DRAM latency) after the LSU took
@@ -221,7 +250,12 @@ def simulate(body: list[Instr], dev: DeviceModel, *, warps: int, warps_per_barri
     landed: the mbarrier completes when the tile's copies, all loader threads', are in. Copies issued before the
     loop (iteration < 0, the prologue's) are taken as landed. Not modelled: which mbarrier a wait names (every
     try_wait is read as the wait for the tile the loop consumes; a wait for consumers' arrivals, an "empty"
-    barrier, is not distinguished), the TMA unit's limit on copies in flight, and LDG ordering behind bulk copies."""
+    barrier, is not distinguished), the TMA unit's limit on copies in flight, and LDG ordering behind bulk copies.
+
+    L2 prefetches (CCTL.E.PF2, `prefetch`: sim.Prefetch): each takes the LSU like a cp.async request per lane, its
+    bytes stream at the DRAM share and land in L2 the loaded DRAM latency later; a cp.async of iteration j then
+    copies from L2 what the warp prefetched in iteration j - ahead (`cp_bytes_per_clk` is then the L2 share). A body
+    with prefetches and no `prefetch` is refused: its copies' source would be guessed."""
     if warps < 1 or not body:
         raise ValueError("simulate: needs >= 1 warp and a non-empty loop body")
     ldg_lat = dev.dram_latency_cycles if ldg_latency is None else ldg_latency
@@ -234,6 +268,16 @@ def simulate(body: list[Instr], dev: DeviceModel, *, warps: int, warps_per_barri
         tim = [replace(t, interval=max(1.0, t.interval * copy_share), async_smem=t.async_smem * copy_share)
                if b.op == "LDGSTS" else t for t, b in zip(tim, body)]
     n = len(body)
+    is_pf = [classify(i) == "l2_prefetch" for i in body]
+    if any(is_pf) and prefetch is None:
+        raise ValueError("simulate: the body has L2 prefetches (CCTL.E.PF2): pass sim.Prefetch (the distance to the "
+                         "copies of the same rows, the bytes, the DRAM share)")
+    if prefetch is not None:
+        if prefetch.ahead < 1:
+            raise ValueError(f"simulate: Prefetch.ahead must be >= 1, got {prefetch.ahead}")
+        if prefetch.share < 1.0:
+            tim = [replace(t, interval=max(1.0, t.interval * prefetch.share)) if p else t for t, p in zip(tim, is_pf)]
+        iters = max(iters, 2 * prefetch.ahead + 4)   # the later half: copies of rows the loop itself prefetched
     is_bulk = [classify(i) == "bulk_copy" for i in body]
     bulk_wait = [classify(i) == "mbar_wait" for i in body]
     bulk_bytes = [0.0] * n
@@ -317,6 +361,8 @@ def simulate(body: list[Instr], dev: DeviceModel, *, warps: int, warps_per_barri
     is_ldg = [classify(i) == "ldg" for i in body]
     bulk_land = [[0.0] * iters for _ in range(warps)]   # latest landing of each warp's bulk copies per iteration
     bulk_issued = [-1 if bulk_last[w] >= 0 else iters for w in range(warps)]  # last iteration whose copies issued
+    pf_land = [[0.0] * iters for _ in range(warps)]     # latest landing in L2 of each warp's prefetches per iteration
+    pf_free = 0.0                                       # the scheduler's share of DRAM, as the prefetches stream
 
     def earliest(w: int) -> float:
         if pc[w] >= totals[w] or waiting_bar[w]:
@@ -401,13 +447,22 @@ def simulate(body: list[Instr], dev: DeviceModel, *, warps: int, warps_per_barri
             bulk_land[w][it] = max(bulk_land[w][it], start + cp_lat)
             if pc[w] % seq_len[w] == bulk_last[w]:
                 bulk_issued[w] = it
+        elif is_pf[i]:
+            start = max(pf_free, t + tm.interval)
+            pf_free = start + prefetch.bytes / prefetch.dram_bytes_per_clk
+            pf_land[w][it] = max(pf_land[w][it], pf_free + cp_lat)
         elif is_copy[i]:
             start = t + tm.interval
             if cp_bytes_per_clk:
                 stream_free = max(stream_free, start) + copy_share * smem_bytes(body[i])[1] / cp_bytes_per_clk
                 start = stream_free
-            cp_open[w] = max(cp_open[w], start + cp_lat)
-            cp_last[w] = max(cp_last[w], start + cp_lat)
+            if prefetch is not None:   # from L2, once the prefetch of the same rows landed there
+                src = it - prefetch.ahead
+                land = max(start + prefetch.l2_latency, pf_land[w][src] if src >= 0 else cp_lat)
+            else:
+                land = start + cp_lat
+            cp_open[w] = max(cp_open[w], land)
+            cp_last[w] = max(cp_last[w], land)
         elif cp_commit[i]:
             cp_groups[w].append(cp_open[w])
             cp_open[w] = 0.0

@@ -113,6 +113,12 @@ VA_DEVICE void cp_async_4_zfill(void* smem_dst, const void* gmem_src, bool valid
                                 std::source_location loc = std::source_location::current()) {
   ::va::emu::cp_async(smem_dst, gmem_src, 4, valid, loc);
 }
+// prefetch.global.L2: bring the 128-byte line holding `gmem` into L2 (a hint: no register, no completion). The
+// kernels prefetch the KV rows of a tile some iterations before their cp.async so that the copies hit L2
+// (bench/model/sim.py, Prefetch); the emulator checks the address and counts the lines.
+VA_DEVICE void prefetch_l2(const void* gmem, std::source_location loc = std::source_location::current()) {
+  ::va::emu::prefetch_l2(gmem, loc);
+}
 VA_DEVICE void cp_async_commit() { ::va::emu::cp_async_commit(); }
 // cp.async.wait_group N: all but the newest N committed groups have landed.
 template <int N>
@@ -144,6 +150,7 @@ VA_DEVICE void cp_async_4_zfill(void* smem_dst, const void* gmem_src, bool valid
                : "r"(detail::smem_u32(smem_dst)), "l"(gmem_src), "r"(src_size)
                : "memory");
 }
+VA_DEVICE void prefetch_l2(const void* gmem) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(gmem)); }
 VA_DEVICE void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 // cp.async.wait_group N: all but the newest N committed groups have landed.
 template <int N>

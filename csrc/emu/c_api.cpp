@@ -36,4 +36,10 @@ VA_EMU_C_API void va_emu_stats(long long* out7) {
                           s.cp_async_bytes};
   for (int i = 0; i < 7; ++i) out7[i] = v[i];
 }
+// prefetch counters: l2_prefetches, cp_async_src_bytes, cp_async_src_prefetched, cp_async16_src_prefetched
+VA_EMU_C_API void va_emu_prefetch_stats(long long* out4) {
+  const va::emu::Stats s = va::emu::stats();
+  out4[0] = s.l2_prefetches, out4[1] = s.cp_async_src_bytes, out4[2] = s.cp_async_src_prefetched;
+  out4[3] = s.cp_async16_src_prefetched;
+}
 VA_EMU_C_API void va_emu_reset_stats() { va::emu::reset_stats(); }

@@ -55,6 +55,8 @@ void st_global(void* dst, const void* src, size_t bytes, std::source_location lo
 // only when a wait_group covering their commit group is executed -------------
 void cp_async(void* smem_dst, const void* gmem_src, int bytes, bool valid, std::source_location loc);
 void cp_async_16(void* smem_dst, const void* gmem_src, bool valid, std::source_location loc);
+// prefetch.global.L2: checked against the registered tensors, counted, its 128-byte line remembered per block
+void prefetch_l2(const void* gmem, std::source_location loc);
 void cp_async_commit();
 void cp_async_wait(int n, std::source_location loc);
 

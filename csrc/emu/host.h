@@ -49,6 +49,10 @@ struct Stats {
   long long warp_collectives = 0;    // completed warp collectives (incl. mma, ldmatrix)
   long long mma = 0;                 // completed mma.sync (warp-wide)
   long long cp_async_bytes = 0;      // bytes landed by cp.async
+  long long l2_prefetches = 0;       // prefetch.global.L2 requests (one per thread and call)
+  long long cp_async_src_bytes = 0;  // bytes read by cp.async from global memory (valid copies)
+  long long cp_async_src_prefetched = 0;  // ... of which in a 128-byte line the same block prefetched before
+  long long cp_async16_src_prefetched = 0;  // ... of those, by 16-byte copies
 };
 Stats stats();
 void reset_stats();

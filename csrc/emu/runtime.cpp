@@ -32,6 +32,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <unordered_set>
 #include <vector>
 
 #if !defined(VA_EMULATION)
@@ -239,6 +240,10 @@ struct Block {
   std::map<size_t, Mbar> mbars;  // by shared-memory offset
   // counters merged into the global Stats at the end of the launch
   long long syncs = 0, collectives = 0, mmas = 0, cp_bytes = 0;
+  // prefetch.global.L2: the 128-byte lines this block prefetched, and how many of its cp.async source bytes
+  // (valid copies) fall in a line it prefetched before the copy
+  std::unordered_set<uintptr_t> prefetched_lines;
+  long long l2_prefetches = 0, cp_src_bytes = 0, cp_src_prefetched = 0, cp16_src_prefetched = 0;
 };
 
 Fiber* cur_fiber() { return static_cast<Fiber*>(tls_cur->fiber); }
@@ -999,6 +1004,10 @@ class Worker {
     collectives_ += b.collectives;
     mmas_ += b.mmas;
     cp_bytes_ += b.cp_bytes;
+    l2_prefetches_ += b.l2_prefetches;
+    cp_src_bytes_ += b.cp_src_bytes;
+    cp_src_prefetched_ += b.cp_src_prefetched;
+    cp16_src_prefetched_ += b.cp16_src_prefetched;
   }
 
   void merge_stats(Stats& s) const {
@@ -1008,6 +1017,10 @@ class Worker {
     s.warp_collectives += collectives_;
     s.mma += mmas_;
     s.cp_async_bytes += cp_bytes_;
+    s.l2_prefetches += l2_prefetches_;
+    s.cp_async_src_bytes += cp_src_bytes_;
+    s.cp_async_src_prefetched += cp_src_prefetched_;
+    s.cp_async16_src_prefetched += cp16_src_prefetched_;
   }
 
  private:
@@ -1072,6 +1085,7 @@ class Worker {
   std::unique_ptr<unsigned char, FreeDeleter> smem_;
   size_t smem_cap_ = 0;
   long long blocks_ = 0, threads_ = 0, syncs_ = 0, collectives_ = 0, mmas_ = 0, cp_bytes_ = 0;
+  long long l2_prefetches_ = 0, cp_src_bytes_ = 0, cp_src_prefetched_ = 0, cp16_src_prefetched_ = 0;
 };
 
 }  // namespace
@@ -1142,8 +1156,16 @@ void cp_async(void* smem_dst, const void* gmem_src, int bytes, bool valid, std::
   c.dst = static_cast<unsigned char*>(smem_dst);
   c.bytes = bytes;
   if (!valid) std::memset(c.data, 0, bytes);
-  else if (check_global(f, gmem_src, bytes, "cp.async source", loc)) std::memcpy(c.data, gmem_src, bytes);
-  else std::memset(c.data, 0xFF, bytes);
+  else if (check_global(f, gmem_src, bytes, "cp.async source", loc)) {
+    std::memcpy(c.data, gmem_src, bytes);
+    f->block->cp_src_bytes += bytes;
+    if (f->block->prefetched_lines.count(reinterpret_cast<uintptr_t>(gmem_src) / 128)) {
+      f->block->cp_src_prefetched += bytes;
+      if (bytes == 16) f->block->cp16_src_prefetched += bytes;
+    }
+  } else {
+    std::memset(c.data, 0xFF, bytes);
+  }
   if (settings().cp_async_at_issue) {
     // the earliest moment the hardware may write the destination: exposes a
     // buffer overwritten while other threads still read it (a missing barrier
@@ -1154,6 +1176,15 @@ void cp_async(void* smem_dst, const void* gmem_src, int bytes, bool valid, std::
     return;
   }
   f->open_group.push_back(c);
+}
+
+void prefetch_l2(const void* gmem, std::source_location loc) {
+  // a hint on the hardware, but the kernels prefetch only rows they will copy: an address outside every
+  // registered tensor is reported like a load's
+  Fiber* f = cur_fiber();
+  if (!check_global(f, gmem, 1, "prefetch.global.L2", loc)) return;
+  f->block->l2_prefetches += 1;
+  f->block->prefetched_lines.insert(reinterpret_cast<uintptr_t>(gmem) / 128);
 }
 
 void cp_async_16(void* smem_dst, const void* gmem_src, bool valid, std::source_location loc) {

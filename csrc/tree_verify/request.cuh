@@ -21,8 +21,9 @@ namespace va::tv {
 //   kKoNoLoad:     the main loop issues no KV copies (the stages keep stale rows)
 //   kKoNoIndex:    row ids are the token positions (page_size 1), no kv_indices read in the main loop
 //   kKoNoExchange: kernel v2's warpgroups exchange no partial scores (the softmax sees constant scores)
+//   kKoNoPrefetch: kernel v2 issues no L2 prefetches (its results stay right: the A/B of the prefetch)
 constexpr int kKnockout = VA_TV_KNOCKOUT;
-constexpr int kKoNoLoad = 1, kKoNoIndex = 2, kKoNoExchange = 4;
+constexpr int kKoNoLoad = 1, kKoNoIndex = 2, kKoNoExchange = 4, kKoNoPrefetch = 8;
 
 // Entry i of an int32 index array, or the low 32-bit word of entry i of an int64 one.
 VA_DEVICE const int32_t* index_at(const int32_t* a, int64_t i, int32_t is64) { return a + (i << is64); }

@@ -318,7 +318,18 @@ struct KernelTraitsV2 {
   static constexpr int kMaskStage = 4;  // tree-mask words staged per row (trees up to 128 nodes)
   static constexpr size_t kVt = kMask + size_t(BM) * kMaskStage * sizeof(uint32_t);  // e4m3: 2 V^T buffers
   static constexpr size_t kQScale = kVt + 2 * kVtBytes;                 // e4m3: each Q row's scale (BM floats)
-  static constexpr int kIdxSlots = STAGES - 2;  // kv_indices ring: slots per thread (tree_verify_kernel_v2.cuh)
+  // prefetch.global.L2 of each tile's KV rows kPrefetch iterations before its cp.asyncs (the copies then hit L2:
+  // bench/model/call.py V2_PREFETCH reads the same number); its index comes from the same ring, so the ring runs
+  // kPrefetch tiles further ahead and holds kPrefetch more slots
+  static constexpr int kPrefetch = 2;
+  // kv_indices ring: slots per thread (tree_verify_kernel_v2.cuh), STAGES - 2 + kPrefetch rounded up to a power of
+  // two (a slot number is then a mask of the tile number, not a division)
+  static constexpr int pow2_ceil(int n) { return n <= 1 ? 1 : 2 * pow2_ceil((n + 1) / 2); }
+  static constexpr int kIdxSlots = pow2_ceil(STAGES - 2 + kPrefetch);
+  // L2 prefetch addresses per KV row: row + 128 j, the last one the row's last byte, so that every 128-byte line
+  // the row touches is named whatever the row's alignment (576-byte e4m3 rows sit 64 bytes off every other row)
+  static constexpr int kRowBytes = DQK * int(sizeof(KvElem));
+  static constexpr int kLineLanes = (kRowBytes + 127) / 128 + 1;
   static constexpr size_t kIdx = kQScale + (kFp8 ? size_t(BM) * sizeof(float) : 0);
   static constexpr size_t kTotal = kIdx + size_t(kIdxSlots) * kThreads * sizeof(int32_t);
   static constexpr size_t smem_bytes() { return kTotal; }

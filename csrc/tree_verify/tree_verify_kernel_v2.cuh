@@ -142,10 +142,30 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v2(c
   };
   // kv_indices ring (like v1's): tiles 0 .. STAGES - 2 read their index directly; the index of a later tile is
   // copied by cp.async into this thread's slot kRingAhead - STAGES + 1 iterations before its KV copy (iteration it
-  // copies tile it + kRingAhead's and reads tile it + STAGES - 1's, landed by the loop's top wait), so no register
-  // waits on a load (a register loaded one tile ahead kept the copies waiting ~400 cycles a tile by the model)
+  // copies tile it + kRingAhead's and reads tile it + STAGES - 1's and it + STAGES - 1 + kPF's, landed by the
+  // loop's top wait), so no register waits on a load (a register loaded one tile ahead kept the copies waiting
+  // ~400 cycles a tile by the model)
   constexpr int kLoopPending = STAGES - 3;  // the loop's cp.async wait: tile it + 1 landed
-  constexpr int kRingAhead = STAGES + kLoopPending;
+  constexpr int kPF = Tr::kPrefetch;        // tiles between a row's L2 prefetch and its cp.async
+  constexpr int kRingAhead = STAGES + kLoopPending + kPF;
+  // L2 prefetch: the thread's token of a tile kPF tiles past the one being copied, addresses ld_lane, ld_lane +
+  // kTPR, ... of its row's kLineLanes (the row's 8 loader threads share its lines). Only rows of this CTA's range
+  // (the copies of those lines then hit L2 instead of waiting for DRAM: one tile of copy lead is all 3 stages
+  // of 36.9 KB leave beside Q)
+  TokenCursor<L> pf_at(range.begin + (STAGES - 1) * BN + ld_tok, BN, p.page_size);
+  int pf_tok = range.begin + (STAGES - 1) * BN + ld_tok;
+  const unsigned char* kv_head = reinterpret_cast<const unsigned char*>(kc + kvh * p.k_stride_head);
+  auto prefetch_kv = [&](int32_t id) {
+    if (!(kKnockout & kKoNoPrefetch) && pf_tok < range.end) {
+      const unsigned char* row = kv_head + pf_at.row_offset(id, k_sb, k_st) * int64_t(sizeof(KV));
+#pragma unroll
+      for (int j = 0; j < (Tr::kLineLanes + Tr::kTPR - 1) / Tr::kTPR; ++j)
+        if (const int b = 128 * (ld_lane + j * Tr::kTPR); ld_lane + j * Tr::kTPR < Tr::kLineLanes)
+          arch::prefetch_l2(row + (b < Tr::kRowBytes ? b : Tr::kRowBytes - 1));
+    }
+    pf_at.advance();
+    pf_tok += BN;
+  };
   int32_t* sIdx = reinterpret_cast<int32_t*>(smem + Tr::kIdx);  // (kIdxSlots, kThreads)
   TokenCursor<L> ring_at(range.begin + (STAGES - 1) * BN + ld_tok, BN, p.page_size);
   int ring_tile = STAGES - 1, ring_tok = range.begin + (STAGES - 1) * BN + ld_tok;
@@ -158,6 +178,16 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v2(c
     ++ring_tile;
     ring_tok += BN;
   };
+  // ... and the L2 prefetch of the indices the ring copies kPF iterations later (a row's loader thread of chunk
+  // lane 0 names its token's entry), so that the ring's copies hit L2 too: they share the KV copies' group
+  TokenCursor<L> ipf_at(range.begin + kRingAhead * BN + ld_tok, BN, p.page_size);
+  int ipf_tok = range.begin + kRingAhead * BN + ld_tok;
+  auto prefetch_idx = [&]() {
+    if constexpr (!(kKnockout & (kKoNoIndex | kKoNoPrefetch)))
+      if (ld_lane == 0 && ipf_tok < range.end) arch::prefetch_l2(index_at(idx_base, ipf_at.pos, p.kv_indices_i64));
+    ipf_at.advance();
+    ipf_tok += BN;
+  };
   auto ring_id = [&](int tile) -> int32_t {
     if constexpr (kKnockout & kKoNoIndex)  // page_size 1: the row of token t is t
       return range.begin + tile * BN + ld_tok;
@@ -167,9 +197,12 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v2(c
   for (int s = 0; s < STAGES - 1; ++s) {
     const int32_t id = read_index();
     if (s < ntiles) issue_kv(s, id);
-    if (s == 0)  // the ring indices of tiles STAGES - 1 .. kRingAhead - 1, with tile 0's group
+    if (s == 0) {  // the ring indices of tiles STAGES - 1 .. kRingAhead - 1, with tile 0's group
 #pragma unroll
       for (int j = STAGES - 1; j < kRingAhead; ++j) fetch_ring();
+#pragma unroll
+      for (int j = 0; j < kPF; ++j) prefetch_idx();  // those of tiles kRingAhead .. kRingAhead + kPF - 1
+    }
     arch::cp_async_commit();
   }
 
@@ -327,6 +360,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v2(c
   arch::cp_async_wait<STAGES - 2>();  // Q and tile 0 landed (this thread's copies)
   arch::fence_proxy_async();          // ... visible to the wgmma's async proxy
   arch::block_sync();                 // ... everyone's (e4m3: and the quantized Q, the row scales)
+  // the L2 prefetches of tiles STAGES - 1 .. STAGES - 2 + kPF, whose ring indices came with tile 0's group
+#pragma unroll
+  for (int t = STAGES - 1; t < STAGES - 1 + kPF; ++t)
+    if (!(kKnockout & kKoNoLoad)) prefetch_kv(t < ntiles ? ring_id(t) : 0);
   s_issue(0);  // stage 0
   if constexpr (Tr::kFp8) {
     const float ks = p.sm_scale * h::kLog2e * kv_scale(p.k_scale_ptr, p.k_scale);
@@ -346,6 +383,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v2(c
     arch::fence_proxy_async();            // ... visible to the wgmma's async proxy
     // tile it + STAGES - 1's index: this thread's own ring slot, read before the barrier (its latency hides there)
     const int32_t next_id = it + STAGES - 1 < ntiles ? ring_id(it + STAGES - 1) : 0;
+    const int32_t pf_id = it + STAGES - 1 + kPF < ntiles ? ring_id(it + STAGES - 1 + kPF) : 0;
     // everyone's; the partial scores of it published; every wgmma of iteration it - 1 retired, so stage
     // it - 1 is free
     arch::block_sync();
@@ -355,7 +393,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v2(c
     s_issue(st_next);
     if (!(kKnockout & kKoNoLoad) && it + STAGES - 1 < ntiles) issue_kv(st_prev, next_id);  // tile it + STAGES - 1
                                                                                            // into stage (it - 1)
+    if (!(kKnockout & kKoNoLoad)) prefetch_kv(pf_id);  // tile it + STAGES - 1 + kPF's rows into L2
     if (it + kRingAhead < ntiles) fetch_ring();
+    prefetch_idx();  // tile it + kRingAhead + kPF's indices
     arch::cp_async_commit();
 
     // the full scores of tile it at this thread's fragment positions, summed in warpgroup order (every

@@ -340,9 +340,9 @@ def knockout_bits() -> int:
     v = os.environ.get("VERIFY_ATTN_KNOCKOUT", "").strip()
     if not v:
         return 0
-    if not v.isdigit() or not 0 <= int(v) < 8:
-        raise ValueError(f"VERIFY_ATTN_KNOCKOUT: bits 0..7 (1 no KV copies, 2 no index loads, 4 no v2 exchange), "
-                         f"got {v!r}")
+    if not v.isdigit() or not 0 <= int(v) < 16:
+        raise ValueError(f"VERIFY_ATTN_KNOCKOUT: bits 0..15 (1 no KV copies, 2 no index loads, 4 no v2 exchange, "
+                         f"8 no v2 L2 prefetch), got {v!r}")
     return int(v)
 
 

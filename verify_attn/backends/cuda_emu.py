@@ -281,6 +281,16 @@ class Emulator:
         keys = ("launches", "blocks", "threads", "block_syncs", "warp_collectives", "mma", "cp_async_bytes")
         return dict(zip(keys, list(out)))
 
+    def prefetch_stats(self) -> dict:
+        """prefetch.global.L2 requests, the cp.async source bytes, those of them in a 128-byte line the same
+        block prefetched before the copy, and those by 16-byte copies (since the last reset_stats)."""
+        import ctypes
+
+        out = (ctypes.c_longlong * 4)()
+        self.lib.va_emu_prefetch_stats(out)
+        return dict(zip(("l2_prefetches", "cp_async_src_bytes", "cp_async_src_prefetched", "cp_async16_src_prefetched"),
+                        list(out)))
+
     def reset_stats(self) -> None:
         self.lib.va_emu_reset_stats()
 

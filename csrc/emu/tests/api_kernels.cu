@@ -237,7 +237,7 @@ __global__ void k_early_exit(int exit_from, int* out) {
 }
 
 // ---- out-of-bounds accesses: mode 0 read, 1 write, 2 cp.async source,
-// 3 misaligned 16-byte read, 4 ldmatrix row outside smem -------------------
+// 3 misaligned 16-byte read, 4 ldmatrix row outside smem, 5 L2 prefetch ------
 __global__ void k_oob(const int* in, int n, int mode, int* out) {
   if (threadIdx.x != 3) return;
   if (mode == 0) st_global(out, ld_global(in + n));
@@ -251,6 +251,7 @@ __global__ void k_oob(const int* in, int n, int mode, int* out) {
     const uint4 v = ld_global(reinterpret_cast<const uint4*>(in + 1));
     st_global(out, static_cast<int>(v.x));
   }
+  if (mode == 5) prefetch_l2(in + n);
 }
 __global__ void k_ldmatrix_oob(int offset_bytes, uint32_t* out) {
   uint32_t r;
