@@ -148,7 +148,8 @@ _KERNEL_NOTES = {
     "v2": "miss: the model's copy chain (LSU issue + stream + loaded latency) is ~3,700 cycles a tile, v2 measures "
           "4,940 without its index loads and 6,160 with them (bench.knockout); the rest is unexplained: candidates "
           "are v2's 8-rows-per-instruction loader (the probe's across-row layout) and two CTAs waiting on the same "
-          "DRAM lines",
+          "DRAM lines. The rows measured v2 before its L2 prefetches (2026-12-05): the model reads today's v2, which "
+          "it puts ~12% faster at 185k, so this ratio mixes two kernels until the next H200 run",
     "v1": "the one-tile prefetch of the one-barrier loop (4 stages: 3 read, 1 loading) is latency + stream per tile",
     "v0": "",
 }
