@@ -137,15 +137,15 @@ TILES: dict[str, list[Tile]] = {
 # The default tile per (head, arch): the first compiled tile the arch can run, unless named here
 # (python -m bench.model reads both archs' SASS to choose; the autotuner refines per context).
 DEFAULT_TILE: dict[tuple[str, str], Tile] = {
-    # sm_90: the wgmma kernel v2, 96 vs v1's 166 us by the model at 185k / 16 nodes (NOTES.md, v2); v1 keeps
-    # the shorter contexts in the autotuner's hands (4k: 16 vs 18 us by the model)
+    # sm_90: the wgmma kernel v2, 148.4 us [132-169] vs v1's 345.7 [306-389] by the corrected model at 185k / 16
+    # nodes (NOTES.md, "L2 prefetches in kernel v2"); v1 keeps the shorter contexts in the autotuner's hands
     ("mla576", "sm_90a"): _V2_TILE,
     # sm_120: the two-barrier 4-stage tile (Dqk split 4 ways, 92 KB; two tiles in flight), 215.5 us by the
     # model at 185k / 16 nodes against 430-433 for the 3-stage tile and the one-barrier 4-stage one it replaced
     # (one tile in flight each: latency-bound; NOTES.md, "Two tiles in flight on sm_120"); the 3-stage tile
     # stays compiled for the autotuner
     ("mla576", "sm_120a"): Tile(32, 16, 2, 4, 4, version=1, sn=2),
-    # e4m3 caches on sm_90: kernel v2 on wgmma .e4m3 (k32), 93.3 us [84-106] by the model at 185k / 16 nodes
+    # e4m3 caches on sm_90: kernel v2 on wgmma .e4m3 (k32), 97.7 us [88-110] by the model at 185k / 16 nodes
     # against 296.0 for the f16 tile (mma.sync has no e4m3 rate on sm_90: nvcc lowers it to f16 HMMAs); the f16
     # tile, exact in Q and P, stays compiled (NOTES.md, "Kernel v2 on e4m3 caches")
     ("mla576e4m3", "sm_90a"): _V2_FP8_TILE,

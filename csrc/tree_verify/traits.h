@@ -318,9 +318,9 @@ struct KernelTraitsV2 {
   static constexpr int kMaskStage = 4;  // tree-mask words staged per row (trees up to 128 nodes)
   static constexpr size_t kVt = kMask + size_t(BM) * kMaskStage * sizeof(uint32_t);  // e4m3: 2 V^T buffers
   static constexpr size_t kQScale = kVt + 2 * kVtBytes;                 // e4m3: each Q row's scale (BM floats)
-  // prefetch.global.L2 of each tile's KV rows kPrefetch iterations before its cp.asyncs (the copies then hit L2:
-  // bench/model/call.py V2_PREFETCH reads the same number); its index comes from the same ring, so the ring runs
-  // kPrefetch tiles further ahead and holds kPrefetch more slots
+  // prefetch.global.L2 of each tile's KV rows kPrefetch iterations before its cp.asyncs (the copies then hit L2;
+  // bench.model reads the distance from verify_attn/build.py V2_PREFETCH, which a test keeps equal); its index
+  // comes from the same ring, so the ring runs kPrefetch tiles further ahead and holds kPrefetch more slots
   static constexpr int kPrefetch = 2;
   // kv_indices ring: slots per thread (tree_verify_kernel_v2.cuh), STAGES - 2 + kPrefetch rounded up to a power of
   // two (a slot number is then a mask of the tile number, not a division)
