@@ -628,9 +628,10 @@ def test_v2_e4m3_runs_on_e4m3_wgmma(emu):
 def test_v2_prefetches_exactly_the_rows_it_copies_later(emu, tile, kv_dtype, page):
     # kernel v2 prefetches (prefetch.global.L2) the rows of tile t + STAGES - 1 + kPrefetch while it copies tile
     # t + STAGES - 1: every KV byte the CTA copies from tile STAGES - 1 on must come from a 128-byte line the CTA
-    # prefetched before (the prologue copies tiles 0 .. STAGES - 2 unprefetched), and nothing else may (Q, the
-    # mask words are other tensors); so must the ring's index copies of tile kRingAhead on (one prefetch per token,
-    # kPrefetch iterations before). A wrong ring slot, cursor or line address misses bytes.
+    # prefetched before (the prologue copies tiles 0 .. STAGES - 2 unprefetched), and no other 16-byte copy may (Q
+    # and the mask words are other tensors); the ring's index copies of tile kRingAhead on must come from prefetched
+    # lines too (one prefetch per token, kPrefetch iterations before). A wrong ring slot, cursor or line address
+    # misses bytes, and the prefetch count is exact.
     case = make_case(CaseSpec((300,), (7,), "bushy", dtype=BF, kv_dtype=kv_dtype, page_size=page, seed=51, **MLA))
     emu.reset_stats()
     if kv_dtype:
