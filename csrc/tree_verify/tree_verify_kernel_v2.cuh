@@ -159,9 +159,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v2(c
     if (!(kKnockout & kKoNoPrefetch) && pf_tok < range.end) {
       const unsigned char* row = kv_head + pf_at.row_offset(id, k_sb, k_st) * int64_t(sizeof(KV));
 #pragma unroll
-      for (int j = 0; j < (Tr::kLineLanes + Tr::kTPR - 1) / Tr::kTPR; ++j)
-        if (const int b = 128 * (ld_lane + j * Tr::kTPR); ld_lane + j * Tr::kTPR < Tr::kLineLanes)
-          arch::prefetch_l2(row + (b < Tr::kRowBytes ? b : Tr::kRowBytes - 1));
+      for (int j = 0; j < (Tr::kLineLanes + Tr::kTPR - 1) / Tr::kTPR; ++j) {
+        const int line = ld_lane + j * Tr::kTPR, b = 128 * line;  // the row's byte b, or its last byte
+        if (line < Tr::kLineLanes) arch::prefetch_l2(row + (b < Tr::kRowBytes ? b : Tr::kRowBytes - 1));
+      }
     }
     pf_at.advance();
     pf_tok += BN;
