@@ -214,11 +214,16 @@ def test_bulk_copies_need_their_spec_and_a_sound_wait_distance():
                      bulk=_bulk(waits_first, [-1] + lanes, wait_distance=0))
     assert sim.simulate(waits_first, H200, warps=1, warps_per_barrier_group=1,
                         bulk=_bulk(waits_first, [-1] + lanes)).cycles_per_iter > LAT   # default: the previous one
-    # TMA operations the model does not time are refused, not read as ALU work
-    tma = sass.parse(_sass("1|UTMALDG.2D [UR8], [UR4]\n1|BRA `(.L_x_0)", "/x.cuh"))["_Z6kernelv"].instrs
+    # TMA operations the model does not time are refused, not read as ALU work: a tensor-map store
+    tma = sass.parse(_sass("1|UTMASTG.2D [UR4], [UR8]\n1|BRA `(.L_x_0)", "/x.cuh"))["_Z6kernelv"].instrs
     assert analysis.classify(tma[0]) == "tma_other"
     with pytest.raises(ValueError, match="not modelled"):
         sim.simulate(tma, H200, warps=1, warps_per_barrier_group=1)
+    # a tensor-map load (a box) is a bulk copy whose size is in the tensor map, not the SASS: it needs sim.Bulk
+    box = sass.parse(_sass("1|UTMALDG.2D [UR8], [UR4]\n1|BRA `(.L_x_0)", "/x.cuh"))["_Z6kernelv"].instrs
+    assert analysis.classify(box[0]) == "bulk_copy"
+    with pytest.raises(ValueError, match="sim.Bulk"):
+        sim.simulate(box, H200, warps=1, warps_per_barrier_group=1)
 
 
 def test_a_ring_fixture_is_bound_by_its_copies_not_its_math(fixture_funcs):

@@ -64,6 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "(e.g. 'm32 n16' or 'v1')")
     ap.add_argument("--splits", default="auto", help="auto (the backend's heuristic) | N | best (the model's "
                     "best over the autotuner's split counts)")
+    ap.add_argument("--knockout", type=int, default=0, metavar="BITS",
+                    help="read the timing-experiment variant bench.knockout measures (-DVA_TV_KNOCKOUT=BITS: 1 no KV "
+                         "copies, 2 no index loads, 4 no v2 exchange, 8 no v2 L2 prefetch; default 0, the kernel)")
     ap.add_argument("--json", metavar="PATH", help="write every prediction as JSON (schema in bench/model/README.md)")
     ap.add_argument("--per-tile", action="store_true", help="also print the per-tile SASS reading of each kernel")
     ap.add_argument("--trace", action="store_true",
@@ -90,7 +93,13 @@ def build_parser() -> argparse.ArgumentParser:
     fg.add_argument("--trips", type=int, help="iterations of the hot loop per CTA")
     fg.add_argument("--smem", type=int, default=0, help="dynamic shared memory per CTA, bytes (default 0)")
     fg.add_argument("--flops", type=float, default=None, help="the call's FLOPs, to print TFLOP/s")
-    fg.add_argument("--device", default="h200", help="device model: h200, h100-sxm, rtx-pro-6000 (default h200)")
+    fg.add_argument("--device", default="h200", help="device model: h200, h100-sxm, h800-sxm, rtx-pro-6000 "
+                    "(default h200)")
+    fg.add_argument("--tma-box-bytes", type=int, default=None,
+                    help="bytes of one tensor-map TMA box (UTMALDG: the size is in the tensor map, not the SASS)")
+    fg.add_argument("--empty-distance", type=int, default=1,
+                    help="warp-specialized kernels: loop iterations between a buffer's fill and its refill, i.e. how "
+                         "far back a producer's wait on an 'empty' barrier looks (default 1)")
     return ap
 
 
@@ -101,8 +110,14 @@ def run_foreign(a: argparse.Namespace) -> int:
         raise ValueError(f"--foreign needs {', '.join(missing)}")
     if not Path(a.foreign).is_file():
         raise ValueError(f"--foreign: {a.foreign} does not exist")
-    r = foreign.read(a.foreign, a.function)
-    out = foreign.predict(r, foreign.device(a.device), threads=a.threads, grid=a.grid, trips=a.trips, smem=a.smem,
+    if a.tma_box_bytes is not None and a.tma_box_bytes < 16:
+        raise ValueError(f"--tma-box-bytes must be >= 16, got {a.tma_box_bytes}")
+    if a.empty_distance < 1:
+        raise ValueError(f"--empty-distance must be >= 1, got {a.empty_distance}")
+    r, found = foreign.read_roles(a.foreign, a.function, a.threads)
+    if found:
+        return _print_roles(a, r, found)
+    out = foreign.predict(r, foreign.device_any(a.device), threads=a.threads, grid=a.grid, trips=a.trips, smem=a.smem,
                           flops=a.flops, band=not a.no_bands)
     print(f"{r.name[:140]}{'...' if len(r.name) > 140 else ''}")
     print(f"  hot loop {out['loop'][0]}-{out['loop'][1]}: {out['instructions_per_iter']} instructions, "
@@ -110,6 +125,36 @@ def run_foreign(a: argparse.Namespace) -> int:
           f"CTAs/SM, {out['waves']} waves on {out['device']}")
     band = f" [{out['low_us']:.1f}-{out['high_us']:.1f}], most sensitive {out['sensitive']}" if "low_us" in out else ""
     print(f"  {out['cycles_per_iter']:.0f} cycles per iteration; call {out['us']:.1f} us{band} (model)")
+    if "tflops" in out:
+        tb = f" [{out['tflops_low']:.0f}-{out['tflops_high']:.0f}]" if "tflops_low" in out else ""
+        print(f"  {out['tflops']:.1f} TFLOP/s{tb} (model)")
+    if a.json:
+        Path(a.json).write_text(json.dumps(out, indent=1))
+    return 0
+
+
+def _print_roles(a: argparse.Namespace, r, found) -> int:
+    """A warp-specialized kernel: its roles (warps, registers, loop, bound) and the call."""
+    from . import foreign
+    out = foreign.predict_roles(r, found, foreign.device_any(a.device), threads=a.threads, grid=a.grid, trips=a.trips,
+                                smem=a.smem, flops=a.flops, tma_bytes=a.tma_box_bytes, empty_distance=a.empty_distance,
+                                band=not a.no_bands)
+    print(f"{r.name[:140]}{'...' if len(r.name) > 140 else ''}")
+    print(f"  warp-specialized: {len(found)} roles; {out['registers']} registers at launch, {out['ctas_per_sm']} CTAs/SM, "
+          f"{out['waves']} waves on {out['device']}; scheduler 0 simulated with CTA warps {out['simulated_warps']}")
+    print(f"  {'role':9} {'warps':>9} {'regs':>5} {'loop':>17} {'instr':>6} {'MMA':>4} {'copies':>6} {'cycles':>7} "
+          f"{'stalled':>8}  bound")
+    for ro in out["roles"]:
+        ws = ro["warps"]
+        wtxt = f"{ws[0]}-{ws[-1]}" if ws == list(range(ws[0], ws[-1] + 1)) else ",".join(map(str, ws))
+        print(f"  {ro['role']:9} {wtxt:>9} {ro['maxnreg'] or '-':>5} {ro['loop'][0] + '-' + ro['loop'][1]:>17} "
+              f"{ro['instructions_per_iter']:>6} {ro['mma_per_iter']:>4} {ro['copies_per_iter']:>6} "
+              f"{ro['cycles_per_iter']:>7.0f} {ro['stall_cycles_per_iter']:>8.0f}  {ro['bound']}")
+    busy = ", ".join(f"{p} {v / out['cycles_per_iter']:.0%}" for p, v in sorted(out["pipe_busy"].items(),
+                     key=lambda kv: -kv[1]) if p in ("tensor", "lsu", "mio", "smem_async", "tma"))
+    band = f" [{out['low_us']:.1f}-{out['high_us']:.1f}], most sensitive {out['sensitive']}" if "low_us" in out else ""
+    print(f"  {out['cycles_per_iter']:.0f} cycles per iteration (scheduler 0: {busy}); call {out['us']:.1f} us{band} "
+          f"(model)")
     if "tflops" in out:
         tb = f" [{out['tflops_low']:.0f}-{out['tflops_high']:.0f}]" if "tflops_low" in out else ""
         print(f"  {out['tflops']:.1f} TFLOP/s{tb} (model)")
@@ -192,10 +237,14 @@ def run(a: argparse.Namespace) -> dict:
     layouts = _layouts(a.layout, a.page_size)
     if a.batch < 1:
         raise ValueError(f"--batch must be >= 1, got {a.batch}")
+    if not 0 <= getattr(a, "knockout", 0) < 16:
+        raise ValueError(f"--knockout: bits 0..15, got {a.knockout}")
     entries, traces = [], []
     for arch, dev in _archs(a.arch):
         for lay, ps in layouts:
-            ks = _pick_kernels([k for k in kernels.load(arch, head, a.dtype, lay) if k.tile.targets(arch)], a.kernel)
+            ko = (a.knockout,) if getattr(a, "knockout", 0) else ()   # (the kernel itself: load's default)
+            ks = _pick_kernels([k for k in kernels.load(arch, head, a.dtype, lay, *ko) if k.tile.targets(arch)],
+                               a.kernel)
             for km in ks:
                 for ctx in ctxs:
                     for n in trees:
@@ -206,6 +255,7 @@ def run(a: argparse.Namespace) -> dict:
                             traces += trace_lines(km, dev, p)
     return {"schema": SCHEMA_VERSION, "kind": "model", "date": _dt.datetime.now().isoformat(timespec="seconds"),
             "commit": _commit(), "shape": shape.to_dict(), "dtype": a.dtype, "kv_dtype": kv_dtype,
+            "knockout": getattr(a, "knockout", 0),
             "splits": a.splits,
             "devices": {d.key: {"name": d.name, "arch": d.arch, "constants": d.constants()}
                         for _, d in _archs(a.arch)},
@@ -434,7 +484,10 @@ def main(argv: Optional[list[str]] = None) -> int:
             print("\n".join(payload["traces"]))
         if len(kvs) > 1:
             print()
-    if a.shape == "kimi-k2-tp8" and a.batch == 1 and 185_000 in parse_ctx(a.ctx):
+    if a.knockout:
+        print(f"\nknockout variant {a.knockout} (VA_TV_KNOCKOUT): a timing experiment whose results are wrong by design; "
+              "compare with bench.knockout's measured rows, not with the goals")
+    elif a.shape == "kimi-k2-tp8" and a.batch == 1 and 185_000 in parse_ctx(a.ctx):
         from .goals import print_goals
         paged = goal_paged_payload(a, payloads) if "bf16" in kvs else None
         if paged is not None:

@@ -31,7 +31,7 @@ CONTROL_OPS = {"BRA", "BRX", "EXIT", "RET", "BSSY", "BSYNC", "WARPSYNC", "NOP", 
 MMA_OPS = {"HMMA", "QMMA", "IMMA", "OMMA", "BMMA"}   # warp-synchronous mma.sync
 # TMA operations other than the 1D bulk copy global -> shared (UBLKCP): tensor-map loads / stores / prefetches,
 # bulk reductions and prefetches. Classified so they are never read as ALU work; the simulator refuses them
-TMA_OTHER_OPS = {"UTMALDG", "UTMASTG", "UTMAPF", "UTMAREDG", "UTMACCTL", "UTMACMDFLUSH", "UBLKRED", "UBLKPF"}
+TMA_OTHER_OPS = {"UTMASTG", "UTMAPF", "UTMAREDG", "UTMACCTL", "UTMACMDFLUSH", "UBLKRED", "UBLKPF"}
 WGMMA_A_SMEM_BYTES = 64 * 32   # an SS-form HGMMA's A operand per warpgroup: 64 rows x 32 bytes of K
 WGMMA_K_BYTES = 32             # every wgmma k step is 32 bytes of K per row (k16 16-bit, k32 8-bit, k8 tf32)
 
@@ -135,10 +135,12 @@ def classify(ins: Instr) -> str:
         return "fence_async"
     if op == "LDSM":
         return "ldsm"
-    if op == "UBLKCP":  # cp.async.bulk global -> shared (the TMA unit; completes on an mbarrier): sim.py
-        return "bulk_copy"
+    if op in ("UBLKCP", "UTMALDG"):  # cp.async.bulk global -> shared, 1D or a tensor-map box (the TMA unit;
+        return "bulk_copy"            # completes on an mbarrier): sim.py; a box's size is not in the SASS
     if op in TMA_OTHER_OPS:  # tensor-map TMA, bulk stores / reductions / prefetches: not modelled (sim.py refuses)
         return "tma_other"
+    if op == "ARRIVES":  # cp.async.mbarrier.arrive(.noinc): the barrier counts the thread once its cp.asyncs landed
+        return "mbar_arrive"
     if op == "SYNCS":  # mbarrier operations
         if "PHASECHK" in ins.mods:  # try_wait / test_wait: the warp waits for the phase (sim.py)
             return "mbar_wait"
@@ -289,7 +291,7 @@ def is_waterfall(f: Function, loop: Loop) -> bool:
     """A loop nvcc wraps around a bulk copy (UBLKCP), whose operands are uniform registers while the copy's
     addresses are per thread: one iteration per lane that copies (`ELECT` a lane, `R2UR` its addresses, the copy,
     `@P BRA.U.ANY` back while lanes remain; sm_90a and sm_120a)."""
-    return "ANY" in loop.branch.mods and any(i.op == "UBLKCP" for i in f.instrs[loop.start:loop.end])
+    return "ANY" in loop.branch.mods and any(i.op in ("UBLKCP", "UTMALDG") for i in f.instrs[loop.start:loop.end])
 
 
 def is_wait_loop(f: Function, loop: Loop) -> bool:
@@ -399,7 +401,7 @@ def tile_path(f: Function, loop: Loop, cold: tuple[tuple[int, int], ...], cold_f
                 a, b = f.instrs[lp.start].addr, f.instrs[lp.end].addr
                 body = emit(lp.start, lp.end, sub_direct)
                 if is_waterfall(f, lp):  # one iteration per copying lane, each tagged with its lane
-                    if any(ins.op == "UBLKCP" for ins, _ in body):   # (not a block this path leaves out)
+                    if any(ins.op in ("UBLKCP", "UTMALDG") for ins, _ in body):   # (not a block this path leaves out)
                         out.waterfalls.append((a, b, bulk_lanes))
                     seq += [(ins, k) for k in range(bulk_lanes) for ins, _ in body]
                     i = lp.end + 1
@@ -429,7 +431,8 @@ def tile_path(f: Function, loop: Loop, cold: tuple[tuple[int, int], ...], cold_f
     out.instrs = [ins for ins, _ in seq]
     out.bulk_lane = [k for _, k in seq]
     index = {id(ins): k for k, ins in enumerate(f.instrs)}
-    out.bulk_sizes = {ins.addr: bulk_copy_size(f, index[id(ins)]) for ins in out.instrs if ins.op == "UBLKCP"}
+    out.bulk_sizes = {ins.addr: bulk_copy_size(f, index[id(ins)]) if ins.op == "UBLKCP" else None
+                      for ins in out.instrs if ins.op in ("UBLKCP", "UTMALDG")}
     return out
 
 

@@ -203,6 +203,33 @@ class Prefetch:
     l2_latency: float
 
 
+@dataclass(frozen=True)
+class RoleSpec:
+    """Warp roles (bench.model.roles) for `simulate`: the body is the roles' loop bodies one after another.
+
+    spans:     per role, [lo, hi) of the body: the loop iteration its warps run;
+    producer:  per role, whether it only copies: its cp.async requests take the LSU apart from the shared-memory
+               pipe the math warps' LDS / LDSM use (the two roles' units overlap; they still share the shared
+               memory's bandwidth, by bytes, in the `smem` bound);
+    warp_role: per simulated warp, its role;
+    empty_distance: a producer's mbarrier wait of iteration j waits for the arrives (releases) on the same barrier of
+               iteration j - empty_distance (the stages between a fill and the refill of the same buffer, counted in
+               loop iterations; 1: each barrier's buffer filled once an iteration).
+    An mbarrier wait names its barrier by the immediate offset of its address (`[URx+0x38588]`, roles.barrier_offset):
+    - a wait on a barrier that warps of this scheduler arrive on (SYNCS.ARRIVE, ARRIVES.LDGSTSBAR) holds until each
+      of them issued its arrives on it of iteration j (a math warp's wait: d = 0) or j - empty_distance (a
+      producer's wait). A producer's arrive counts when its copies issued before it landed (noinc, complete_tx); a
+      math warp's when it issues;
+    - a wait on a barrier nobody here arrives on (a TMA's complete_tx with the barrier in a register) is the bulk
+      copies' rule (`Bulk.wait_distance`) over every warp of the scheduler.
+    Named barriers (`BAR.SYNC id, n` / `BAR.ARV id, n`) join the warps whose body has the same id: the k-th arrival of
+    each makes generation k; `BAR.SYNC` holds its warp until the generation is complete, `BAR.ARV` does not."""
+    spans: tuple[tuple[int, int], ...]
+    producer: tuple[bool, ...]
+    warp_role: tuple[int, ...]
+    empty_distance: int = 1
+
+
 @dataclass
 class SimResult:
     cycles_per_iter: float          # steady-state cycles for every warp of the scheduler to finish one iteration
@@ -216,6 +243,8 @@ class SimResult:
     trace: list[tuple[float, float, int]] = field(default_factory=list)
     # (issue cycle, warp, instruction index) of every warp in the last iteration
     full_trace: list[tuple[float, int, int]] = field(default_factory=list)
+    # per warp, cycles per iteration it waited at mbarrier waits and named barriers (the later half of the iterations)
+    sync_stall: list[float] = field(default_factory=list)
 
     def utilization(self, pipe: str) -> float:
         return self.pipe_busy.get(pipe, 0.0) / self.cycles_per_iter if self.cycles_per_iter else 0.0
@@ -225,7 +254,7 @@ def simulate(body: list[Instr], dev: DeviceModel, *, warps: int, warps_per_barri
              iters: int = 6, ldg_latency: float | None = None, cp_latency: float | None = None,
              cp_bytes_per_clk: float | None = None, copy_share: float = 1.0, bank_degree: dict | None = None,
              timing: Callable[[Instr, DeviceModel, float], Timing] = instr_timing, bulk: Bulk | None = None,
-             prefetch: Prefetch | None = None) -> SimResult:
+             prefetch: Prefetch | None = None, roles: RoleSpec | None = None) -> SimResult:
     """Cycles per loop iteration of `warps` warps sharing one scheduler (steady state).
 
     cp.async (LDGSTS) lands `cp_latency` cycles (default: the device's loaded DRAM latency) after the LSU took
@@ -320,6 +349,14 @@ def simulate(body: list[Instr], dev: DeviceModel, *, warps: int, warps_per_barri
             iters = max(iters, 2 * d_wait + 2)
     else:
         seqs = [list(range(n))] * warps
+    if roles is not None:
+        if len(roles.warp_role) != warps or len(roles.producer) != len(roles.spans):
+            raise ValueError("simulate: RoleSpec needs one role per simulated warp and one kind per span")
+        seqs = [[k for k in seqs[w] if roles.spans[roles.warp_role[w]][0] <= k < roles.spans[roles.warp_role[w]][1]]
+                for w in range(warps)]
+        for r, (lo, hi) in enumerate(roles.spans):   # a producer's copies: the LSU, apart from shared memory's pipe
+            if roles.producer[r]:
+                tim[lo:hi] = [replace(t, pipe="lsu") if b.op == "LDGSTS" else t for t, b in zip(tim[lo:hi], body[lo:hi])]
     seq_len = [len(q) for q in seqs]
     if not all(seq_len):
         raise ValueError("simulate: a warp would run no instruction of the body (every one a skipped lane's)")
@@ -333,7 +370,31 @@ def simulate(body: list[Instr], dev: DeviceModel, *, warps: int, warps_per_barri
     cp_commit = [i.op == "LDGDEPBAR" for i in body]
     is_copy = [i.op == "LDGSTS" for i in body]
     group_of = [w // max(1, warps_per_barrier_group) for w in range(warps)]
+    if roles is not None:   # the bulk copies' rule spans the scheduler's warps, whatever their role
+        group_of = [0] * warps
     members_of = {g: [x for x in range(warps) if group_of[x] == g] for g in set(group_of)}
+    # roles: which barrier each mbarrier wait / arrive names, who arrives on it, named barriers' participants
+    from .roles import barrier_offset, named_barrier
+    is_arrive = [classify(i) == "mbar_arrive" for i in body]
+    bar_off = [barrier_offset(i) if (bulk_wait[k] or is_arrive[k]) else None for k, i in enumerate(body)]
+    arrivers: dict[int, list[int]] = {}
+    arrives_per_iter: dict[tuple[int, int], int] = {}
+    named = [named_barrier(i) if roles is not None else None for i in body]
+    named_members: dict[int, list[int]] = {}
+    if roles is not None:
+        for w in range(warps):
+            for k in seqs[w]:
+                if is_arrive[k] and bar_off[k] is not None:
+                    arrives_per_iter[(w, bar_off[k])] = arrives_per_iter.get((w, bar_off[k]), 0) + 1
+                if named[k] is not None and w not in named_members.setdefault(named[k][0], []):
+                    named_members[named[k][0]].append(w)
+        for (w, off) in arrives_per_iter:
+            arrivers.setdefault(off, []).append(w)
+    arrive_t: dict[tuple[int, int, int], list[float]] = {}   # (warp, iteration, barrier) -> its arrives' times
+    named_gen: dict[tuple[int, int], int] = {}                # (warp, barrier id) -> arrivals so far
+    named_arr: dict[tuple[int, int], list[tuple[int, float, bool]]] = {}   # (id, generation) -> (warp, t, waits)
+    sync_stall = [0.0] * warps
+    last_issue = [0.0] * warps
 
     pc = [0] * warps                       # index into the unrolled stream (iteration * n + i)
     ready: list[dict[str, float]] = [dict() for _ in range(warps)]
@@ -369,7 +430,16 @@ def simulate(body: list[Instr], dev: DeviceModel, *, warps: int, warps_per_barri
             return float("inf")
         i = seqs[w][pc[w] % seq_len[w]]
         e = max(t, held_until[w], 0.0 if tim[i].wgmma else pipe_free.get(tim[i].pipe, 0.0))
-        if bulk_wait[i]:   # mbarrier try_wait: the copies of iteration j - d, every loader of the group's
+        if bulk_wait[i] and roles is not None and bar_off[i] in arrivers:
+            # a barrier warps here arrive on: their arrives of iteration j (full) or j - empty_distance (empty)
+            k = pc[w] // seq_len[w] - (roles.empty_distance if roles.producer[roles.warp_role[w]] else 0)
+            if k >= 0:
+                for x in arrivers[bar_off[i]]:
+                    got = arrive_t.get((x, k, bar_off[i]), [])
+                    if len(got) < arrives_per_iter[(x, bar_off[i])]:
+                        return float("inf")   # not arrived yet: the warp waits for the other role
+                    e = max(e, max(got))
+        elif bulk_wait[i]:   # mbarrier try_wait: the copies of iteration j - d, every loader of the group's
             k = pc[w] // seq_len[w] - d_wait
             if k >= 0:
                 for x in members_of[group_of[w]]:
@@ -468,6 +538,13 @@ def simulate(body: list[Instr], dev: DeviceModel, *, warps: int, warps_per_barri
             cp_open[w] = 0.0
         elif cp_wait[i] is not None:
             cp_groups[w] = cp_groups[w][-cp_wait[i]:] if cp_wait[i] else []
+        if roles is not None and is_arrive[i] and bar_off[i] is not None:
+            # a producer's arrive signals its copies (noinc / complete_tx): it counts once they landed
+            done = max(t, cp_last[w], bulk_land[w][it]) if roles.producer[roles.warp_role[w]] else t
+            arrive_t.setdefault((w, it, bar_off[i]), []).append(done)
+        if (bulk_wait[i] or named[i] is not None or is_bar[i]) and it >= iters // 2:
+            sync_stall[w] += t - last_issue[w] - 1
+        last_issue[w] = t
         if w == 0 and it == iters - 1:
             trace.append((t, t - prev_issue, i))
         if it == iters - 1:
@@ -476,7 +553,22 @@ def simulate(body: list[Instr], dev: DeviceModel, *, warps: int, warps_per_barri
             prev_issue = t
         pc[w] += 1
         last = w
-        if is_bar[i]:
+        if named[i] is not None:   # a named barrier: generation by generation among the warps that use its id
+            bid, _, waits = named[i]
+            g = named_gen.get((w, bid), 0)
+            named_gen[(w, bid)] = g + 1
+            arr2 = named_arr.setdefault((bid, g), [])
+            arr2.append((w, t, waits))
+            if len(arr2) == len(named_members[bid]):
+                rel = max(a[1] for a in arr2) + dev.bar_latency.value
+                for x, _, wt in arr2:
+                    if wt:
+                        held_until[x] = max(held_until[x], rel)
+                        waiting_bar[x] = False
+                del named_arr[(bid, g)]
+            elif waits:
+                waiting_bar[w] = True
+        elif is_bar[i]:
             key = (group_of[w], it, i)
             arr = bar_arrivals.setdefault(key, [])
             arr.append(t)
@@ -502,7 +594,9 @@ def simulate(body: list[Instr], dev: DeviceModel, *, warps: int, warps_per_barri
         k0 = max(1, iters // 2)
         per_iter = (ends[-1] - ends[k0 - 1]) / (iters - k0)
     busy = {p: v / iters for p, v in pipe_busy.items()}
-    return SimResult(per_iter, sum(seq_len) / warps, busy, warps, iters, ends[-1], finish, trace, full_trace)
+    half = iters - max(1, iters // 2)
+    return SimResult(per_iter, sum(seq_len) / warps, busy, warps, iters, ends[-1], finish, trace, full_trace,
+                     [x / half for x in sync_stall])
 
 
 def pipe_gaps(body: list[Instr], res: SimResult, pipe: str, dev: DeviceModel, min_gap: float = 40.0) -> list[str]:

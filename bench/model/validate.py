@@ -174,13 +174,49 @@ def _foreign_items() -> list[Item]:
                  f"CTAs/SM, {p['waves']} waves; the H200's model with the H100's DRAM")]
 
 
+def _flashmla_items() -> list[Item]:
+    """FlashMLA's warp-specialized sm_90 kernels (P-15), read from their own cubins without markers, roles and all
+    (bench/model/roles.py): the sparse prefill (a producer warpgroup gathering rows by cp.async, two math
+    warpgroups) and the dense decode (two math warpgroups, TMA boxes, the "seesaw" on named barriers)."""
+    from . import foreign
+    out = []
+    for kind, what, observed, pattern, shape in (
+            ("sparse", "FlashMLA sparse prefill on an H800 SXM5 (d_qk 576, h_q 128, topk 2048, s_q 4096; README: "
+             "'up to 640 TFlops')", 640.0, foreign.FLASHMLA_SPARSE_PATTERN, foreign.FLASHMLA_SPARSE),
+            ("dense", "FlashMLA dense decode on an H800 SXM5, compute-bound (README: 660 TFLOPS; its shape not "
+             "stated: read at b 128, s_q 1, h_q 128, s_k 8192)", 660.0, foreign.FLASHMLA_DENSE_PATTERN,
+             foreign.FLASHMLA_DENSE)):
+        cubin = foreign.flashmla_cubin(kind)
+        iid = f"P-15 FlashMLA {kind}"
+        if cubin is None:
+            out.append(Item(iid, what, observed, None, "TFLOP/s", "not reached",
+                            "its cubin is not built here: bash bench/model/build_flashmla.sh FLASHMLA_DIR CUTLASS_DIR "
+                            "(~2 min; needs the public sources; NOTES.md has the reading)"))
+            continue
+        try:
+            shape = dict(shape)
+            r, found = foreign.read_roles(cubin, pattern, shape["threads"])
+            if not found:
+                raise LookupError("no warp roles found")
+            p = foreign.predict_roles(r, found, foreign.H800_SXM, band=False, **shape)
+        except (LookupError, ValueError, RuntimeError) as e:
+            out.append(Item(iid, what, observed, None, "TFLOP/s", "not reached", f"{type(e).__name__}: {e}"[:200]))
+            continue
+        roles_txt = "; ".join(f"{ro['role']} warps {ro['warps'][0]}-{ro['warps'][-1]} {ro['mma_per_iter']} MMA "
+                              f"{ro['copies_per_iter']} copies, {ro['bound']}" for ro in p["roles"])
+        out.append(Item(iid, what, observed, p["tflops"], "TFLOP/s", "held out",
+                        f"{p['cycles_per_iter']:.0f} cycles / iteration; {roles_txt}; the H100's model at 1.6 GHz"))
+    return out
+
+
 def _not_reached() -> list[Item]:
     return [
         Item("P-13", "FlashAttention-3 ablations on an H100 (wgmma, TMA, warp specialization)", None, None, "",
              "not reached", "FA3's hopper/ sources are not built here; the loop finder would read them as it reads "
                             "FA2 (P-12)"),
         Item("P-16", "FlashMLA decode on an H100 (b128, 4k, s_q 2)", 0.218, None, "ms", "not reached",
-             "FlashMLA's sources are not built here (page 64, wgmma + TMA): filed"),
+             "measured on FlashMLA's Feb 2025 kernel; the model reads today's (P-15 FlashMLA dense, above), "
+             "whose schedule differs (the 2025-04 'seesaw')"),
         Item("P-20", "cuDNN OSS sm_120 attention (CuTe DSL)", 3699.0, None, "us", "not reached",
              "a Python DSL kernel: no SASS without its toolchain and a GPU"),
         Item("P-10", "ThunderKittens bf16 GEMM 4096^3 on an H100", 774.5, None, "TFLOP/s", "not reached",
@@ -189,7 +225,7 @@ def _not_reached() -> list[Item]:
 
 
 def items() -> list[Item]:
-    return _probe_items() + _constant_items() + _little_items() + _kernel_items() + _foreign_items() + _not_reached()
+    return _probe_items() + _constant_items() + _little_items() + _kernel_items() + _foreign_items() + _flashmla_items() + _not_reached()
 
 
 def validate(json_path: Optional[str] = None) -> int:

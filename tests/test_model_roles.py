@@ -1,0 +1,136 @@
+"""bench/model/roles.py + sim.RoleSpec: a warp-specialized kernel read without markers.
+
+tests/data/warp_roles.cu (compiled here for sm_90a, never launched) is the structure of FlashMLA's sparse prefill in
+small: warpgroup 2 a producer (setmaxnreg.dec 40, 16-byte cp.asyncs, cp.async.mbarrier.arrive.noinc on "full"),
+warpgroups 0 and 1 math warps (setmaxnreg.inc 232, try_wait on "full", mma.sync, arrive on "empty", a named barrier
+between them). The reader must find the two roles and their warps from the thread-index branch alone, the simulator
+must connect them through the barriers (a slow producer makes the math warps wait, and the reading says so), and the
+producer's copies must take the LSU apart from the math warps' shared-memory pipe.
+"""
+from __future__ import annotations
+
+import subprocess
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from bench.model import devices, foreign, roles, sass, sim, validate
+from test_model import _tools_or_skip
+
+HERE = Path(__file__).resolve().parent
+H200 = devices.get_device("h200")
+
+
+@pytest.fixture(scope="module")
+def roles_cubin(tmp_path_factory):
+    _tools_or_skip()
+    from verify_attn import build as vb
+    cubin = tmp_path_factory.mktemp("roles") / "warp_roles_sm90a.cubin"
+    r = subprocess.run([vb.nvcc_path(), "-lineinfo", "-cubin", "-arch=sm_90a", str(HERE / "data" / "warp_roles.cu"),
+                        "-o", str(cubin)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return cubin
+
+
+def _lsu(cycles: float):
+    c = H200.ldgsts_cycles_per_chunk
+    return replace(H200, ldgsts_cycles_per_chunk=replace(c, value=cycles, lo=None, hi=None))
+
+
+def test_roles_are_found_from_the_thread_index_branch(roles_cubin):
+    r, found = foreign.read_roles(roles_cubin, "warp_roles_kernel", 384)
+    assert [(x.name, x.kind, x.warps, x.maxnreg) for x in found] == [
+        ("math 0", "math", tuple(range(8)), 232), ("producer", "producer", (8, 9, 10, 11), 40)]
+    math, prod = found
+    assert math.copies_per_iter == 0 and math.mma_per_iter > 0
+    assert prod.mma_per_iter == 0 and prod.copies_per_iter > 0
+    # every copy of a producer iteration fills one of the two stages: 4 chunks a lane a stage
+    assert prod.copies_per_iter % 4 == 0
+    # the barriers as the SASS names them: full[0], full[1], empty[0], empty[1] of one shared struct
+    offs = {roles.barrier_offset(i) for x in found for i in x.path.instrs if i.op in ("SYNCS", "ARRIVES")}
+    assert offs == {0, 8, 16, 24}
+    assert {roles.named_barrier(i) for i in math.path.instrs if i.op == "BAR"} == {(1, 256, True)}
+
+
+def test_one_role_without_a_role_branch(roles_cubin):
+    """Warps that all reach the same hot loop are one role: read as before (foreign.predict)."""
+    f = next(iter(sass.parse(sass.disassemble(roles_cubin)).values()))
+    assert len(roles.find_roles(f, 384)) == 2
+    # with 256 threads only the two math warpgroups exist: one role, the reading of every warp running one loop
+    assert [x.kind for x in roles.find_roles(f, 256)] == ["math"]
+    with pytest.raises(ValueError, match="multiple of 32"):
+        roles.find_roles(f, 100)
+
+
+def test_a_slow_producer_makes_the_math_warps_wait(roles_cubin):
+    r, found = foreign.read_roles(roles_cubin, "warp_roles_kernel", 384)
+    kw = dict(threads=384, grid=132, trips=100, smem=17_000, band=False)
+    fast = foreign.predict_roles(r, found, _lsu(0.37), **kw)
+    slow = foreign.predict_roles(r, found, _lsu(50.0), **kw)
+    (m_fast, p_fast), (m_slow, p_slow) = fast["roles"], slow["roles"]
+    assert slow["cycles_per_iter"] > 5 * fast["cycles_per_iter"]
+    assert p_slow["bound"] == "lsu"                      # the producer is the limit...
+    assert m_slow["bound"] == "waits on the other roles"  # ...and the math warps say they wait for it
+    assert m_slow["stall_cycles_per_iter"] > 0.8 * slow["cycles_per_iter"]
+    assert p_slow["stall_cycles_per_iter"] < 0.2 * slow["cycles_per_iter"]
+    # the scheduler simulated holds CTA warps 0 and 4 (math) and 8 (the producer)
+    assert fast["simulated_warps"] == [0, 4, 8]
+
+
+def test_the_producers_copies_take_the_lsu_not_the_math_warps_shared_memory_pipe(roles_cubin):
+    r, found = foreign.read_roles(roles_cubin, "warp_roles_kernel", 384)
+    out = foreign.predict_roles(r, found, H200, threads=384, grid=132, trips=100, smem=17_000, band=False)
+    math, prod = out["roles"]
+    assert prod["pipe_demand"].get("lsu", 0) > 0 and "lsu" not in math["pipe_demand"]
+    assert math["pipe_demand"]["mio"] > 0        # the math warps' LDSM
+    assert out["pipe_busy"]["lsu"] > 0
+
+
+def test_role_spec_is_checked():
+    body = [sass.Instr(0, "NOP", [], None, None, None)]
+    with pytest.raises(ValueError, match="RoleSpec"):
+        sim.simulate(body, H200, warps=2, warps_per_barrier_group=2,
+                     roles=sim.RoleSpec(((0, 1),), (False,), (0,)))
+
+
+def test_first_iteration_blocks_are_left_out_of_the_steady_state():
+    """FlashMLA's `if (block_idx == 0) { first QK^T }` inside its loop: a branch over a block taken when a counter of
+    the loop is not zero runs in the first iteration only."""
+    text = """
+        .text.k:
+        /*0000*/                   MOV R2, RZ ;
+.L_x_1:
+        /*0010*/                   ISETP.NE.AND P0, PT, R2, RZ, PT ;
+        /*0020*/               @P0 BRA `(.L_x_2) ;
+        /*0030*/                   HMMA.16816.F32.BF16 R4, R8, R12, R4 ;
+.L_x_2:
+        /*0040*/                   HMMA.16816.F32.BF16 R16, R8, R12, R16 ;
+        /*0050*/                   IADD3 R2, R2, 0x1, RZ ;
+        /*0060*/                   ISETP.GE.AND P1, PT, R2, R3, PT ;
+        /*0070*/              @!P1 BRA `(.L_x_1) ;
+        /*0080*/                   EXIT ;
+"""
+    f = next(iter(sass.parse(text).values()))
+    (lp,) = f.loops()
+    assert roles.first_iteration_blocks(f, lp) == [(0x30, 0x40)]
+
+
+def test_validate_lists_flashmla_as_not_reached_without_its_cubins(monkeypatch, tmp_path):
+    monkeypatch.setenv("VA_FLASHMLA_DIR", str(tmp_path))
+    its = {i.id: i for i in validate._flashmla_items()}
+    assert set(its) == {"P-15 FlashMLA sparse", "P-15 FlashMLA dense"}
+    for it in its.values():
+        assert it.status == "not reached" and "build_flashmla.sh" in it.note and it.observed in (640.0, 660.0)
+
+
+def test_knockout_bits_are_checked(capsys):
+    """`--knockout` reads bench.knockout's timing variants; bits outside 0..15 are refused with the range."""
+    from bench.model.__main__ import main
+    from verify_attn import build as vb
+    with pytest.raises((SystemExit, ValueError)) as e:
+        main(["--arch", "sm_90a", "--knockout", "16"])
+    msg = str(e.value) + capsys.readouterr().err
+    assert "0..15" in msg
+    with pytest.raises(ValueError, match="0..15"):
+        vb.compile_cubin(vb.instantiation_file("bf16", "mla576", "page1"), "sm_90a", knockout=16)
