@@ -518,19 +518,24 @@ def compile_report(src: Path, archs: list[str], nvcc: str, key: str, use_cache: 
     return parse_ptxas(text, src.name)
 
 
-def compile_cubin(src: Path, arch: str, use_cache: bool = True) -> Path:
+def compile_cubin(src: Path, arch: str, use_cache: bool = True, knockout: int = 0) -> Path:
     """The cubin of one translation unit for one arch, built with the real build's flags
     (NVCC_FLAGS, so -lineinfo is in), cached by a hash of the sources, flags and nvcc.
-    The SASS-level performance model (bench.model) reads these."""
+    The SASS-level performance model (bench.model) reads these. `knockout`: the timing-experiment bits
+    bench.knockout builds with (-DVA_TV_KNOCKOUT; csrc/tree_verify/request.cuh), so the model can read a variant
+    the GPU measured."""
     nvcc = nvcc_path()
     gencode_flags([arch])  # validates the name
-    key = source_hash(["cubin-v1", *NVCC_FLAGS, arch, _nvcc_version(nvcc)])
+    if not 0 <= knockout < 16:
+        raise ValueError(f"knockout: bits 0..15, got {knockout}")
+    defines = [f"-DVA_TV_KNOCKOUT={knockout}"] if knockout else []
+    key = source_hash(["cubin-v1", *NVCC_FLAGS, *defines, arch, _nvcc_version(nvcc)])
     out = _cache_dir().parent / "cubins" / f"{src.stem}-{arch}-{key}.cubin"
     if use_cache and out.exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(f".{os.getpid()}.tmp")
-    cmd = [nvcc, *NVCC_FLAGS, "-cubin", f"-arch={arch}", f"-I{CSRC}", str(src), "-o", str(tmp)]
+    cmd = [nvcc, *NVCC_FLAGS, *defines, "-cubin", f"-arch={arch}", f"-I{CSRC}", str(src), "-o", str(tmp)]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         raise RuntimeError(f"nvcc -cubin failed for {src.name} ({arch}):\n{' '.join(cmd)}\n{r.stderr[-6000:]}")

@@ -107,10 +107,11 @@ def unreadable(arch: str, head: str, dtype: str, layout: str) -> list[tuple[str,
 
 
 @functools.lru_cache(maxsize=None)
-def load(arch: str, head: str, dtype: str, layout: str) -> tuple[KernelModel, ...]:
-    """Every split kernel (tile config) of one instantiation file, read from its cubin."""
+def load(arch: str, head: str, dtype: str, layout: str, knockout: int = 0) -> tuple[KernelModel, ...]:
+    """Every split kernel (tile config) of one instantiation file, read from its cubin (`knockout`: a timing
+    experiment's variant, as bench.knockout builds it)."""
     src = vb.instantiation_file(dtype, head, layout)
-    cubin = vb.compile_cubin(src, arch)
+    cubin = vb.compile_cubin(src, arch, knockout=knockout)
     funcs = sass.parse(sass.disassemble(cubin))
     regs = _resource_usage(cubin)
     combines = {}  # kernel version -> (path, registers, splits per iteration)
