@@ -728,3 +728,77 @@ def test_real_side_compiles_for_sm90a_and_sm120a(tmp_path):
     assert r.returncode == 0, r.stderr[-4000:]
     assert "spill stores" in r.stderr  # the ptxas report is there...
     assert all(" 0 bytes spill stores" in line for line in r.stderr.splitlines() if "spill stores" in line)
+
+
+# ------------------------------------------------- warp roles: named barriers, noinc arrives, setmaxnreg ----
+
+def _roles_case(ntiles: int = 5):
+    src = RNG.integers(1, 9, (ntiles, 512)).astype(np.float32)
+    part = src[:, 2 * ((np.arange(256) + 7) % 256)] + src[:, 2 * ((np.arange(256) + 7) % 256) + 1]
+    want = part + np.roll(part, -1, axis=1)
+    return src, np.full((ntiles, 256), np.nan, np.float32), want
+
+
+@pytest.mark.parametrize("sched", ["forward", "reverse", "warp-ahead", "warp-ahead-reverse"])
+def test_producer_and_math_warpgroups_on_full_empty_and_named_barriers(dev, sched):
+    """k_roles_ring: a producer warpgroup's cp.asyncs signal each stage's "full" barrier by
+    cp.async.mbarrier.arrive.noinc, the math warpgroups free it on "empty" and exchange partial sums through a named
+    barrier of their own 256 threads; 5 tiles through 2 stages wrap every barrier's parity twice."""
+    src, out, want = _roles_case()
+    dev.register(src=src, out=out)
+    if isinstance(dev, Emu):
+        dev.schedule(sched)
+    elif sched != "forward":
+        pytest.skip("schedules are the emulator's")
+    dev.call("roles_ring", src, 5, 0, out)
+    np.testing.assert_array_equal(out, want)
+
+
+@pytest.mark.parametrize("landing", ["wait", "issue"])
+def test_math_warps_reading_a_stage_before_its_full_barrier_are_caught(emu, landing):
+    """Without the "full" wait the stage has not landed (its copies land when the phase is waited for): the math
+    warps read the poisoned stage. With copies landing at issue the same bug reads the wrong tile or NaN."""
+    src, out, want = _roles_case()
+    emu.register(src=src, out=out)
+    emu.schedule("warp-ahead")
+    emu.landing(landing)
+    try:
+        err = emu.try_call("roles_ring", src, 5, 1, out)
+    finally:
+        emu.landing("wait")
+    assert err is None or "deadlock" in err, err
+    assert not np.array_equal(out, want)
+
+
+def test_producer_overwriting_a_stage_before_its_empty_barrier_is_caught(emu):
+    """Without the "empty" wait the producer refills a stage the math warps still read: landing at issue (the
+    earliest the hardware may write) exposes it; the correct kernel is right under the same schedule."""
+    src, out, want = _roles_case()
+    emu.register(src=src, out=out)
+    emu.schedule("reverse")
+    emu.landing("issue")
+    try:
+        emu.call("roles_ring", src, 5, 0, out)
+        np.testing.assert_array_equal(out, want)
+        out[:] = np.nan
+        err = emu.try_call("roles_ring", src, 5, 2, out)
+    finally:
+        emu.landing("wait")
+    assert err is not None or not np.array_equal(out, want), "the early refill went unnoticed"
+
+
+@pytest.mark.parametrize("mode,needle", [
+    (3, "named barrier 1: this thread arrives for 128 threads, the"),
+    (4, "named barrier 0 with 256 threads: the id must be 1..15"),
+    (5, "setmaxnreg.inc 250: the count must be a multiple of 8 in 24..256"),
+    (6, "setmaxnreg.inc 224: warpgroup 0's threads disagree"),
+    (7, "named barrier 1 (256 of 384 threads arrived)"),
+])
+def test_named_barrier_and_setmaxnreg_misuse_is_reported(emu, mode, needle):
+    """A named barrier with the wrong thread count (mismatched, or more than ever arrive: a deadlock naming the
+    barrier), the block barrier's id, an illegal or warpgroup-divergent setmaxnreg."""
+    src, out, _ = _roles_case()
+    emu.register(src=src, out=out)
+    err = emu.try_call("roles_ring", src, 5, mode, out)
+    assert err is not None and needle in err, err
+    assert "api_kernels.cu:" in err, err

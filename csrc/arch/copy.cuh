@@ -189,6 +189,10 @@ VA_DEVICE void bulk_copy_g2s(void* smem_dst, const void* gmem_src, uint32_t byte
                              std::source_location loc = std::source_location::current()) {
   ::va::emu::bulk_copy_g2s(smem_dst, gmem_src, bytes, bar, loc);
 }
+VA_DEVICE void cp_async_mbarrier_arrive_noinc(uint64_t* bar,
+                                              std::source_location loc = std::source_location::current()) {
+  ::va::emu::cp_async_mbarrier_arrive_noinc(bar, loc);
+}
 #else
 VA_DEVICE void mbarrier_init(uint64_t* bar, int count) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -235,6 +239,17 @@ VA_DEVICE void bulk_copy_g2s(void* smem_dst, const void* gmem_src, uint32_t byte
                :
                : "r"(detail::smem_u32(smem_dst)), "l"(gmem_src), "r"(bytes), "r"(detail::smem_u32(bar))
                : "memory");
+#else
+  __trap();
+#endif
+}
+// cp.async.mbarrier.arrive.noinc (sm_80+): the barrier counts this thread once every cp.async it issued before
+// has completed; .noinc: the arrival is one of the `count` mbarrier_init set (a producer warp's threads signal
+// a stage's "full" barrier this way, no commit group or wait_group needed).
+// https://docs.nvidia.com/cuda/parallel-thread-execution/#data-movement-and-conversion-instructions-cp-async-mbarrier-arrive
+VA_DEVICE void cp_async_mbarrier_arrive_noinc(uint64_t* bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(detail::smem_u32(bar)) : "memory");
 #else
   __trap();
 #endif

@@ -1,4 +1,4 @@
-// Block barrier, memory fence, global atomics.
+// Block barrier, named barriers, warpgroup register reallocation, memory fence, global atomics.
 #pragma once
 
 #include "defs.cuh"
@@ -29,6 +29,20 @@ VA_DEVICE int atomic_add(int* p, int v, std::source_location loc = std::source_l
 // The emulator runs kernels one after the other, so both are no-ops there.
 VA_DEVICE void grid_dependency_wait() {}
 VA_DEVICE void launch_dependents() {}
+VA_DEVICE void named_barrier_sync(int id, int count, std::source_location loc = std::source_location::current()) {
+  ::va::emu::named_barrier(id, count, true, loc);
+}
+VA_DEVICE void named_barrier_arrive(int id, int count, std::source_location loc = std::source_location::current()) {
+  ::va::emu::named_barrier(id, count, false, loc);
+}
+template <int kRegs>
+VA_DEVICE void setmaxnreg_inc(std::source_location loc = std::source_location::current()) {
+  ::va::emu::setmaxnreg(kRegs, true, loc);
+}
+template <int kRegs>
+VA_DEVICE void setmaxnreg_dec(std::source_location loc = std::source_location::current()) {
+  ::va::emu::setmaxnreg(kRegs, false, loc);
+}
 #else
 VA_DEVICE void grid_dependency_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -41,6 +55,33 @@ VA_DEVICE void launch_dependents() {
 #endif
 }
 VA_DEVICE void block_sync() { __syncthreads(); }
+// Named barriers (bar.sync / bar.arrive id, count): https://docs.nvidia.com/cuda/parallel-thread-execution/#parallel-synchronization-and-communication-instructions-bar
+// The barrier `id` (1..15; 0 is block_sync's) completes when `count` threads (a multiple of 32, whole warps) have
+// arrived; named_barrier_sync waits for it, named_barrier_arrive only counts the caller (a producer signalling
+// consumers). Warps that exchange data among themselves sync on their own id and leave the other warps running.
+VA_DEVICE void named_barrier_sync(int id, int count) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+VA_DEVICE void named_barrier_arrive(int id, int count) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+// setmaxnreg (sm_90a / sm_100a, warpgroup-wide): a producer warpgroup gives registers back (dec), the math
+// warpgroups take them (inc). https://docs.nvidia.com/cuda/parallel-thread-execution/#miscellaneous-instructions-setmaxnreg
+// Elsewhere (sm_120a has no setmaxnreg) a no-op: the launch's register count stands.
+template <int kRegs>
+VA_DEVICE void setmaxnreg_inc() {
+  static_assert(kRegs >= 24 && kRegs <= 256 && kRegs % 8 == 0, "setmaxnreg: a multiple of 8 in 24..256");
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL) || defined(__CUDA_ARCH_FEAT_SM100_ALL)
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+#endif
+}
+template <int kRegs>
+VA_DEVICE void setmaxnreg_dec() {
+  static_assert(kRegs >= 24 && kRegs <= 256 && kRegs % 8 == 0, "setmaxnreg: a multiple of 8 in 24..256");
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL) || defined(__CUDA_ARCH_FEAT_SM100_ALL)
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+#endif
+}
 VA_DEVICE void threadfence() { __threadfence(); }
 // atomicAdd on a global int; returns the old value.
 VA_DEVICE int atomic_add(int* p, int v) { return atomicAdd(p, v); }

@@ -68,6 +68,16 @@ void mbarrier_arrive(void* bar, std::source_location loc);
 void mbarrier_arrive_expect_tx(void* bar, uint32_t bytes, std::source_location loc);
 void mbarrier_wait(void* bar, unsigned parity, std::source_location loc);
 void bulk_copy_g2s(void* smem_dst, const void* gmem_src, uint32_t bytes, void* bar, std::source_location loc);
+// cp.async.mbarrier.arrive.noinc: the thread's cp.asyncs so far are tied to the barrier's current phase (they land
+// with its bulk copies, when a thread first waits on the completed phase) and the thread counts as one arrival
+void cp_async_mbarrier_arrive_noinc(void* bar, std::source_location loc);
+
+// ---- named barriers (bar.sync / bar.arrive id, count) and warpgroup register reallocation (setmaxnreg) ----
+// A named barrier completes when `count` threads arrived (bar.sync waits for it, bar.arrive does not); every
+// arrival of one generation must give the same count; ids 1..15 (0 is block_sync's), counts multiples of 32.
+void named_barrier(int id, int count, bool wait, std::source_location loc);
+// setmaxnreg: checked only (24..256, a multiple of 8; whole warpgroups, each of whose threads gives the same value)
+void setmaxnreg(int regs, bool inc, std::source_location loc);
 
 // ---- warp collectives (full warp) --------------------------------------------
 void mma_m16n8k16(bool bf16, float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2],

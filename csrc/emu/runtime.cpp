@@ -126,7 +126,7 @@ LaunchState* g_launch = nullptr;
 struct Block;
 struct Warp;
 
-enum class WaitKind { kNone, kBarrier, kWarp, kMbarrier };
+enum class WaitKind { kNone, kBarrier, kWarp, kMbarrier, kNamed };
 
 struct PendingCopy {
   unsigned char* dst;
@@ -151,12 +151,21 @@ struct Fiber {
   long long proxy_fences = 0;  // fence_proxy_async calls so far
   size_t wait_mbar = 0;        // kMbarrier: the barrier's shared-memory offset and the phase parity awaited
   unsigned wait_parity = 0;
+  int wait_named = 0;          // kNamed: the named barrier's id
+  int setmaxnreg_calls = 0;
 };
 
 // A bulk copy (cp.async.bulk): its source bytes, read at issue, and where they land.
 struct BulkCopy {
   unsigned char* dst;
   std::vector<unsigned char> data;
+};
+
+// A named barrier (bar.sync / bar.arrive id, count): the arrivals of its current generation.
+struct NamedBar {
+  int count = 0;     // the thread count the generation's first arrival gave
+  int arrived = 0;
+  std::source_location loc;
 };
 
 // An mbarrier object (8 bytes of shared memory, keyed by its offset): a phase completes when its pending
@@ -238,6 +247,8 @@ struct Block {
   std::vector<long long> chunk_epoch;
   std::vector<WgLog> wg_logs;  // per warpgroup
   std::map<size_t, Mbar> mbars;  // by shared-memory offset
+  NamedBar named[16];
+  std::vector<std::vector<int>> maxnreg;  // per warpgroup, the values of its setmaxnreg calls in order
   // counters merged into the global Stats at the end of the launch
   long long syncs = 0, collectives = 0, mmas = 0, cp_bytes = 0;
   // prefetch.global.L2: the 128-byte lines this block prefetched, and how many of its cp.async source bytes
@@ -832,6 +843,9 @@ std::string describe_stuck(const Block& b) {
     else if (f.wait == WaitKind::kMbarrier)
       k = "mbarrier_wait (barrier at smem offset " + std::to_string(f.wait_mbar) + ", parity " +
           std::to_string(f.wait_parity) + ")" + where(f.wait_loc);
+    else if (f.wait == WaitKind::kNamed)
+      k = "named barrier " + std::to_string(f.wait_named) + " (" + std::to_string(b.named[f.wait_named].arrived) +
+          " of " + std::to_string(b.named[f.wait_named].count) + " threads arrived)" + where(f.wait_loc);
     else if (f.wait == WaitKind::kWarp)
       k = "warp " + std::to_string(f.tc.warp) + " in " + b.warps[f.tc.warp].op->name + where(f.wait_loc);
     else k = "running";
@@ -1128,6 +1142,66 @@ void block_sync(std::source_location loc) {
   yield(f);
 }
 
+void named_barrier(int id, int count, bool wait, std::source_location loc) {
+  Fiber* f = cur_fiber();
+  Block& b = *f->block;
+  if (id < 1 || id > 15 || count < 32 || count % 32 != 0 || count > b.nthreads) {
+    report(b, f, "named barrier " + std::to_string(id) + " with " + std::to_string(count) + " threads: the id must be "
+                     "1..15 (0 is block_sync's) and the count a multiple of 32 from 32 to the block's " +
+                     std::to_string(b.nthreads), loc);
+    return;
+  }
+  NamedBar& nb = b.named[id];
+  if (nb.arrived == 0) {
+    nb.count = count;
+    nb.loc = loc;
+  } else if (nb.count != count) {
+    report(b, f, "named barrier " + std::to_string(id) + ": this thread arrives for " + std::to_string(count) +
+                     " threads, the " + std::to_string(nb.arrived) + " before it in this generation for " +
+                     std::to_string(nb.count) + where(nb.loc), loc);
+    return;
+  }
+  if (++nb.arrived == nb.count) {
+    nb.arrived = 0;
+    for (int t = 0; t < b.nthreads; ++t) {
+      Fiber& w = b.fibers[t];
+      if (w.wait == WaitKind::kNamed && w.wait_named == id) w.wait = WaitKind::kNone;
+    }
+    return;
+  }
+  if (!wait) return;
+  f->wait = WaitKind::kNamed;
+  f->wait_named = id;
+  f->wait_loc = loc;
+  yield(f);
+}
+
+void setmaxnreg(int regs, bool inc, std::source_location loc) {
+  Fiber* f = cur_fiber();
+  Block& b = *f->block;
+  const char* what = inc ? "setmaxnreg.inc" : "setmaxnreg.dec";
+  if (regs < 24 || regs > 256 || regs % 8 != 0) {
+    report(b, f, std::string(what) + " " + std::to_string(regs) + ": the count must be a multiple of 8 in 24..256",
+           loc);
+    return;
+  }
+  if (b.nthreads % 128 != 0) {
+    report(b, f, std::string(what) + ": the block's " + std::to_string(b.nthreads) + " threads are not whole "
+                     "warpgroups (setmaxnreg is warpgroup-wide)", loc);
+    return;
+  }
+  const size_t wg = static_cast<size_t>(f->tc.linear_tid / 128);
+  if (b.maxnreg.size() <= wg) b.maxnreg.resize(wg + 1);
+  const size_t k = static_cast<size_t>(f->setmaxnreg_calls++);
+  std::vector<int>& log = b.maxnreg[wg];
+  const int v = inc ? regs : -regs;
+  if (log.size() <= k) log.push_back(v);
+  else if (log[k] != v)
+    report(b, f, std::string(what) + " " + std::to_string(regs) + ": warpgroup " + std::to_string(wg) + "'s threads "
+                     "disagree (another of its threads gave " + (log[k] > 0 ? "inc " : "dec ") +
+                     std::to_string(log[k] > 0 ? log[k] : -log[k]) + " for this call)", loc);
+}
+
 void threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 
 int atomic_add(int* p, int v, std::source_location loc) {
@@ -1406,6 +1480,27 @@ void bulk_copy_g2s(void* smem_dst, const void* gmem_src, uint32_t bytes, void* b
   else m->copies.push_back(std::move(c));
   m->tx -= bytes;
   mbar_try_complete(b, *m);
+}
+
+void cp_async_mbarrier_arrive_noinc(void* bar, std::source_location loc) {
+  Fiber* f = cur_fiber();
+  Mbar* m = mbar_at(f, bar, "cp_async_mbarrier_arrive_noinc", loc);
+  if (m == nullptr) return;
+  // the thread's cp.asyncs so far complete with the barrier's phase (their commit groups no longer matter); they
+  // write shared memory as the bulk copies do (a wgmma may read them once the phase is waited for)
+  auto tie = [&](std::vector<PendingCopy>& group) {
+    for (const PendingCopy& c : group) {
+      BulkCopy bc;
+      bc.dst = c.dst;
+      bc.data.assign(c.data, c.data + c.bytes);
+      m->copies.push_back(std::move(bc));
+    }
+    group.clear();
+  };
+  for (auto& g : f->committed) tie(g);
+  f->committed.clear();
+  tie(f->open_group);
+  mbar_arrive_n(f, *m, loc);
 }
 
 void mbarrier_wait(void* bar, unsigned parity, std::source_location loc) {

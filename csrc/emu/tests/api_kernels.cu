@@ -219,6 +219,59 @@ __global__ void k_bulk_rows(const float* src, const int* idx, int ntiles, int ro
 // collectives: a missing barrier here is invisible when warps run in lockstep
 // (every warp has written before any finishes its second collective) and
 // visible when one warp runs ahead. out [blockDim] ---------------------------
+// ---- warp roles: warpgroup 2 a producer (setmaxnreg.dec, 16-byte cp.asyncs into a 2-stage ring, each stage's
+// "full" barrier signalled by cp.async.mbarrier.arrive.noinc), warpgroups 0 and 1 the math warps (setmaxnreg.inc,
+// wait on "full", exchange partial sums through a named barrier of their own 256 threads, free the stage on
+// "empty"). A tile is 512 floats of src; out [ntiles][256]: part(t) + part((t + 1) % 256), part(t) the sum of the
+// stage's floats 2 ((t + 7) % 256) and the next (so every math thread reads what another producer thread copied).
+// mode 1: the math warps skip the "full" wait; 2: the producer skips the "empty" wait; 3: warpgroup 1 gives the
+// named barrier 128 threads; 4: named barrier id 0; 5 (emulation): setmaxnreg 250; 6 (emulation): one warp of
+// warpgroup 0 asks another register count; 7: the named barrier counts 384 threads, only the 256 math ones come --
+constexpr int kRoleTile = 512, kRoleStages = 2;
+__global__ void k_roles_ring(const float* src, int ntiles, int mode, float* out) {
+  unsigned char* sm = smem_dynamic<unsigned char>();
+  uint64_t* full = reinterpret_cast<uint64_t*>(sm);        // [kRoleStages]
+  uint64_t* empty = full + kRoleStages;                     // [kRoleStages]
+  float* xs = reinterpret_cast<float*>(sm + 64);            // [256] partial sums
+  float* stage = reinterpret_cast<float*>(sm + 64 + 1024);  // [kRoleStages][kRoleTile]
+  const int t = threadIdx.x, wg = t / 128;
+  if (t == 0)
+    for (int s = 0; s < kRoleStages; ++s) {
+      mbarrier_init(full + s, 128);   // the producer warpgroup's threads, each once its copies landed
+      mbarrier_init(empty + s, 256);  // the math threads, each once it read the stage
+    }
+  block_sync();
+  if (wg == 2) {
+    setmaxnreg_dec<40>();
+    const int p = t - 256;
+    for (int i = 0; i < ntiles; ++i) {
+      const int s = i % kRoleStages;
+      if (mode != 2) mbarrier_wait(empty + s, static_cast<uint32_t>(i / kRoleStages + 1) & 1u);
+      cp_async_16(stage + s * kRoleTile + 4 * p, src + static_cast<size_t>(i) * kRoleTile + 4 * p);
+      cp_async_mbarrier_arrive_noinc(full + s);
+    }
+    return;
+  }
+#if VA_EMULATION
+  if (mode == 5) setmaxnreg_inc<250>();
+  if (mode == 6 && t / 32 == 1) setmaxnreg_inc<224>();
+  else
+#endif
+  setmaxnreg_inc<232>();
+  const int bar_id = mode == 4 ? 0 : 1;
+  const int bar_n = mode == 7 ? 384 : (mode == 3 && wg == 1 ? 128 : 256);
+  for (int i = 0; i < ntiles; ++i) {
+    const int s = i % kRoleStages;
+    if (mode != 1) mbarrier_wait(full + s, static_cast<uint32_t>(i / kRoleStages) & 1u);
+    const float* r = stage + s * kRoleTile + 2 * ((t + 7) % 256);
+    xs[t] = r[0] + r[1];
+    mbarrier_arrive(empty + s);
+    named_barrier_sync(bar_id, bar_n);   // every partial written
+    st_global(out + i * 256 + t, xs[t] + xs[(t + 1) % 256]);
+    named_barrier_sync(bar_id, bar_n);   // every partial read before the next tile's
+  }
+}
+
 __global__ void k_lockstep_race(const float* in, float* out) {
   float* sm = smem_dynamic<float>();  // (blockDim,)
   const int t = threadIdx.x, n = blockDim.x;
@@ -482,6 +535,12 @@ VA_TEST_API const char* va_test_bulk_rows(const float* src, const int* idx, int 
   return guarded([&] {
     launch(k_bulk_rows, dim3(1), dim3(n), 128 + size_t(stages) * n * row_floats * 4, nullptr, src, idx, ntiles,
            row_floats, stages, mode, out);
+  });
+}
+VA_TEST_API const char* va_test_roles_ring(const float* src, int ntiles, int mode, float* out) {
+  return guarded([&] {
+    launch(k_roles_ring, dim3(1), dim3(384), 64 + 1024 + size_t(kRoleStages) * kRoleTile * 4, nullptr, src, ntiles,
+           mode, out);
   });
 }
 VA_TEST_API const char* va_test_lockstep_race(const float* in, int n, float* out) {
