@@ -211,9 +211,12 @@ def _flashmla_items() -> list[Item]:
 
 def _not_reached() -> list[Item]:
     return [
-        Item("P-13", "FlashAttention-3 ablations on an H100 (wgmma, TMA, warp specialization)", None, None, "",
-             "not reached", "FA3's hopper/ sources are not built here; the loop finder would read them as it reads "
-                            "FA2 (P-12)"),
+        Item("P-13", "FlashAttention-3 forward on an H100 (hd128 non-causal, 4 x 8448 x 16: 661 TFLOP/s at 1830 MHz)",
+             661.0, None, "TFLOP/s", "not reached",
+             "its hdim-128 bf16 forward builds for sm_90a in ~1 min and the role reader finds producer warps 0-3 "
+             "(setmaxnreg 24) and math warps 4-11 (setmaxnreg 240, 16 S + 22 P V HGMMAs an iteration), but its "
+             "mbarriers are stage-indexed through registers ([R10+URZ+0x34840]) and its producer's hot loop is the "
+             "persistent tile loop: the waits cannot be matched to arrivals (NOTES.md, warp roles)"),
         Item("P-16", "FlashMLA decode on an H100 (b128, 4k, s_q 2)", 0.218, None, "ms", "not reached",
              "measured on FlashMLA's Feb 2025 kernel; the model reads today's (P-15 FlashMLA dense, above), "
              "whose schedule differs (the 2025-04 'seesaw')"),
