@@ -176,6 +176,7 @@ def run_combo(shape: HeadShape, ctx: int, trees: list[list[int]], layout: tuple[
                 fns = [lambda run=run, out=out: run(out) for run, out in zip(runs, outs)]
                 r.timing = timer(fns, cold)
                 r.status = "ok"
+                _time_parts(r, runs, timer, cold)
         except (LookupError, NotImplementedError) as e:
             r.status, r.note = "unsupported", str(e)
         except Exception as e:  # recorded; the next backend still runs
@@ -187,6 +188,18 @@ def run_combo(shape: HeadShape, ctx: int, trees: list[list[int]], layout: tuple[
     if device == "cuda":
         torch.cuda.empty_cache()
     return rows
+
+
+def _time_parts(r: Row, runs: list, timer: Timer, cold: bool) -> None:
+    """A peer made of passes (bench/peers.py: run.parts = {"prefix": fn, "tree": fn}) has each pass timed
+    apart, the same way as the whole call: the row's parts_us."""
+    parts = getattr(runs[0], "parts", None)
+    if not parts:
+        return
+    r.extra["parts_us"] = {}
+    for name in parts:
+        fns = [lambda run=run, name=name: run.parts[name]() for run in runs]
+        r.extra["parts_us"][name] = timer(fns, cold).median_us
 
 
 def run_cpu_reference(shape: HeadShape, ctx: int, trees: list[list[int]], layout: tuple[str, int],

@@ -81,7 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "kernel version, cuda@m32n16w8s8 one compiled tile (block_m, block_n, warps, stages; "
                     "`python -m verify_attn.build` lists them) (default: all available; "
                     "on GPU the reference and cuda-emu are not timed; sglang-extend joins when SGLang is installed, "
-                    "flashinfer-mla when FlashInfer is (chains only: its MLA wrapper takes no tree mask))")
+                    "flashinfer-mla when FlashInfer is (chains only: its MLA wrapper takes no tree mask), fa3-mla (FA3 along "
+                    "SGLang's Hopper tree-verify path) and flashmla (its dense decode over the prefix + a torch tree "
+                    "part) from their packages or the carried bundle (bench/peers.py))")
     ap.add_argument("--dtype", default="bf16", choices=sorted(DTYPES), help="q (and 16-bit cache) dtype")
     ap.add_argument("--kv-dtype", default=None, choices=KV_DTYPE_CHOICES,
                     help="KV cache storage: fp8_e4m3 (1 B/value, per-tensor scales), fp8_mla656 (FlashMLA's 656-B "
@@ -107,7 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # names bench.baselines.outside_baselines() gives where the package is installed
-OUTSIDE_BASELINES = ("sglang-extend", "flashinfer-mla")
+OUTSIDE_BASELINES = ("sglang-extend", "flashinfer-mla", "fa3-mla", "flashmla")
+OURS = ("cuda", "triton")   # our kernels (any cuda@ pin): a peer's row gives its time over the best of these
 
 
 def _known_backends_only(names: list[str], outside: dict) -> list[str]:
@@ -300,6 +303,7 @@ def sweep(a: argparse.Namespace, *, kernel_device: Optional[str] = None, timer: 
                 rows.append(r)
                 tick()
     _speedups(rows)
+    _peer_ratios(rows, outside)
     model = [] if a.no_model else model_rows(shape, combos, dtype, a.batch, notes, kv_dtype)
     return {
         "device": torch.cuda.get_device_name() if gpu else None,
@@ -308,6 +312,7 @@ def sweep(a: argparse.Namespace, *, kernel_device: Optional[str] = None, timer: 
         "kv_row_bytes": kv_row_bytes(kv_dtype, shape.head_dim_qk, shape.head_dim_v, shape.mla), "tree_shape": a.tree_shape, "alloc": alloc, "batch": a.batch,
         "devices": [d.to_dict() for d in devices], "floor_device": primary, "notes": notes,
         "argv": sys.argv[1:], "results": [r.to_dict() for r in rows], "model": model,
+        "peers": {n: getattr(f, "peer", None) or {"why": getattr(f, "unavailable", None)} for n, f in outside.items()},
     }
 
 
@@ -348,6 +353,26 @@ def _speedups(rows: list[Row]) -> None:
         s = serial.get((r.ctx, r.tree_nodes, r.layout, r.page_size, r.timed_on))
         if s and r.median_us:
             r.speedup_vs_serial = s / r.median_us
+
+
+def _peer_ratios(rows: list[Row], outside: dict) -> None:
+    """Every outside baseline's row: where the peer came from (`peer`: source, version, commit) and its time over
+    our best kernel's on the same (ctx, tree, layout) (`x_best_ours`, `best_ours`)."""
+    best: dict[tuple, Row] = {}
+    for r in rows:
+        if r.backend.partition("@")[0] in OURS and r.median_us and r.timed_on:
+            k = (r.ctx, r.tree_nodes, r.layout, r.page_size, r.timed_on)
+            if k not in best or r.median_us < best[k].median_us:
+                best[k] = r
+    for r in rows:
+        if r.backend not in outside:
+            continue
+        info = getattr(outside[r.backend], "peer", None)
+        if info:
+            r.extra["peer"] = info
+        b = best.get((r.ctx, r.tree_nodes, r.layout, r.page_size, r.timed_on))
+        if b is not None and r.median_us:
+            r.extra["best_ours"], r.extra["x_best_ours"] = b.backend, r.median_us / b.median_us
 
 
 class _progress:
