@@ -280,6 +280,35 @@ def test_bundle_manifest_names_the_pins(tmp_path):
         bp.stage(tmp_path, tmp_path / "dest")
 
 
+# ---------------------------------------------------------------- gpu_check
+
+def test_gpu_check_peers_stage_runs_every_peer_on_the_issue_grid():
+    from pathlib import Path
+    from bench import gpu_check
+    a = gpu_check._parser().parse_args([])
+    stages = {s.name: s for s in gpu_check.plan(Path("/tmp/o"), a)}
+    names = list(stages)
+    assert names.index("peers") + 1 == names.index("peers_sweep")    # the headline point first, then the grid
+    for st, ctx, tree in (("peers", {"185k"}, ["16"]), ("peers_sweep", {"185k", "64k", "16k", "4k"}, ["16", "64"])):
+        argv = stages[st].argv
+        arg = lambda f: argv[argv.index(f) + 1]
+        assert set(arg("--ctx").split(",")) == ctx and arg("--tree").split(",") == tree and arg("--layout") == "page1"
+        assert set(arg("--backend").split(",")) == {"cuda", "fa3-mla", "flashmla", "flashinfer-mla", "sglang-extend"}
+        assert "--no-model" in argv and "--json" in argv
+    assert sum(s.cap_s for s in stages.values()) <= gpu_check.PLAN_CAP_S
+    assert gpu_check.verify_stems(stages["peers_sweep"].argv) == ("mla576_bf16_page1",)
+
+
+def test_peer_ratios_against_our_best_kernel(tmp_path):
+    import json
+    from bench import gpu_results
+    row = lambda b, us: {"backend": b, "ctx": 185_000, "tree_nodes": 16, "layout": "page1", "median_us": us}
+    (tmp_path / "peers_sweep.json").write_text(json.dumps({"results": [
+        row("cuda", 300.0), row("cuda@m32n32w8s5", 200.0), row("fa3-mla", 500.0), row("flashmla", 100.0)]}))
+    text = "\n".join(gpu_results.peer_ratios(tmp_path))
+    assert "cuda@m32n32w8s5 200.0 us" in text and "fa3-mla 2.5x slower" in text and "flashmla 2.0x faster" in text
+
+
 # ---------------------------------------------------------------- on a GPU with the kernels (never run yet)
 
 @pytest.mark.gpu
@@ -298,3 +327,26 @@ def test_peer_on_gpu_matches_the_reference(name):
     ref = _ref(kw)
     assert torch.allclose(out.float(), ref.float(), atol=2e-2, rtol=5e-2)
 
+
+def test_gpu_session_sets_up_a_carried_bundle(tmp_path):
+    """bench/gpu_session.sh with .carry/peers present: FlashInfer unzipped (not importable from the zip), the
+    bundle and its fa3 folder on PYTHONPATH, VERIFY_ATTN_PEERS set (run from a folder without the project, so
+    the gpu_check it starts fails fast: only the set-up is checked)."""
+    import shutil
+    import subprocess
+    import zipfile
+    if shutil.which("bash") is None:
+        pytest.skip("no bash")
+    from pathlib import Path
+    repo = Path(__file__).resolve().parent.parent
+    b = tmp_path / ".carry" / "peers"
+    (b / "fa3").mkdir(parents=True)
+    with zipfile.ZipFile(b / "flashinfer_trim.zip", "w") as z:
+        z.writestr("flashinfer/__init__.py", "__version__ = 'x'\n")
+    env = {**os.environ, "PEERS_FI_DIR": str(tmp_path / "fi")}
+    env.pop("OUT", None)
+    r = subprocess.run(["bash", str(repo / "bench" / "gpu_session.sh"), "5"], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=120)
+    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("peers: bundle"))
+    assert f"PYTHONPATH={b}:{b}/fa3:{tmp_path / 'fi'}" in line
+    assert (tmp_path / "fi" / "flashinfer" / "__init__.py").is_file()
