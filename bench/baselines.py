@@ -30,7 +30,7 @@ import os
 import sys
 import types
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Collection, Optional
 
 import torch
 
@@ -130,30 +130,35 @@ def _find_sglang_extend() -> tuple[Optional[Callable], str]:
         return None, f"SGLang's {path.name} did not load ({type(e).__name__}: {e}): not in the table"
 
 
-def outside_baselines() -> tuple[dict[str, Callable], list[str]]:
-    """({name: prepare(kw) -> run(out)}, notes about what is absent or where it came from)."""
+def outside_baselines(want: Optional[Collection[str]] = None) -> tuple[dict[str, Callable], list[str]]:
+    """({name: prepare(kw) -> run(out)}, notes about what is absent or where it came from), for the outside
+    baselines in `want` (default: all). Only those are looked for: importing FlashInfer or a peer's module
+    costs seconds in every benchmark that does not run it."""
     found: dict[str, Callable] = {}
     notes: list[str] = []
-    fn, where = _find_sglang_extend()
-    if fn is not None:
-        found["sglang-extend"] = lambda kw, fn=fn: sglang_extend_prepare(fn, kw)
-        found["sglang-extend"].peer = {"source": where, "version": _sglang_version(), "commit": None}
-        notes.append(f"sglang-extend: SGLang's extend_attention_fwd from {where}")
-    else:
-        notes.append(where)
-    try:
-        fi = importlib.import_module("flashinfer")
-        found["flashinfer-mla"] = lambda kw: flashinfer_mla_prepare(kw)
-        where = Path(fi.__file__).resolve().parent.parent
-        found["flashinfer-mla"].peer = {"source": f"package flashinfer-python ({where})",
-                                        "version": getattr(fi, "__version__", None), "commit": None}
-        notes.append("flashinfer-mla: FlashInfer's MLA wrapper (a causal mask, no tree: chains only)")
-    except Exception as e:
-        why = f"FlashInfer not installed ({type(e).__name__}; pip install flashinfer-python on a GPU machine)"
-        found["flashinfer-mla"] = _unavailable(why)
-        notes.append(f"flashinfer-mla: {why}: not in the table")
+    asked = lambda n: want is None or n in want
+    if asked("sglang-extend"):
+        fn, where = _find_sglang_extend()
+        if fn is not None:
+            found["sglang-extend"] = lambda kw, fn=fn: sglang_extend_prepare(fn, kw)
+            found["sglang-extend"].peer = {"source": where, "version": _sglang_version(), "commit": None}
+            notes.append(f"sglang-extend: SGLang's extend_attention_fwd from {where}")
+        else:
+            notes.append(where)
+    if asked("flashinfer-mla"):
+        try:
+            fi = importlib.import_module("flashinfer")
+            found["flashinfer-mla"] = lambda kw: flashinfer_mla_prepare(kw)
+            where = Path(fi.__file__).resolve().parent.parent
+            found["flashinfer-mla"].peer = {"source": f"package flashinfer-python ({where})",
+                                            "version": getattr(fi, "__version__", None), "commit": None}
+            notes.append("flashinfer-mla: FlashInfer's MLA wrapper (a causal mask, no tree: chains only)")
+        except Exception as e:
+            why = f"FlashInfer not installed ({type(e).__name__}; pip install flashinfer-python on a GPU machine)"
+            found["flashinfer-mla"] = _unavailable(why)
+            notes.append(f"flashinfer-mla: {why}: not in the table")
     from bench.peers import hopper_peers   # issue 42: FA3 along SGLang's Hopper path, FlashMLA
-    peers, info = hopper_peers()
+    peers, info = hopper_peers(want)
     for name, i in info.items():
         if name in peers:
             found[name] = peers[name]

@@ -39,7 +39,7 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Collection, Optional
 
 import torch
 
@@ -457,18 +457,21 @@ def find_flashmla() -> tuple[Optional[Callable[[], MlaFn]], dict]:
         "commit": m.get("flashmla_commit"), "torch_built_against": m.get("torch")}
 
 
-def hopper_peers() -> tuple[dict[str, Callable], dict[str, dict]]:
-    """({name: prepare(kw) -> run(out)} for the peers found, {name: where it came from, or why not})."""
+def hopper_peers(want: Optional[Collection[str]] = None) -> tuple[dict[str, Callable], dict[str, dict]]:
+    """({name: prepare(kw) -> run(out)} for the peers found, {name: where it came from, or why not}), for the
+    names in `want` (default: both)."""
     found: dict[str, Callable] = {}
     info: dict[str, dict] = {}
-    fa3, i = find_fa3()
-    info["fa3-mla"] = i
-    if fa3 is not None:
-        found["fa3-mla"] = lambda kw, fn=fa3: fa3_mla_prepare(fn, kw)
-    make, i = find_flashmla()
-    info["flashmla"] = i
-    if make is not None:
-        found["flashmla"] = lambda kw, make=make: flashmla_prepare(make(), kw)
+    if want is None or "fa3-mla" in want:
+        fa3, i = find_fa3()
+        info["fa3-mla"] = i
+        if fa3 is not None:
+            found["fa3-mla"] = lambda kw, fn=fa3: fa3_mla_prepare(fn, kw)
+    if want is None or "flashmla" in want:
+        make, i = find_flashmla()
+        info["flashmla"] = i
+        if make is not None:
+            found["flashmla"] = lambda kw, make=make: flashmla_prepare(make(), kw)
     return found, info
 
 

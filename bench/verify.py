@@ -236,7 +236,7 @@ def sweep(a: argparse.Namespace, *, kernel_device: Optional[str] = None, timer: 
     if kdev:
         from bench.baselines import outside_baselines
         from verify_attn import available_backends
-        outside, bnotes = outside_baselines()
+        outside, bnotes = outside_baselines(asked or None)   # only what was asked is looked for
         notes += bnotes
         if asked:  # only what was asked: importing "cuda" builds it, which takes minutes the first time
             backends = _known_backends_only(asked, outside)
@@ -252,7 +252,7 @@ def sweep(a: argparse.Namespace, *, kernel_device: Optional[str] = None, timer: 
             peers = [n for n in asked if n in OUTSIDE_BASELINES]
             if peers:
                 from bench.baselines import outside_baselines
-                _, bnotes = outside_baselines()
+                _, bnotes = outside_baselines(peers)
                 for n in peers:
                     why = next((x.split(": ", 1)[1] for x in bnotes if x.startswith(n + ": ")), "")
                     notes.append(f"{n}: unavailable here: needs a CUDA GPU" + (f"; {why}" if why else ""))

@@ -263,6 +263,20 @@ def test_peers_absent_skip_with_one_line_reasons(no_peers):
         assert "flashmla: unavailable here: needs a CUDA GPU; FlashMLA not found" in notes
 
 
+def test_only_the_asked_peers_are_looked_for(monkeypatch):
+    """A benchmark that runs no peer imports none (FlashInfer's import alone takes seconds per gpu_check stage)."""
+    from bench import baselines
+    looked = []
+    monkeypatch.setattr(bp, "find_fa3", lambda: looked.append("fa3") or (None, {"why": "x"}))
+    monkeypatch.setattr(bp, "find_flashmla", lambda: looked.append("flashmla") or (None, {"why": "y"}))
+    real = baselines.importlib.import_module
+    monkeypatch.setattr(baselines.importlib, "import_module", lambda n, *a: looked.append(n) or real(n, *a))
+    found, _ = baselines.outside_baselines(["reference", "cuda"])
+    assert found == {} and looked == []
+    found, _ = baselines.outside_baselines(["flashmla"])
+    assert set(found) == {"flashmla"} and looked == ["flashmla"] and found["flashmla"].unavailable == "y"
+
+
 def test_found_peers_run_checked_timed_with_passes_and_ratio(no_peers, monkeypatch):
     """The whole bench.verify path with the stand-ins found as peers: checked against the reference, timed,
     each pass timed apart, provenance and the ratio to our best kernel in the JSON and the table."""
