@@ -95,6 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--max-seconds", type=float, default=10.0, help="time cap per row's sampling (>= 5 samples)")
     ap.add_argument("--budget-s", type=float, default=None, help="total time budget: later rows are skipped")
+    ap.add_argument("--longest-first", action="store_true", help="run the longest context first (default: "
+                    "shortest first), so that a budget spent late skips the short rows")
     ap.add_argument("--serial-max-ctx", default=None, help=f"do not time {BASELINE} above this ctx (it is slow)")
     ap.add_argument("--cpu-ctx-cap", default=str(CPU_CTX_CAP), help="without a GPU, time the CPU reference only "
                     f"up to this ctx (default {CPU_CTX_CAP})")
@@ -211,7 +213,7 @@ def sweep(a: argparse.Namespace, *, kernel_device: Optional[str] = None, timer: 
     Tests pass kernel_device="cpu", a CPU timer and a small `l2` to run the GPU path's logic here.
     """
     shape = resolve_shape(a)
-    ctxs = parse_ctx(a.ctx)
+    ctxs = sorted(parse_ctx(a.ctx), reverse=getattr(a, "longest_first", False))
     nodes_list = parse_int_list(a.tree, "--tree")
     layouts = parse_layouts(a.layout, a.page_size)
     alloc = getattr(a, "alloc", "shuffled")

@@ -333,8 +333,15 @@ def test_gpu_check_peers_stage_runs_every_peer_on_the_issue_grid():
         assert set(arg("--ctx").split(",")) == ctx and arg("--tree").split(",") == tree and arg("--layout") == "page1"
         assert set(arg("--backend").split(",")) == {"cuda", "fa3-mla", "flashmla", "flashinfer-mla", "sglang-extend"}
         assert "--no-model" in argv and "--json" in argv
+    assert "--longest-first" in stages["peers_sweep"].argv   # a budget spent late drops 4k rows, not 185k ones
     assert sum(s.cap_s for s in stages.values()) <= gpu_check.PLAN_CAP_S
     assert gpu_check.verify_stems(stages["peers_sweep"].argv) == ("mla576_bf16_page1",)
+
+
+def test_longest_first_orders_the_rows():
+    a = bv.build_parser().parse_args(["--ctx", "40,300,100", "--tree", "3", "--quiet", "--no-model",
+                                      "--longest-first", "--cpu-ctx-cap", "50", "--reps", "1"])
+    assert [r["ctx"] for r in bv.sweep(a)["results"]] == [300, 100, 40]
 
 
 def test_peer_ratios_against_our_best_kernel(tmp_path):
