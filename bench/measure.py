@@ -165,6 +165,8 @@ def run_combo(shape: HeadShape, ctx: int, trees: list[list[int]], layout: tuple[
             holder: dict = {}
             runs = [_runner(r.backend, kw, outside, holder) for kw in sets]
             r.config = holder.get("config")
+            if getattr(runs[0], "departure", None):   # a peer's run that departs from the contract says how
+                r.extra["departure"] = runs[0].departure
             outs = [torch.full(out_shape, float("nan"), dtype=dtype, device=device) for _ in sets]  # poisoned
             runs[0](outs[0])
             if device == "cuda":

@@ -187,6 +187,9 @@ def fa3_mla_prepare(fa3: Fa3Fn, kw: dict) -> Callable[[torch.Tensor], None]:
         merge_states(oa, la.t(), ob, lb.t(), out)
 
     run.parts = {"prefix": prefix, "tree": tree}   # timed apart by bench.measure (the row's parts_us)
+    if kw["page_size"] != 1:
+        run.departure = (f"the page-{kw['page_size']} pool read through its page-1 row view (SGLang's topk > 1 "
+                         "path is page_size=1)")
     return run
 
 
@@ -286,6 +289,9 @@ def flashmla_prepare(decode: MlaFn, kw: dict) -> Callable[[torch.Tensor], None]:
 
     run.parts = {"prefix": prefix, "tree": tree}
     run.copied = plan.copied
+    run.departure = "FlashMLA has no tree mask: the tree part in torch (fp32), merged" + (
+        f"; the prefix copied from page-{kw['page_size']} into page-64 pages (64-token contiguous blocks, not "
+        "the pool's rows)" if plan.copied else "")
     return run
 
 

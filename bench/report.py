@@ -157,6 +157,8 @@ def _print_peers(con, rows: list[dict]) -> None:
                   " ".join(f"{k} {_us(v)}" for k, v in parts.items()) or "-", src,
                   r["status"] + (f": {r['note']}" if r["note"] and r["status"] != "ok" else ""))
     con.print(t)
+    for b, dep in dict.fromkeys((r["backend"], r["departure"]) for r in peers if r.get("departure")):
+        con.print(f"  {b} departs from the contract: {dep}")
     con.print("  x our best: the peer's time over our fastest kernel's on the same row (> 1: ours is faster); "
               "passes: each pass of a peer timed alone (flashmla's prefix pass: the speed of light for the prefix)")
 

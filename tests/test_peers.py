@@ -297,6 +297,7 @@ def test_found_peers_run_checked_timed_with_passes_and_ratio(no_peers, monkeypat
         assert r["best_ours"] == "reference"
         assert r["x_best_ours"] == pytest.approx(r["median_us"] / rows["reference"]["median_us"])
     assert rows["fa3-mla"]["peer"]["commit"] == "c0ffee" and d["peers"]["flashmla"]["commit"] == "beef"
+    assert "departure" not in rows["fa3-mla"] and "copied from page-1" in rows["flashmla"]["departure"]
     from bench.report import print_report
     import io
     import contextlib
@@ -304,6 +305,7 @@ def test_found_peers_run_checked_timed_with_passes_and_ratio(no_peers, monkeypat
     with contextlib.redirect_stdout(buf):
         print_report(d)
     assert "peers (serving engines' kernels)" in buf.getvalue()
+    assert "flashmla departs from the contract: FlashMLA has no tree mask" in buf.getvalue()
 
 
 def test_bundle_manifest_names_the_pins(tmp_path):
