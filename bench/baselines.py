@@ -17,7 +17,7 @@
   other tree is "unsupported" with that reason. MLA 576/512, 16-bit caches, pages of any size. Written
   against FlashInfer's documented API; not run here (no FlashInfer on either machine this project has had).
 - "fa3-mla" and "flashmla" (issue 42): FA3 along SGLang's Hopper tree-verify path, and FlashMLA's dense decode
-  over the prefix plus a torch tree part: bench/peers.py.
+  over the prefix plus a torch tree part: bench/peers.py (found by bench/peer_bundle.py).
 Each found peer's prepare function carries `.peer` = {source, version, commit}: bench.verify puts it in the JSON.
 """
 from __future__ import annotations
@@ -157,7 +157,7 @@ def outside_baselines(want: Optional[Collection[str]] = None) -> tuple[dict[str,
             why = f"FlashInfer not installed ({type(e).__name__}; pip install flashinfer-python on a GPU machine)"
             found["flashinfer-mla"] = _unavailable(why)
             notes.append(f"flashinfer-mla: {why}: not in the table")
-    from bench.peers import hopper_peers   # issue 42: FA3 along SGLang's Hopper path, FlashMLA
+    from bench.peer_bundle import hopper_peers   # issue 42: FA3 along SGLang's Hopper path, FlashMLA
     peers, info = hopper_peers(want)
     for name, i in info.items():
         if name in peers:

@@ -6,9 +6,9 @@
 #   (python -m bench.gpu_check --prepare-carry); a miss only costs the model stage its time
 # - .carry/peers: the peer kernels (FA3 MLA, FlashMLA dense decode, FlashInfer's MLA modules) built on the CPU
 #   machine against the device's torch by /work/shared/tools/peers/build_peers.sh, staged with
-#   `python -m bench.peers --stage <its OUT>` (~33 MB; the whole carry stays under 64 MiB). Set up as its README
+#   `python -m bench.peer_bundle --stage <its OUT>` (~33 MB; the whole carry stays under 64 MiB). Set up as its README
 #   says: FlashInfer unzipped to /tmp/fi, its small wheels installed offline, the bundle on PYTHONPATH
-#   (bench/peers.py finds it through VERIFY_ATTN_PEERS). Absent: the peers stages' rows say why.
+#   (bench/peer_bundle.py finds it through VERIFY_ATTN_PEERS). Absent: the peers stages' rows say why.
 # - nvidia-smi samples clocks, power and temperature once a second while it runs (the model's clock input)
 # - everything lands in $OUT: gpu_check_results.tar.gz, gpu_check.json, gpu_check_stdout.log, smi.csv
 set -uo pipefail

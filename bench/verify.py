@@ -83,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "on GPU the reference and cuda-emu are not timed; sglang-extend joins when SGLang is installed, "
                     "flashinfer-mla when FlashInfer is (chains only: its MLA wrapper takes no tree mask), fa3-mla (FA3 along "
                     "SGLang's Hopper tree-verify path) and flashmla (its dense decode over the prefix + a torch tree "
-                    "part) from their packages or the carried bundle (bench/peers.py))")
+                    "part) from their packages or the carried bundle (bench/peers.py, bench/peer_bundle.py))")
     ap.add_argument("--dtype", default="bf16", choices=sorted(DTYPES), help="q (and 16-bit cache) dtype")
     ap.add_argument("--kv-dtype", default=None, choices=KV_DTYPE_CHOICES,
                     help="KV cache storage: fp8_e4m3 (1 B/value, per-tensor scales), fp8_mla656 (FlashMLA's 656-B "

@@ -9,6 +9,7 @@ import os
 import pytest
 import torch
 
+from bench import peer_bundle as pb
 from bench import peers as bp
 from bench import verify as bv
 from cases import CaseSpec, make_case
@@ -131,7 +132,7 @@ def test_fa3_call_fits_the_real_interface():
     the real `flash_attn_with_kvcache` on meta tensors (its registered fake: argument names, shapes; num_splits=1
     because the fake refuses the heuristic's 0), and it returns the layouts the stand-in returns: out
     [total_q, H, 512], lse [H, total_q] float32."""
-    fa3, info = bp.find_fa3()
+    fa3, info = pb.find_fa3()
     if fa3 is None:
         pytest.skip(info["why"])
     seen = []
@@ -212,6 +213,7 @@ def test_merge_triton_kernel_with_strided_lse():
 
 
 _COMPILE_MERGE = """
+from bench import peer_bundle as pb
 from bench import peers as bp
 from verify_attn.backends.triton_common import ptxas_report
 ptr = {n: "*fp32" for n in ("la", "lb")} | {n: "*bf16" for n in ("oa", "ob", "out")}
@@ -257,7 +259,7 @@ def test_bad_input_names_the_argument():
 @pytest.fixture
 def no_peers(monkeypatch, tmp_path):
     """No peer package importable and no bundle: what this CPU machine is."""
-    monkeypatch.setenv(bp.BUNDLE_ENV, str(tmp_path / "no-bundle"))
+    monkeypatch.setenv(pb.BUNDLE_ENV, str(tmp_path / "no-bundle"))
     import importlib
     real = importlib.import_module
 
@@ -265,7 +267,7 @@ def no_peers(monkeypatch, tmp_path):
         if name.split(".")[0] in ("sgl_kernel", "flash_mla", "flash_mla_dense", "flash_attn_interface"):
             raise ImportError(f"no {name} here")
         return real(name, *a, **k)
-    monkeypatch.setattr(bp.importlib, "import_module", imp)
+    monkeypatch.setattr(pb.importlib, "import_module", imp)
 
 
 def test_peers_absent_skip_with_one_line_reasons(no_peers):
@@ -293,8 +295,8 @@ def test_only_the_asked_peers_are_looked_for(monkeypatch):
     """A benchmark that runs no peer imports none (FlashInfer's import alone takes seconds per gpu_check stage)."""
     from bench import baselines
     looked = []
-    monkeypatch.setattr(bp, "find_fa3", lambda: looked.append("fa3") or (None, {"why": "x"}))
-    monkeypatch.setattr(bp, "find_flashmla", lambda: looked.append("flashmla") or (None, {"why": "y"}))
+    monkeypatch.setattr(pb, "find_fa3", lambda: looked.append("fa3") or (None, {"why": "x"}))
+    monkeypatch.setattr(pb, "find_flashmla", lambda: looked.append("flashmla") or (None, {"why": "y"}))
     real = baselines.importlib.import_module
     monkeypatch.setattr(baselines.importlib, "import_module", lambda n, *a: looked.append(n) or real(n, *a))
     found, _ = baselines.outside_baselines(["reference", "cuda"])
@@ -306,8 +308,8 @@ def test_only_the_asked_peers_are_looked_for(monkeypatch):
 def test_found_peers_run_checked_timed_with_passes_and_ratio(no_peers, monkeypatch):
     """The whole bench.verify path with the stand-ins found as peers: checked against the reference, timed,
     each pass timed apart, provenance and the ratio to our best kernel in the JSON and the table."""
-    monkeypatch.setattr(bp, "find_fa3", lambda: (fake_fa3, {"source": "test", "version": "v", "commit": "c0ffee"}))
-    monkeypatch.setattr(bp, "find_flashmla", lambda: (lambda: fake_dense_decode,
+    monkeypatch.setattr(pb, "find_fa3", lambda: (fake_fa3, {"source": "test", "version": "v", "commit": "c0ffee"}))
+    monkeypatch.setattr(pb, "find_flashmla", lambda: (lambda: fake_dense_decode,
                                                       {"source": "test", "version": "w", "commit": "beef"}))
     monkeypatch.setattr(bv, "OURS", ("reference",))   # "our best" here: the only one of ours on the CPU
     a = bv.build_parser().parse_args(["--ctx", "40", "--tree", "5", "--backend", "reference,fa3-mla,flashmla",
@@ -338,12 +340,12 @@ def test_bundle_manifest_names_the_pins(tmp_path):
     script = ("FLASHMLA_REV=" + "a" * 40 + "\nFA_REV=" + "b" * 40 + "\nCUTLASS_MLA=" + "c" * 40 +
               "   # pin\n$PD -d x torch==2.11.0 flashinfer-python==0.7.2.post1\n")
     (tmp_path / "x.so").write_bytes(b"\0" * 1000)
-    m = bp.manifest_of(script, tmp_path)
+    m = pb.manifest_of(script, tmp_path)
     assert m["flashmla_commit"] == "a" * 40 and m["flash_attention_commit"] == "b" * 40
     assert m["cutlass_flashmla_commit"] == "c" * 40 and m["flashinfer"] == "0.7.2.post1"
     assert m["torch"] == "2.11.0+cu130" and m["bytes"] == 1000
     with pytest.raises(ValueError, match="--stage"):
-        bp.stage(tmp_path, tmp_path / "dest")
+        pb.stage(tmp_path, tmp_path / "dest")
 
 
 # ---------------------------------------------------------------- gpu_check
@@ -389,7 +391,7 @@ def test_peer_ratios_against_our_best_kernel(tmp_path):
 def test_peer_on_gpu_matches_the_reference(name):
     if not torch.cuda.is_available():
         pytest.skip("no CUDA GPU on this machine")
-    found, info = bp.hopper_peers()
+    found, info = pb.hopper_peers()
     if name not in found:
         pytest.skip(info[name]["why"])
     from bench.inputs import make_inputs, make_trees
