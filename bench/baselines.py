@@ -16,17 +16,21 @@
   causal (bottom-right aligned) mask over the last T positions; `--tree-shape chain` or `--tree 1`. Any
   other tree is "unsupported" with that reason. MLA 576/512, 16-bit caches, pages of any size. Written
   against FlashInfer's documented API; not run here (no FlashInfer on either machine this project has had).
+- "fa3-mla" and "flashmla" (issue 42): FA3 along SGLang's Hopper tree-verify path, and FlashMLA's dense decode
+  over the prefix plus a torch tree part: bench/peers.py (found by bench/peer_bundle.py).
+Each found peer's prepare function carries `.peer` = {source, version, commit}: bench.verify puts it in the JSON.
 """
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import importlib.util
 import inspect
 import os
 import sys
 import types
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Collection, Optional
 
 import torch
 
@@ -126,25 +130,52 @@ def _find_sglang_extend() -> tuple[Optional[Callable], str]:
         return None, f"SGLang's {path.name} did not load ({type(e).__name__}: {e}): not in the table"
 
 
-def outside_baselines() -> tuple[dict[str, Callable], list[str]]:
-    """({name: prepare(kw) -> run(out)}, notes about what is absent or where it came from)."""
+def outside_baselines(want: Optional[Collection[str]] = None) -> tuple[dict[str, Callable], list[str]]:
+    """({name: prepare(kw) -> run(out)}, notes about what is absent or where it came from), for the outside
+    baselines in `want` (default: all). Only those are looked for: importing FlashInfer or a peer's module
+    costs seconds in every benchmark that does not run it."""
     found: dict[str, Callable] = {}
     notes: list[str] = []
-    fn, where = _find_sglang_extend()
-    if fn is not None:
-        found["sglang-extend"] = lambda kw, fn=fn: sglang_extend_prepare(fn, kw)
-        notes.append(f"sglang-extend: SGLang's extend_attention_fwd from {where}")
-    else:
-        notes.append(where)
-    try:
-        importlib.import_module("flashinfer")
-        found["flashinfer-mla"] = flashinfer_mla_prepare
-        notes.append("flashinfer-mla: FlashInfer's MLA wrapper (a causal mask, no tree: chains only)")
-    except Exception as e:
-        why = f"FlashInfer not installed ({type(e).__name__}; pip install flashinfer-python on a GPU machine)"
-        found["flashinfer-mla"] = _unavailable(why)
-        notes.append(f"flashinfer-mla: {why}: not in the table")
+    asked = lambda n: want is None or n in want
+    if asked("sglang-extend"):
+        fn, where = _find_sglang_extend()
+        if fn is not None:
+            found["sglang-extend"] = lambda kw, fn=fn: sglang_extend_prepare(fn, kw)
+            found["sglang-extend"].peer = {"source": where, "version": _sglang_version(), "commit": None}
+            notes.append(f"sglang-extend: SGLang's extend_attention_fwd from {where}")
+        else:
+            notes.append(where)
+    if asked("flashinfer-mla"):
+        try:
+            fi = importlib.import_module("flashinfer")
+            found["flashinfer-mla"] = lambda kw: flashinfer_mla_prepare(kw)
+            where = Path(fi.__file__).resolve().parent.parent
+            found["flashinfer-mla"].peer = {"source": f"package flashinfer-python ({where})",
+                                            "version": getattr(fi, "__version__", None), "commit": None}
+            notes.append("flashinfer-mla: FlashInfer's MLA wrapper (a causal mask, no tree: chains only)")
+        except Exception as e:
+            why = f"FlashInfer not installed ({type(e).__name__}; pip install flashinfer-python on a GPU machine)"
+            found["flashinfer-mla"] = _unavailable(why)
+            notes.append(f"flashinfer-mla: {why}: not in the table")
+    from bench.peer_bundle import hopper_peers   # issue 42: FA3 along SGLang's Hopper path, FlashMLA
+    peers, info = hopper_peers(want)
+    for name, i in info.items():
+        if name in peers:
+            found[name] = peers[name]
+            found[name].peer = i
+            notes.append(f"{name}: from {i['source']} (version {i.get('version')}, commit {i.get('commit')})")
+        else:
+            found[name] = _unavailable(i["why"])
+            notes.append(f"{name}: {i['why']}: not in the table")
     return found, notes
+
+
+def _sglang_version() -> Optional[str]:
+    """The installed sglang's version, or the release tests/fetch_sglang_ref.sh extracts."""
+    try:
+        return importlib.metadata.version("sglang")
+    except importlib.metadata.PackageNotFoundError:
+        return "0.5.23 (tests/sglang_ref, tests/fetch_sglang_ref.sh)" if SGLANG_REF.is_dir() else None
 
 
 def _unavailable(why: str) -> Callable:

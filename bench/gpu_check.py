@@ -20,9 +20,12 @@ the budget is skipped and said so. Stages, in order of value:
   sweep      bench.verify 185k..4k x trees 16, 64, 1 x page1 / paged: cuda v2, v1 and v1 bulk (m32n32w8s5)
   ncu        Nsight Compute on v1's bulk-loader and cp.async split kernels at 185k / 16 nodes (speed of light,
              shared-memory wavefronts and bank conflicts, warp stalls), if ncu is there
-  peers      the serving engines' kernels beside ours: SGLang's Triton extend_attention (the serial
-             baseline SGLang ships; tests/sglang_ref carried, see bench/baselines.py), FlashInfer
-             where installed, at 4k / 32k / 185k
+  peers      the serving engines' kernels beside ours at 185k / 16 nodes (issue 42): FA3 along SGLang's
+             Hopper tree-verify path (fa3-mla), FlashMLA's dense decode over the prefix + a torch tree
+             part (flashmla, its prefix pass timed apart), FlashInfer's MLA wrapper (chains only),
+             SGLang's Triton extend_attention; from their packages or the carried bundle .carry/peers
+             (bench/gpu_session.sh sets it up; bench/peers.py)
+  peers_sweep  the same at 4k / 16k / 64k / 185k x 16, 64 nodes (+ peers_sweep.png)
   fp8 / fp8_656   e4m3 and 656-byte caches: the CUDA kernels and Triton's, against the fp8 floors
   gqa        one GQA preset (llama3-70b-tp8) at 16k and 185k; gqa_fp8 the same with an e4m3 cache
   tune       python -m autotune at 16k and 185k (the measured configs, autotune's format)
@@ -208,6 +211,10 @@ NCU_RAW = ("--section SpeedOfLight --section MemoryWorkloadAnalysis_Tables --sec
            "--section SchedulerStats --section WarpStateStats --section LaunchStats --page raw").split()
 MODEL_STEMS = ("mla576_bf16_page1", "mla576_bf16_paged", "mla576e4m3_bf16_page1", "mla576x656_bf16_page1")
 CARRY = REPO / ".carry"
+# our default kernel and every peer (bench/verify.py OUTSIDE_BASELINES): FA3 along SGLang's Hopper path, FlashMLA
+# (prefix) + torch tree part, FlashInfer's MLA wrapper (chains only: 'unsupported' on these trees, with the reason),
+# SGLang's Triton extend_attention
+PEERS_BACKENDS = "cuda,fa3-mla,flashmla,flashinfer-mla,sglang-extend"
 
 
 def prepare_carry(arch: str = "sm_90a") -> int:
@@ -249,9 +256,14 @@ def plan(out: Path, a: argparse.Namespace) -> list[Stage]:
                       str(out / ("ncu_source.csv" if a.ncu_args and "source" in a.ncu_args else "ncu_raw.csv")),
                       PY, "-m", "bench.ncu_probe", "--warm", "--versions", "m32n32w8s5,v1"],
               cap_s=25, min_s=20, needs="ncu", kernels=("mla576_bf16_page1",)),
-        Stage("peers", v + ["--ctx", "4k,32k,185k", "--tree", "16", "--layout", "page1",
-                            "--backend", "cuda,sglang-extend,triton-serial", "--reps", "10",
-                            "--json", str(out / "peers.json")], cap_s=30, min_s=20),
+        # the serving engines' kernels beside ours, same process, inputs and timing (issue 42; bench/peers.py):
+        # the headline point first, then the grid; peers absent on the device give 'unsupported' rows saying why
+        Stage("peers", v + ["--ctx", "185k", "--tree", "16", "--layout", "page1", "--backend", PEERS_BACKENDS,
+                            "--reps", "10", "--json", str(out / "peers.json")], cap_s=20, min_s=15),
+        Stage("peers_sweep", v + ["--ctx", "4k,16k,64k,185k", "--tree", "16,64", "--layout", "page1",
+                                  "--backend", PEERS_BACKENDS, "--reps", "10", "--longest-first",
+                                  "--json", str(out / "peers_sweep.json"), "--csv", str(out / "peers_sweep.csv"),
+                                  "--plot", str(out / "peers_sweep.png")], cap_s=35, min_s=20),
         # e4m3 caches (issue 17): the e4m3 kernels and Triton's dequantizing one, against the fp8 floors; the arch's
         # default (the H200's: kernel v2 on wgmma .e4m3) next to the f16 tile it replaced there (m32 n32 w8 s3)
         Stage("fp8", v + ["--ctx", "16k,185k", "--tree", "16", "--layout", "page1", "--kv-dtype", "fp8_e4m3",
@@ -270,7 +282,7 @@ def plan(out: Path, a: argparse.Namespace) -> list[Stage]:
         Stage("tests_rest", pytest + ["--deselect", "tests/test_autotune.py::test_gpu_tune_export_and_lookup_through"
                                       "_tree_verify", "tests", "--ignore", "tests/test_arch_emu.py",
                                       "--ignore", "tests/test_cuda_gpu.py"],
-              cap_s=75, needs="pytest", kernels=("*",)),
+              cap_s=50, needs="pytest", kernels=("*",)),   # 75 before the peers stages took 25 s of it
         # predicted vs measured for every timed cuda row (the SASS model; a CPU job that --collect repeats)
         Stage("model", [PY, "-m", "bench.model", "--calibrate", *(str(out / f) for f in
                         ("headline.json", "sweep.json", "fp8.json", "fp8_656.json", "peers.json")),

@@ -85,22 +85,26 @@ def summary_rows(out: Path, predictions: Optional[dict] = None) -> list[str]:
 
 
 def peer_ratios(out: Path) -> list[str]:
-    """Each peer's time over our cuda backend's on the same row (the peers stage)."""
-    d = _load(out, "peers")
-    if d is None:
-        return []
-    by = {}
-    for r in d["results"]:
-        if r.get("median_us"):
-            by.setdefault((r["ctx"], r["tree_nodes"], r["layout"]), {})[r["backend"]] = r["median_us"]
+    """Each peer's time over our best kernel's (cuda*, triton) on the same row (the peers stages)."""
     lines = []
-    for (ctx, t, lay), m in sorted(by.items()):
-        ours = m.get("cuda")
-        if not ours:
+    for name in ("peers", "peers_sweep"):
+        d = _load(out, name)
+        if d is None:
             continue
-        peers = ", ".join(f"{b} {us / ours:.1f}x slower" if us >= ours else f"{b} {ours / us:.1f}x faster"
-                          for b, us in sorted(m.items()) if b != "cuda")
-        lines.append(f"peers    ctx {ctx:>7,} T{t:<3d} {lay:6s} cuda {ours:.1f} us; {peers or 'no peer timed'}")
+        by: dict = {}
+        for r in d["results"]:
+            if r.get("median_us"):
+                by.setdefault((r["ctx"], r["tree_nodes"], r["layout"]), {})[r["backend"]] = r["median_us"]
+        for (ctx, t, lay), m in sorted(by.items()):
+            ours = {b: us for b, us in m.items() if b.partition("@")[0] in ("cuda", "triton")}
+            if not ours:
+                continue
+            best = min(ours, key=ours.get)
+            peers = ", ".join(f"{b} {us / ours[best]:.1f}x slower" if us >= ours[best]
+                              else f"{b} {ours[best] / us:.1f}x faster"
+                              for b, us in sorted(m.items()) if b not in ours)
+            lines.append(f"{name:8s} ctx {ctx:>7,} T{t:<3d} {lay:6s} {best} {ours[best]:.1f} us; "
+                         f"{peers or 'no peer timed'}")
     return lines
 
 

@@ -165,6 +165,8 @@ def run_combo(shape: HeadShape, ctx: int, trees: list[list[int]], layout: tuple[
             holder: dict = {}
             runs = [_runner(r.backend, kw, outside, holder) for kw in sets]
             r.config = holder.get("config")
+            if getattr(runs[0], "departure", None):   # a peer's run that departs from the contract says how
+                r.extra["departure"] = runs[0].departure
             outs = [torch.full(out_shape, float("nan"), dtype=dtype, device=device) for _ in sets]  # poisoned
             runs[0](outs[0])
             if device == "cuda":
@@ -176,6 +178,7 @@ def run_combo(shape: HeadShape, ctx: int, trees: list[list[int]], layout: tuple[
                 fns = [lambda run=run, out=out: run(out) for run, out in zip(runs, outs)]
                 r.timing = timer(fns, cold)
                 r.status = "ok"
+                _time_parts(r, runs, timer, cold)
         except (LookupError, NotImplementedError) as e:
             r.status, r.note = "unsupported", str(e)
         except Exception as e:  # recorded; the next backend still runs
@@ -187,6 +190,18 @@ def run_combo(shape: HeadShape, ctx: int, trees: list[list[int]], layout: tuple[
     if device == "cuda":
         torch.cuda.empty_cache()
     return rows
+
+
+def _time_parts(r: Row, runs: list, timer: Timer, cold: bool) -> None:
+    """A peer made of passes (bench/peers.py: run.parts = {"prefix": fn, "tree": fn}) has each pass timed
+    apart, the same way as the whole call: the row's parts_us."""
+    parts = getattr(runs[0], "parts", None)
+    if not parts:
+        return
+    r.extra["parts_us"] = {}
+    for name in parts:
+        fns = [lambda run=run, name=name: run.parts[name]() for run in runs]
+        r.extra["parts_us"][name] = timer(fns, cold).median_us
 
 
 def run_cpu_reference(shape: HeadShape, ctx: int, trees: list[list[int]], layout: tuple[str, int],

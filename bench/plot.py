@@ -1,4 +1,4 @@
-"""--plot: GB/s and fraction of the roofline floor against context length, per backend."""
+"""--plot: GB/s and fraction of the roofline floor against context length, per backend (peers dotted)."""
 from __future__ import annotations
 
 from collections import defaultdict
@@ -35,7 +35,8 @@ def plot_results(payload: dict, path: str) -> None:
     for i, ((b, nodes, lay, ps), rs) in enumerate(sorted(series.items())):
         rs.sort(key=lambda r: r["ctx"])
         lab = f"{b} ({nodes} nodes, {lay if ps == 1 else f'paged{ps}'})"
-        style = dict(marker="o", label=lab, color=colors[i % len(colors)])  # same color in both panels
+        style = dict(marker="o", label=lab, color=colors[i % len(colors)],   # same color in both panels
+                     linestyle=":" if rs[0].get("peer") else "-")               # a peer's kernel: dotted
         ax_bw.plot([r["ctx"] for r in rs], [r["gbs"] for r in rs], **style)
         if floor_dev:
             ax_frac.plot([r["ctx"] for r in rs], [r["frac_of_floor"] for r in rs], **style)

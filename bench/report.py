@@ -108,6 +108,7 @@ def print_report(payload: dict, console: Optional[Console] = None) -> None:
         con.print(m)
         if any(r["timed_on"] == "cpu" for r in timed):
             con.print("  (CPU) rows are CPU wall-clock times (the float64 reference), not GPU kernel timings.")
+    _print_peers(con, rows)
     model = payload.get("model") or []
     if model:
         mdevs = list(dict.fromkeys(d for m in model for d in m["predictions"]))
@@ -133,6 +134,33 @@ def print_report(payload: dict, console: Optional[Console] = None) -> None:
                   "`python -m bench.model --per-tile` explains each number.")
     for n in payload.get("notes", []):
         con.print(f"  note: {n}")
+
+
+def _print_peers(con, rows: list[dict]) -> None:
+    """The peers beside our best kernel: time, fraction of the floor, ratio, each pass apart, provenance."""
+    peers = [r for r in rows if r.get("peer") and r["status"] != "counted"]
+    if not peers:
+        return
+    t = _table("peers (serving engines' kernels) beside our best kernel, same inputs and timing")
+    for c in ("backend", "ctx", "nodes", "layout", "median us", "% floor", "x our best", "passes us", "source",
+              "status"):
+        t.add_column(c, justify="left" if c in ("backend", "passes us", "source", "status") else "right")
+    for r in peers:
+        lay = r["layout"] if r["page_size"] == 1 else f"paged{r['page_size']}"
+        x = r.get("x_best_ours")
+        parts = r.get("parts_us") or {}
+        p = r["peer"]
+        src = f"{p.get('source')} {p.get('version') or ''} {(p.get('commit') or '')[:10]}".strip()
+        t.add_row(r["backend"], f"{r['ctx']:,}", str(r["tree_nodes"]), lay, _us(r["median_us"]),
+                  f"{100 * r['frac_of_floor']:.3g}%" if r["frac_of_floor"] is not None else "-",
+                  f"{x:.2f}x {r['best_ours']}" if x else "-",
+                  " ".join(f"{k} {_us(v)}" for k, v in parts.items()) or "-", src,
+                  r["status"] + (f": {r['note']}" if r["note"] and r["status"] != "ok" else ""))
+    con.print(t)
+    for b, dep in dict.fromkeys((r["backend"], r["departure"]) for r in peers if r.get("departure")):
+        con.print(f"  {b} departs from the contract: {dep}")
+    con.print("  x our best: the peer's time over our fastest kernel's on the same row (> 1: ours is faster); "
+              "passes: each pass of a peer timed alone (flashmla's prefix pass: the speed of light for the prefix)")
 
 
 CSV_FIELDS = ("backend", "ctx", "tree_nodes", "layout", "page_size", "bytes", "flops", "median_us", "p20_us",

@@ -81,7 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "kernel version, cuda@m32n16w8s8 one compiled tile (block_m, block_n, warps, stages; "
                     "`python -m verify_attn.build` lists them) (default: all available; "
                     "on GPU the reference and cuda-emu are not timed; sglang-extend joins when SGLang is installed, "
-                    "flashinfer-mla when FlashInfer is (chains only: its MLA wrapper takes no tree mask))")
+                    "flashinfer-mla when FlashInfer is (chains only: its MLA wrapper takes no tree mask), fa3-mla (FA3 along "
+                    "SGLang's Hopper tree-verify path) and flashmla (its dense decode over the prefix + a torch tree "
+                    "part) from their packages or the carried bundle (bench/peers.py, bench/peer_bundle.py))")
     ap.add_argument("--dtype", default="bf16", choices=sorted(DTYPES), help="q (and 16-bit cache) dtype")
     ap.add_argument("--kv-dtype", default=None, choices=KV_DTYPE_CHOICES,
                     help="KV cache storage: fp8_e4m3 (1 B/value, per-tensor scales), fp8_mla656 (FlashMLA's 656-B "
@@ -93,6 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--max-seconds", type=float, default=10.0, help="time cap per row's sampling (>= 5 samples)")
     ap.add_argument("--budget-s", type=float, default=None, help="total time budget: later rows are skipped")
+    ap.add_argument("--longest-first", action="store_true", help="run the longest context first (default: "
+                    "shortest first), so that a budget spent late skips the short rows")
     ap.add_argument("--serial-max-ctx", default=None, help=f"do not time {BASELINE} above this ctx (it is slow)")
     ap.add_argument("--cpu-ctx-cap", default=str(CPU_CTX_CAP), help="without a GPU, time the CPU reference only "
                     f"up to this ctx (default {CPU_CTX_CAP})")
@@ -107,7 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # names bench.baselines.outside_baselines() gives where the package is installed
-OUTSIDE_BASELINES = ("sglang-extend", "flashinfer-mla")
+OUTSIDE_BASELINES = ("sglang-extend", "flashinfer-mla", "fa3-mla", "flashmla")
+OURS = ("cuda", "triton")   # our kernels (any cuda@ pin): a peer's row gives its time over the best of these
 
 
 def _known_backends_only(names: list[str], outside: dict) -> list[str]:
@@ -208,7 +213,7 @@ def sweep(a: argparse.Namespace, *, kernel_device: Optional[str] = None, timer: 
     Tests pass kernel_device="cpu", a CPU timer and a small `l2` to run the GPU path's logic here.
     """
     shape = resolve_shape(a)
-    ctxs = parse_ctx(a.ctx)
+    ctxs = sorted(parse_ctx(a.ctx), reverse=getattr(a, "longest_first", False))
     nodes_list = parse_int_list(a.tree, "--tree")
     layouts = parse_layouts(a.layout, a.page_size)
     alloc = getattr(a, "alloc", "shuffled")
@@ -233,7 +238,7 @@ def sweep(a: argparse.Namespace, *, kernel_device: Optional[str] = None, timer: 
     if kdev:
         from bench.baselines import outside_baselines
         from verify_attn import available_backends
-        outside, bnotes = outside_baselines()
+        outside, bnotes = outside_baselines(asked or None)   # only what was asked is looked for
         notes += bnotes
         if asked:  # only what was asked: importing "cuda" builds it, which takes minutes the first time
             backends = _known_backends_only(asked, outside)
@@ -249,7 +254,7 @@ def sweep(a: argparse.Namespace, *, kernel_device: Optional[str] = None, timer: 
             peers = [n for n in asked if n in OUTSIDE_BASELINES]
             if peers:
                 from bench.baselines import outside_baselines
-                _, bnotes = outside_baselines()
+                _, bnotes = outside_baselines(peers)
                 for n in peers:
                     why = next((x.split(": ", 1)[1] for x in bnotes if x.startswith(n + ": ")), "")
                     notes.append(f"{n}: unavailable here: needs a CUDA GPU" + (f"; {why}" if why else ""))
@@ -300,6 +305,7 @@ def sweep(a: argparse.Namespace, *, kernel_device: Optional[str] = None, timer: 
                 rows.append(r)
                 tick()
     _speedups(rows)
+    _peer_ratios(rows, outside)
     model = [] if a.no_model else model_rows(shape, combos, dtype, a.batch, notes, kv_dtype)
     return {
         "device": torch.cuda.get_device_name() if gpu else None,
@@ -308,6 +314,7 @@ def sweep(a: argparse.Namespace, *, kernel_device: Optional[str] = None, timer: 
         "kv_row_bytes": kv_row_bytes(kv_dtype, shape.head_dim_qk, shape.head_dim_v, shape.mla), "tree_shape": a.tree_shape, "alloc": alloc, "batch": a.batch,
         "devices": [d.to_dict() for d in devices], "floor_device": primary, "notes": notes,
         "argv": sys.argv[1:], "results": [r.to_dict() for r in rows], "model": model,
+        "peers": {n: getattr(f, "peer", None) or {"why": getattr(f, "unavailable", None)} for n, f in outside.items()},
     }
 
 
@@ -348,6 +355,26 @@ def _speedups(rows: list[Row]) -> None:
         s = serial.get((r.ctx, r.tree_nodes, r.layout, r.page_size, r.timed_on))
         if s and r.median_us:
             r.speedup_vs_serial = s / r.median_us
+
+
+def _peer_ratios(rows: list[Row], outside: dict) -> None:
+    """Every outside baseline's row: where the peer came from (`peer`: source, version, commit) and its time over
+    our best kernel's on the same (ctx, tree, layout) (`x_best_ours`, `best_ours`)."""
+    best: dict[tuple, Row] = {}
+    for r in rows:
+        if r.backend.partition("@")[0] in OURS and r.median_us and r.timed_on:
+            k = (r.ctx, r.tree_nodes, r.layout, r.page_size, r.timed_on)
+            if k not in best or r.median_us < best[k].median_us:
+                best[k] = r
+    for r in rows:
+        if r.backend not in outside:
+            continue
+        info = getattr(outside[r.backend], "peer", None)
+        if info:
+            r.extra["peer"] = info
+        b = best.get((r.ctx, r.tree_nodes, r.layout, r.page_size, r.timed_on))
+        if b is not None and r.median_us:
+            r.extra["best_ours"], r.extra["x_best_ours"] = b.backend, r.median_us / b.median_us
 
 
 class _progress:
