@@ -123,14 +123,19 @@ def run_foreign(a: argparse.Namespace) -> int:
     print(f"  hot loop {out['loop'][0]}-{out['loop'][1]}: {out['instructions_per_iter']} instructions, "
           f"{out['mma_per_iter']} MMA per warp per iteration; {out['registers']} registers, {out['ctas_per_sm']} "
           f"CTAs/SM, {out['waves']} waves on {out['device']}")
+    _print_call(a, out, "")
+    return 0
+
+
+def _print_call(a: argparse.Namespace, out: dict, where: str) -> None:
+    """A foreign reading's last lines: cycles per iteration, the call with its band, TFLOP/s; --json."""
     band = f" [{out['low_us']:.1f}-{out['high_us']:.1f}], most sensitive {out['sensitive']}" if "low_us" in out else ""
-    print(f"  {out['cycles_per_iter']:.0f} cycles per iteration; call {out['us']:.1f} us{band} (model)")
+    print(f"  {out['cycles_per_iter']:.0f} cycles per iteration{where}; call {out['us']:.1f} us{band} (model)")
     if "tflops" in out:
         tb = f" [{out['tflops_low']:.0f}-{out['tflops_high']:.0f}]" if "tflops_low" in out else ""
         print(f"  {out['tflops']:.1f} TFLOP/s{tb} (model)")
     if a.json:
         Path(a.json).write_text(json.dumps(out, indent=1))
-    return 0
 
 
 def _print_roles(a: argparse.Namespace, r, found) -> int:
@@ -152,14 +157,7 @@ def _print_roles(a: argparse.Namespace, r, found) -> int:
               f"{ro['cycles_per_iter']:>7.0f} {ro['stall_cycles_per_iter']:>8.0f}  {ro['bound']}")
     busy = ", ".join(f"{p} {v / out['cycles_per_iter']:.0%}" for p, v in sorted(out["pipe_busy"].items(),
                      key=lambda kv: -kv[1]) if p in ("tensor", "lsu", "mio", "smem_async", "tma"))
-    band = f" [{out['low_us']:.1f}-{out['high_us']:.1f}], most sensitive {out['sensitive']}" if "low_us" in out else ""
-    print(f"  {out['cycles_per_iter']:.0f} cycles per iteration (scheduler 0: {busy}); call {out['us']:.1f} us{band} "
-          f"(model)")
-    if "tflops" in out:
-        tb = f" [{out['tflops_low']:.0f}-{out['tflops_high']:.0f}]" if "tflops_low" in out else ""
-        print(f"  {out['tflops']:.1f} TFLOP/s{tb} (model)")
-    if a.json:
-        Path(a.json).write_text(json.dumps(out, indent=1))
+    _print_call(a, out, f" (scheduler 0: {busy})")
     return 0
 
 

@@ -135,20 +135,27 @@ def predict(r: Reading, dev: DeviceModel, *, threads: int, grid: int, trips: int
            "waves": waves, "loop": [hex(r.function.instrs[r.loop.start].addr), hex(r.function.instrs[r.loop.end].addr)],
            "instructions_per_iter": len(r.path.instrs), "mma_per_iter": r.mma_per_iter,
            "cycles_per_iter": s.cycles_per_iter, "pipe_busy": dict(s.pipe_busy), "us": us}
+    _add_band(out, dev, lambda d: one(d)[0], flops, band)
+    return out
+
+
+def _add_band(out: dict, dev: DeviceModel, us_on, flops: Optional[float], band: bool) -> None:
+    """out["us"]'s TFLOP/s, and with `band` its band: `us_on(device)` at each end of every ranged constant,
+    root-sum-square of the moves (bench/model/bands.py's rule), and the constant that moves it most."""
+    us = out["us"]
     if flops:
         out["tflops"] = flops / us / 1e6
-    if band:
-        from .bands import ranged_constants
-        swings = {}
-        for name, c in ranged_constants(dev).items():
-            swings[name] = tuple(one(replace(dev, **{name: c.at(v)}))[0] for v in c.range)
-        down = math.sqrt(sum(max(0.0, us - min(a, b)) ** 2 for a, b in swings.values()))
-        up = math.sqrt(sum(max(0.0, max(a, b) - us) ** 2 for a, b in swings.values()))
-        out.update(low_us=us - down, high_us=us + up,
-                   sensitive=max(swings, key=lambda k: abs(swings[k][1] - swings[k][0])) if swings else "-")
-        if flops:
-            out.update(tflops_low=flops / out["high_us"] / 1e6, tflops_high=flops / out["low_us"] / 1e6)
-    return out
+    if not band:
+        return
+    from .bands import ranged_constants
+    swings = {name: tuple(us_on(replace(dev, **{name: c.at(v)})) for v in c.range)
+              for name, c in ranged_constants(dev).items()}
+    down = math.sqrt(sum(max(0.0, us - min(a, b)) ** 2 for a, b in swings.values()))
+    up = math.sqrt(sum(max(0.0, max(a, b) - us) ** 2 for a, b in swings.values()))
+    out.update(low_us=us - down, high_us=us + up,
+               sensitive=max(swings, key=lambda k: abs(swings[k][1] - swings[k][0])) if swings else "-")
+    if flops:
+        out.update(tflops_low=flops / out["high_us"] / 1e6, tflops_high=flops / out["low_us"] / 1e6)
 
 
 # --- P-12: FlashAttention-2's forward kernel on an H100 --------------------------------------------------
@@ -267,18 +274,7 @@ def predict_roles(r: Reading, found: list, dev: DeviceModel, *, threads: int, gr
            "waves": math.ceil(grid / (ctas * int(dev.sms.value))), "roles": per_role,
            "simulated_warps": [w for _, w in sim_warps], "cycles_per_iter": s.cycles_per_iter,
            "pipe_busy": dict(s.pipe_busy), "us": us}
-    if flops:
-        out["tflops"] = flops / us / 1e6
-    if band:
-        from .bands import ranged_constants
-        swings = {name: tuple(one(replace(dev, **{name: c.at(v)}))[0] for v in c.range)
-                  for name, c in ranged_constants(dev).items()}
-        down = math.sqrt(sum(max(0.0, us - min(a, b)) ** 2 for a, b in swings.values()))
-        up = math.sqrt(sum(max(0.0, max(a, b) - us) ** 2 for a, b in swings.values()))
-        out.update(low_us=us - down, high_us=us + up,
-                   sensitive=max(swings, key=lambda k: abs(swings[k][1] - swings[k][0])) if swings else "-")
-        if flops:
-            out.update(tflops_low=flops / out["high_us"] / 1e6, tflops_high=flops / out["low_us"] / 1e6)
+    _add_band(out, dev, lambda d: one(d)[0], flops, band)
     return out
 
 
