@@ -644,6 +644,37 @@ def test_wgmma_matches_matrix_product(wgmma_dev, bf16, n, trans_b, ss):
     _wgmma_expect(out, want)
 
 
+def _wgmma_sw128_case(dev, n: int, trans_b: bool, ss: bool, mode: int = 0, threads: int = 128):
+    a_bits, A = random_16bit((64, 32), True)
+    b_bits, B = random_16bit((32, n), True)  # B[k][n]
+    b_src = np.ascontiguousarray(b_bits if trans_b else b_bits.T)
+    out = np.full((threads, n // 2), -1.0, np.float32)
+    dev.register(a=a_bits, b=b_src, out=out)
+    err = dev.try_call("wgmma_sw128", n, a_bits, b_src, int(trans_b), int(ss), mode, threads, out)
+    return err, out, A @ B
+
+
+@pytest.mark.parametrize("n", [32, 256])
+@pytest.mark.parametrize("trans_b", [False, True], ids=["b-kmajor", "b-mnmajor"])
+@pytest.mark.parametrize("ss", [False, True], ids=["a-regs", "a-smem"])
+def test_wgmma_reads_128_byte_swizzled_operands(wgmma_dev, n, trans_b, ss):
+    """B (and A from shared memory) written by cp.async at the 128-byte-swizzle offsets (wgmma.cuh sw128_*) and
+    read through swizzled descriptors: K-major advanced 32 bytes a k16 step, MN-major two atoms; N = 256 spans four
+    64-wide n blocks LBO apart. On an H200 the same test checks the layout against the hardware."""
+    err, out, want = _wgmma_sw128_case(wgmma_dev, n, trans_b, ss, threads=256)
+    assert err is None, err
+    _wgmma_expect(out, want)
+
+
+@pytest.mark.parametrize("trans_b", [False, True], ids=["b-kmajor", "b-mnmajor"])
+def test_swizzle_mismatch_is_caught(emu, trans_b):
+    """Operands written swizzled but described as unswizzled: the wgmma reads other bytes, the product is wrong."""
+    err, out, want = _wgmma_sw128_case(emu, 32, trans_b, True, mode=1)
+    assert err is None, err
+    with pytest.raises(AssertionError):
+        _wgmma_expect(out, want)
+
+
 def test_wgmma_accumulates_onto_registers(wgmma_dev):
     err, out, want = _wgmma_case(wgmma_dev, True, 32, False, False, pad=0, mode=64)
     assert err is None, err

@@ -62,6 +62,29 @@ VA_DEVICE uint64_t wgmma_desc(const void* smem, uint32_t lbo_bytes, uint32_t sbo
          (static_cast<uint64_t>((sbo_bytes >> 4) & 0x3FFFu) << 32);
 }
 
+// 128-byte-swizzled operands (descriptor swizzle mode 1; CUTLASS's Layout_K_SW128 / Layout_MN_SW128 atoms), the
+// layout TMA boxes write and FlashMLA / FA3 read. In 16-byte chunks, from a 1024-byte-aligned start (the atom's
+// repeat: the XOR below works on the address bits, so keep dynamic shared memory free of static buffers before it):
+//   K-major  (row r, chunk c of its 8 along k; 64 16-bit k a line):  r % 8 lines of 128 B, r / 8 atoms SBO apart;
+//   MN-major (n chunk c of 8 along n, k):                             k % 8 lines of 128 B, k / 8 atoms SBO apart,
+//                                                                     n / 64 blocks LBO apart (unused for N <= 64);
+// then chunk c lands at chunk c ^ (line % 8) of its line (address bits 4-6 ^= bits 7-9). K-major's LBO is unused (the
+// op's two k chunks are adjacent): pass 16. The same smem tile serves a KV row block K-major for S = Q K^T and
+// MN-major for O = P V. A k16 step advances a K-major descriptor 32 bytes, an MN-major one 2 atoms (2 x SBO).
+VA_DEVICE uint64_t wgmma_desc_sw128(const void* smem, uint32_t lbo_bytes, uint32_t sbo_bytes) {
+  return wgmma_desc(smem, lbo_bytes, sbo_bytes) | (1ull << 62);
+}
+// Byte offset of a K-major 128B-swizzled operand's chunk `chunk` (0..7) of row `row`: where its cp.async writes.
+VA_DEVICE constexpr uint32_t sw128_kmajor_offset(int row, int chunk, uint32_t sbo_bytes) {
+  return static_cast<uint32_t>(row / 8) * sbo_bytes + static_cast<uint32_t>(row % 8) * 128 +
+         static_cast<uint32_t>((chunk ^ (row % 8)) & 7) * 16;
+}
+// Byte offset of an MN-major 128B-swizzled operand's n chunk `nchunk` (8 elements) of k row `k`.
+VA_DEVICE constexpr uint32_t sw128_mnmajor_offset(int k, int nchunk, uint32_t lbo_bytes, uint32_t sbo_bytes) {
+  return static_cast<uint32_t>(nchunk / 8) * lbo_bytes + static_cast<uint32_t>(k / 8) * sbo_bytes +
+         static_cast<uint32_t>(k % 8) * 128 + static_cast<uint32_t>(((nchunk % 8) ^ (k % 8)) & 7) * 16;
+}
+
 // The descriptor of the same layout `bytes` further on (a later k step or n block): the start address
 // field advances by bytes >> 4 (bytes a multiple of 16; the address stays below 2^18, so nothing carries
 // out of the field). A 32-bit add on the low word: no 64-bit carry chain per wgmma.

@@ -589,18 +589,46 @@ struct WgmmaArgs {
 
 struct Desc {
   size_t start, lbo, sbo;
+  unsigned w = 1;      // 16-byte chunks per swizzle row: 1 (no swizzle), 2 / 4 / 8 (32 / 64 / 128-byte swizzle)
+  unsigned bits = 0;   // log2(w): the XOR's width (CUTLASS Swizzle<bits, 4, 3>)
 };
 
-// Decodes a matrix descriptor; only the no-swizzle canonical layouts are emulated.
+// Decodes a matrix descriptor: no swizzle, or the 128 / 64 / 32-byte swizzles (mode 1 / 2 / 3) with base offset 0.
 Desc decode_desc(Fiber* f, uint64_t desc, const char* which, std::source_location loc) {
   const unsigned swz = static_cast<unsigned>(desc >> 62), base = static_cast<unsigned>((desc >> 49) & 7);
-  if (swz != 0 || base != 0) {
-    fatal(f, std::string("wgmma ") + which + " descriptor: swizzle mode " + std::to_string(swz) + ", base offset " +
-                 std::to_string(base) + " (the emulator implements the no-swizzle layout only)",
+  if (base != 0) {
+    fatal(f, std::string("wgmma ") + which + " descriptor: base offset " + std::to_string(base) +
+                 " (the emulator implements base offset 0: swizzle atoms aligned to their repeat)",
           loc);
   }
-  return {static_cast<size_t>(desc & 0x3FFF) << 4, static_cast<size_t>((desc >> 16) & 0x3FFF) << 4,
-          static_cast<size_t>((desc >> 32) & 0x3FFF) << 4};
+  Desc d{static_cast<size_t>(desc & 0x3FFF) << 4, static_cast<size_t>((desc >> 16) & 0x3FFF) << 4,
+         static_cast<size_t>((desc >> 32) & 0x3FFF) << 4};
+  if (swz != 0) {
+    d.bits = 4 - swz;   // mode 1: 128 B (3 bits), 2: 64 B, 3: 32 B
+    d.w = 1u << d.bits;
+  }
+  return d;
+}
+
+// A swizzled layout's XOR: bits [4, 4 + bits) of the shared offset ^= bits [7, 7 + bits) (the offset counted from
+// the dynamic shared memory's start, which a kernel using swizzled operands keeps aligned to 1024 bytes).
+size_t swizzled(const Desc& d, size_t off) {
+  return d.bits ? off ^ (((off >> 7) & ((1u << d.bits) - 1u)) << 4) : off;
+}
+
+// The 16-byte chunk of a K-major operand holding row `row`'s k chunk `kb` (0 or 1 of the op's two). PTX canonical
+// layouts in 16-byte units (CUTLASS make_gmma_desc): no swizzle ((8,m),2):((1,SBO),LBO); swizzled
+// ((8,m),2):((w,SBO),1), then the XOR.
+size_t kmajor_chunk(const Desc& d, int row, int kb) {
+  if (d.bits == 0) return d.start + (row % 8) * 16 + (row / 8) * d.sbo + kb * d.lbo;
+  return swizzled(d, d.start + (row % 8) * 16 * d.w + (row / 8) * d.sbo + kb * 16);
+}
+
+// The 16-byte chunk of an MN-major (16-bit) operand holding n = 8 nb .. 8 nb + 7 of k: no swizzle
+// ((1,n),(8,k)):((.,SBO),(1,LBO)); swizzled ((w,n),(8,k)):((1,LBO),(w,SBO)), then the XOR.
+size_t mnmajor_chunk(const Desc& d, int nb, int k) {
+  if (d.bits == 0) return d.start + (k % 8) * 16 + nb * d.sbo + (k / 8) * d.lbo;
+  return swizzled(d, d.start + (nb % d.w) * 16 + (nb / d.w) * d.lbo + (k % 8) * 16 * d.w + (k / 8) * d.sbo);
 }
 
 // Reads one 16-byte core-matrix row at shared offset `off` into out[] (8 16-bit or 16 e4m3 elements): bounds,
@@ -668,29 +696,26 @@ void wgmma_compute(Warp& w, const WgmmaArgs& x0, std::source_location loc) {
         }
       }
     }
-  } else {  // K-major: element (m, k) at (m % 8) * 16 + (m / 8) * SBO + (k / kPerRow) * LBO + (k % kPerRow) elements
+  } else {  // K-major (kmajor_chunk): row m's k chunk kb holds elements k = kPerRow kb .. kPerRow kb + kPerRow - 1
     const Desc da = decode_desc(f, x0.desc_a, "A", loc);
     for (int r = 0; r < 16; ++r)
-      for (int kb = 0; kb < 2; ++kb) {
-        const int m = 16 * q + r;
-        read_core_row<kKind>(f, da.start + (m % 8) * 16 + (m / 8) * da.sbo + kb * da.lbo, &A[r * kK + kPerRow * kb],
-                             op, "wgmma A row", loc);
-      }
+      for (int kb = 0; kb < 2; ++kb)
+        read_core_row<kKind>(f, kmajor_chunk(da, 16 * q + r, kb), &A[r * kK + kPerRow * kb], op, "wgmma A row", loc);
   }
   const Desc db = decode_desc(f, x0.desc_b, "B", loc);
   float row[16];
-  if (!x0.trans_b) {  // K-major: (n, k) at (n % 8) * 16 + (n / 8) * SBO + (k / kPerRow) * LBO + (k % kPerRow)
+  if (!x0.trans_b) {  // K-major (kmajor_chunk)
     for (int c = 0; c < n; ++c)
       for (int kb = 0; kb < 2; ++kb) {
-        read_core_row<kKind>(f, db.start + (c % 8) * 16 + (c / 8) * db.sbo + kb * db.lbo, row, op, "wgmma B row", loc);
+        read_core_row<kKind>(f, kmajor_chunk(db, c, kb), row, op, "wgmma B row", loc);
         for (int i = 0; i < kPerRow; ++i) B[(kPerRow * kb + i) * n + c] = row[i];
       }
   } else if constexpr (kKind == kWgmmaE4m3) {
     fatal(f, "wgmma .e4m3: B must be K-major (the PTX ISA allows the transposed layouts for 16-bit types only)", loc);
-  } else {  // MN-major: (n, k) at (k % 8) * 16 + (n / 8) * SBO + (k / 8) * LBO + (n % 8) * 2 bytes
+  } else {  // MN-major (mnmajor_chunk): the chunk of n block nb at k holds n = 8 nb + (0..7)
     for (int k = 0; k < 16; ++k)
       for (int nb = 0; nb < n / 8; ++nb) {
-        read_core_row<kKind>(f, db.start + (k % 8) * 16 + nb * db.sbo + (k / 8) * db.lbo, row, op, "wgmma B row", loc);
+        read_core_row<kKind>(f, mnmajor_chunk(db, nb, k), row, op, "wgmma B row", loc);
         for (int i = 0; i < 8; ++i) B[k * n + 8 * nb + i] = row[i];
       }
   }

@@ -432,6 +432,65 @@ __global__ void k_wgmma(const uint16_t* a, const uint16_t* b, int trans_b, int s
   for (int i = 0; i < N / 2; ++i) st_global(out + threadIdx.x * (N / 2) + i, d[i]);
 }
 
+// ---- wgmma on 128-byte-swizzled operands: the same product as k_wgmma (A 64 x 32, B 32 x N, two k16 steps), B
+// (and A in the SS form) copied by cp.async to their sw128_* offsets and read through wgmma_desc_sw128 descriptors:
+// K-major rows use 4 of a 128-byte line's 8 chunks (K = 32), MN-major k rows N / 8 chunks, N / 64 blocks of 4 atoms.
+// mode 1: the descriptors say "no swizzle" over the same bytes (a swizzle mismatch: the data is not where they
+// read). out: [blockDim.x][N / 2] D fragments.
+template <class T, int N>
+__global__ void k_wgmma_sw128(const uint16_t* a, const uint16_t* b, int trans_b, int ss, int mode, float* out) {
+  constexpr int K = 32;
+  constexpr uint32_t kAtom = 1024;  // 8 lines of 128 bytes
+  unsigned char* sm = smem_dynamic<unsigned char>();
+  const uint32_t b_sbo = kAtom, b_lbo = trans_b ? (K / 8) * kAtom : 16;
+  const uint32_t b_bytes = trans_b ? ((N + 63) / 64) * b_lbo : (N / 8) * kAtom;
+  unsigned char* sa = sm + b_bytes;  // a multiple of 1024: A's atoms aligned too
+  for (int c = threadIdx.x; c < N * K / 8; c += blockDim.x) {
+    if (!trans_b) {  // chunk (n, kc): 8 k values of row n
+      const int n = c / (K / 8), kc = c % (K / 8);
+      cp_async_16(sm + sw128_kmajor_offset(n, kc, b_sbo), b + n * K + 8 * kc);
+    } else {  // chunk (k, nc): 8 n values of row k
+      const int k = c / (N / 8), nc = c % (N / 8);
+      cp_async_16(sm + sw128_mnmajor_offset(k, nc, b_lbo, b_sbo), b + k * N + 8 * nc);
+    }
+  }
+  if (ss) {
+    for (int c = threadIdx.x; c < 64 * K / 8; c += blockDim.x) {
+      const int m = c / (K / 8), kc = c % (K / 8);
+      cp_async_16(sa + sw128_kmajor_offset(m, kc, kAtom), a + m * K + 8 * kc);
+    }
+  }
+  cp_async_commit();
+  cp_async_wait<0>();
+  fence_proxy_async();
+  block_sync();
+  const int q = (threadIdx.x / 32) % 4, l = lane_id(), g = l >> 2, t = l & 3;
+  uint32_t fa[2][4];
+  if (!ss) {
+    for (int s = 0; s < 2; ++s)
+      for (int r = 0; r < 4; ++r)
+        fa[s][r] = ld_global(reinterpret_cast<const uint32_t*>(a + (16 * q + g + 8 * (r & 1)) * K + 16 * s + 2 * t +
+                                                               8 * (r >> 1)));
+  }
+  float d[N / 2];
+  for (int i = 0; i < N / 2; ++i) d[i] = 0.f;
+  const uint64_t db = (mode & 1) ? wgmma_desc(sm, b_lbo, b_sbo) : wgmma_desc_sw128(sm, b_lbo, b_sbo);
+  const uint64_t da = (mode & 1) ? wgmma_desc(sa, 16, kAtom) : wgmma_desc_sw128(sa, 16, kAtom);
+  wgmma_fence();
+  for (int s = 0; s < 2; ++s) {
+    const uint64_t dbs = wgmma_desc_advance(db, trans_b ? 2 * s * b_sbo : 32 * s);  // k16: 2 atoms / 32 bytes
+    if (ss) {
+      const uint64_t das = wgmma_desc_advance(da, 32 * s);
+      if (trans_b) wgmma_ss<T, N, true>(d, das, dbs, s > 0); else wgmma_ss<T, N, false>(d, das, dbs, s > 0);
+    } else {
+      if (trans_b) wgmma_rs<T, N, true>(d, fa[s], dbs, s > 0); else wgmma_rs<T, N, false>(d, fa[s], dbs, s > 0);
+    }
+  }
+  wgmma_commit();
+  wgmma_wait<0>();
+  for (int i = 0; i < N / 2; ++i) st_global(out + threadIdx.x * (N / 2) + i, d[i]);
+}
+
 // ---- wgmma .e4m3: each warpgroup computes D (64 x N) = A (64 x 64) B (64 x N) in two k32 steps. A: 64 x 64 codes,
 // row-major; B: N x 64 codes (K-major, k contiguous), in shared memory through cp.async in the no-swizzle layout
 // (a core matrix is 8 rows x 16 codes), core matrices `pad` bytes apart beyond the packed stride. A from there
@@ -575,6 +634,15 @@ VA_TEST_API const char* va_test_wgmma(int bf16, int n, const uint16_t* a, const 
     else if (n == 32) launch(k_wgmma<__half, 32>, dim3(1), dim3(threads), smem, nullptr, a, b, trans_b, ss, pad, mode, out);
     else if (n == 256 && bf16) launch(k_wgmma<__nv_bfloat16, 256>, dim3(1), dim3(threads), smem, nullptr, a, b, trans_b, ss, pad, mode, out);
     else throw std::invalid_argument("va_test_wgmma: n = 32 (bf16, f16) or 256 (bf16)");
+  });
+}
+VA_TEST_API const char* va_test_wgmma_sw128(int n, const uint16_t* a, const uint16_t* b, int trans_b, int ss, int mode,
+                                            int threads, float* out) {
+  return guarded([&] {
+    const size_t smem = 48 * 1024;
+    if (n == 32) launch(k_wgmma_sw128<__nv_bfloat16, 32>, dim3(1), dim3(threads), smem, nullptr, a, b, trans_b, ss, mode, out);
+    else if (n == 256) launch(k_wgmma_sw128<__nv_bfloat16, 256>, dim3(1), dim3(threads), smem, nullptr, a, b, trans_b, ss, mode, out);
+    else throw std::invalid_argument("va_test_wgmma_sw128: n = 32 or 256");
   });
 }
 VA_TEST_API const char* va_test_wgmma_e4m3(int n, const uint8_t* a, const uint8_t* b, int ss, int pad, int threads,
