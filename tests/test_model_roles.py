@@ -134,3 +134,24 @@ def test_knockout_bits_are_checked(capsys):
     assert "0..15" in msg
     with pytest.raises(ValueError, match="0..15"):
         vb.compile_cubin(vb.instantiation_file("bf16", "mla576", "page1"), "sm_90a", knockout=16)
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_120a"])
+def test_our_split_kernels_read_as_one_role(arch):
+    """No kernel of this project branches its warps into different loops (yet): every split kernel of the MLA
+    instantiation is one math role with all its warps, so `--foreign` reads them as before."""
+    from verify_attn import build as vb
+    try:
+        cubin = vb.compile_cubin(vb.instantiation_file("bf16", "mla576", "page1"), arch)
+        funcs = sass.parse(sass.disassemble(cubin))
+    except RuntimeError as e:   # no nvcc or SASS tools here
+        pytest.skip(str(e))
+    seen = 0
+    for name, f in funcs.items():
+        tile = vb._compiled_tile(name) if "tree_verify_split_kernel" in name else None
+        if tile is None or not tile.targets(arch):
+            continue
+        found = roles.find_roles(f, tile.num_warps * 32)
+        assert [(x.kind, x.warps) for x in found] == [("math", tuple(range(tile.num_warps)))], vb._describe(name)[0]
+        seen += 1
+    assert seen >= 3
