@@ -268,6 +268,8 @@ FAULT_CASES = [
     (CaseSpec((97,), (7,), "bushy", dtype=BF, seed=44, **MLA), cfg(2, *V1_A)),
     (CaseSpec((97,), (7,), "bushy", dtype=BF, seed=45, **MLA), cfg(2, *V1_C)),
     (CaseSpec((97,), (7,), "bushy", dtype=BF, seed=49, **MLA), cfg(2, *V2)),
+    # kernel v3: its one block_sync (the mbarriers' init) and its one cp.async wait (Q, by the math warps)
+    (CaseSpec((97,), (7,), "bushy", dtype=BF, seed=312, **MLA), cfg(2, 32, 16, 9, 4)),
 ]
 
 
