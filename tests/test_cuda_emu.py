@@ -930,3 +930,20 @@ def test_v3_named_barrier_with_a_wrong_thread_count_is_caught(emu):
     missed = _v3_missed(emu, "named_barrier_miscount", V3_MATH, [-1, 0, 1, 2, 3])
     assert not missed, f"math named barrier call(s) {missed} with a wrong count went unnoticed"
     assert not _v3_missed(emu, "named_barrier_miscount", V3_PRODUCER, [0]), "the producer's miscount went unnoticed"
+
+
+def test_v3_schedules_agree_bitwise(emu):
+    # v3 race-free: the same bits under every schedule and landing mode (paged 3, 2 requests, 3 splits: the longer
+    # request's splits have 7 tiles of 16 each, so stages are refilled)
+    case = make_case(CaseSpec((290, 7), (9, 4), "bushy", dtype=BF, page_size=3, seed=313, **MLA))
+    ref = None
+    for landing in ("wait", "issue"):
+        emu.set_cp_async_landing(landing)
+        for s in SCHEDULES:
+            emu.set_schedule(s, seed=5)
+            out, lse = _run(case, cfg(3, *V3))
+            if ref is None:
+                ref = (out, lse)
+                check_against_reference(out, lse, case, *TOL[BF])
+            else:
+                assert torch.equal(out, ref[0]) and torch.equal(lse, ref[1]), f"{s}/{landing} differs"
