@@ -268,6 +268,8 @@ FAULT_CASES = [
     (CaseSpec((97,), (7,), "bushy", dtype=BF, seed=44, **MLA), cfg(2, *V1_A)),
     (CaseSpec((97,), (7,), "bushy", dtype=BF, seed=45, **MLA), cfg(2, *V1_C)),
     (CaseSpec((97,), (7,), "bushy", dtype=BF, seed=49, **MLA), cfg(2, *V2)),
+    # kernel v3: its one block_sync (the mbarriers' init) and its one cp.async wait (Q, by the math warps)
+    (CaseSpec((97,), (7,), "bushy", dtype=BF, seed=312, **MLA), cfg(2, 32, 16, 9, 4)),
 ]
 
 
@@ -810,3 +812,138 @@ def test_fp8_gqa_outside_the_family_is_refused_with_a_reason(emu):
     check_against_reference(out, None, case)
     with pytest.raises(ValueError, match="fp8_mla656 needs an MLA 576/512 cache"):   # the cache's own layout
         make_case(CaseSpec((30,), (3,), "bushy", dtype=FP, kv_dtype="fp8_mla656", seed=86, **gqa(4, 2, 64)))
+
+
+# ------------------------------------------- kernel v3: warp roles (issue 39) ----
+
+# kernel v3 (Tile::LOADER 2 of tree_verify_kernel_v1.cuh): 8 math warps (threads 0-255) + 1 producer warp (256-287),
+# 32 rows x 16 tokens x 4 stages, bf16 / fp16 MLA 576/512; selected by its block's 9 warps: backend "cuda@m32n16w9s4"
+V3 = (32, 16, 9, 4)
+V3_MATH, V3_PRODUCER = (0, 256), (256, 288)
+
+# (spec, splits, schedule, landing): pages 1 / 3 / 16 / 64, trees of 1, 7, 16 nodes, prefixes 0, 1, 54, 97, 333,
+# mixed batches, 1-16 splits (16: more splits than tiles), every schedule, both landing modes ("issue": a stage
+# refilled before its EMPTY barrier shows; "wait": a stage read before its FULL barrier does). 333 + 16 tokens in one
+# split are 22 tiles: every stage is refilled five times.
+V3_CASES = [
+    (CaseSpec((1,), (1,), "bushy", dtype=BF, seed=301, **MLA), 1, "forward", "wait"),
+    (CaseSpec((54,), (16,), "bushy", dtype=BF, seed=302, **MLA), 2, "warp-ahead", "issue"),
+    (CaseSpec((97,), (7,), "chain", dtype=FP, page_size=3, seed=303, **MLA), 3, "warp-ahead-reverse", "issue"),
+    (CaseSpec((0, 54, 1), (1, 9, 4), "bushy", dtype=BF, page_size=16, seed=304, **MLA), 5, "random", "wait"),
+    (CaseSpec((130,), (3,), "chain", dtype=FP, page_size=64, seed=305, **MLA), 16, "warp-ahead", "wait"),
+    (CaseSpec((333,), (16,), "deep", dtype=BF, seed=306, **MLA), 1, "warp-ahead", "issue"),
+    (CaseSpec((97, 45), (16, 8), "bushy", dtype=BF, page_size=64, seed=307, **MLA), 2, "warp-ahead-reverse", "wait"),
+    (CaseSpec((201,), (5,), "star", dtype=BF, page_size=16, seed=308, **MLA), 4, "forward", "issue"),
+]
+
+
+@pytest.mark.parametrize("i", range(len(V3_CASES)),
+                         ids=[f"{s.id}-{n}s-{sch}-{land}" for s, n, sch, land in V3_CASES])
+def test_v3_matches_reference(emu, i):
+    spec, splits, sched, landing = V3_CASES[i]
+    emu.set_schedule(sched, seed=i)
+    emu.set_cp_async_landing(landing)
+    case = make_case(spec)
+    emu.reset_stats()
+    out, lse = _run(case, cfg(splits, *V3))
+    check_against_reference(out, lse, case, *TOL[spec.dtype])
+    if splits == 1:  # the split kernel alone (no combine launch): 9 warps per block, the producer warp's too
+        st = emu.stats()
+        assert st["launches"] == 1 and st["threads"] == 288 * st["blocks"] > 0, st
+
+
+@pytest.mark.parametrize("lens,nodes,kind,page", [((40,), (256,), "bushy", 1), ((300, 7), (128, 3), "deep", 3)],
+                         ids=["256-page1", "128+3-page3"])
+def test_v3_wide_trees(emu, lens, nodes, kind, page):
+    # 256 nodes: 8 mask words, all staged in shared memory by v3 (kMaskStage 8), 64 M tiles of 32 rows
+    spec = CaseSpec(lens, nodes, kind, dtype=BF, page_size=page, seed=309, **MLA)
+    case = make_case(spec)
+    emu.set_schedule("warp-ahead")
+    emu.set_cp_async_landing("issue")
+    out, lse = _run(case, cfg(2, *V3))
+    check_against_reference(out, lse, case, *TOL[spec.dtype])
+
+
+def test_v3_is_selectable_by_name_and_no_default():
+    from verify_attn.backends import cuda
+
+    t = next(t for t in vb.TILES["mla576"] if t.loader == 2)
+    assert (t.block_m, t.block_n, t.num_warps, t.num_stages) == V3 and set(t.archs) == {"sm_90a", "sm_120a"}
+    assert vb.tile_smem("mla576", t) <= vb.SMEM_LIMIT["sm_120a"]
+    assert all(vb.default_tile("mla576", a) != t for a in ("sm_90a", "sm_120a"))
+    assert not any(x.loader == 2 for h, ts in vb.TILES.items() if h != "mla576" for x in ts)  # no fp8 v3 tile yet
+    # backend "cuda@m32n16w9s4": the pinned tile resolves (the CPU reads the H200's arch), the default does not pick it
+    p = make_case(CaseSpec((97,), (16,), "bushy", dtype=BF, seed=311, **MLA)).problem()
+    c = cuda.version_config(p, "m32n16w9s4")
+    assert (c.block_m, c.block_n, c.num_warps, c.num_stages) == V3 and c.num_splits >= 1
+    d = cuda.default_config(p)
+    assert (d.block_m, d.block_n, d.num_warps, d.num_stages) != V3
+
+
+# The planted bugs, on v3 itself: each must be caught in some strict mode (as _caught_in_a_strict_mode). 300 + 7
+# tokens in one split are 20 tiles. Math threads: mbarrier_wait call n is tile n's FULL wait; producer threads: call
+# n is its EMPTY wait before tile 4 + n; named barrier calls of a math thread: 0 Q landed, 1 (bar.arrive) the Q
+# stages free, then 2 per tile; the producer's only named barrier call is its sync on the Q stages.
+V3_FAULT_CASE = CaseSpec((300,), (7,), "bushy", dtype=BF, seed=310, **MLA)
+
+
+def _v3_missed(emu, fault: str, threads: tuple[int, int], calls) -> list[int]:
+    case = make_case(V3_FAULT_CASE)
+    config = cfg(1, *V3)
+    assert not _caught(emu, case, config)  # the unbroken kernel passes
+    missed = []
+    for nth in calls:
+        for landing, sched in STRICT_MODES:
+            emu.set_cp_async_landing(landing)
+            emu.set_schedule(sched)
+            emu.set_fault(fault, nth, threads=threads)
+            if _caught(emu, case, config):
+                assert emu.fault_hits() > 0, "the fault never fired"
+                break
+        else:
+            missed.append(nth)
+    emu.clear_faults()
+    return missed
+
+
+def test_v3_math_warp_skipping_its_full_wait_is_caught(emu):
+    # (1) every math thread skips its FULL wait of tile n (n = 0 .. 5: tiles 0-3 in their stage's first phase, 4 and 5
+    # in refilled stages), or all of them; and math warp 7 alone skips all of its FULL waits (caught in (wait,
+    # warp-ahead): it reads a stage whose phase no thread has awaited yet, so the bytes have not landed. Warp 0 alone
+    # is not caught by these schedules: the emulator lands a phase's copies when it completes with a thread already
+    # waiting on it, and the other warps are by the time warp 0 reads.)
+    missed = _v3_missed(emu, "skip_mbarrier_wait", V3_MATH, [-1, *range(6)])
+    assert not missed, f"math threads skipping FULL wait(s) {missed} went unnoticed"
+    assert not _v3_missed(emu, "skip_mbarrier_wait", (224, 256), [-1]), "math warp 7 reading before FULL went unnoticed"
+
+
+def test_v3_producer_skipping_its_empty_wait_is_caught(emu):
+    # (2) the producer refills stage n % 4 with tile 4 + n without waiting for the math warps to release tile n
+    # (n = 0 .. 3), and skips every EMPTY wait
+    missed = _v3_missed(emu, "skip_mbarrier_wait", V3_PRODUCER, [-1, 0, 1, 2, 3])
+    assert not missed, f"producer skipping EMPTY wait(s) {missed} went unnoticed"
+
+
+def test_v3_named_barrier_with_a_wrong_thread_count_is_caught(emu):
+    # (3) a named barrier that counts one warp fewer than arrive: the math warps' barrier 1 (Q landed, then the two
+    # per tile), the Q-stages barrier 2 (math threads' bar.arrive, call 1; the producer's bar.sync)
+    missed = _v3_missed(emu, "named_barrier_miscount", V3_MATH, [-1, 0, 1, 2, 3])
+    assert not missed, f"math named barrier call(s) {missed} with a wrong count went unnoticed"
+    assert not _v3_missed(emu, "named_barrier_miscount", V3_PRODUCER, [0]), "the producer's miscount went unnoticed"
+
+
+def test_v3_schedules_agree_bitwise(emu):
+    # v3 race-free: the same bits under every schedule and landing mode (paged 3, 2 requests, 3 splits: the longer
+    # request's splits have 7 tiles of 16 each, so stages are refilled)
+    case = make_case(CaseSpec((290, 7), (9, 4), "bushy", dtype=BF, page_size=3, seed=313, **MLA))
+    ref = None
+    for landing in ("wait", "issue"):
+        emu.set_cp_async_landing(landing)
+        for s in SCHEDULES:
+            emu.set_schedule(s, seed=5)
+            out, lse = _run(case, cfg(3, *V3))
+            if ref is None:
+                ref = (out, lse)
+                check_against_reference(out, lse, case, *TOL[BF])
+            else:
+                assert torch.equal(out, ref[0]) and torch.equal(lse, ref[1]), f"{s}/{landing} differs"

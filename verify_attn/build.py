@@ -72,14 +72,17 @@ class Tile:
     archs: tuple[str, ...] = ("sm_90a", "sm_120a")  # the archs whose per-block shared memory it fits
     fp8_mma: int = 1  # e4m3 caches: 1, products on e4m3 MMAs; 0, K / V converted to f16, f16 MMAs
     bars: int = 2     # v1: CTA barriers per KV tile (1: S two tiles ahead, partial scores double-buffered)
-    loader: int = 0   # v1: 0, cp.async 16-byte chunks; 1, one cp.async.bulk per KV row on the stage's mbarrier
+    # v1: 0, cp.async 16-byte chunks; 1, one cp.async.bulk per KV row on the stage's mbarrier; 2, kernel v3: a producer
+    # warp beside the num_warps math warps (32 x num_warps + 32 threads) issues the bulk copies on FULL / EMPTY mbarriers
+    loader: int = 0
 
     def targets(self, arch: str) -> bool:
         return normalize_arch(arch) in self.archs
 
     @property
     def num_warps(self) -> int:
-        return self.warps_m * self.warps_n
+        """The block's warps (the key a config selects the tile by): v3's math warps + its producer warp."""
+        return self.warps_m * self.warps_n + (1 if self.loader == 2 else 0)
 
     @property
     def ksplit(self) -> int:
@@ -89,6 +92,8 @@ class Tile:
         base = f"m{self.block_m} n{self.block_n} w{self.num_warps} s{self.num_stages}"
         if self.version == 2:
             return f"v2 {base} wg{self.warps_n} wgmma"
+        if self.version == 1 and self.loader == 2:  # kernel v3: v1's math on num_warps - 1 warps + 1 producer warp
+            return f"v3 {base} k{self.ksplit} sn{self.sn} producer"
         return (f"v1 {base} k{self.ksplit} sn{self.sn}" + ("" if self.fp8_mma else " f16")
                 + (" b1" if self.bars == 1 else "") + (" bulk" if self.loader else "") if self.version == 1 else base)
 
@@ -102,6 +107,11 @@ _V1_SM90_TILE = Tile(32, 32, 2, 4, 4, version=1, sn=2, archs=("sm_90a",), bars=1
 # 32 tokens x 5 stages (2 tiles, 75 KB, in flight), Dqk split 2
 _V1_BULK_S8 = Tile(32, 16, 2, 4, 8, version=1, sn=2, archs=("sm_90a",), bars=1, loader=1)
 _V1_BULK_N32 = Tile(32, 32, 4, 2, 5, version=1, sn=2, archs=("sm_90a",), bars=1, loader=1)
+# kernel v3 (issue 39): v1's math on 8 math warps + 1 producer warp (cp.async.bulk per KV row, FULL / EMPTY mbarriers,
+# named barriers among the math warps), 32 rows x 16 tokens x 4 stages, one tile at a time (3 in flight), Dqk split 4,
+# M 2: 90,048 B (TileMlaV3 in config.h), for sm_120a; also built for sm_90a (the H200 as a proxy). Selected by its
+# block's 9 warps: backend "cuda@m32n16w9s4"; no arch's default until a GPU has timed it.
+V3_TILE = Tile(32, 16, 2, 4, 4, version=1, sn=1, bars=2, loader=2)
 # v2 (wgmma, sm_90a only): 64 rows, 2 warpgroups (4 warps x 16 rows each; Dqk / Dv halves)
 _V2_TILE = Tile(64, 32, 4, 2, 3, version=2, archs=("sm_90a",))
 # v2 on e4m3 caches: both products on wgmma .e4m3 (k32), V transposed per tile into a V^T buffer, 4 stages
@@ -112,7 +122,8 @@ _V2_FP8_TILE = Tile(64, 32, 4, 2, 4, version=2, archs=("sm_90a",))
 # MLA tiles (32x16 w4 s3, 16x32 w4 s2) stay selectable next to v1's.
 TILES: dict[str, list[Tile]] = {
     "mla576": [Tile(32, 16, 2, 4, 4, version=1, sn=2), Tile(32, 16, 2, 4, 3, version=1, sn=2),
-               _V1_SM90_TILE, Tile(32, 16, 2, 2, 3), Tile(16, 32, 1, 4, 2), _V2_TILE, _V1_BULK_S8, _V1_BULK_N32],
+               _V1_SM90_TILE, Tile(32, 16, 2, 2, 3), Tile(16, 32, 1, 4, 2), _V2_TILE, _V1_BULK_S8, _V1_BULK_N32,
+               V3_TILE],
     # e4m3 caches: 32 tokens (one k step of the e4m3 P.V MMA), S warps 2 (dims) x 2 (tokens) x 2 (M)
     # The e4m3-MMA tile is sm_120's (4 stages, two barriers per tile: two tiles in flight in 91 KB): on sm_90
     # nvcc lowers its MMAs to f16 HMMAs (no e4m3 rate there). The f16 tile keeps Q and P exact (any arch); the H200's
@@ -220,6 +231,7 @@ def smem_bytes(tile: Tile, dqk: int, dv: int, shared_kv: bool, kv_bytes: int = 2
         krow = kv_row if kv_row else dqk + kpad   # kv_row: 656-byte rows, unpadded (41 16-byte units, odd)
         stage = tile.block_n * krow + (0 if shared_kv else tile.block_n * (dv + kpad))
         parts = 2 if tile.bars == 1 else 1  # one barrier per tile: two sets of partial scores
+        producer = tile.loader == 2  # kernel v3: 8 staged mask words, FULL + EMPTY mbarriers, no index ring
         spitch = tile.block_n + (4 if parts == 2 else 8)
         part = tile.ksplit * tile.block_m * spitch * 4 * parts
         blocks = bool(kv_row)  # 656-byte rows: P once per 128-column block, 4 side by side
@@ -229,8 +241,8 @@ def smem_bytes(tile: Tile, dqk: int, dv: int, shared_kv: bool, kv_bytes: int = 2
         stats += 4 * tile.block_n * 4 if blocks else 0  # the tile's block scales per token
         slots = tile.num_stages - 2  # kv_indices ring slots (kIdxSlots)
         idx_ring = slots * _ring_threads(tile, dqk, dv, shared_kv, kv_bytes, kv_row) * 4
-        mask = tile.block_m * 4 * 4  # the first 4 tree-mask words of each row (kMaskStage)
-        bars = 8 * tile.num_stages if tile.loader else 0  # the bulk loader's mbarriers
+        mask = tile.block_m * (8 if producer else 4) * 4  # the first 4 (v3: 8) tree-mask words of each row (kMaskStage)
+        bars = 8 * tile.num_stages * (2 if producer else 1) if tile.loader else 0  # the bulk loader's / v3's mbarriers
         return tile.num_stages * stage * kv_bytes + part + p + stats + idx_ring + mask + bars
     q = tile.block_m * (dqk + pad) * elem
     k = tile.num_stages * tile.block_n * (dqk + pad) * elem
@@ -244,6 +256,8 @@ def _ring_threads(tile: Tile, dqk: int, dv: int, shared_kv: bool, kv_bytes: int,
     """Threads with a kv_indices ring slot (kRingThreads in traits.h): every thread with the bulk loader, else
     the BN x kThreadsPerRow loaders."""
     threads = 32 * tile.num_warps
+    if tile.loader == 2:  # the producer warp reads its indices from global memory
+        return 0
     if tile.loader:
         return threads
     per_chunk = 16 // kv_bytes

@@ -29,7 +29,7 @@ class KernelConfig:
     num_splits: int = 0   # KV splits per (request, kv head, M tile); 0 = heuristic
     block_n: int = 32     # KV tokens per mainloop tile
     block_m: int = 64     # MMA rows per CTA/program: tree nodes x query heads of one KV head
-    num_warps: int = 4    # warps per CTA/program
+    num_warps: int = 4    # warps per CTA/program (a power of two; + 1 for a producer warp: CUDA kernel v3's 8 + 1)
     num_stages: int = 2   # KV pipeline depth (cp.async stages / Triton num_stages)
 
     def __post_init__(self) -> None:
@@ -43,10 +43,14 @@ class KernelConfig:
             v = getattr(self, name)
             if v < 1:
                 raise ValueError(f"KernelConfig.{name} must be >= 1, got {v}")
-        for name in ("block_n", "block_m", "num_warps"):
+        for name in ("block_n", "block_m"):
             v = getattr(self, name)
             if v & (v - 1):
                 raise ValueError(f"KernelConfig.{name} must be a power of two, got {v}")
+        w = self.num_warps - 1 if self.num_warps > 2 and self.num_warps & 1 else self.num_warps
+        if w & (w - 1):
+            raise ValueError(f"KernelConfig.num_warps must be a power of two, or one more (math warps + a producer "
+                             f"warp), got {self.num_warps}")
         for name, cap in CONFIG_CAPS.items():
             v = getattr(self, name)
             if v > cap:

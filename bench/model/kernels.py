@@ -130,6 +130,9 @@ def load(arch: str, head: str, dtype: str, layout: str, knockout: int = 0) -> tu
         tile = vb._compiled_tile(name)  # the TILES entry, with the archs it targets
         if not tile.targets(arch):  # e.g. the wgmma tile built for sm_120a: compiled to nothing, never launched
             continue
+        if tile.loader == 2:  # kernel v3: a producer warp beside the math warps; the model follows one path for all
+            skipped.append((readable, "kernel v3's warp roles (producer + math warps): not read by this one-path model"))
+            continue
         kfile, mk, lp = _marked_loop(f, "tile_loops")
         # a bulk loader's waterfall loops: one iteration per lane that could copy (at most min(32, BN)); the
         # simulation runs each warp's own copying lanes only (call.bulk_loader_lanes: BN / W, the rows spread over

@@ -18,6 +18,9 @@ VA_EMU_C_API void va_emu_clear_globals() { va::emu::clear_globals(); }
 VA_EMU_C_API const char* va_emu_set_fault(const char* what, int nth) {
   return guarded([&] { va::emu::set_fault(what, nth); });
 }
+VA_EMU_C_API const char* va_emu_set_fault_threads(int lo, int hi) {
+  return guarded([&] { va::emu::set_fault_threads(lo, hi); });
+}
 VA_EMU_C_API long long va_emu_fault_hits() { return va::emu::fault_hits(); }
 VA_EMU_C_API const char* va_emu_set_schedule(const char* name, unsigned long long seed) {
   return guarded([&] { va::emu::set_schedule(name, seed); });

@@ -68,13 +68,18 @@ struct Range {
   std::string name;
 };
 
-enum class FaultKind { kNone, kSkipBlockSync, kSkipCpAsyncWait, kSkipWgmmaWait, kSkipFenceProxyAsync, kSkipMbarrierWait };
+enum class FaultKind {
+  kNone, kSkipBlockSync, kSkipCpAsyncWait, kSkipWgmmaWait, kSkipFenceProxyAsync, kSkipMbarrierWait,
+  kNamedBarrierMiscount
+};
 enum class Schedule { kForward, kReverse, kRandom, kWarpAhead, kWarpAheadReverse };
 
 struct Settings {
   std::vector<Range> globals;
   FaultKind fault = FaultKind::kNone;
   int fault_nth = -1;
+  // the threads (threadIdx.x in [lo, hi)) a fault applies to: one warp role of a warp-specialized kernel
+  int fault_tid_lo = 0, fault_tid_hi = kMaxThreadsPerBlock;
   Schedule schedule = Schedule::kForward;
   uint64_t seed = 0;
   int workers = 0;
@@ -148,6 +153,7 @@ struct Fiber {
   int wgmma_wait_calls = 0;
   int fence_proxy_calls = 0;
   int mbarrier_wait_calls = 0;
+  int named_barrier_calls = 0;
   long long proxy_fences = 0;  // fence_proxy_async calls so far
   size_t wait_mbar = 0;        // kMbarrier: the barrier's shared-memory offset and the phase parity awaited
   unsigned wait_parity = 0;
@@ -1137,7 +1143,9 @@ class Worker {
 static bool skipped_by_fault(FaultKind kind, int& calls) {
   const int k = calls++;
   const Settings& cfg = settings();
-  if (cfg.fault == kind && (cfg.fault_nth < 0 || cfg.fault_nth == k)) {
+  const int tid = cur_fiber()->tc.linear_tid;
+  if (cfg.fault == kind && (cfg.fault_nth < 0 || cfg.fault_nth == k) && tid >= cfg.fault_tid_lo &&
+      tid < cfg.fault_tid_hi) {
     ++g_fault_hits;
     return true;
   }
@@ -1170,6 +1178,8 @@ void block_sync(std::source_location loc) {
 void named_barrier(int id, int count, bool wait, std::source_location loc) {
   Fiber* f = cur_fiber();
   Block& b = *f->block;
+  // planted bug: this call counts one warp fewer than the kernel says
+  if (skipped_by_fault(FaultKind::kNamedBarrierMiscount, f->named_barrier_calls)) count -= 32;
   if (id < 1 || id > 15 || count < 32 || count % 32 != 0 || count > b.nthreads) {
     report(b, f, "named barrier " + std::to_string(id) + " with " + std::to_string(count) + " threads: the id must be "
                      "1..15 (0 is block_sync's) and the count a multiple of 32 from 32 to the block's " +
@@ -1563,12 +1573,21 @@ void set_fault(const char* what, int nth) {
   else if (w == "skip_wgmma_wait") s.fault = FaultKind::kSkipWgmmaWait;
   else if (w == "skip_fence_proxy_async") s.fault = FaultKind::kSkipFenceProxyAsync;
   else if (w == "skip_mbarrier_wait") s.fault = FaultKind::kSkipMbarrierWait;
+  else if (w == "named_barrier_miscount") s.fault = FaultKind::kNamedBarrierMiscount;
   else if (w == "none" || w.empty()) s.fault = FaultKind::kNone;
   else throw std::invalid_argument("va::emu::set_fault: unknown fault '" + w +
                                    "' (known: skip_block_sync, skip_cp_async_wait, skip_wgmma_wait, "
-                                   "skip_fence_proxy_async, skip_mbarrier_wait, none)");
+                                   "skip_fence_proxy_async, skip_mbarrier_wait, named_barrier_miscount, none)");
   s.fault_nth = nth;
+  s.fault_tid_lo = 0;
+  s.fault_tid_hi = kMaxThreadsPerBlock;
   g_fault_hits = 0;
+}
+
+void set_fault_threads(int lo, int hi) {
+  if (lo < 0 || hi <= lo) throw std::invalid_argument("va::emu::set_fault_threads: need 0 <= lo < hi");
+  settings().fault_tid_lo = lo;
+  settings().fault_tid_hi = hi;
 }
 
 void clear_faults() { set_fault("none", -1); }
@@ -1615,7 +1634,7 @@ std::string describe_settings() {
   const Settings& s = settings();
   static const char* kSched[] = {"forward", "reverse", "random", "warp-ahead", "warp-ahead-reverse"};
   static const char* kFault[] = {"none", "skip_block_sync", "skip_cp_async_wait", "skip_wgmma_wait",
-                                 "skip_fence_proxy_async", "skip_mbarrier_wait"};
+                                 "skip_fence_proxy_async", "skip_mbarrier_wait", "named_barrier_miscount"};
   return std::string("schedule=") + kSched[static_cast<int>(s.schedule)] + " seed=" + std::to_string(s.seed) +
          " workers=" + std::to_string(s.workers) + " smem_limit=" + std::to_string(s.smem_limit) +
          " cp_async=" + (s.cp_async_at_issue ? "issue" : "wait") + " fault=" + kFault[static_cast<int>(s.fault)] + " nth=" + std::to_string(s.fault_nth) +

@@ -45,7 +45,7 @@ py::dict tile_dict(const char* head) {
   d["block_n"] = Tile::BN;
   d["warps_m"] = Tile::WM;
   d["warps_n"] = Tile::WN;
-  d["num_warps"] = Tile::kWarps;
+  d["num_warps"] = Tile::kLaunchWarps;
   d["num_stages"] = Tile::STAGES;
   d["version"] = Tile::kVersion;
   if constexpr (Tile::kVersion == 1) d["sn"] = Tile::SN; else d["sn"] = 1;

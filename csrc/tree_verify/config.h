@@ -23,6 +23,7 @@ struct TileConfig {
   static constexpr int STAGES = STAGES_;  // cp.async stages
   static constexpr int kWarps = WM * WN;
   static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kLaunchWarps = kWarps;
 
   static constexpr int kVersion = 0;       // the v0 kernel (tree_verify_kernel.cuh)
   static_assert(BM == 16 * WM, "BM must be 16 rows per M warp");
@@ -47,7 +48,15 @@ struct TileConfig {
 // LOADER: 0, every loader thread copies its 16-byte chunks of a row with cp.async (72 LSU requests per
 // 1,152-byte MLA row); 1, one thread per row issues one bulk copy (cp.async.bulk, the TMA unit) of the
 // whole row completing on the stage's mbarrier (sm_90 and sm_120; the H200's KV stream probe found the
-// warps paying ~0.45 SM cycles per 16-byte cp.async, NOTES.md).
+// warps paying ~0.45 SM cycles per 16-byte cp.async, NOTES.md); 2, kernel v3 (issue 39): warp roles, as
+// FlashInfer's sm_120 sparse-MLA decode. W math warps and one producer warp (32 W + 32 threads): the producer's
+// lane r issues one cp.async.bulk per tile for KV row r on the stage's FULL mbarrier (BN arrivals + the bytes);
+// each math warp frees a stage on its EMPTY mbarrier (W arrivals, one elected lane per warp) once it has read it;
+// the math warps exchange partial scores and P on named barrier 1 (32 W threads), never a CTA-wide barrier in
+// the main loop, and issue no copy there. Its loop takes one tile at a time (S, softmax, PV between two named
+// barriers: BARS 2), so the math warps hold one stage and STAGES - 1 tiles are in flight. 16-bit MLA rows only
+// (e4m3 and 656-byte rows refused at compile time, traits.h). The tile is selected by its block's warps,
+// kLaunchWarps = W + 1 (m32n16w9s4: 8 math warps and the producer).
 template <int BM_, int BN_, int W_, int STAGES_, int KSPLIT_, int SN_, int FP8_MMA_ = 1, int BARS_ = 2,
           int LOADER_ = 0>
 struct TileConfigV1 {
@@ -61,6 +70,7 @@ struct TileConfigV1 {
   static constexpr int SN = SN_;
   static constexpr int kWarps = W_;
   static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kLaunchWarps = kWarps + (LOADER_ == 2 ? 1 : 0);  // the block: + the producer warp
   static constexpr int kVersion = 1;
   // the tile as the host-side tables spell it: WM x WN warps = (W / KSPLIT) x KSPLIT
   static constexpr int WM = W_ / KSPLIT_;
@@ -74,7 +84,9 @@ struct TileConfigV1 {
   static_assert(STAGES >= 3 && STAGES <= 8, "3..8 pipeline stages");
   static_assert(BARS == 2 || (BARS == 1 && STAGES >= 4), "1 barrier per tile needs >= 4 stages, else 2 barriers");
   static_assert(kThreads % BN == 0, "the KV loader gives each tile row kThreads / BN threads");
-  static_assert(LOADER == 0 || LOADER == 1, "LOADER: 0 (cp.async chunks) or 1 (a bulk copy per row)");
+  static_assert(LOADER >= 0 && LOADER <= 2, "LOADER: 0 (cp.async chunks), 1 (a bulk copy per row), 2 (producer warp)");
+  static_assert(LOADER != 2 || (BARS == 2 && BN <= 32),
+                "producer warp (v3): two barriers per tile, one producer lane per KV row of a tile");
 };
 
 // Tile of the v2 kernel (tree_verify_kernel_v2.cuh, sm_90a only: wgmma). BM = 64 rows, one wgmma m64
@@ -88,6 +100,7 @@ struct TileConfigV2 {
   static constexpr int STAGES = STAGES_;
   static constexpr int kWarps = 4 * WG_;
   static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kLaunchWarps = kWarps;
   static constexpr int kVersion = 2;
   // the tile as the host-side tables spell it: WM x WN warps = 4 (rows of a warpgroup) x WG
   static constexpr int WM = 4;
@@ -141,12 +154,21 @@ template <class Head> struct TilesFor;
 //  MLA v2 for sm_90a only (wgmma): 64 rows x 32 tokens x 3 stages, 2 warpgroups (Dqk halves for S, Dv
 //       halves for P V): Q 72 KB + KV 108 KB in the core-matrix layout + 2 x 16 KB of partial scores + 1 KB of
 //       staged mask words = 213 KB.
+//  MLA v3 (LOADER 2, producer warp; sm_120a's candidate, also built for sm_90a): 8 math warps + 1 producer warp,
+//       32 rows x 16 tokens x 4 stages, S warps 4 (dims) x 2 (M), one tile at a time: 3 tiles in flight. KV
+//       4 x 18,688 B + one set of partial scores 12,288 B + P 1,536 B + alpha, 1/l, lse2 384 B + 8 mask words per
+//       row 1,024 B + 8 mbarriers 64 B = 90,048 B. Registers rule the shape: 9 warps put 3 on one of the SM's 4
+//       schedulers, whose 16K registers then allow 168 per thread (no setmaxnreg on sm_120, and it needs whole
+//       warpgroups): Q for 144 dims of one m tile (36) + O (64) fit, v1's S split 2 x 2 (Q 72) spilled; and the
+//       one-tile loop keeps S's and PV's fragments apart (v1's two-tile loop with 5 stages for 3 in flight would
+//       need 105,680 B at this split).
+using TileMlaV3 = TileConfigV1<32, 16, 8, 4, 4, 1, 1, 2, 2>;
 template <> struct TilesFor<HeadMLA> {
   using type = TileList<TileConfigV1<32, 16, 8, 4, 4, 2>, TileConfigV1<32, 16, 8, 3, 4, 2>,
                         TileConfigV1<32, 32, 8, 4, 4, 2, 1, 1>,
                         TileConfig<32, 16, 2, 2, 3>, TileConfig<16, 32, 1, 4, 2>,
                         TileConfigV2<64, 32, 2, 3>, TileConfigV1<32, 16, 8, 8, 4, 2, 1, 1, 1>,
-                        TileConfigV1<32, 32, 8, 5, 2, 2, 1, 1, 1>>;
+                        TileConfigV1<32, 32, 8, 5, 2, 2, 1, 1, 1>, TileMlaV3>;
 };
 // e4m3 caches (MLA only): kernel v1 with e4m3 MMAs (m16n8k32) for S and P.V. A 32-token tile is one
 // k step of P.V; a 576-byte row (+16 B pad) makes a 32-token stage 18.5 KB, so 4 stages, two barriers

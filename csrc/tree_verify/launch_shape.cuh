@@ -22,7 +22,7 @@ namespace va::tv {
 
 template <class Tile>
 bool tile_matches(const LaunchConfig& c) {
-  return c.block_m == Tile::BM && c.block_n == Tile::BN && c.num_warps == Tile::kWarps &&
+  return c.block_m == Tile::BM && c.block_n == Tile::BN && c.num_warps == Tile::kLaunchWarps &&
          c.num_stages == Tile::STAGES;
 }
 
@@ -67,7 +67,7 @@ void launch_one(const Params& p, const LaunchConfig& cfg, cudaStream_t stream) {
                                     "elements, got " + std::to_string(static_cast<int64_t>(p.page_size - 1) * s));
   }
   const dim3 grid(cfg.num_splits, m_tiles * p.num_kv_heads, p.batch);
-  va::arch::launch(K::kernel, grid, dim3(Tr::kThreads), Tr::smem_bytes(), stream, p, cfg.num_splits);
+  va::arch::launch(K::kernel, grid, dim3(Tr::kBlockThreads), Tr::smem_bytes(), stream, p, cfg.num_splits);
   if (cfg.num_splits > 1) {
     const int pairs = p.total_q * p.num_q_heads;
     // v1 / v2 tiles: the v1 combine (128 columns per warp, programmatic dependent launch); a head narrower
@@ -101,7 +101,7 @@ struct ShapeLauncher<T, Head, Layout, kFmt, TileList<Tiles...>> {
      ...);
     if (!done) {
       std::string have;
-      ((have += "[" + tile_str(LaunchConfig{0, Tiles::BN, Tiles::BM, Tiles::kWarps, Tiles::STAGES}) + "] "), ...);
+      ((have += "[" + tile_str(LaunchConfig{0, Tiles::BN, Tiles::BM, Tiles::kLaunchWarps, Tiles::STAGES}) + "] "), ...);
       throw std::invalid_argument("tree_verify: unsupported tile config (" + tile_str(cfg) + ") for Dqk=" +
                                   std::to_string(Head::DQK) + " Dv=" + std::to_string(Head::DV) +
                                   "; compiled: " + have);
@@ -114,7 +114,9 @@ struct ShapeLauncher<T, Head, Layout, kFmt, TileList<Tiles...>> {
      ...);
     return bytes;
   }
-  static std::vector<LaunchConfig> tiles() { return {LaunchConfig{0, Tiles::BN, Tiles::BM, Tiles::kWarps, Tiles::STAGES}...}; }
+  static std::vector<LaunchConfig> tiles() {
+    return {LaunchConfig{0, Tiles::BN, Tiles::BM, Tiles::kLaunchWarps, Tiles::STAGES}...};
+  }
 };
 
 template <class T> constexpr DType dtype_of();

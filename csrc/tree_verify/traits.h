@@ -74,6 +74,7 @@ struct KernelTraits {
   static constexpr int BM = Tile::BM, BN = Tile::BN, WM = Tile::WM, WN = Tile::WN, STAGES = Tile::STAGES;
   static constexpr int kWarps = Tile::kWarps;
   static constexpr int kThreads = Tile::kThreads;
+  static constexpr int kBlockThreads = kThreads;  // the launch's block (no producer warp)
 
   static constexpr int kNS = BN / WN;        // KV tokens of a tile per warp in S = Q K^T
   static constexpr int kSTiles = kNS / 8;     // n8 tiles of S per warp
@@ -102,7 +103,7 @@ struct KernelTraits {
 // buffer), 1/l and lse2. Q is staged once in the last pipeline stages before their tiles
 // are issued and then lives in registers.
 template <int BM, int BN, int STAGES, int KSPLIT, int DQK, int DV, bool kSharedKV, int KVB = 2, int PB = KVB,
-          int KROW = DQK, int KPADB = 16, int PARTS = 1, int PGROUPS = 1>
+          int KROW = DQK, int KPADB = 16, int PARTS = 1, int PGROUPS = 1, int MASKW = 4>
 struct SharedMemoryPlanV1 {
   // KROW: K row elements in the cache (DQK; 656 bytes for the 656-byte MLA rows), KPADB: its pad in bytes
   // KVB: bytes per K / V element (2: the 16-bit type of q; 1: e4m3); PB: per P element. Q is staged 16-bit.
@@ -146,8 +147,9 @@ struct SharedMemoryPlanV1 {
   static constexpr int kIdxSlots = STAGES - 2;
   // tree-mask words staged per row after the ring (the first kMaskStage of each row: trees up to
   // 32 * kMaskStage = 128 nodes; the further words of wider trees are read from global memory). 4, not 8:
-  // the 4-way-split one-barrier tile fills sm_120's 99 KB to the byte with 4.
-  static constexpr int kMaskStage = 4;
+  // the 4-way-split one-barrier tile fills sm_120's 99 KB to the byte with 4. The producer-warp tile stages 8
+  // (trees up to 256 nodes: its math warps load nothing from global memory in the main loop below that).
+  static constexpr int kMaskStage = MASKW;
   template <int kRingThreads>
   static constexpr size_t mask_offset() { return kIdx + size_t(kIdxSlots) * kRingThreads * sizeof(int32_t); }
   template <int kRingThreads>
@@ -220,6 +222,12 @@ struct KernelTraitsV1 {
   // after another (~52 cycles each on the H200, bench.model's bulk probe), so the warps share that time.
   static constexpr bool kBulk = Tile::LOADER == 1;
   static constexpr int kBulkLanes = (BN + kWarps - 1) / kWarps;
+  // Producer warp (Tile::LOADER 2, kernel v3): kWarps math warps (warps 0 .. kWarps - 1: every kThreads-based
+  // layout below is theirs) and one producer warp after them, warp kWarps, whose lane r copies row r of every
+  // tile. It reads kv_indices itself (no index ring); each stage has a FULL mbarrier (BN arrivals: the
+  // producer's lanes, with the row bytes) and an EMPTY one (kWarps arrivals: one lane per math warp).
+  static constexpr bool kProducer = Tile::LOADER == 2;
+  static constexpr int kBlockThreads = kThreads + (kProducer ? 32 : 0);  // the launch's block
   // A K row whose chunk count has no divisor that fits (the 656-byte rows: 41 chunks, a prime) is still spread
   // over kThreads / BN threads: each copies ceil(chunks / threads) chunks, the last one predicated off past the
   // row's end (kChunksTail), instead of one thread per row (warp 0 alone issuing every copy).
@@ -230,8 +238,9 @@ struct KernelTraitsV1 {
   static constexpr int kThreadsPerRow =
       kBulk ? 1 : (kTprDivisor == 1 && kSharedKV ? (k656E4m3 ? 4 : kThreads / BN) : kTprDivisor);
   static constexpr int kLoadThreads = BN * kThreadsPerRow;
-  // threads with a kv_indices ring slot: the loaders (the bulk loader's lanes sit in every warp: all threads)
-  static constexpr int kRingThreads = kBulk ? kThreads : kLoadThreads;
+  // threads with a kv_indices ring slot: the loaders (the bulk loader's lanes sit in every warp: all threads;
+  // the producer warp reads its indices from global memory: none)
+  static constexpr int kRingThreads = kProducer ? 0 : kBulk ? kThreads : kLoadThreads;
   static constexpr int kChunksK = (kRowChunks + kThreadsPerRow - 1) / kThreadsPerRow;  // cp.async per loader thread
   static constexpr bool kChunksTail = kRowChunks % kThreadsPerRow != 0;  // the last chunk of some threads is past the row
   static constexpr int kChunksV = kSharedKV ? 0 : DV / kKvPerChunk / kThreadsPerRow;
@@ -244,16 +253,28 @@ struct KernelTraitsV1 {
 
   // 656-byte rows: no pad, the 656-byte pitch is already an odd number (41) of 16-byte units (conflict-free ldmatrix)
   using Smem = SharedMemoryPlanV1<BM, BN, STAGES, KSPLIT, DQK, DV, kSharedKV, int(sizeof(KvElem)), kPBytes, kRowElems,
-                                  kMla656 ? 0 : 16, Tile::BARS == 1 ? 2 : 1, kMla656 ? 4 : 1>;
+                                  kMla656 ? 0 : 16, Tile::BARS == 1 ? 2 : 1, kMla656 ? 4 : 1, kProducer ? 8 : 4>;
   static constexpr int kQStages = Smem::kQStages;
-  // the bulk loader's mbarriers (one per stage, 8 bytes each) after the plan's regions
+  // the mbarriers (8 bytes each) after the plan's regions: the bulk loader's one per stage; the producer warp's
+  // FULL per stage, then EMPTY per stage
   static constexpr size_t kBarOffset = Smem::template total<kRingThreads>();
-  static constexpr size_t smem_bytes() { return kBarOffset + (kBulk ? size_t(STAGES) * 8 : 0); }
+  static constexpr size_t smem_bytes() {
+    return kBarOffset + (kBulk ? size_t(STAGES) * 8 : kProducer ? size_t(2) * STAGES * 8 : 0);
+  }
   static constexpr uint32_t kKRowBytes = uint32_t(kRowElems) * sizeof(KvElem);  // one bulk copy: a K row
   static constexpr uint32_t kVRowBytes = kSharedKV ? 0u : uint32_t(DV) * sizeof(KvElem);
 
   static_assert(sizeof(Elem) == 2, "16-bit element types only");
   static_assert(!kBulk || BN % kWarps == 0, "the bulk loader gives every warp BN / kWarps rows");
+  // v3 (issue 39, first step): 16-bit MLA rows only; its e4m3 and 656-byte paths are not written yet, so such an
+  // instantiation fails here instead of running some other loader
+  static_assert(!kProducer || (!kFp8 && kSharedKV), "producer-warp tiles (v3): 16-bit MLA rows only (no fp8 yet)");
+  static_assert(!kProducer || (BN <= 32 && kWarps * 32 <= 992),
+                "producer-warp tiles: one producer lane per KV row; the math warps' named barrier below 1024");
+  // sm_120 (RTX PRO 6000) is the producer-warp tile's target: 99 KB per block, checked here and not only by the
+  // build report (4 x 18,688 B of KV + partial scores 12,288 + P 1,536 + stats 384 + mask words 1,024 + 64 B of
+  // mbarriers = 90,048 B for 32 x 16 x 4 stages, config.h)
+  static_assert(!kProducer || smem_bytes() <= kSmemLimitSm120, "producer-warp tiles must fit sm_120's 99 KB");
   static_assert(!kBulk || (kKRowBytes % 16 == 0 && kVRowBytes % 16 == 0 && kBarOffset % 8 == 0),
                 "bulk copies move whole rows of 16-byte multiples; the mbarriers are 8-byte aligned");
   static_assert(DQK % (kKStep * KSPLIT) == 0, "each S warp's head dims must be whole MMA k steps");
@@ -295,6 +316,7 @@ struct KernelTraitsV2 {
   static constexpr int BM = Tile::BM, BN = Tile::BN, STAGES = Tile::STAGES, WG = Tile::WG;
   static constexpr int kWarps = Tile::kWarps;
   static constexpr int kThreads = Tile::kThreads;
+  static constexpr int kBlockThreads = kThreads;  // the launch's block (no producer warp)
   static constexpr int kChunkElems = 16 / int(sizeof(KvElem));  // elements per 16-byte chunk
   static constexpr int kKStep = kFp8 ? 32 : 16;  // wgmma k: two chunks
   static constexpr int kSDims = DQK / WG;        // head dims per warpgroup in S

@@ -224,6 +224,8 @@ def load_emu_library(path: Path):
     lib.va_emu_set_num_workers.restype = ctypes.c_char_p
     lib.va_emu_set_cp_async_landing.argtypes = [ctypes.c_char_p]
     lib.va_emu_set_cp_async_landing.restype = ctypes.c_char_p
+    lib.va_emu_set_fault_threads.argtypes = [ctypes.c_int, ctypes.c_int]
+    lib.va_emu_set_fault_threads.restype = ctypes.c_char_p
     lib.va_emu_fault_hits.restype = ctypes.c_longlong
     return lib
 
@@ -246,11 +248,14 @@ class Emulator:
         if err is not None:
             raise ValueError(err.decode())
 
-    def set_fault(self, what: str, nth: int = -1) -> None:
+    def set_fault(self, what: str, nth: int = -1, threads: Optional[tuple[int, int]] = None) -> None:
         """'skip_block_sync' | 'skip_cp_async_wait' | 'skip_wgmma_wait' | 'skip_fence_proxy_async' |
-        'skip_mbarrier_wait' | 'none'; nth:
-        per-thread call index, -1 = every call."""
+        'skip_mbarrier_wait' | 'named_barrier_miscount' (the call counts 32 threads fewer) | 'none'; nth:
+        per-thread call index, -1 = every call; threads: (lo, hi), only threadIdx.x in [lo, hi) (one warp role),
+        None = every thread."""
         self._check(self.lib.va_emu_set_fault(what.encode(), nth))
+        if threads is not None:
+            self._check(self.lib.va_emu_set_fault_threads(*threads))
 
     def clear_faults(self) -> None:
         self.set_fault("none", -1)
