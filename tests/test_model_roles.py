@@ -137,9 +137,9 @@ def test_knockout_bits_are_checked(capsys):
 
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_120a"])
-def test_our_split_kernels_read_as_one_role(arch):
-    """No kernel of this project branches its warps into different loops (yet): every split kernel of the MLA
-    instantiation is one math role with all its warps, so `--foreign` reads them as before."""
+def test_our_split_kernels_roles(arch):
+    """Every split kernel of the MLA instantiation is one math role with all its warps (read as before), except
+    kernel v3 (Tile.loader 2): its math warps, then one producer warp, found from the SASS alone."""
     from verify_attn import build as vb
     try:
         cubin = vb.compile_cubin(vb.instantiation_file("bf16", "mla576", "page1"), arch)
@@ -152,6 +152,32 @@ def test_our_split_kernels_read_as_one_role(arch):
         if tile is None or not tile.targets(arch):
             continue
         found = roles.find_roles(f, tile.num_warps * 32)
-        assert [(x.kind, x.warps) for x in found] == [("math", tuple(range(tile.num_warps)))], vb._describe(name)[0]
-        seen += 1
-    assert seen >= 3
+        w = tile.num_warps
+        want = ([("math", tuple(range(w - 1))), ("producer", (w - 1,))] if tile.loader == 2
+                else [("math", tuple(range(w)))])
+        assert [(x.kind, x.warps) for x in found] == want, vb._describe(name)[0]
+        seen += tile.loader == 2
+    assert seen == 1   # v3's one tile
+
+
+@pytest.mark.parametrize("arch,dev", [("sm_120a", "rtx-pro-6000"), ("sm_90a", "h200")])
+def test_kernel_v3_is_read_with_its_roles(arch, dev):
+    """The kernel model reads v3 (Tile.loader 2) as two roles: its marked tile loop on the math warps, the
+    producer warp's loop found from the SASS with one bulk copy per row of the tile; scheduler 0 runs math warps 0
+    and 4 and the producer (warp 8)."""
+    from bench.model import call, kernels
+    from verify_attn.shapes import get_shape
+    try:
+        ks = kernels.load(arch, "mla576", "bf16", "page1")
+    except RuntimeError as e:
+        pytest.skip(str(e))
+    km = next(k for k in ks if k.tile.loader == 2)
+    body, spans, lanes, producer = km.roles_hot
+    assert spans[0] == (0, len(km.hot.instrs)) and spans[1][1] == len(body)
+    assert sum(i.op == "UBLKCP" for i in producer.instrs) == km.tile.block_n
+    assert not any(i.op in ("UBLKCP", "LDGSTS") for i in km.hot.instrs)   # no math warp copies
+    case = call.Case(get_shape("kimi-k2-tp8"), 185_000, 16)
+    tc = call.tile_cost(km, devices.get_device(dev), path="hot", resident_ctas=1, active_sms=100, dram_sharers=2.0,
+                        case=case)
+    assert tc.sim.warps == 3 and len(tc.sim.sync_stall) == 3
+    assert call.predict(km, devices.get_device(dev), case).total_us > 0

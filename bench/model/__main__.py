@@ -97,6 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "(default h200)")
     fg.add_argument("--tma-box-bytes", type=int, default=None,
                     help="bytes of one tensor-map TMA box (UTMALDG: the size is in the tensor map, not the SASS)")
+    fg.add_argument("--bulk-lanes", type=int, default=1,
+                    help="lanes of a warp that run a bulk copy's per-lane loop (default 1, one elected thread; a "
+                         "producer warp copying a row per lane: its rows per tile)")
     fg.add_argument("--empty-distance", type=int, default=1,
                     help="warp-specialized kernels: loop iterations between a buffer's fill and its refill, i.e. how "
                          "far back a producer's wait on an 'empty' barrier looks (default 1)")
@@ -114,7 +117,9 @@ def run_foreign(a: argparse.Namespace) -> int:
         raise ValueError(f"--tma-box-bytes must be >= 16, got {a.tma_box_bytes}")
     if a.empty_distance < 1:
         raise ValueError(f"--empty-distance must be >= 1, got {a.empty_distance}")
-    r, found = foreign.read_roles(a.foreign, a.function, a.threads)
+    if not 1 <= a.bulk_lanes <= 32:
+        raise ValueError(f"--bulk-lanes must be in 1..32, got {a.bulk_lanes}")
+    r, found = foreign.read_roles(a.foreign, a.function, a.threads, a.bulk_lanes)
     if found:
         return _print_roles(a, r, found)
     out = foreign.predict(r, foreign.device_any(a.device), threads=a.threads, grid=a.grid, trips=a.trips, smem=a.smem,

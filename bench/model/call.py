@@ -277,13 +277,26 @@ def tile_cost(km: KernelModel, dev: DeviceModel, *, path: str, resident_ctas: in
     kv_tile = km.tile.block_n * _row_bytes(case) + 4 * km.tile.block_n
     # with L2 prefetches the DRAM stream is the prefetches'; the copies then stream from L2
     pf = prefetch_spec(km, instrs, case, dev, sm_dram, kv_tile)
-    s = _simulate(instrs, dev, warps=per_sched, warps_per_barrier_group=group,
-                  cp_bytes_per_clk=(sm_l2 if pf else min(sm_dram, sm_l2)) / dev.schedulers,
-                  copy_share=copy_share(km, instrs, case), bank_degree=getattr(km, "bank_degree", None) or None,
-                  **({"bulk": b} if (b := bulk_spec(km, tp, case, dev, per_sched, group)) is not None else {}),
-                  **({"prefetch": pf} if pf is not None else {}))
+    roles = getattr(km, "roles_hot" if path == "hot" else "roles_cold", None)
+    if roles is not None:   # warp roles (v3): scheduler 0 holds CTA warps 0, 4, 8, ..., each its role's loop
+        body, spans, lanes, producer = roles
+        sim_warps = [w for _ in range(resident_ctas) for w in range(0, warps, dev.schedulers)]
+        per_sched = len(sim_warps)
+        sizes, _ = bulk_sizes(km, producer, case)
+        s = _simulate(body, dev, warps=per_sched, warps_per_barrier_group=per_sched,
+                      cp_bytes_per_clk=min(sm_dram, sm_l2) / dev.schedulers,
+                      bank_degree=getattr(km, "bank_degree", None) or None,
+                      bulk=sim.Bulk(sizes=tuple(sorted(sizes.items())), lane_of=lanes, issuing_schedulers=1),
+                      roles=sim.RoleSpec(spans, (False, True), tuple(int(w == warps - 1) for w in sim_warps),
+                                         empty_distance=km.tile.num_stages))
+    else:
+        s = _simulate(instrs, dev, warps=per_sched, warps_per_barrier_group=group,
+                      cp_bytes_per_clk=(sm_l2 if pf else min(sm_dram, sm_l2)) / dev.schedulers,
+                      copy_share=copy_share(km, instrs, case), bank_degree=getattr(km, "bank_degree", None) or None,
+                      **({"bulk": b} if (b := bulk_spec(km, tp, case, dev, per_sched, group)) is not None else {}),
+                      **({"prefetch": pf} if pf is not None else {}))
     # throughput limits of the scheduler (for naming the bound the simulation hit)
-    bulk = any(i.op == "UBLKCP" for i in instrs)   # a warp issues only its own lanes' bulk-copy iterations
+    bulk = roles is not None or any(i.op == "UBLKCP" for i in instrs)   # a warp issues its own lanes' copies only
     terms = {
         "issue": per_sched * (s.issued_per_iter if bulk else reading.instructions),
         "tensor": s.pipe_busy.get("tensor", 0.0),

@@ -191,11 +191,11 @@ def device_any(key: str) -> DeviceModel:
     return H800_SXM if key.strip().lower() in ("h800", "h800-sxm", "h800-sxm5") else device(key)
 
 
-def read_roles(cubin: str | os.PathLike, pattern: str, threads: int) -> tuple[Reading, list]:
+def read_roles(cubin: str | os.PathLike, pattern: str, threads: int, bulk_lanes: int = 1) -> tuple[Reading, list]:
     """The function matching `pattern` and its warp roles (bench.model.roles; [] when every warp runs one loop)."""
     from . import roles as roles_mod
     r = read(cubin, pattern)
-    found = roles_mod.find_roles(r.function, threads)
+    found = roles_mod.find_roles(r.function, threads, bulk_lanes)
     return r, (found if len(found) > 1 else [])
 
 

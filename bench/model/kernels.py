@@ -41,6 +41,10 @@ class KernelModel:
     bank_degree: dict = field(default_factory=dict)
     bank_unresolved: int = 0      # accesses of the hot tile whose lanes' addresses could not be read
     combine_pdl: bool = False     # its combine is the v1 one, launched with programmatic dependent launch
+    # warp roles (kernel v3, Tile.loader 2: the math warps run `hot` / `cold`, the last warp the producer's loop):
+    # per path, (the math path's instructions then the producer's, their spans, each instruction's copying lane)
+    roles_hot: Optional[tuple] = None
+    roles_cold: Optional[tuple] = None
 
     @property
     def threads(self) -> int:
@@ -130,10 +134,16 @@ def load(arch: str, head: str, dtype: str, layout: str, knockout: int = 0) -> tu
         tile = vb._compiled_tile(name)  # the TILES entry, with the archs it targets
         if not tile.targets(arch):  # e.g. the wgmma tile built for sm_120a: compiled to nothing, never launched
             continue
-        if tile.loader == 2:  # kernel v3: a producer warp beside the math warps; the model follows one path for all
-            skipped.append((readable, "kernel v3's warp roles (producer + math warps): not read by this one-path model"))
-            continue
         kfile, mk, lp = _marked_loop(f, "tile_loops")
+        producer = None
+        if tile.loader == 2:  # kernel v3: the producer warp's loop, found from the SASS (bench/model/roles.py)
+            from .roles import find_roles
+            found = [r for r in find_roles(f, 32 * tile.num_warps, bulk_lanes=min(32, tile.block_n))
+                     if r.kind == "producer"]
+            if len(found) != 1 or found[0].warps != (tile.num_warps - 1,):
+                skipped.append((readable, "kernel v3: its producer warp's loop was not found in the SASS"))
+                continue
+            producer = found[0].path
         # a bulk loader's waterfall loops: one iteration per lane that could copy (at most min(32, BN)); the
         # simulation runs each warp's own copying lanes only (call.bulk_loader_lanes: BN / W, the rows spread over
         # the warps); paths without bulk copies are unaffected
@@ -151,19 +161,30 @@ def load(arch: str, head: str, dtype: str, layout: str, knockout: int = 0) -> tu
         comb_path, comb_regs, comb_per = combines.get(comb_v, (None, 0, 1))
         acc = banks.conflicts(f, warps=tile.num_warps)
         hot_addrs = {i.addr for i in hot.instrs}
-        out.append(KernelModel(arch, readable, name, tile, head, dtype, layout, regs.get(name, 0),
-                               vb.tile_smem(head, tile), hot, cold,
-                               analysis.read_tile(hot),
-                               analysis.read_tile(cold), comb_path, comb_regs, comb_per,
-                               {a: x.degree for a, x in acc.items() if x.degree > 1.0},
-                               sum(1 for a, x in acc.items() if a in hot_addrs and not x.resolved),
-                               comb_v == 1))
+        km = KernelModel(arch, readable, name, tile, head, dtype, layout, regs.get(name, 0),
+                         vb.tile_smem(head, tile), hot, cold,
+                         analysis.read_tile(hot),
+                         analysis.read_tile(cold), comb_path, comb_regs, comb_per,
+                         {a: x.degree for a, x in acc.items() if x.degree > 1.0},
+                         sum(1 for a, x in acc.items() if a in hot_addrs and not x.resolved),
+                         comb_v == 1)
+        if producer is not None:
+            km.roles_hot, km.roles_cold = (_with_producer(p, producer) for p in (hot, cold))
+        out.append(km)
     _UNREADABLE[(arch, head, dtype, layout)] = skipped
     if not out:
         why = "; ".join(f"{k}: {e}" for k, e in skipped)
         raise LookupError(f"no split kernels the model can read in {cubin}" + (f" ({why})" if why else ""))
     order = {t: i for i, t in enumerate(vb.TILES[head])}
     return tuple(sorted(out, key=lambda k: order.get(k.tile, 99)))
+
+
+def _with_producer(math: analysis.TilePath, producer: analysis.TilePath) -> tuple:
+    """(instructions, spans, copying lane per instruction) of a math path and the producer's loop, one after the
+    other: the body sim.RoleSpec simulates (built once, so the simulation's memo keys on one list)."""
+    body = list(math.instrs) + list(producer.instrs)
+    lanes = [-1] * len(math.instrs) + list(producer.bulk_lane or [-1] * len(producer.instrs))
+    return body, ((0, len(math.instrs)), (len(math.instrs), len(body))), tuple(lanes), producer
 
 
 def find(arch: str, head: str, dtype: str, layout: str, tile: Optional[vb.Tile] = None) -> KernelModel:

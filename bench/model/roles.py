@@ -121,11 +121,22 @@ def _step(ins: Instr, env: dict, warp: int) -> None:
         env[dsts[0]] = v
 
 
+def _branch_pred(ins: Instr) -> Optional[str]:
+    """A branch's predicate: its guard (`@!P0 BRA`), or the predicate operand of a uniform branch
+    (`BRA.U !UP0, target`); None for an unconditional branch."""
+    if ins.pred:
+        return ins.pred.lstrip("@")
+    if ins.operands and re.fullmatch(r"!?U?P[0-6]", ins.operands[0].strip()):
+        return ins.operands[0].strip()
+    return None
+
+
 def _decide(ins: Instr, env: dict, warp: int) -> Optional[bool]:
     """Whether the branch `ins` is taken by the warp (True for an unconditional one); None where unknown."""
-    if not ins.pred:
+    p = _branch_pred(ins)
+    if p is None:
         return True
-    v = _getter(env, warp)(ins.pred.lstrip("@"))
+    v = _getter(env, warp)(p)
     return None if v is None else bool(v)
 
 
@@ -162,7 +173,7 @@ def reachable(f: Function, warp: int) -> set[int]:
                 taken = _decide(ins, env, warp)
                 if tgt is not None and taken is not False:
                     push(tgt, env)
-                if not ins.pred or taken is True:
+                if taken is True:   # unconditional, or decided: no fall-through
                     break
             else:
                 _step(ins, env, warp)
@@ -241,7 +252,7 @@ def _without(path: analysis.TilePath, ranges: list[tuple[int, int]]) -> analysis
     return path
 
 
-def _loop_paths(f: Function) -> dict[tuple[int, int], tuple[Loop, analysis.TilePath]]:
+def _loop_paths(f: Function, bulk_lanes: int = 1) -> dict[tuple[int, int], tuple[Loop, analysis.TilePath]]:
     """Every loop whose per-iteration path can be read (inner loops' trip counts known), with that path; bulk
     waterfalls and try_wait retry loops are part of their enclosing loop, never candidates themselves."""
     out = {}
@@ -250,7 +261,8 @@ def _loop_paths(f: Function) -> dict[tuple[int, int], tuple[Loop, analysis.TileP
         if analysis.is_waterfall(f, lp) or (analysis.is_wait_loop(f, lp) and lp.end - lp.start <= 8):
             continue
         try:
-            out[(lp.start, lp.end)] = (lp, _without(analysis.tile_path(f, lp, (), ""), first_iteration_blocks(f, lp)))
+            out[(lp.start, lp.end)] = (lp, _without(analysis.tile_path(f, lp, (), "", bulk_lanes=bulk_lanes),
+                                                    first_iteration_blocks(f, lp)))
         except LookupError:
             continue
     return out
@@ -271,11 +283,13 @@ def _hot(loops: dict[tuple[int, int], tuple[Loop, analysis.TilePath]], within: s
     return None if best is None else (best[1], best[2])
 
 
-def find_roles(f: Function, threads: int) -> list[Role]:
-    """The roles of `f` launched with `threads` per CTA (see the module doc); [] if no loop has an MMA."""
+def find_roles(f: Function, threads: int, bulk_lanes: int = 1) -> list[Role]:
+    """The roles of `f` launched with `threads` per CTA (see the module doc); [] if no loop has an MMA.
+    `bulk_lanes`: the lanes of a warp that run a bulk copy's per-lane waterfall loop (1: one elected thread, the
+    CUTLASS idiom; a producer warp copying one row per lane: its rows per tile)."""
     if threads < 32 or threads % 32:
         raise ValueError(f"threads must be a positive multiple of 32, got {threads}")
-    loops = _loop_paths(f)
+    loops = _loop_paths(f, bulk_lanes)
     setmax = [k for k, i in enumerate(f.instrs) if i.op == "USETMAXREG"]
     by_loop: dict[tuple[int, int], list[int]] = {}
     kind_of: dict[tuple[int, int], str] = {}

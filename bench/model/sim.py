@@ -352,6 +352,7 @@ def simulate(body: list[Instr], dev: DeviceModel, *, warps: int, warps_per_barri
     if roles is not None:
         if len(roles.warp_role) != warps or len(roles.producer) != len(roles.spans):
             raise ValueError("simulate: RoleSpec needs one role per simulated warp and one kind per span")
+        iters = max(iters, 2 * roles.empty_distance + 4)   # past the producer's free first stages: a steady state
         seqs = [[k for k in seqs[w] if roles.spans[roles.warp_role[w]][0] <= k < roles.spans[roles.warp_role[w]][1]]
                 for w in range(warps)]
         for r, (lo, hi) in enumerate(roles.spans):   # a producer's copies: the LSU, apart from shared memory's pipe
@@ -391,6 +392,13 @@ def simulate(body: list[Instr], dev: DeviceModel, *, warps: int, warps_per_barri
         for (w, off) in arrives_per_iter:
             arrivers.setdefault(off, []).append(w)
     arrive_t: dict[tuple[int, int, int], list[float]] = {}   # (warp, iteration, barrier) -> its arrives' times
+    arrive_any: dict[tuple[int, int], list[float]] = {}      # (warp, iteration) -> all its arrives' times
+    producers = [w for w in range(warps) if roles is not None and roles.producer[roles.warp_role[w]]]
+    math_warps = [w for w in range(warps) if roles is not None and w not in producers]
+    arrives_total = [sum(1 for k in seqs[w] if is_arrive[k]) for w in range(warps)]
+    copy_last = [max((p for p, k in enumerate(q) if is_bulk[k] or body[k].op == "LDGSTS"), default=-1) for q in seqs]
+    copy_issued = [-1 if copy_last[w] >= 0 else iters for w in range(warps)]   # last iteration whose copies issued
+    copy_land = [[0.0] * iters for _ in range(warps)]                          # their latest landing per iteration
     named_gen: dict[tuple[int, int], int] = {}                # (warp, barrier id) -> arrivals so far
     named_arr: dict[tuple[int, int], list[tuple[int, float, bool]]] = {}   # (id, generation) -> (warp, t, waits)
     sync_stall = [0.0] * warps
@@ -439,6 +447,25 @@ def simulate(body: list[Instr], dev: DeviceModel, *, warps: int, warps_per_barri
                     if len(got) < arrives_per_iter[(x, bar_off[i])]:
                         return float("inf")   # not arrived yet: the warp waits for the other role
                     e = max(e, max(got))
+        elif bulk_wait[i] and producers:
+            # a barrier whose address is a register (a stage index): read by role. A math warp waits for the
+            # producers' copies of its iteration; a producer for every math warp's arrives of iteration
+            # j - empty_distance (the stage it refills)
+            j = pc[w] // seq_len[w]
+            if w in producers:
+                k = j - roles.empty_distance
+                if k >= 0:
+                    for x in math_warps:
+                        got = arrive_any.get((x, k), [])
+                        if len(got) < arrives_total[x]:
+                            return float("inf")
+                        if got:
+                            e = max(e, max(got))
+            else:
+                for x in producers:
+                    if copy_issued[x] < j:
+                        return float("inf")   # the producer has not issued this tile's copies yet
+                    e = max(e, copy_land[x][j] if j < iters else 0.0)
         elif bulk_wait[i]:   # mbarrier try_wait: the copies of iteration j - d, every loader of the group's
             k = pc[w] // seq_len[w] - d_wait
             if k >= 0:
@@ -538,10 +565,16 @@ def simulate(body: list[Instr], dev: DeviceModel, *, warps: int, warps_per_barri
             cp_open[w] = 0.0
         elif cp_wait[i] is not None:
             cp_groups[w] = cp_groups[w][-cp_wait[i]:] if cp_wait[i] else []
-        if roles is not None and is_arrive[i] and bar_off[i] is not None:
+        if roles is not None and (is_bulk[i] or is_copy[i]):
+            copy_land[w][it] = max(copy_land[w][it], bulk_land[w][it], cp_last[w])
+            if pc[w] % seq_len[w] == copy_last[w]:
+                copy_issued[w] = it
+        if roles is not None and is_arrive[i]:
             # a producer's arrive signals its copies (noinc / complete_tx): it counts once they landed
             done = max(t, cp_last[w], bulk_land[w][it]) if roles.producer[roles.warp_role[w]] else t
-            arrive_t.setdefault((w, it, bar_off[i]), []).append(done)
+            arrive_any.setdefault((w, it), []).append(done)
+            if bar_off[i] is not None:
+                arrive_t.setdefault((w, it, bar_off[i]), []).append(done)
         if (bulk_wait[i] or named[i] is not None or is_bar[i]) and it >= iters // 2:
             sync_stall[w] += t - last_issue[w] - 1
         last_issue[w] = t
