@@ -243,7 +243,8 @@ def smem_bytes(tile: Tile, dqk: int, dv: int, shared_kv: bool, kv_bytes: int = 2
         idx_ring = slots * _ring_threads(tile, dqk, dv, shared_kv, kv_bytes, kv_row) * 4
         mask = tile.block_m * (8 if producer else 4) * 4  # the first 4 (v3: 8) tree-mask words of each row (kMaskStage)
         bars = 8 * tile.num_stages * (2 if producer else 1) if tile.loader else 0  # the bulk loader's / v3's mbarriers
-        return tile.num_stages * stage * kv_bytes + part + p + stats + idx_ring + mask + bars
+        pidx = tile.num_stages * 32 * 4 if producer else 0  # v3: the producer's kv_indices ring (kPIdxSlots x 32)
+        return tile.num_stages * stage * kv_bytes + part + p + stats + idx_ring + mask + bars + pidx
     q = tile.block_m * (dqk + pad) * elem
     k = tile.num_stages * tile.block_n * (dqk + pad) * elem
     v = 0 if shared_kv else tile.num_stages * tile.block_n * (dv + pad) * elem

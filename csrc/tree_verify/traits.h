@@ -258,8 +258,12 @@ struct KernelTraitsV1 {
   // the mbarriers (8 bytes each) after the plan's regions: the bulk loader's one per stage; the producer warp's
   // FULL per stage, then EMPTY per stage
   static constexpr size_t kBarOffset = Smem::template total<kRingThreads>();
+  // producer warp: its kv_indices ring after the mbarriers, kPIdxSlots tiles x 32 lanes: the index of tile t is
+  // copied (cp.async, 4 bytes a lane) kPIdxSlots tiles before its rows, so no tile waits a DRAM round trip for it
+  static constexpr int kPIdxSlots = kProducer ? STAGES : 0;
+  static constexpr size_t kPIdxOffset = kBarOffset + (kProducer ? size_t(2) * STAGES * 8 : 0);
   static constexpr size_t smem_bytes() {
-    return kBarOffset + (kBulk ? size_t(STAGES) * 8 : kProducer ? size_t(2) * STAGES * 8 : 0);
+    return kBulk ? kBarOffset + size_t(STAGES) * 8 : kPIdxOffset + size_t(kPIdxSlots) * 32 * sizeof(int32_t);
   }
   static constexpr uint32_t kKRowBytes = uint32_t(kRowElems) * sizeof(KvElem);  // one bulk copy: a K row
   static constexpr uint32_t kVRowBytes = kSharedKV ? 0u : uint32_t(DV) * sizeof(KvElem);
@@ -273,7 +277,7 @@ struct KernelTraitsV1 {
                 "producer-warp tiles: one producer lane per KV row; the math warps' named barrier below 1024");
   // sm_120 (RTX PRO 6000) is the producer-warp tile's target: 99 KB per block, checked here and not only by the
   // build report (4 x 18,688 B of KV + partial scores 12,288 + P 1,536 + stats 384 + mask words 1,024 + 64 B of
-  // mbarriers = 90,048 B for 32 x 16 x 4 stages, config.h)
+  // mbarriers + 512 B of the producer's index ring = 90,560 B for 32 x 16 x 4 stages, config.h)
   static_assert(!kProducer || smem_bytes() <= kSmemLimitSm120, "producer-warp tiles must fit sm_120's 99 KB");
   static_assert(!kBulk || (kKRowBytes % 16 == 0 && kVRowBytes % 16 == 0 && kBarOffset % 8 == 0),
                 "bulk copies move whole rows of 16-byte multiples; the mbarriers are 8-byte aligned");

@@ -326,22 +326,38 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
   // ---- producer warp (v3): every KV copy of the CTA -------------------------------
   // Lane r < BN copies row r of each tile (lanes BN .. 31 only wait). Tiles 0 .. kQFirst - 1 go out at once;
   // the stages from kQFirst on hold the staged Q until the math warps arrive on kQFreeBarrier.
+  // The rows' kv_indices entries come through a ring in shared memory, kPIdxSlots tiles ahead (a 4-byte cp.async
+  // per lane, one commit group a tile): loaded one tile ahead, every tile's copies waited a DRAM round trip for
+  // their index (the model's reading of the first v3: the producer's chain bound the tile, NOTES.md).
   constexpr int kQFirst = STAGES - Tr::kQStages;
+  constexpr int kLead = Tr::kProducer ? Tr::kPIdxSlots : 1;   // (the lambda is compiled for every tile)
+  int32_t* sPIdx = reinterpret_cast<int32_t*>(smem + Tr::kPIdxOffset);  // (kLead, 32): tile t in slot t % kLead
   auto produce = [&]() {
     const int row = lane;
     const bool active = row < BN;
     const KV* k_src = kc + kvh * p.k_stride_head;
-    TokenCursor<L> at(range.begin + row, BN, p.page_size);
-    int tok = range.begin + row;  // this lane's token of tile t
-    // the row's kv_indices entry (0 past the end: never copied)
-    auto index_of = [&]() -> int32_t {
-      return active && tok < range.end ? ld_index(p.kv_indices, static_cast<int64_t>(kv_base) + at.pos, p.kv_indices_i64)
-                                       : 0;
+    TokenCursor<L> at(range.begin + row, BN, p.page_size);        // tile t's row in its page (the copy's offset)
+    TokenCursor<L> ahead(range.begin + row, BN, p.page_size);     // the tile whose index is fetched next
+    int tok = range.begin + row;    // this lane's token of tile t
+    int tok_ahead = tok;            // ... of the tile `ahead` points at
+    int fetched = 0;
+    // the index of tile `fetched` into its ring slot (zero past the end or for the idle lanes: never copied)
+    auto fetch = [&]() {
+      arch::cp_async_4_zfill(sPIdx + (fetched % kLead) * 32 + lane, index_at(idx_base, ahead.pos, p.kv_indices_i64),
+                             active && tok_ahead < range.end);
+      arch::cp_async_commit();
+      ahead.advance();
+      tok_ahead += BN;
+      ++fetched;
     };
-    int32_t id = index_of();
+#pragma unroll
+    for (int d = 0; d < kLead; ++d) fetch();
     bool q_free = false;
     for (int t = 0; t < ntiles; ++t) {
       const int stage = t % STAGES;
+      arch::cp_async_wait<kLead - 1>();   // this lane's index of tile t landed (kLead - 1 later ones in flight)
+      const int32_t id = sPIdx[(t % kLead) * 32 + lane];
+      fetch();                            // tile t + kLead's, into the slot just read (an empty group past the end)
       if (t == kQFirst) {
         arch::named_barrier_sync(kQFreeBarrier, Tr::kBlockThreads);
         q_free = true;
@@ -361,8 +377,8 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
       }
       at.advance();
       tok += BN;
-      if (t + 1 < ntiles) id = index_of();  // the next tile's index, its latency under the next EMPTY wait
     }
+    arch::cp_async_wait<0>();   // no copy left in flight into the ring at exit
     // a split of kQFirst tiles or fewer never copies into the Q stages: the generation still needs this warp
     if (!q_free) arch::named_barrier_sync(kQFreeBarrier, Tr::kBlockThreads);
   };
