@@ -1,6 +1,7 @@
 """Small helpers shared by the command-line tools (bench, autotune, integration)."""
 from __future__ import annotations
 
+import argparse  # noqa: F401 (dash_values' annotation)
 import math
 import os
 import re
@@ -62,6 +63,14 @@ def parse_int_list(spec: str, name: str = "list") -> list[int]:
     if not vals or min(vals) < 1:
         raise ValueError(f"{name} must be positive integers, got {spec!r}")
     return vals
+
+
+def dash_values(ap: "argparse.ArgumentParser") -> "argparse.ArgumentParser":
+    """Let an option's value start with a minus sign and a digit (`--ctx -5k`, `--tree -1`), as Python 3.13's
+    argparse does: the value then reaches the tool's own range check and its message, instead of argparse's
+    "expected one argument". Returns `ap`."""
+    ap._negative_number_matcher = re.compile(r"^-\.?\d")
+    return ap
 
 
 def usage_error(msg: str) -> SystemExit:
