@@ -377,7 +377,7 @@ def sweep(a: argparse.Namespace, *, kernel_device: Optional[str] = None, timer: 
                 rows.append(r)
                 tick()
     _speedups(rows)
-    model = [] if a.no_model else model_rows(shape, combos, dtype, a.batch, notes, kv_dtype)
+    model = [] if a.no_model else model_rows(shape, combos, dtype, a.batch, notes, kv_dtype, a.tree_shape)
     return {
         "device": torch.cuda.get_device_name() if gpu else None,
         "commit": git_commit(), "date": _dt.datetime.now().isoformat(timespec="seconds"), "versions": versions(),
@@ -397,7 +397,7 @@ def _flag(parse: Callable, value: str, flag: str):
 
 
 def model_rows(shape: HeadShape, combos: list, dtype: torch.dtype, batch: int, notes: list[str],
-               kv_dtype: Optional[str] = None) -> list[dict]:
+               kv_dtype: Optional[str] = None, tree_shape: str = "ddtree") -> list[dict]:
     """The SASS model's prediction of the cuda backend's default config for every (ctx, tree, layout), on
     each modelled device: labelled "model", never a measurement."""
     if dtype not in (torch.bfloat16, torch.float16):
@@ -408,22 +408,46 @@ def model_rows(shape: HeadShape, combos: list, dtype: torch.dtype, batch: int, n
     except ImportError as e:
         notes.append(f"model predictions skipped ({e})")
         return []
-    out = []
+    out, can_read = [], True
     for ctx, nodes, (lay, ps) in sorted(set(combos)):
         preds = {}
-        for dk in DEVICES:
+        for dk in DEVICES if can_read else ():
             try:
                 p = predict(dk, ctx=ctx, tree_nodes=nodes, shape=shape, layout=lay, page_size=ps, batch=batch,
                             kv_dtype=kv_dtype or ("bf16" if dtype == torch.bfloat16 else "fp16"))
-            except RuntimeError as e:  # no toolkit or SASS tools: say so once
+            except RuntimeError as e:  # no toolkit or SASS tools: say so once (the measurements still show)
                 notes.append(f"model predictions skipped ({e})")
-                return out
+                can_read, p = False, None
             if p is not None:
                 preds[dk] = {**p, "frac_of_floor": p["floor_us"] / p["us"]}
-        if preds:
-            out.append({"ctx": ctx, "tree_nodes": nodes, "layout": lay, "page_size": ps, "source": "model",
-                        "predictions": preds})
-    return out
+        out.append({"ctx": ctx, "tree_nodes": nodes, "layout": lay, "page_size": ps, "source": "model",
+                    "predictions": preds})
+    _beside_measurements(out, shape, dtype, batch, kv_dtype, tree_shape, notes)
+    return [m for m in out if m["predictions"] or any(m["measured"].values())]
+
+
+def _beside_measurements(model: list[dict], shape: HeadShape, dtype: torch.dtype, batch: int,
+                         kv_dtype: Optional[str], tree_shape: str, notes: list[str]) -> None:
+    """Each model row gets the last committed measurement of its shape per device (bench/results/, every kernel
+    measured there: bench.measured) and each prediction its kernel and --validate's verdict on that kernel."""
+    from bench import measured as bm
+    if not model:
+        return
+    dt = "bf16" if dtype == torch.bfloat16 else "fp16"
+    kv = kv_dtype or dt
+    verdicts = bm.verdicts() if any(m["predictions"] for m in model) else {}
+    if not verdicts and any(m["predictions"] for m in model):
+        notes.append("the model's kernels could not be checked against bench/results/ here (bench.model --validate "
+                     "needs the CUDA toolkit and SASS tools): every model reading is not validated")
+    have = bm.measured_devices()
+    for m in model:
+        m["measured"] = bm.last_measured(shape.to_dict(), dt, kv, m["ctx"], m["tree_nodes"], m["layout"],
+                                         m["page_size"], batch, tree_shape)
+        for dk, p in m["predictions"].items():
+            p["kernel_label"] = bm.model_kernel_label(p.get("kernel", ""))
+            p["validation"] = bm.verdict_text(verdicts, dk, p["kernel_label"], kv, dk in have)
+            p["validated"] = p["validation"].startswith("validated")
+        m["measured_devices"] = sorted(have)
 
 
 def _speedups(rows: list[Row]) -> None:
