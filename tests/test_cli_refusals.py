@@ -117,3 +117,46 @@ def test_gpu_check_dry_run_caps_stay_within_its_budget(capsys, monkeypatch, tmp_
         assert f"caps add up to {sum(caps):.0f} s within the budget of {float(budget):.0f} s" in text
     assert "runs only if earlier stages finish early" in text
     assert not Path(tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("module,argv,msg", [
+    ("bench.overhead", ["--nodes", "300"], "--nodes must be in 1..256, got 300"),
+    ("bench.overhead", ["--calls", "0"], "--calls must be in 1..10,000,000, got 0"),
+    ("bench.knockout", ["--tree", "300"], "--tree 300: at most 256 nodes per request"),
+    ("bench.knockout", ["--ctx", "-5k"], "--ctx: not a token count: '-5k'"),
+    ("bench.knockout", ["--variants", "x"], "--variants: knockout bits"),
+    ("bench.knockout", ["--reps", "0"], "--reps must be >= 1, got 0"),
+    ("bench.fp8_accuracy", ["--ctx", "x"], "--ctx: not a token count: 'x'"),
+    ("bench.fp8_accuracy", ["--tree", "0"], "--tree must be in 1..256"),
+    ("bench.fp8_accuracy", ["--seeds", "0"], "--seeds must be >= 1, got 0"),
+    ("bench.fp8_accuracy", ["--ctx", "900m"], "--ctx 900,000,000 would allocate ~"),
+    ("bench.fp8_mma_error", ["--tokens", "-3"], "--tokens must be >= 1, got -3"),
+    ("bench.fp8_mma_error", ["--logit-std", "x"], "--logit-std: comma-separated numbers, got 'x'"),
+    ("bench.fp8_mma_error", ["--tokens", "900000000"], "--tokens 900,000,000 would allocate ~"),
+    ("integration.decode", ["--ctx", "-5k"], "--ctx: not a token count: '-5k'"),
+])
+def test_bench_and_integration_tools_refuse(capsys, module, argv, msg):
+    import importlib
+    prog = f"python -m {module}" if module.startswith("bench.") else None
+    with pytest.raises(SystemExit) as e:
+        importlib.import_module(module).main(argv)
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert e.value.code == 2 and len(lines) == 1 and msg in lines[0] and "Traceback" not in err, err
+    if prog:
+        assert lines[0].startswith(f"{prog}: error: "), lines[0]
+
+
+def test_emu_sweep_refusal_names_the_program(capsys):
+    from bench import emu_sweep
+    assert emu_sweep.main(["--cases", "0"]) == 2
+    assert capsys.readouterr().err == "python -m bench.emu_sweep: error: --cases must be >= 1, got 0\n"
+
+
+def test_integration_tool_errors_name_the_program():
+    """The integration tools raise a bare 'error: ...': run with -m, the line starts with the program's name."""
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-m", "integration.decode", "--tp", "0"], capture_output=True, text=True,
+                       cwd=Path(__file__).resolve().parent.parent, timeout=120)
+    assert r.returncode == 2 and r.stderr == "python -m integration.decode: error: --tp must be >= 1\n", r.stderr

@@ -73,11 +73,27 @@ def dash_values(ap: "argparse.ArgumentParser") -> "argparse.ArgumentParser":
     return ap
 
 
+def _program() -> str | None:
+    """'python -m integration.decode' when this process runs a module of this project with -m (runpy puts its
+    file in sys.argv[0]); None otherwise (e.g. under pytest)."""
+    try:
+        rel = Path(sys.argv[0]).resolve().relative_to(Path(__file__).resolve().parent.parent)
+    except (IndexError, ValueError, OSError):
+        return None
+    parts = list(rel.with_suffix("").parts)
+    if parts and parts[-1] == "__main__":
+        parts = parts[:-1]
+    return "python -m " + ".".join(parts) if parts and rel.suffix == ".py" else None
+
+
 def usage_error(msg: str) -> SystemExit:
     """A bad command-line value: print `msg` (one line naming the flag) on stderr and
     return a SystemExit with argparse's usage-error status 2 (raise it). str() of the
     exception is the message, so callers and tests can match it."""
     line = " ".join(str(msg).split())
+    prog = _program()
+    if line.startswith("error: ") and prog:   # the tools that raise a bare "error: ..." get their name
+        line = f"{prog}: {line}"
     print(line, file=sys.stderr)
     e = SystemExit(line)
     e.code = 2
