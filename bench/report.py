@@ -123,8 +123,9 @@ def _print_model(con, model: list[dict]) -> None:
                                [d for m in model for d in m.get("measured_devices", [])]))
     mt = _table("model (predicted from the kernels' SASS, python -m bench.model) beside the last measurement "
                 "(bench/results/)")
-    for c in ("ctx", "nodes", "layout", "device", "model: kernel", "model us \\[band] (bound)", "floor ÷ model",
-              "--validate (within ±25%)", "measured: kernel", "measured us", "date", "file (bench/results/)"):
+    esc = "\\[" if Table is not None else "["   # rich reads [..] as markup
+    for c in ("ctx", "nodes", "layout", "device", "model: kernel", f"model us {esc}band] (bound)", "floor ÷ model",
+              "--validate (within +-25%)", "measured: kernel", "measured us", "date", "file (bench/results/)"):
         mt.add_column(c, justify="right" if c in ("ctx", "nodes", "measured us", "floor ÷ model") else "left")
     for m in sorted(model, key=_key):
         lay = m["layout"] if m["page_size"] == 1 else f"paged{m['page_size']}"
@@ -151,11 +152,11 @@ def _print_model(con, model: list[dict]) -> None:
                 mt.add_row(*(lead + [d] + mcells if i == 0 else [""] * 8), x["kernel"], _us(x["us"]), x["date"],
                            x["file"].removeprefix("bench/results/"))
     con.print(mt)
-    con.print("  model: the cuda backend's default kernel on that device; \\[low-high]: the band from the model "
+    con.print(f"  model: the cuda backend's default kernel on that device; {esc}low-high]: the band from the model "
               "constants' stated ranges (bench/model/bands.py): a kernel change smaller than it is within model "
               "uncertainty. floor ÷ model: the device's floor (H200: at the mma.sync-class tensor rate for mma.sync "
               "kernels, at the datasheet rate for the wgmma kernel v2) over the reading. --validate: the model "
-              "against that kernel's committed H200 rows (how many within ±25%); `python -m bench.model --per-tile` "
+              "against that kernel's committed H200 rows (how many within +-25%); `python -m bench.model --per-tile` "
               "explains each number. measured: the median of the latest committed bench.verify run per kernel "
               "(CUDA graph, cold L2), the model's kernel first.")
 
