@@ -89,10 +89,15 @@ def print_report(payload: dict, console: Optional[Console] = None) -> None:
         for c in ("backend", "ctx", "nodes", "layout", "median us", "p20-p80", "GB/s", "TFLOP/s", "floor ÷ time",
                   "x serial", "max rel err", "config", "status"):
             m.add_column(c, justify="left" if c in ("backend", "config", "status") else "right")
+        head = _head(payload)
         for r in sorted(timed, key=_key):
             cfg = r["config"]
             gpu = r["timed_on"] == "cuda"   # a CPU wall-clock time has no meaningful GB/s or TFLOP/s
             cfg_s = "-" if not cfg else " ".join(f"{_CFG_ABBR.get(k, k)}{v}" for k, v in cfg.items())
+            if cfg and r["backend"].partition("@")[0] == "cuda":   # name the compiled kernel: v2 m64n32w8s3 S66
+                from bench.measured import _row_kernel
+                k = _row_kernel(r, head)
+                cfg_s = f"{k} S{cfg.get('num_splits')}" if k else cfg_s
             lay = r["layout"] if r["page_size"] == 1 else f"paged{r['page_size']}"
             frac = r["frac_of_floor"]
             m.add_row(
@@ -114,6 +119,16 @@ def print_report(payload: dict, console: Optional[Console] = None) -> None:
         _print_model(con, model)
     for n in payload.get("notes", []):
         con.print(f"  note: {n}")
+
+
+def _head(payload: dict) -> Optional[str]:
+    """The compiled-kernel family (verify_attn.build.head_key) of the payload's shape and cache format."""
+    try:
+        from verify_attn import build as vb
+        sh, kv = payload["shape"], payload.get("kv_dtype") or payload.get("dtype", "")
+        return vb.head_key(sh["dqk"], sh["dv"], sh["mla"], kv if kv.startswith("fp8") else False)
+    except (ImportError, KeyError):
+        return None
 
 
 def _print_model(con, model: list[dict]) -> None:

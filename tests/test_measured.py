@@ -133,3 +133,10 @@ def test_verdicts_on_the_committed_results_are_validates():
         pytest.skip("the model cannot read the kernels here (no CUDA toolkit / SASS tools)")
     assert v["h200 v2 bf16"]["within"] is False and v["h200 v2 bf16"]["rows"].startswith("0/")
     assert v["h200 v1 bf16"]["within"] is True
+
+
+def test_report_names_the_kernel_of_a_measured_cuda_row():
+    p = _report_payload()
+    p["results"].append(dict(p["results"][1], backend="cuda@v2", median_us=315.5, timed_on="cuda", config=V2))
+    row = next(ln for ln in _lines(p) if ln.lstrip("│ ").startswith("cuda@v2"))
+    assert "v2 m64n32w8s3 S66" in row, row
