@@ -15,15 +15,22 @@ from pathlib import Path
 from typing import Optional
 
 from verify_attn.shapes import PRESETS, HeadShape, custom_shape, get_shape
-from verify_attn.utils import parse_ctx, parse_int_list
+from verify_attn.tree import MAX_CHECKED_NODES
+from verify_attn.utils import dash_values, parse_ctx, parse_int_list
 
 from .plan import Plan, make_plan
 
 DTYPES = ("bf16", "fp16")
+PROG = "python -m autotune"
+
+
+def error(msg: object) -> None:
+    """A user error: one line on stderr, `python -m autotune: error: ...` (bench.verify's form)."""
+    print(f"{PROG}: error: {msg}", file=sys.stderr)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m autotune", description=__doc__,
+    ap = argparse.ArgumentParser(prog=PROG, description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--backend", default="cuda", choices=("cuda", "triton"), help="backend to tune (default cuda)")
     ap.add_argument("--shape", default="kimi-k2-tp8", help=f"head-shape preset: {', '.join(PRESETS)}")
@@ -61,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "measured table of the same key outranks")
     ap.add_argument("--top-tiles", type=int, default=2, help="tiles that get the split sweep")
     ap.add_argument("--refine-rounds", type=int, default=2, help="coarse-to-fine rounds over num_splits")
-    return ap
+    return dash_values(ap)
 
 
 def resolve_shape(args: argparse.Namespace) -> HeadShape:
@@ -94,7 +101,12 @@ def load_report(path: Optional[str], arch: Optional[str]) -> Optional[list[dict]
         if arch is None:
             raise ValueError("--build-report auto needs --arch (or a GPU to take it from)")
         return [asdict(r) for r in vb.build_report([arch], log=lambda *a, **k: None)]
-    rows = json.loads(Path(path).read_text())
+    try:
+        rows = json.loads(Path(path).read_text())
+    except OSError as e:
+        raise ValueError(f"--build-report {path}: {e.strerror}") from None
+    except ValueError as e:
+        raise ValueError(f"--build-report {path}: not JSON ({e})") from None
     if isinstance(rows, dict):  # tolerate {"kernels": [...]}
         rows = rows.get("kernels", [])
     if not isinstance(rows, list):
@@ -142,15 +154,28 @@ def main(argv: Optional[list[str]] = None) -> int:
         return show(argv[1:])
     args = build_parser().parse_args(argv)
     if args.cost == "model" and args.arch is None and not args.dry_run:
-        print("error: --cost model needs --arch sm_90a or sm_120a (the device model to predict on)", file=sys.stderr)
+        error("--cost model needs --arch sm_90a or sm_120a (the device model to predict on)")
         return 2
     try:
         shape = resolve_shape(args)
         page_size = resolve_page_size(args)
-        ctxs = parse_ctx(args.ctx)
+        try:
+            ctxs = parse_ctx(args.ctx)
+        except ValueError as e:
+            raise ValueError(f"--ctx: {e}") from None
         trees = parse_int_list(args.tree, "--tree")
-        if args.batch < 1:
-            raise ValueError("--batch must be >= 1")
+        if max(trees) > MAX_CHECKED_NODES:
+            raise ValueError(f"--tree {max(trees)}: at most {MAX_CHECKED_NODES} nodes per request (the largest tree "
+                             "the kernels are checked at)")
+        for flag, v, lo in (("--batch", args.batch, 1), ("--reps", args.reps, 1), ("--top-tiles", args.top_tiles, 1),
+                            ("--refine-rounds", args.refine_rounds, 0)):
+            if v < lo:
+                raise ValueError(f"{flag} must be >= {lo}, got {v}")
+        if not args.max_seconds > 0:
+            raise ValueError(f"--max-seconds must be > 0, got {args.max_seconds}")
+        for flag, path in (("--json", args.json), ("--cache", args.cache)):   # before minutes of tuning
+            if path and not Path(path).resolve().parent.is_dir():
+                raise ValueError(f"{flag} {path}: the folder {Path(path).resolve().parent} does not exist")
         arch_name = args.arch
         if arch_name is None and args.build_report == "auto":
             import torch
@@ -159,10 +184,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                 arch_name = arch_of_device(torch.cuda.current_device()).name
         report = load_report(args.build_report, arch_name)
     except (ValueError, OSError, RuntimeError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    if max(trees) > 256:
-        print("error: --tree sizes above 256 nodes are not supported by the kernels", file=sys.stderr)
+        error(e)
         return 2
 
     try:
@@ -170,7 +192,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                          page_size=page_size, batch=args.batch, report=report, report_path=args.build_report,
                          kv_dtype=args.kv_dtype)
     except (ValueError, RuntimeError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        error(e)
         return 2
 
     if args.dry_run:
@@ -180,7 +202,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             print(f"plan written to {args.json}")
         empty = [b for b in plan.buckets if not b.tiles]
         if empty:
-            print(f"error: no candidate fits {plan.arch.name} for {len(empty)} buckets", file=sys.stderr)
+            error(f"no candidate fits {plan.arch.name} for {len(empty)} buckets")
             return 1
         return 0
 

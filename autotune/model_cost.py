@@ -157,7 +157,7 @@ def run_model_tuning(plan: Plan, args: argparse.Namespace) -> int:
         try:
             results, extra, notes = tune_with_model(plan, on_bucket=on_bucket)
         except (ValueError, RuntimeError, LookupError, FileNotFoundError) as e:
-            print(f"error: {e}", file=sys.stderr)
+            print(f"python -m autotune: error: {e}", file=sys.stderr)
             return 2
     for n in notes:
         con.print(f"[yellow]{n}[/]")
@@ -168,7 +168,7 @@ def run_model_tuning(plan: Plan, args: argparse.Namespace) -> int:
              "results": [{**r.to_dict(), **extra.get((r.ctx, r.tree_nodes), {})} for r in results]},
             indent=1) + "\n")
     if any(r.best is None for r in results):
-        print("error: some buckets have no candidate the model can read", file=sys.stderr)
+        print("python -m autotune: error: some buckets have no candidate the model can read", file=sys.stderr)
         return 1
     if not args.no_export:
         try:
@@ -181,7 +181,7 @@ def run_model_tuning(plan: Plan, args: argparse.Namespace) -> int:
                                                 "grid); ties within half the fastest's band keep the fewest splits; "
                                                 "not measured: a measured table of this key wins at lookup"})
         except TableError as e:
-            print(f"error: {e}", file=sys.stderr)
+            print(f"python -m autotune: error: {e}", file=sys.stderr)
             return 1
         con.print(f"exported {path}")
     return 0
@@ -209,7 +209,8 @@ def show(argv: Optional[list[str]] = None) -> int:
     """`python -m autotune show`: which table (measured, model) or the heuristic serves a call."""
     from verify_attn.shapes import PRESETS, get_shape
     from verify_attn.tuned import explain
-    from verify_attn.utils import parse_ctx
+    from verify_attn.tree import MAX_CHECKED_NODES
+    from verify_attn.utils import dash_values, parse_ctx
 
     ap = argparse.ArgumentParser(prog="python -m autotune show",
                                  description="Which tuned config serves a call, and where it comes from "
@@ -224,12 +225,19 @@ def show(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--tree", type=int, default=16, help="tree nodes per request")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--json", action="store_true", help="print JSON")
-    a = ap.parse_args(argv)
+    a = dash_values(ap).parse_args(argv)
     try:
         sh = get_shape(a.shape)
-        ctxs = parse_ctx(a.ctx)
+        try:
+            ctxs = parse_ctx(a.ctx)
+        except ValueError as e:
+            raise ValueError(f"--ctx: {e}") from None
+        for flag, v, lo, hi in (("--tree", a.tree, 1, MAX_CHECKED_NODES), ("--batch", a.batch, 1, 65_535),
+                                ("--page-size", a.page_size, 1, 128)):
+            if not lo <= v <= hi:
+                raise ValueError(f"{flag} must be in {lo}..{hi}, got {v}")
     except (ValueError, KeyError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"{ap.prog}: error: {e}", file=sys.stderr)
         return 2
     key = TableKey(a.device, a.backend, sh.num_q_heads, sh.num_kv_heads, sh.head_dim_qk, sh.head_dim_v, a.dtype,
                    a.page_size, sh.mla, a.kv_dtype)

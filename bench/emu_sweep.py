@@ -57,7 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--cases", type=int, default=40, help="random cases per tile (default 40)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--list", action="store_true", help="list the tiles and exit")
-    return ap
+    from verify_attn.utils import dash_values
+    return dash_values(ap)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -69,10 +70,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     names = list(TILES) if a.tiles == "all" else [x.strip() for x in a.tiles.split(",") if x.strip()]
     bad = [x for x in names if x not in TILES]
     if bad or not names:
-        print(f"--tiles: unknown {', '.join(bad) or '(none)'}; known: {', '.join(TILES)}", file=sys.stderr)
+        print(f"python -m bench.emu_sweep: error: --tiles: unknown {', '.join(bad) or '(none)'}; known: "
+              f"{', '.join(TILES)}", file=sys.stderr)
         return 2
     if a.cases < 1:
-        print(f"--cases must be >= 1, got {a.cases}", file=sys.stderr)
+        print(f"python -m bench.emu_sweep: error: --cases must be >= 1, got {a.cases}", file=sys.stderr)
         return 2
     tests = Path(__file__).resolve().parent.parent / "tests"
     if not (tests / "cases.py").exists():

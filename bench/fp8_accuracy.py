@@ -96,6 +96,16 @@ def measure(ctx: int, nodes: int, dist: str, seed: int = 0) -> dict:
     return row
 
 
+def _fits(ctx: int, tree: int) -> None:
+    """ValueError with the figure when the float64 reference and the caches at `ctx` cannot fit this machine."""
+    from bench.verify import available_bytes, point_bytes
+    from verify_attn.shapes import get_shape
+    need, have = 3 * point_bytes(get_shape("kimi-k2-tp8"), ctx, tree, 1, 1, 2, 1), available_bytes(None)
+    if have is not None and need > 0.9 * have:   # x3: the bf16 cache, its two fp8 copies, their references
+        raise ValueError(f"--ctx {ctx:,} would allocate ~{need / 1e9:,.1f} GB (caches and the float64 reference), "
+                         f"more than the {have / 1e9:,.1f} GB available")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.fp8_accuracy", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -103,8 +113,18 @@ def main(argv=None) -> int:
     ap.add_argument("--tree", type=int, default=16, help="tree nodes (default 16)")
     ap.add_argument("--seeds", type=int, default=3, help="random caches per distribution; errors are averaged "
                     "(one cache is noisy: the error is dominated by the few highest-scoring tokens)")
-    a = ap.parse_args(argv)
-    ctx = parse_tokens(a.ctx)
+    from verify_attn.utils import dash_values, usage_error
+    a = dash_values(ap).parse_args(argv)
+    try:
+        ctx = parse_tokens(a.ctx)
+        if not 1 <= a.tree <= 256:
+            raise ValueError(f"--tree must be in 1..256 (the largest tree the kernels are checked at), got {a.tree}")
+        if a.seeds < 1:
+            raise ValueError(f"--seeds must be >= 1, got {a.seeds}")
+        _fits(ctx, a.tree)
+    except ValueError as e:
+        msg = str(e) if str(e).startswith("--") else f"--ctx: {e}"
+        raise usage_error(f"{ap.prog}: error: {msg}") from None
     print(f"MLA 8 x 576/512, ctx {ctx}, {a.tree}-node DDTree-shaped tree; error vs the float64 reference on the "
           "original bf16 cache (out errors relative to rms(out))")
     print(f"{'cache':10s} {'format':11s} {'cache rms':>9s} {'small rms':>9s} {'out max':>9s} {'out rms':>9s} "

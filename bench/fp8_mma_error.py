@@ -66,15 +66,22 @@ def main(argv=None) -> int:
     ap.add_argument("--logit-std", default="1,3,6", help="scales of q (the logits' std), comma-separated")
     ap.add_argument("--tokens", type=int, default=4096, help="KV tokens every row sees (default 4096)")
     ap.add_argument("--seed", type=int, default=0)
-    a = ap.parse_args(argv)
+    from verify_attn.utils import dash_values, usage_error
+    a = dash_values(ap).parse_args(argv)
+    err = lambda msg: usage_error(f"{ap.prog}: error: {msg}")   # one line, no usage block
     try:
         stds = [float(x) for x in a.logit_std.split(",") if x.strip()]
     except ValueError:
-        ap.error(f"--logit-std: comma-separated numbers, got {a.logit_std!r}")
+        raise err(f"--logit-std: comma-separated numbers, got {a.logit_std!r}") from None
     if not stds or min(stds) <= 0:
-        ap.error("--logit-std: positive numbers")
+        raise err(f"--logit-std: positive numbers, got {a.logit_std!r}")
     if a.tokens < 1:
-        ap.error(f"--tokens must be >= 1, got {a.tokens}")
+        raise err(f"--tokens must be >= 1, got {a.tokens}")
+    from bench.fp8_accuracy import _fits
+    try:
+        _fits(a.tokens, 16)
+    except ValueError as e:
+        raise err(str(e).replace("--ctx", "--tokens")) from None
     for std in stds:
         print(f"logit std ~{std:g} (q ~ N(0, {std:g}^2), k ~ N(0, 1), Dqk 576, {a.tokens} tokens, 16 nodes x 8 heads)")
         for name, mx, rms, lse in study(std, a.tokens, a.seed + int(std * 100)):

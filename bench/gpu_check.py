@@ -437,10 +437,17 @@ def select(stages: list[Stage], a: argparse.Namespace) -> list[Stage]:
 def print_plan(stages: list[Stage], out: Path, a: argparse.Namespace, header: str) -> None:
     jit = jit_set_of(stages)
     print(f"{header}; with a GPU it would run, within {a.budget_s:.0f} s, writing under {out}:")
+    left = a.budget_s   # each stage runs under min(its cap, what the budget leaves): the caps shown are those
     for s in stages:
         need = f" (needs {s.needs})" if s.needs else ""
-        print(f"  {s.name:10s} cap {s.cap_s:4.0f} s{need}: {' '.join(s.argv)}")
-    print(f"  caps add up to {sum(s.cap_s for s in stages):.0f} s (budget {a.budget_s:.0f} s)")
+        cap = min(s.cap_s, max(0.0, left))
+        left -= cap
+        cut = "" if cap >= s.cap_s else (f" (of its {s.cap_s:.0f} s: what the budget leaves after the earlier caps)"
+                                         if cap >= s.min_s else f" (its cap {s.cap_s:.0f} s: runs only if earlier "
+                                         "stages finish early)")
+        print(f"  {s.name:10s} cap {cap:4.0f} s{need}{cut}: {' '.join(s.argv)}")
+    print(f"  caps add up to {a.budget_s - left:.0f} s within the budget of {a.budget_s:.0f} s (stages that finish "
+          "early leave their time to the later ones)")
     from verify_attn import build as vb
     n_all = len(vb.instantiation_files())
     est = ""
@@ -460,8 +467,16 @@ def main(argv: Optional[list[str]] = None) -> int:
     if a.build_stage:
         return build_stage(test_libs=os.environ.get("VA_GPU_CHECK_TEST_LIBS", "1") == "1")
     if a.collect:
+        import tarfile
+
         from bench.gpu_results import collect
-        return collect(Path(a.collect), name=a.collect_as)
+        try:
+            return collect(Path(a.collect), name=a.collect_as)
+        except (OSError, tarfile.TarError) as e:   # a wrong path or archive: one line, no traceback
+            from verify_attn.utils import usage_error
+            why = (f"not a gzip'd tar archive ({type(e).__name__})" if isinstance(e, tarfile.TarError)
+                   else e.strerror if e.strerror else str(e))
+            raise usage_error(f"python -m bench.gpu_check: error: --collect {a.collect}: {why}") from None
     if a.prepare_carry:
         return prepare_carry()
 

@@ -72,18 +72,31 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--versions", default="v2,v1", help="pinned kernel versions to time")
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--json", metavar="PATH", help="write the rows as JSON")
-    a = ap.parse_args(argv)
+    from verify_attn.utils import dash_values, parse_int_list, parse_tokens, usage_error
+    a = dash_values(ap).parse_args(argv)
     import torch
-    from verify_attn.utils import parse_int_list, parse_tokens
+    err = lambda msg: usage_error(f"{ap.prog}: error: {msg}")   # one line, no usage block
     try:
         variants = sorted({int(x) for x in a.variants.split(",") if x.strip()})
     except ValueError:
         variants = []
     if not variants or any(b not in NAMES for b in variants):
-        ap.error(f"--variants: knockout bits {', '.join(map(str, NAMES))}, comma-separated, got {a.variants!r}")
+        raise err(f"--variants: knockout bits {', '.join(map(str, NAMES))}, comma-separated, got {a.variants!r}")
     versions = [v.strip() for v in a.versions.split(",") if v.strip()]
-    trees = parse_int_list(a.tree, "--tree")
-    ctx = parse_tokens(a.ctx)
+    try:
+        trees = parse_int_list(a.tree, "--tree")
+        try:
+            ctx = parse_tokens(a.ctx)
+        except ValueError as e:
+            raise ValueError(f"--ctx: {e}") from None
+    except ValueError as e:
+        raise err(e) from None
+    if max(trees) > 256:
+        raise err(f"--tree {max(trees)}: at most 256 nodes per request (the largest tree the kernels are checked at)")
+    if a.reps < 1:
+        raise err(f"--reps must be >= 1, got {a.reps}")
+    if a.json and not Path(a.json).resolve().parent.is_dir():
+        raise err(f"--json {a.json}: the folder {Path(a.json).resolve().parent} does not exist")
     if not torch.cuda.is_available():
         print("bench.knockout: no CUDA device; it times kernels, nothing to do here", file=sys.stderr)
         return 2

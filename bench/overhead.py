@@ -43,9 +43,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument("--ctx", type=int, default=4000, help="prefix tokens (the full checks read every index)")
     ap.add_argument("--nodes", type=int, default=16)
-    a = ap.parse_args(argv)
-    if a.calls < 1 or a.ctx < 0 or a.nodes < 1:
-        ap.error("--calls >= 1, --ctx >= 0, --nodes >= 1")
+    from verify_attn.utils import dash_values, usage_error
+    a = dash_values(ap).parse_args(argv)
+    for flag, v, lo, hi in (("--calls", a.calls, 1, 10**7), ("--ctx", a.ctx, 0, 10**7), ("--nodes", a.nodes, 1, 256)):
+        if not lo <= v <= hi:   # (10^7 tokens: the full checks read every index on each call)
+            raise usage_error(f"{ap.prog}: error: {flag} must be in {lo:,}..{hi:,}, got {v:,}")
     register(Backend("noop", lambda p, cfg, out, lse: None))
     try:
         for mode in ("shapes", "full"):

@@ -69,7 +69,7 @@ def print_report(payload: dict, console: Optional[Console] = None) -> None:
     for d in devs:
         t.add_column(f"floor us\n{d}", justify="right")
     seen = set()
-    for r in rows:
+    for r in sorted(rows, key=_key):   # contexts ascending, as in the model table
         if _key(r) in seen:
             continue
         seen.add(_key(r))
@@ -86,20 +86,26 @@ def print_report(payload: dict, console: Optional[Console] = None) -> None:
     if timed:
         m = _table(f"measured ({'GPU' if payload['device'] else 'CPU'}); floor device: "
                         f"{payload.get('floor_device') or '-'}")
-        for c in ("backend", "ctx", "nodes", "layout", "median us", "p20-p80", "GB/s", "TFLOP/s", "% floor",
+        for c in ("backend", "ctx", "nodes", "layout", "median us", "p20-p80", "GB/s", "TFLOP/s", "floor ÷ time",
                   "x serial", "max rel err", "config", "status"):
             m.add_column(c, justify="left" if c in ("backend", "config", "status") else "right")
-        for r in timed:
+        head = _head(payload)
+        for r in sorted(timed, key=_key):
             cfg = r["config"]
+            gpu = r["timed_on"] == "cuda"   # a CPU wall-clock time has no meaningful GB/s or TFLOP/s
             cfg_s = "-" if not cfg else " ".join(f"{_CFG_ABBR.get(k, k)}{v}" for k, v in cfg.items())
+            if cfg and r["backend"].partition("@")[0] == "cuda":   # name the compiled kernel: v2 m64n32w8s3 S66
+                from bench.measured import _row_kernel
+                k = _row_kernel(r, head)
+                cfg_s = f"{k} S{cfg.get('num_splits')}" if k else cfg_s
             lay = r["layout"] if r["page_size"] == 1 else f"paged{r['page_size']}"
             frac = r["frac_of_floor"]
             m.add_row(
                 r["backend"] + (" (CPU)" if r["timed_on"] == "cpu" else ""), f"{r['ctx']:,}", str(r["tree_nodes"]), lay,
                 _us(r["median_us"]),
                 f"{_us(r['p20_us'])}-{_us(r['p80_us'])}" if r["p20_us"] is not None else "-",
-                f"{r['gbs']:,.0f}" if r["gbs"] is not None else "-",
-                f"{r['tflops']:,.1f}" if r["tflops"] is not None else "-",
+                f"{r['gbs']:,.0f}" if gpu and r["gbs"] is not None else "-",
+                f"{r['tflops']:,.1f}" if gpu and r["tflops"] is not None else "-",
                 f"{100 * frac:.3g}%" if frac is not None else "-",
                 f"{r['speedup_vs_serial']:.1f}x" if r["speedup_vs_serial"] else "-",
                 f"{r['max_rel_err']:.1e}" if r["max_rel_err"] is not None else "-",
@@ -111,27 +117,7 @@ def print_report(payload: dict, console: Optional[Console] = None) -> None:
     _print_peers(con, rows)
     model = payload.get("model") or []
     if model:
-        mdevs = list(dict.fromkeys(d for m in model for d in m["predictions"]))
-        mt = _table("model: cuda backend predicted from its SASS (python -m bench.model), not measured")
-        for c in ("ctx", "nodes", "layout"):
-            mt.add_column(c, justify="right")
-        for d in mdevs:
-            mt.add_column(f"model us\n{d}", justify="right")
-            mt.add_column(f"% floor\n{d}", justify="right")
-        for m in model:
-            lay = m["layout"] if m["page_size"] == 1 else f"paged{m['page_size']}"
-            cells = [f"{m['ctx']:,}", str(m["tree_nodes"]), lay]
-            for d in mdevs:
-                p = m["predictions"].get(d)
-                band = f" [{p['low_us']:.0f}-{p['high_us']:.0f}]" if p and "low_us" in p else ""
-                cells += [f"{_us(p['us'])}{band} ({p['bound']})", f"{100 * p['frac_of_floor']:.0f}%"] if p else ["-", "-"]
-            mt.add_row(*cells)
-        con.print(mt)
-        con.print("  \\[low-high]: the band from the model constants' stated ranges (bench/model/bands.py); a kernel "
-                  "change smaller than it is within model uncertainty")
-        con.print("  % floor of the model's device floor (H200: at the mma.sync-class tensor rate for mma.sync "
-                  "kernels, at the datasheet rate for the wgmma kernel v2, its default); "
-                  "`python -m bench.model --per-tile` explains each number.")
+        _print_model(con, model)
     for n in payload.get("notes", []):
         con.print(f"  note: {n}")
 
@@ -161,6 +147,61 @@ def _print_peers(con, rows: list[dict]) -> None:
         con.print(f"  {b} departs from the contract: {dep}")
     con.print("  x our best: the peer's time over our fastest kernel's on the same row (> 1: ours is faster); "
               "passes: each pass of a peer timed alone (flashmla's prefix pass: the speed of light for the prefix)")
+
+
+def _head(payload: dict) -> Optional[str]:
+    """The compiled-kernel family (verify_attn.build.head_key) of the payload's shape and cache format."""
+    try:
+        from verify_attn import build as vb
+        sh, kv = payload["shape"], payload.get("kv_dtype") or payload.get("dtype", "")
+        return vb.head_key(sh["dqk"], sh["dv"], sh["mla"], kv if kv.startswith("fp8") else False)
+    except (ImportError, KeyError):
+        return None
+
+
+def _print_model(con, model: list[dict]) -> None:
+    """The model's reading of each modelled device beside the last committed measurement of the same shape on
+    every device with results (bench/results/), each with its kernel; a reading --validate does not back says so."""
+    mdevs = list(dict.fromkeys([d for m in model for d in m["predictions"]] +
+                               [d for m in model for d in m.get("measured_devices", [])]))
+    mt = _table("model (predicted from the kernels' SASS, python -m bench.model) beside the last measurement "
+                "(bench/results/)")
+    esc = "\\[" if Table is not None else "["   # rich reads [..] as markup
+    for c in ("ctx", "nodes", "layout", "device", "model: kernel", f"model us {esc}band] (bound)", "floor ÷ model",
+              "--validate (within +-25%)", "measured: kernel", "measured us", "date", "file (bench/results/)"):
+        mt.add_column(c, justify="right" if c in ("ctx", "nodes", "measured us", "floor ÷ model") else "left")
+    for m in sorted(model, key=_key):
+        lay = m["layout"] if m["page_size"] == 1 else f"paged{m['page_size']}"
+        first = True
+        for d in mdevs:
+            p = m["predictions"].get(d)
+            meas = list((m.get("measured") or {}).get(d, []))
+            same = next((x for x in meas if p and x["kernel"] == p.get("kernel_label")), None)
+            meas = ([same] if same else []) + [x for x in meas if x is not same]
+            lead = [f"{m['ctx']:,}", str(m["tree_nodes"]), lay] if first else ["", "", ""]
+            first = False
+            if p:
+                band = f" [{p['low_us']:.0f}-{p['high_us']:.0f}]" if "low_us" in p else ""
+                mcells = [p.get("kernel_label", "?"), f"{_us(p['us'])}{band} ({p['bound']})",
+                          f"{100 * p['frac_of_floor']:.0f}%", p.get("validation", "not validated")]
+            else:
+                mcells = ["-", "-", "-", "no model reading"]
+            if not meas:
+                why = "not measured at this shape" if d in m.get("measured_devices", []) else \
+                    "no results for this device"
+                mt.add_row(*lead, d, *mcells, "-", "-", "-", why)
+                continue
+            for i, x in enumerate(meas):
+                mt.add_row(*(lead + [d] + mcells if i == 0 else [""] * 8), x["kernel"], _us(x["us"]), x["date"],
+                           x["file"].removeprefix("bench/results/"))
+    con.print(mt)
+    con.print(f"  model: the cuda backend's default kernel on that device; {esc}low-high]: the band from the model "
+              "constants' stated ranges (bench/model/bands.py): a kernel change smaller than it is within model "
+              "uncertainty. floor ÷ model: the device's floor (H200: at the mma.sync-class tensor rate for mma.sync "
+              "kernels, at the datasheet rate for the wgmma kernel v2) over the reading. --validate: the model "
+              "against that kernel's committed H200 rows (how many within +-25%); `python -m bench.model --per-tile` "
+              "explains each number. measured: the median of the latest committed bench.verify run per kernel "
+              "(CUDA graph, cold L2), the model's kernel first.")
 
 
 CSV_FIELDS = ("backend", "ctx", "tree_nodes", "layout", "page_size", "bytes", "flops", "median_us", "p20_us",

@@ -31,7 +31,8 @@ from bench.timing import Timing, time_cuda
 from verify_attn import device as vdevice
 from verify_attn.fp8 import kv_row_bytes
 from verify_attn.shapes import PRESETS, HeadShape, custom_shape, get_shape
-from verify_attn.utils import parse_ctx, parse_int_list, parse_tokens, usage_error
+from verify_attn.tree import MAX_CHECKED_NODES
+from verify_attn.utils import dash_values, parse_ctx, parse_int_list, parse_tokens, usage_error
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS_DIR = REPO / "bench" / "results"
@@ -40,6 +41,9 @@ BASELINE = "triton-serial"
 CPU_CTX_CAP = 4000  # the float64 reference on CPU beyond this takes seconds per call: cap, and say so
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 KV_DTYPE_CHOICES = ("bf16", "fp16", "fp32", "fp8_e4m3", "fp8_mla656")
+MAX_TREE_NODES = MAX_CHECKED_NODES  # 256: the largest tree the kernels are checked at (autotune's limit too)
+MAX_BATCH = 65_535     # the CUDA kernels launch one grid z per request (CUDA's grid z limit)
+MAX_KV_LEN = 2**31 - 1  # the kernels read int32 KV indices and lengths
 
 
 def resolve_kv_dtype(a: argparse.Namespace, shape: HeadShape) -> str:
@@ -107,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--quiet", action="store_true", help="no progress bar")
     ap.add_argument("--no-model", action="store_true", help="skip the SASS-model predictions (python -m bench.model) "
                     "of the cuda backend for the reference devices")
-    return ap
+    return dash_values(ap)
 
 
 # names bench.baselines.outside_baselines() gives where the package is installed
@@ -202,6 +206,74 @@ def l2_bytes() -> int:
     return vdevice.query(torch.cuda.current_device()).l2_bytes
 
 
+# ---------------------------------------------------------------- what a run allocates
+
+def point_bytes(shape: HeadShape, ctx: int, nodes: int, batch: int, page_size: int, elem: int, n_sets: int) -> int:
+    """An upper estimate of the peak bytes one (ctx, tree, layout) point allocates on its device: `n_sets` input
+    sets (each KV pool 1.5x its rows for spare slots, plus the logical rows it is laid out from, page rounding,
+    q), the float64 reference's working set of one request (8,192-token chunks of scores, K and V) and the
+    outputs. fp8 caches are made from a 16-bit one of `elem` bytes per value, so they count as that."""
+    from verify_attn.reference import CHUNK
+    hkv, d_kv = shape.num_kv_heads, shape.head_dim_qk + (0 if shape.mla else shape.head_dim_v)
+    rows = batch * (ctx + nodes + page_size)
+    kv_set = int(2.5 * rows * hkv * d_kv * elem)
+    q = batch * nodes * shape.num_q_heads * shape.head_dim_qk * elem
+    r, c = shape.num_q_heads // hkv * nodes, min(ctx + nodes, CHUNK)
+    ref = 8 * (4 * hkv * r * c + 2 * c * hkv * (shape.head_dim_qk + shape.head_dim_v) + 3 * hkv * r * shape.head_dim_v
+               + batch * nodes * shape.num_q_heads * (shape.head_dim_qk + 2 * shape.head_dim_v))
+    outs = n_sets * batch * nodes * shape.num_q_heads * shape.head_dim_v * elem
+    return n_sets * (kv_set + q) + ref + outs
+
+
+def available_bytes(device: Optional[str]) -> Optional[int]:
+    """Free memory on the device a run allocates on: the GPU's free memory, or the host's MemAvailable."""
+    if device == "cuda":
+        return torch.cuda.mem_get_info()[0]
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def check_limits(a: argparse.Namespace, shape: HeadShape, ctxs: list[int], nodes_list: list[int],
+                 layouts: list[tuple[str, int]], dtype: torch.dtype, alloc_ctxs: list[int],
+                 device: Optional[str], l2: Optional[int] = None) -> None:
+    """Refuse, before anything is allocated, sizes the kernels do not take and runs that cannot fit the memory
+    of the device they allocate on (ValueError naming the flag and the figure). `alloc_ctxs`: the contexts
+    whose inputs are really made (on the CPU only those timed by the reference)."""
+    if max(nodes_list) > MAX_TREE_NODES:
+        raise ValueError(f"--tree {max(nodes_list)}: at most {MAX_TREE_NODES} nodes per request (the largest tree "
+                         "the kernels are checked at)")
+    if a.batch > MAX_BATCH:
+        raise ValueError(f"--batch {a.batch}: at most {MAX_BATCH:,} requests per call (the CUDA kernels' grid)")
+    if max(ctxs) + max(nodes_list) > MAX_KV_LEN:
+        raise ValueError(f"--ctx {max(ctxs):,}: a request's KV length must stay below 2^31 tokens (int32 indices)")
+    if not alloc_ctxs:
+        return
+    elem = rl.dtype_bytes(dtype)
+    need, where = 0, ""
+    for ctx in alloc_ctxs:
+        for n in nodes_list:
+            for lay, ps in layouts:
+                sets = 1
+                if device:   # the GPU path keeps rotating input sets resident (bench.timing.rotation_sets)
+                    from bench.timing import rotation_sets
+                    set_b = rl.count_shape(shape, [ctx] * a.batch, make_trees(n, a.tree_shape, a.batch),
+                                           elem_bytes=elem, page_size=ps).total_bytes
+                    sets = rotation_sets(set_b, l2 or int(50e6))
+                b = point_bytes(shape, ctx, n, a.batch, ps, elem, sets)
+                if b > need:
+                    need, where = b, f"--ctx {ctx:,} --tree {n} --batch {a.batch} ({lay})"
+    have = available_bytes(device)
+    if have is not None and need > 0.9 * have:
+        raise ValueError(f"{where} would allocate ~{need / 1e9:,.1f} GB on the {device or 'cpu'} (inputs and the "
+                         f"float64 reference), more than the {have / 1e9:,.1f} GB available: lower --ctx, --tree or "
+                         f"--batch{'' if device else ' (or --cpu-ctx-cap)'}")
+
+
 # ---------------------------------------------------------------- the sweep
 
 def sweep(a: argparse.Namespace, *, kernel_device: Optional[str] = None, timer: Optional[Timer] = None,
@@ -213,7 +285,7 @@ def sweep(a: argparse.Namespace, *, kernel_device: Optional[str] = None, timer: 
     Tests pass kernel_device="cpu", a CPU timer and a small `l2` to run the GPU path's logic here.
     """
     shape = resolve_shape(a)
-    ctxs = sorted(parse_ctx(a.ctx), reverse=getattr(a, "longest_first", False))
+    ctxs = sorted(_flag(parse_ctx, a.ctx, "--ctx"), reverse=getattr(a, "longest_first", False))
     nodes_list = parse_int_list(a.tree, "--tree")
     layouts = parse_layouts(a.layout, a.page_size)
     alloc = getattr(a, "alloc", "shuffled")
@@ -228,11 +300,18 @@ def sweep(a: argparse.Namespace, *, kernel_device: Optional[str] = None, timer: 
         raise ValueError(f"--warmup must be >= 0, got {a.warmup}")
     if not a.max_seconds > 0:
         raise ValueError(f"--max-seconds must be > 0, got {a.max_seconds}")
+    if a.budget_s is not None and not a.budget_s > 0:
+        raise ValueError(f"--budget-s must be > 0, got {a.budget_s}")
+    serial_cap = _flag(parse_tokens, a.serial_max_ctx, "--serial-max-ctx") if a.serial_max_ctx else None
+    cpu_cap = _flag(parse_tokens, a.cpu_ctx_cap, "--cpu-ctx-cap")
+    kdev = kernel_device or ("cuda" if torch.cuda.is_available() else None)
+    check_limits(a, shape, ctxs, nodes_list, layouts, dtype,
+                 ctxs if kdev else sorted({min(c, cpu_cap) for c in ctxs}), kdev,
+                 l2 or (l2_bytes() if kdev == "cuda" else None))
     asked = [s.strip() for s in a.backend.split(",") if s.strip()] if a.backend else []
     if a.backend is not None and not asked:
         raise ValueError(f"--backend names no backend: {a.backend!r}")
     gpu = torch.cuda.is_available()
-    kdev = kernel_device or ("cuda" if gpu else None)
     devices, primary, notes = gpu_devices(measure=gpu and not a.no_ceilings)
     outside: dict = {}
     if kdev:
@@ -260,8 +339,6 @@ def sweep(a: argparse.Namespace, *, kernel_device: Optional[str] = None, timer: 
                     notes.append(f"{n}: unavailable here: needs a CUDA GPU" + (f"; {why}" if why else ""))
         notes.append(f"no GPU: the CPU reference is timed up to ctx {a.cpu_ctx_cap}; longer rows show the counts "
                      "and floors only")
-    serial_cap = parse_tokens(a.serial_max_ctx) if a.serial_max_ctx else None
-    cpu_cap = parse_tokens(a.cpu_ctx_cap)
     t_start = time.perf_counter()
 
     def skip(name: str, ctx: int) -> Optional[str]:
@@ -306,7 +383,7 @@ def sweep(a: argparse.Namespace, *, kernel_device: Optional[str] = None, timer: 
                 tick()
     _speedups(rows)
     _peer_ratios(rows, outside)
-    model = [] if a.no_model else model_rows(shape, combos, dtype, a.batch, notes, kv_dtype)
+    model = [] if a.no_model else model_rows(shape, combos, dtype, a.batch, notes, kv_dtype, a.tree_shape)
     return {
         "device": torch.cuda.get_device_name() if gpu else None,
         "commit": git_commit(), "date": _dt.datetime.now().isoformat(timespec="seconds"), "versions": versions(),
@@ -318,8 +395,16 @@ def sweep(a: argparse.Namespace, *, kernel_device: Optional[str] = None, timer: 
     }
 
 
+def _flag(parse: Callable, value: str, flag: str):
+    """parse(value), its ValueError naming `flag`."""
+    try:
+        return parse(value)
+    except ValueError as e:
+        raise ValueError(f"{flag}: {e}") from None
+
+
 def model_rows(shape: HeadShape, combos: list, dtype: torch.dtype, batch: int, notes: list[str],
-               kv_dtype: Optional[str] = None) -> list[dict]:
+               kv_dtype: Optional[str] = None, tree_shape: str = "ddtree") -> list[dict]:
     """The SASS model's prediction of the cuda backend's default config for every (ctx, tree, layout), on
     each modelled device: labelled "model", never a measurement."""
     if dtype not in (torch.bfloat16, torch.float16):
@@ -330,22 +415,46 @@ def model_rows(shape: HeadShape, combos: list, dtype: torch.dtype, batch: int, n
     except ImportError as e:
         notes.append(f"model predictions skipped ({e})")
         return []
-    out = []
+    out, can_read = [], True
     for ctx, nodes, (lay, ps) in sorted(set(combos)):
         preds = {}
-        for dk in DEVICES:
+        for dk in DEVICES if can_read else ():
             try:
                 p = predict(dk, ctx=ctx, tree_nodes=nodes, shape=shape, layout=lay, page_size=ps, batch=batch,
                             kv_dtype=kv_dtype or ("bf16" if dtype == torch.bfloat16 else "fp16"))
-            except RuntimeError as e:  # no toolkit or SASS tools: say so once
+            except RuntimeError as e:  # no toolkit or SASS tools: say so once (the measurements still show)
                 notes.append(f"model predictions skipped ({e})")
-                return out
+                can_read, p = False, None
             if p is not None:
                 preds[dk] = {**p, "frac_of_floor": p["floor_us"] / p["us"]}
-        if preds:
-            out.append({"ctx": ctx, "tree_nodes": nodes, "layout": lay, "page_size": ps, "source": "model",
-                        "predictions": preds})
-    return out
+        out.append({"ctx": ctx, "tree_nodes": nodes, "layout": lay, "page_size": ps, "source": "model",
+                    "predictions": preds})
+    _beside_measurements(out, shape, dtype, batch, kv_dtype, tree_shape, notes)
+    return [m for m in out if m["predictions"] or any(m["measured"].values())]
+
+
+def _beside_measurements(model: list[dict], shape: HeadShape, dtype: torch.dtype, batch: int,
+                         kv_dtype: Optional[str], tree_shape: str, notes: list[str]) -> None:
+    """Each model row gets the last committed measurement of its shape per device (bench/results/, every kernel
+    measured there: bench.measured) and each prediction its kernel and --validate's verdict on that kernel."""
+    from bench import measured as bm
+    if not model:
+        return
+    dt = "bf16" if dtype == torch.bfloat16 else "fp16"
+    kv = kv_dtype or dt
+    verdicts = bm.verdicts() if any(m["predictions"] for m in model) else {}
+    if not verdicts and any(m["predictions"] for m in model):
+        notes.append("the model's kernels could not be checked against bench/results/ here (bench.model --validate "
+                     "needs the CUDA toolkit and SASS tools): every model reading is not validated")
+    have = bm.measured_devices()
+    for m in model:
+        m["measured"] = bm.last_measured(shape.to_dict(), dt, kv, m["ctx"], m["tree_nodes"], m["layout"],
+                                         m["page_size"], batch, tree_shape)
+        for dk, p in m["predictions"].items():
+            p["kernel_label"] = bm.model_kernel_label(p.get("kernel", ""))
+            p["validation"] = bm.verdict_text(verdicts, dk, p["kernel_label"], kv, dk in have)
+            p["validated"] = p["validation"].startswith("validated")
+        m["measured_devices"] = sorted(have)
 
 
 def _speedups(rows: list[Row]) -> None:

@@ -746,30 +746,30 @@ def test_cuda_plan_keeps_every_compiled_tile_both_archs():
         assert (d.block_m, d.block_n, d.num_warps, d.num_stages) in tiles and not plan.rejected
 
 
-def test_cost_model_tunes_and_exports_on_a_cpu(tmp_path):
+@pytest.mark.parametrize("arch", ["sm_120a", pytest.param("sm_90a", marks=pytest.mark.slow)])
+def test_cost_model_tunes_and_exports_on_a_cpu(tmp_path, arch):
     """One bucket on each arch, chosen by bench.model (needs the CUDA toolkit to read the kernels' SASS)."""
     from bench.model import call, devices, predict
-    if predict("h200", ctx=4000, tree_nodes=16, band=False) is None:
-        pytest.skip("the model cannot read the kernels here (no CUDA toolkit / SASS tools)")
     from autotune.model_cost import DEVICES, _kernels, tune_with_model
-    for arch in ("sm_90a", "sm_120a"):
-        plan = make_plan("cuda", KIMI, arch_name=arch, ctxs=[4000], trees=[16])
-        results, extra, notes = tune_with_model(plan)
-        (r,) = results
-        note = extra[(4000, 16)]
-        assert r.best is not None and note["band_us"][0] <= r.best_us <= note["band_us"][1]
-        # the kept config's time is the model's prediction of that config, and nothing tied is faster by more
-        dev = devices.get_device(DEVICES[arch])
-        _, ks = _kernels(plan, dev)
-        km = next(k for k in ks if (k.tile.block_m, k.tile.block_n, k.tile.num_warps, k.tile.num_stages)
-                  == (r.best.block_m, r.best.block_n, r.best.num_warps, r.best.num_stages) and k.tile.targets(dev.arch))
-        case = call.Case(KIMI, 4000, 16, 1, "page1", 1, kv_dtype="bf16")
-        assert call.predict(km, dev, case, r.best.num_splits).total_us == pytest.approx(r.best_us)
-        fastest = min(t.time_us for t in r.trials)
-        assert r.best_us == fastest or ("tie" in note and r.best.num_splits < min(
-            t.config.num_splits for t in r.trials if t.time_us == fastest))
-        assert 0 < len(r.trials) <= plan.buckets[0].num_candidates   # tiles the model has no kernel of: in notes
-    rc = autotune_main(["--cost", "model", "--arch", "sm_90a", "--ctx", "4k", "--tree", "16", "--export",
+    if predict(DEVICES[arch], ctx=4000, tree_nodes=16, band=False) is None:
+        pytest.skip("the model cannot read the kernels here (no CUDA toolkit / SASS tools)")
+    plan = make_plan("cuda", KIMI, arch_name=arch, ctxs=[4000], trees=[16])
+    results, extra, notes = tune_with_model(plan)
+    (r,) = results
+    note = extra[(4000, 16)]
+    assert r.best is not None and note["band_us"][0] <= r.best_us <= note["band_us"][1]
+    # the kept config's time is the model's prediction of that config, and nothing tied is faster by more
+    dev = devices.get_device(DEVICES[arch])
+    _, ks = _kernels(plan, dev)
+    km = next(k for k in ks if (k.tile.block_m, k.tile.block_n, k.tile.num_warps, k.tile.num_stages)
+              == (r.best.block_m, r.best.block_n, r.best.num_warps, r.best.num_stages) and k.tile.targets(dev.arch))
+    case = call.Case(KIMI, 4000, 16, 1, "page1", 1, kv_dtype="bf16")
+    assert call.predict(km, dev, case, r.best.num_splits).total_us == pytest.approx(r.best_us)
+    fastest = min(t.time_us for t in r.trials)
+    assert r.best_us == fastest or ("tie" in note and r.best.num_splits < min(
+        t.config.num_splits for t in r.trials if t.time_us == fastest))
+    assert 0 < len(r.trials) <= plan.buckets[0].num_candidates   # tiles the model has no kernel of: in notes
+    rc = autotune_main(["--cost", "model", "--arch", arch, "--ctx", "4k", "--tree", "16", "--export",
                         str(tmp_path)])
     assert rc == 0
     (f,) = tmp_path.glob("*,source=model.json")

@@ -35,7 +35,8 @@ def test_alloc_modes_same_output_different_placement(page_size: int) -> None:
 
 
 def test_bench_verify_records_alloc() -> None:
-    a = build_parser().parse_args(["--ctx", "64", "--tree", "4", "--alloc", "contiguous", "--no-save", "--quiet"])
+    a = build_parser().parse_args(["--ctx", "64", "--tree", "4", "--alloc", "contiguous", "--no-save", "--quiet",
+                                   "--no-model"])
     payload = sweep(a)
     assert payload["alloc"] == "contiguous"
     assert payload["results"] and all(r["alloc"] == "contiguous" for r in payload["results"])

@@ -1,5 +1,5 @@
 """The speculative loop emits exactly what plain greedy decoding emits: both layouts, chain and DDTree
-trees, TP 1 and TP 8 (gloo), the reference backend and (interpreted, fp32) Triton; a long prompt;
+trees, TP 1 and TP 2 (gloo; TP 8 with --runslow), the reference backend and (interpreted, fp32) Triton; a long prompt;
 each KV allocator policy. Prompts are repetitive text (integration/loop/texts.py), so the real drafter
 gets drafts accepted."""
 from __future__ import annotations
@@ -100,13 +100,14 @@ def test_spec_equals_greedy_kimi_head_shape(backend: str, dtype: torch.dtype) ->
                     budget=8)
 
 
-def test_tp8_gloo_matches_tp1() -> None:
-    """8 gloo ranks (one spawn): spec == greedy for page 1 + DDTree and paged + chain, and the sharded
-    model emits the same tokens as TP 1."""
+@pytest.mark.parametrize("tp", [2, pytest.param(8, marks=pytest.mark.slow)])
+def test_tp_gloo_matches_tp1(tp) -> None:
+    """2 (and, slow, 8) gloo ranks (one spawn): spec == greedy for page 1 + DDTree and paged + chain, and the
+    sharded model emits the same tokens as TP 1."""
     base = dict(model="tiny", device="cpu", dtype="float32", tree="ddtree", budget=8, seed=0, simulate=False)
     jobs = [(dict(base, page_size=1), "reference", 60, 3, True),
             (dict(base, page_size=8, tree="chain"), "reference", 45, 3, True)]
-    results = launch(8, run_many, jobs)
+    results = launch(tp, run_many, jobs)
     for (s, backend, ctx, steps, _), res8 in zip(jobs, results):
         assert res8["checked"] and res8["divergence"] is None, s
         res1 = run_rank(TPGroup(), s, backend, ctx, steps, False, False)

@@ -660,7 +660,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--only", default="", help="comma-separated substrings of instantiation file names to compile")
     ap.add_argument("-j", "--jobs", type=int, default=1, help="parallel nvcc processes (default 1)")
     ap.add_argument("--no-cache", action="store_true", help="recompile even if a cached report matches")
-    a = ap.parse_args(argv)
+    from .utils import dash_values
+    a = dash_values(ap).parse_args(argv)
     if not a.report:
         ap.error("nothing to do: pass --report to compile every instantiation and print the ptxas report")
     archs = [x.strip() for x in a.arch.split(",") if x.strip()]

@@ -13,6 +13,7 @@ from typing import Sequence
 import torch
 
 TREE_KINDS = ("chain", "bushy", "star", "deep")
+MAX_CHECKED_NODES = 256  # the largest tree the kernels are checked at (tests/test_cuda_emu.py): the CLIs' limit
 
 
 def validate_parents(parents: Sequence[int], name: str = "parents") -> None:

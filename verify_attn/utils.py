@@ -1,6 +1,7 @@
 """Small helpers shared by the command-line tools (bench, autotune, integration)."""
 from __future__ import annotations
 
+import argparse  # noqa: F401 (dash_values' annotation)
 import math
 import os
 import re
@@ -64,11 +65,35 @@ def parse_int_list(spec: str, name: str = "list") -> list[int]:
     return vals
 
 
+def dash_values(ap: "argparse.ArgumentParser") -> "argparse.ArgumentParser":
+    """Let an option's value start with a minus sign and a digit (`--ctx -5k`, `--tree -1`), as Python 3.13's
+    argparse does: the value then reaches the tool's own range check and its message, instead of argparse's
+    "expected one argument". Returns `ap`."""
+    ap._negative_number_matcher = re.compile(r"^-\.?\d")
+    return ap
+
+
+def _program() -> str | None:
+    """'python -m integration.decode' when this process runs a module of this project with -m (runpy puts its
+    file in sys.argv[0]); None otherwise (e.g. under pytest)."""
+    try:
+        rel = Path(sys.argv[0]).resolve().relative_to(Path(__file__).resolve().parent.parent)
+    except (IndexError, ValueError, OSError):
+        return None
+    parts = list(rel.with_suffix("").parts)
+    if parts and parts[-1] == "__main__":
+        parts = parts[:-1]
+    return "python -m " + ".".join(parts) if parts and rel.suffix == ".py" else None
+
+
 def usage_error(msg: str) -> SystemExit:
     """A bad command-line value: print `msg` (one line naming the flag) on stderr and
     return a SystemExit with argparse's usage-error status 2 (raise it). str() of the
     exception is the message, so callers and tests can match it."""
     line = " ".join(str(msg).split())
+    prog = _program()
+    if line.startswith("error: ") and prog:   # the tools that raise a bare "error: ..." get their name
+        line = f"{prog}: {line}"
     print(line, file=sys.stderr)
     e = SystemExit(line)
     e.code = 2

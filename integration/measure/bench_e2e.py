@@ -164,7 +164,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--simulate-accept-len", type=int, default=None)
     ap.add_argument("--json", default=None, help="output JSON (default bench/results/e2e-<date>.json)")
     ap.add_argument("--plot", default=None, help="output PNG (default next to the JSON)")
-    args = ap.parse_args(argv)
+    from verify_attn.utils import dash_values
+    args = dash_values(ap).parse_args(argv)
     if not torch.cuda.is_available():
         os.environ.setdefault("TRITON_INTERPRET", "1")
     s = resolve(args)

@@ -328,7 +328,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                          "with the reference's; exit 1 on a difference")
     ap.add_argument("--logit-tol", type=float, default=None,
                     help="with --check: the bound on |verify logits - reference| (default 1e-3 fp32, 5e-2 fp16/bf16)")
-    args = ap.parse_args(argv)
+    from verify_attn.utils import dash_values
+    args = dash_values(ap).parse_args(argv)
     if args.logit_tol is not None and not args.logit_tol > 0:
         raise usage_error(f"error: --logit-tol must be > 0, got {args.logit_tol}")
     if not torch.cuda.is_available():  # Triton backends run on CPU tensors only under the interpreter

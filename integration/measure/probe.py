@@ -331,7 +331,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--logit-tol", type=float, default=None,
                     help="max |logits - float64 reference| per verify (default 1e-3 fp32, 5e-2 16-bit)")
-    args = ap.parse_args(argv)
+    from verify_attn.utils import dash_values
+    args = dash_values(ap).parse_args(argv)
     if not torch.cuda.is_available():  # Triton backends run on CPU tensors only under the interpreter
         os.environ.setdefault("TRITON_INTERPRET", "1")
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")

@@ -188,7 +188,8 @@ def print_table(res: dict) -> None:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    a = build_parser().parse_args(argv)
+    from verify_attn.utils import dash_values
+    a = dash_values(build_parser()).parse_args(argv)
     for name in ("layers", "reps", "tree"):
         if getattr(a, name) < 1:
             raise usage_error(f"--{name} must be >= 1, got {getattr(a, name)}")

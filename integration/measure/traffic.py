@@ -199,7 +199,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--steps", type=int, default=3, help="counted steps per context (after one warm-up step)")
     ap.add_argument("--layers", type=int, default=2, help="target layers actually run (growth scaled to the preset)")
     ap.add_argument("--json", default=None, help="write the result as JSON")
-    args = ap.parse_args(argv)
+    from verify_attn.utils import dash_values
+    args = dash_values(ap).parse_args(argv)
     try:
         cfg = get_model_config(args.model)
         ctxs = parse_ctx(args.ctx)

@@ -313,7 +313,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--depth", type=int, default=None, help="drafts per block (block size - 1) of --fit-budgets / "
                     "--chain-tau")
     ap.add_argument("--source", default="", help="the citation written into a fitted profile's source field")
-    args = ap.parse_args(argv)
+    from verify_attn.utils import dash_values
+    args = dash_values(ap).parse_args(argv)
     if args.fit_budgets or args.chain_tau is not None:
         return fit_main(args)
     if args.from_vllm_log:
