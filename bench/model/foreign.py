@@ -95,9 +95,8 @@ def read(cubin: str | os.PathLike, pattern: str) -> Reading:
     return Reading(hits[0], f, loop, path, regs)
 
 
-def predict(r: Reading, dev: DeviceModel, *, threads: int, grid: int, trips: int, smem: int,
-            flops: Optional[float] = None, band: bool = True) -> dict:
-    """The call's time (and TFLOP/s with `flops`) from one simulated iteration; with the constants' band."""
+def _resident_ctas(r: Reading, dev: DeviceModel, *, threads: int, grid: int, trips: int, smem: int) -> int:
+    """The launch's CTAs per SM (the occupancy rules), after checking what the caller gave."""
     from verify_attn import device as vdevice
 
     for name, v in (("threads", threads), ("grid", grid), ("trips", trips)):
@@ -105,11 +104,18 @@ def predict(r: Reading, dev: DeviceModel, *, threads: int, grid: int, trips: int
             raise ValueError(f"{name} must be >= 1, got {v}")
     if threads % 32:
         raise ValueError(f"threads must be a multiple of 32, got {threads}")
-    props = vdevice.spec(dev.arch)
-    ctas = vdevice.ctas_per_sm(props, threads=threads, regs_per_thread=r.registers or 255, smem_bytes=smem)
+    ctas = vdevice.ctas_per_sm(vdevice.spec(dev.arch), threads=threads, regs_per_thread=r.registers or 255,
+                               smem_bytes=smem)
     if ctas < 1:
         raise ValueError(f"{threads} threads x {r.registers} registers with {smem} B of shared memory do not fit an "
                          f"SM of {dev.name}")
+    return ctas
+
+
+def predict(r: Reading, dev: DeviceModel, *, threads: int, grid: int, trips: int, smem: int,
+            flops: Optional[float] = None, band: bool = True) -> dict:
+    """The call's time (and TFLOP/s with `flops`) from one simulated iteration; with the constants' band."""
+    ctas = _resident_ctas(r, dev, threads=threads, grid=grid, trips=trips, smem=smem)
     warps = threads // 32
     # bulk copies (UBLKCP): one elected lane per warp copies (tile_path's default), sizes off the SASS, every
     # try_wait waits for the previous iteration's copies (sim.Bulk's default); a size set at run time is refused
@@ -206,16 +212,7 @@ def predict_roles(r: Reading, found: list, dev: DeviceModel, *, threads: int, gr
     role's loop (sim.RoleSpec); the call is waves x trips x the cycles per iteration of the slowest role. Tensor-map
     TMA boxes (UTMALDG: their size is in the tensor map, not the SASS) take `tma_bytes` each, and are taken as
     issued by one thread of the CTA (the copies stream at the SM's share)."""
-    from verify_attn import device as vdevice
-
-    for name, v in (("threads", threads), ("grid", grid), ("trips", trips)):
-        if v < 1:
-            raise ValueError(f"{name} must be >= 1, got {v}")
-    props = vdevice.spec(dev.arch)
-    ctas = vdevice.ctas_per_sm(props, threads=threads, regs_per_thread=r.registers or 255, smem_bytes=smem)
-    if ctas < 1:
-        raise ValueError(f"{threads} threads x {r.registers} registers with {smem} B of shared memory do not fit an "
-                         f"SM of {dev.name}")
+    ctas = _resident_ctas(r, dev, threads=threads, grid=grid, trips=trips, smem=smem)
     body, spans, lane_of, sizes = [], [], [], {}
     for ro in found:
         lo = len(body)
