@@ -220,8 +220,11 @@ class RoleSpec:
       of them issued its arrives on it of iteration j (a math warp's wait: d = 0) or j - empty_distance (a
       producer's wait). A producer's arrive counts when its copies issued before it landed (noinc, complete_tx); a
       math warp's when it issues;
-    - a wait on a barrier nobody here arrives on (a TMA's complete_tx with the barrier in a register) is the bulk
-      copies' rule (`Bulk.wait_distance`) over every warp of the scheduler.
+    - a wait on a barrier whose address is a register (a stage index) or that nobody here arrives on, in a kernel
+      with a producer role: a math warp's holds until the producers issued the copies of its iteration and they
+      landed; a producer's until every math warp issued its arrives of iteration j - empty_distance;
+    - without a producer role (TMA issued by the math warps themselves, FlashMLA's dense decode): the bulk copies'
+      rule (`Bulk.wait_distance`) over every warp of the scheduler.
     Named barriers (`BAR.SYNC id, n` / `BAR.ARV id, n`) join the warps whose body has the same id: the k-th arrival of
     each makes generation k; `BAR.SYNC` holds its warp until the generation is complete, `BAR.ARV` does not."""
     spans: tuple[tuple[int, int], ...]
