@@ -17,7 +17,7 @@ the budget is skipped and said so. Stages, in order of value:
              bandwidth against bytes in flight, lane layout and row-id source (the model's memory term)
   headline   bench.verify at 185k, 16 nodes, page1: cuda v2, v1, v0 side by side, v1's bulk-loader tiles
              (cuda@m32n32w8s5, cuda@m32n16w8s8) and its cp.async 16-token tile (s4), triton, triton-serial
-  sweep      bench.verify 185k..4k x trees 16, 64, 1 x page1 / paged: cuda v2, v1 and v1 bulk (m32n32w8s5)
+  sweep      bench.verify 185k..4k x trees 16, 64, 1 x page1 / paged: cuda v2, v1, v1 bulk (m32n32w8s5), v3
   ncu        Nsight Compute on v1's bulk-loader and cp.async split kernels at 185k / 16 nodes (speed of light,
              shared-memory wavefronts and bank conflicts, warp stalls), if ncu is there
   peers      the serving engines' kernels beside ours at 185k / 16 nodes (issue 42): FA3 along SGLang's
@@ -62,6 +62,9 @@ from typing import Optional
 
 REPO = Path(__file__).resolve().parent.parent
 PY = sys.executable
+# kernel v3 (issue 39, the sm_120 tile: a producer warp and 8 math warps), on the H200 as the proxy of the same
+# source: in headline, sweep and ncu (not in the knockouts: its producer ignores their bits)
+V3 = "cuda@m32n16w9s4"
 PLAN_CAP_S = 480.0          # the default plan's caps add up to at most this (tests/test_bench.py checks)
 DEVICE_CORES = 16           # the lent GPU machine's CPU cores (the build estimate scales to them)
 BUILD_TIMES = REPO / "bench" / "results" / "build_times.json"  # --time-build's measurement on this machine
@@ -245,16 +248,16 @@ def plan(out: Path, a: argparse.Namespace) -> list[Stage]:
               min_s=10),
         Stage("headline", v + ["--ctx", "185k", "--tree", "16", "--layout", "page1",
                                "--backend", "cuda@v2,cuda@v1,cuda@v0,cuda@m32n32w8s5,cuda@m32n16w8s8,cuda@m32n16w8s4,"
-                               "triton,triton-serial", "--json",
+                               f"{V3},triton,triton-serial", "--json",
                                str(out / "headline.json"), "--csv", str(out / "headline.csv")], cap_s=30, min_s=20),
         Stage("sweep", v + ["--ctx", "185k,64k,16k,4k", "--tree", "16,64,1", "--layout", "page1,paged",
-                            "--backend", "cuda@v2,cuda@v1,cuda@m32n32w8s5", "--json", str(out / "sweep.json"),
+                            "--backend", f"cuda@v2,cuda@v1,cuda@m32n32w8s5,{V3}", "--json", str(out / "sweep.json"),
                             "--csv", str(out / "sweep.csv"), "--plot", str(out / "sweep.png")], cap_s=45, min_s=25),
         Stage("ncu", ["ncu", "--clock-control", "none", "--target-processes", "all", "-k",
-                      "regex:tree_verify_split", "--launch-skip", "2", "-c", "2",
+                      "regex:tree_verify_split", "--launch-skip", "3", "-c", "3",
                       *(a.ncu_args.split() if a.ncu_args else NCU_RAW), "--csv", "--log-file",
                       str(out / ("ncu_source.csv" if a.ncu_args and "source" in a.ncu_args else "ncu_raw.csv")),
-                      PY, "-m", "bench.ncu_probe", "--warm", "--versions", "m32n32w8s5,v1"],
+                      PY, "-m", "bench.ncu_probe", "--warm", "--versions", f"m32n32w8s5,v1,{V3.split('@')[1]}"],
               cap_s=25, min_s=20, needs="ncu", kernels=("mla576_bf16_page1",)),
         # the serving engines' kernels beside ours, same process, inputs and timing (issue 42; bench/peers.py):
         # the headline point first, then the grid; peers absent on the device give 'unsupported' rows saying why
