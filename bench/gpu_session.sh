@@ -5,7 +5,7 @@
 # - .carry/cache: VERIFY_ATTN_CACHE with the sm_90a cubins the model stage reads, built on the CPU machine
 #   (python -m bench.gpu_check --prepare-carry); a miss only costs the model stage its time
 # - .carry/peers: the peer kernels (FA3 MLA, FlashMLA dense decode, FlashInfer's MLA modules) built on the CPU
-#   machine against the device's torch by /work/shared/tools/peers/build_peers.sh, staged with
+#   machine against the device's torch by the team's shared/tools/peers/build_peers.sh, staged with
 #   `python -m bench.peer_bundle --stage <its OUT>` (~33 MB; the whole carry stays under 64 MiB). Set up as its README
 #   says: FlashInfer unzipped to /tmp/fi, its small wheels installed offline, the bundle on PYTHONPATH
 #   (bench/peer_bundle.py finds it through VERIFY_ATTN_PEERS). Absent: the peers stages' rows say why.

@@ -2,10 +2,10 @@
 
 Each kernel is found in its own package where a user has one (`sglang-kernel`'s `sgl_kernel.flash_attn`;
 `sgl-flash-mla`'s or FlashMLA's `flash_mla`), else in the carried bundle that
-/work/shared/tools/peers/build_peers.sh builds ($VERIFY_ATTN_PEERS, default .carry/peers:
+shared/tools/peers/build_peers.sh builds ($VERIFY_ATTN_PEERS, default .carry/peers:
 `fa3/flash_attn_interface.py`, `flash_mla_dense.so`). Absent: the backend's row says why.
 
-    python -m bench.peer_bundle --stage /work/peers-build/out   # build_peers.sh's output -> .carry/peers + manifest
+    python -m bench.peer_bundle --stage PEERS_OUT   # build_peers.sh's output -> .carry/peers + manifest
     python -m bench.peer_bundle                                 # which peers are found here, or why not
 """
 from __future__ import annotations
@@ -64,7 +64,7 @@ def find_fa3() -> tuple[Optional[Fa3Fn], dict]:
     b = bundle_dir()
     if b is None or not (b / "fa3" / "flash_attn_interface.py").is_file():
         return None, {"why": f"FA3 not found ({why_pkg}; no bundle at ${BUNDLE_ENV} or .carry/peers/fa3; "
-                             "pip install sglang-kernel, or build /work/shared/tools/peers/build_peers.sh)"}
+                             "pip install sglang-kernel, or build shared/tools/peers/build_peers.sh)"}
     try:
         if str(b / "fa3") not in sys.path:
             sys.path.insert(0, str(b / "fa3"))
@@ -116,7 +116,7 @@ def find_flashmla() -> tuple[Optional[Callable[[], MlaFn]], dict]:
     b = bundle_dir()
     if b is None or not (b / "flash_mla_dense.so").is_file():
         return None, {"why": f"FlashMLA not found ({why_pkg}; no bundle at ${BUNDLE_ENV} or .carry/peers; "
-                             "pip install sgl-flash-mla, or build /work/shared/tools/peers/build_peers.sh)"}
+                             "pip install sgl-flash-mla, or build shared/tools/peers/build_peers.sh)"}
     try:
         if str(b) not in sys.path:
             sys.path.insert(0, str(b))
@@ -150,7 +150,10 @@ def hopper_peers(want: Optional[Collection[str]] = None) -> tuple[dict[str, Call
 # ------------------------------------------------------------------ staging the bundle for the device
 
 REV_RE = re.compile(r"^(FLASHMLA_REV|FA_REV|CUTLASS_MLA|CUTLASS_FA)=([0-9a-f]{40})", re.M)
-BUILD_SCRIPT = Path("/work/shared/tools/peers/build_peers.sh")
+# the team's build script, in shared/ beside the checkout ($VERIFY_ATTN_PEERS_SCRIPT overrides): its pins go in
+# the manifest
+BUILD_SCRIPT = Path(os.environ.get("VERIFY_ATTN_PEERS_SCRIPT") or
+                    REPO.parent / "shared" / "tools" / "peers" / "build_peers.sh")
 
 
 def manifest_of(script_text: str, bundle: Path) -> dict:
