@@ -215,20 +215,26 @@ def test_random_batches_match_reference(emu, data):
     check_against_reference(out, lse, case, *TOL[spec.dtype])
 
 
-def test_schedules_agree_bitwise(emu):
-    # A race-free kernel computes the same bits under every legal schedule.
-    spec = CaseSpec((45, 7), (9, 4), "bushy", dtype=BF, seed=30, **MLA)
-    case = make_case(spec)
-    ref_out, ref_lse = None, None
+def _same_bits_under_every_schedule(emu, case, config, seed: int):
+    """Runs `config` on `case` under both landing modes and every schedule, asserts the same bits each time, and
+    returns the first run's (out, lse)."""
+    ref = None
     for landing in ("wait", "issue"):
         emu.set_cp_async_landing(landing)
         for s in SCHEDULES:
-            emu.set_schedule(s, seed=3)
-            out, lse = _run(case, cfg(3, *MLA_B))
-            if ref_out is None:
-                ref_out, ref_lse = out, lse
+            emu.set_schedule(s, seed=seed)
+            out, lse = _run(case, config)
+            if ref is None:
+                ref = (out, lse)
             else:
-                assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse), f"{s}/{landing} differs"
+                assert torch.equal(out, ref[0]) and torch.equal(lse, ref[1]), f"{s}/{landing} differs"
+    return ref
+
+
+def test_schedules_agree_bitwise(emu):
+    # A race-free kernel computes the same bits under every legal schedule.
+    spec = CaseSpec((45, 7), (9, 4), "bushy", dtype=BF, seed=30, **MLA)
+    _same_bits_under_every_schedule(emu, make_case(spec), cfg(3, *MLA_B), seed=3)
 
 
 def test_emulator_did_the_work(emu):
@@ -936,14 +942,5 @@ def test_v3_schedules_agree_bitwise(emu):
     # v3 race-free: the same bits under every schedule and landing mode (paged 3, 2 requests, 3 splits: the longer
     # request's splits have 7 tiles of 16 each, so stages are refilled)
     case = make_case(CaseSpec((290, 7), (9, 4), "bushy", dtype=BF, page_size=3, seed=313, **MLA))
-    ref = None
-    for landing in ("wait", "issue"):
-        emu.set_cp_async_landing(landing)
-        for s in SCHEDULES:
-            emu.set_schedule(s, seed=5)
-            out, lse = _run(case, cfg(3, *V3))
-            if ref is None:
-                ref = (out, lse)
-                check_against_reference(out, lse, case, *TOL[BF])
-            else:
-                assert torch.equal(out, ref[0]) and torch.equal(lse, ref[1]), f"{s}/{landing} differs"
+    out, lse = _same_bits_under_every_schedule(emu, case, cfg(3, *V3), seed=5)
+    check_against_reference(out, lse, case, *TOL[BF])
