@@ -250,8 +250,8 @@ def predict_roles(r: Reading, found: list, dev: DeviceModel, *, threads: int, gr
         demand: dict[str, float] = {}
         for i in body[lo:hi]:
             t = sim.instr_timing(i, dev, dev.dram_latency_cycles)
-            if k < len(spec.producer) and spec.producer[k] and i.op == "LDGSTS":
-                t = replace(t, pipe="lsu")
+            if spec.producer[k]:
+                t = sim.producer_timing(t, i)
             demand[t.pipe] = demand.get(t.pipe, 0.0) + t.interval * len(ws)
         stall = max(s.sync_stall[x] for x in ws)
         top = max((p for p in demand if p not in ("branch", "uniform")), key=lambda p: demand[p], default="-")

@@ -142,6 +142,12 @@ def instr_timing(ins: Instr, dev: DeviceModel, ldg_latency: float) -> Timing:
     return Timing("branch", 1.0, 0.0)  # control, barriers (handled by the simulator)
 
 
+def producer_timing(t: Timing, ins: Instr) -> Timing:
+    """A producer role's instruction: its cp.async requests take the LSU (`lsu`), apart from the shared-memory pipe
+    (`mio`) the math warps' LDS / LDSM use (RoleSpec)."""
+    return replace(t, pipe="lsu") if ins.op == "LDGSTS" else t
+
+
 def cp_async_wait_depth(ins: Instr):
     """N of `DEPBAR.LE SB0, N` (cp.async.wait_group N), else None."""
     if ins.op != "DEPBAR" or not ins.operands or ins.operands[0].strip() != "SB0":
@@ -358,9 +364,9 @@ def simulate(body: list[Instr], dev: DeviceModel, *, warps: int, warps_per_barri
         iters = max(iters, 2 * roles.empty_distance + 4)   # past the producer's free first stages: a steady state
         seqs = [[k for k in seqs[w] if roles.spans[roles.warp_role[w]][0] <= k < roles.spans[roles.warp_role[w]][1]]
                 for w in range(warps)]
-        for r, (lo, hi) in enumerate(roles.spans):   # a producer's copies: the LSU, apart from shared memory's pipe
+        for r, (lo, hi) in enumerate(roles.spans):
             if roles.producer[r]:
-                tim[lo:hi] = [replace(t, pipe="lsu") if b.op == "LDGSTS" else t for t, b in zip(tim[lo:hi], body[lo:hi])]
+                tim[lo:hi] = [producer_timing(t, b) for t, b in zip(tim[lo:hi], body[lo:hi])]
     seq_len = [len(q) for q in seqs]
     if not all(seq_len):
         raise ValueError("simulate: a warp would run no instruction of the body (every one a skipped lane's)")
@@ -399,7 +405,7 @@ def simulate(body: list[Instr], dev: DeviceModel, *, warps: int, warps_per_barri
     producers = [w for w in range(warps) if roles is not None and roles.producer[roles.warp_role[w]]]
     math_warps = [w for w in range(warps) if roles is not None and w not in producers]
     arrives_total = [sum(1 for k in seqs[w] if is_arrive[k]) for w in range(warps)]
-    copy_last = [max((p for p, k in enumerate(q) if is_bulk[k] or body[k].op == "LDGSTS"), default=-1) for q in seqs]
+    copy_last = [max((p for p, k in enumerate(q) if is_bulk[k] or is_copy[k]), default=-1) for q in seqs]
     copy_issued = [-1 if copy_last[w] >= 0 else iters for w in range(warps)]   # last iteration whose copies issued
     copy_land = [[0.0] * iters for _ in range(warps)]                          # their latest landing per iteration
     named_gen: dict[tuple[int, int], int] = {}                # (warp, barrier id) -> arrivals so far
