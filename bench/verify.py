@@ -123,9 +123,9 @@ def _known_backends_only(names: list[str], outside: dict) -> list[str]:
     """`names` if every one is a verify_attn backend or an outside baseline, else ValueError naming --backend
     (checked with or without a GPU: a typo must not be silently ignored)."""
     from verify_attn import known_backends
-    from verify_attn.backends.cuda import KERNEL_VERSIONS, PINNED_TILE_RE
+    from verify_attn.backends.cuda import PINNED_NAMES, PINNED_TILE_RE
     known = known_backends() + sorted(set(outside) | set(OUTSIDE_BASELINES))
-    pinned = [f"cuda@{v}" for v in KERNEL_VERSIONS]  # the cuda backend with one kernel version pinned
+    pinned = [f"cuda@{v}" for v in PINNED_NAMES]  # the cuda backend with one kernel version pinned
     unknown = [b for b in names if b not in known and b not in pinned
                and not (b.startswith("cuda@") and PINNED_TILE_RE.fullmatch(b[5:]))]  # or one tile: cuda@m32n16w8s8
     if unknown:

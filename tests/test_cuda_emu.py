@@ -18,6 +18,8 @@ well under a minute.
 """
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -877,7 +879,8 @@ def test_v3_is_selectable_by_name_and_no_default():
     assert (t.block_m, t.block_n, t.num_warps, t.num_stages) == V3 and set(t.archs) == {"sm_90a", "sm_120a"}
     assert vb.tile_smem("mla576", t) <= vb.SMEM_LIMIT["sm_120a"]
     assert all(vb.default_tile("mla576", a) != t for a in ("sm_90a", "sm_120a"))
-    assert not any(x.loader == 2 for h, ts in vb.TILES.items() if h != "mla576" for x in ts)  # no fp8 v3 tile yet
+    # the producer-warp tiles: MLA rows only (16-bit, e4m3, 656-byte); none for GQA
+    assert {h for h, ts in vb.TILES.items() if any(x.loader == 2 for x in ts)} == {"mla576", "mla576e4m3", "mla576x656"}
     # backend "cuda@m32n16w9s4": the pinned tile resolves (the CPU reads the H200's arch), the default does not pick it
     p = make_case(CaseSpec((97,), (16,), "bushy", dtype=BF, seed=311, **MLA)).problem()
     c = cuda.version_config(p, "m32n16w9s4")
@@ -893,17 +896,18 @@ def test_v3_is_selectable_by_name_and_no_default():
 V3_FAULT_CASE = CaseSpec((300,), (7,), "bushy", dtype=BF, seed=310, **MLA)
 
 
-def _v3_missed(emu, fault: str, threads: tuple[int, int], calls) -> list[int]:
-    case = make_case(V3_FAULT_CASE)
-    config = cfg(1, *V3)
-    assert not _caught(emu, case, config)  # the unbroken kernel passes
+def _v3_missed(emu, fault: str, threads: tuple[int, int], calls, spec=V3_FAULT_CASE, tile=V3, caught=None) -> list[int]:
+    caught = caught or _caught
+    case = make_case(spec)
+    config = cfg(1, *tile)
+    assert not caught(emu, case, config)  # the unbroken kernel passes
     missed = []
     for nth in calls:
         for landing, sched in STRICT_MODES:
             emu.set_cp_async_landing(landing)
             emu.set_schedule(sched)
             emu.set_fault(fault, nth, threads=threads)
-            if _caught(emu, case, config):
+            if caught(emu, case, config):
                 assert emu.fault_hits() > 0, "the fault never fired"
                 break
         else:
@@ -936,6 +940,92 @@ def test_v3_named_barrier_with_a_wrong_thread_count_is_caught(emu):
     missed = _v3_missed(emu, "named_barrier_miscount", V3_MATH, [-1, 0, 1, 2, 3])
     assert not missed, f"math named barrier call(s) {missed} with a wrong count went unnoticed"
     assert not _v3_missed(emu, "named_barrier_miscount", V3_PRODUCER, [0]), "the producer's miscount went unnoticed"
+
+
+def test_v3_fp8_tiles_by_name(emu, monkeypatch):
+    # "cuda@v3-sm120" pins each format's producer-warp tile; the 656-byte one is sm_120a's (spills on sm_90a), so the
+    # H200 (what a CPU reads) refuses it unless VERIFY_ATTN_ANY_TILE_ARCH is set
+    from verify_attn.backends import cuda
+
+    for kv_dtype, head in (("", "mla576"), ("fp8_e4m3", "mla576e4m3"), ("fp8_mla656", "mla576x656")):
+        t = next(x for x in vb.TILES[head] if x.loader == 2)
+        assert vb.tile_smem(head, t) <= vb.SMEM_LIMIT["sm_120a"] and t.targets("sm_120a")
+        assert all(vb.default_tile(head, a) != t for a in ("sm_90a", "sm_120a"))  # no default before a GPU times it
+        p = make_case(CaseSpec((97,), (16,), "bushy", dtype=BF, kv_dtype=kv_dtype, seed=312, **MLA)).problem()
+        monkeypatch.delenv("VERIFY_ATTN_ANY_TILE_ARCH", raising=False)
+        if head == "mla576x656":
+            with pytest.raises(ValueError, match="built for sm_120a"):
+                cuda.version_config(p, "v3-sm120")
+            monkeypatch.setenv("VERIFY_ATTN_ANY_TILE_ARCH", "1")
+        c = cuda.version_config(p, "v3-sm120")
+        assert (c.block_m, c.block_n, c.num_warps, c.num_stages) == (t.block_m, t.block_n, t.num_warps, t.num_stages)
+    with pytest.raises(ValueError, match="v3-sm120"):
+        cuda.version_config(p, "v3-sm12")
+
+
+# kernel v3 on e4m3 (576-byte) and 656-byte rows: the e4m3-MMA tile's math (32 tokens, S split 2 x 2 x 2) on the same
+# roles, one 576- or 656-byte bulk copy per row; checked at the e4m3-MMA tolerance (Q and P rounded to e4m3).
+# Pages 1 / 3 / 5 / 7 / 16 / 64, trees of 1-37 nodes, 1-9 splits, both landing modes, the schedules.
+V3_FP8 = (32, 32, 9, 4)
+V3_FP8_CASES = [
+    (CaseSpec((1,), (1,), "bushy", dtype=BF, kv_dtype="fp8_e4m3", seed=321, **MLA), 1, "forward", "wait"),
+    (CaseSpec((97, 3), (7, 2), "chain", dtype=FP, kv_dtype="fp8_e4m3", page_size=5, seed=322, **MLA), 3,
+     "warp-ahead", "issue"),
+    (CaseSpec((300,), (16,), "bushy", dtype=BF, kv_dtype="fp8_e4m3", page_size=64, seed=323, **MLA), 2,
+     "warp-ahead-reverse", "wait"),
+    (CaseSpec((20,), (37,), "deep", dtype=BF, kv_dtype="fp8_e4m3", page_size=7, seed=324, **MLA), 9, "random", "issue"),
+    (CaseSpec((54,), (5,), "bushy", dtype=BF, kv_dtype="fp8_mla656", seed=325, **MLA), 1, "warp-ahead", "issue"),
+    (CaseSpec((0, 200, 1), (1, 16, 4), "deep", dtype=FP, kv_dtype="fp8_mla656", page_size=3, seed=326, **MLA), 4,
+     "random", "wait"),
+    (CaseSpec((300,), (9,), "star", dtype=BF, kv_dtype="fp8_mla656", page_size=16, seed=327, **MLA), 2,
+     "warp-ahead-reverse", "issue"),
+    (CaseSpec((130, 61), (16, 3), "bushy", dtype=BF, kv_dtype="fp8_mla656", page_size=64, seed=328, **MLA), 3,
+     "forward", "wait"),
+]
+
+
+@pytest.mark.parametrize("i", range(len(V3_FP8_CASES)),
+                         ids=[f"{s.id}-{n}s-{sch}-{land}" for s, n, sch, land in V3_FP8_CASES])
+def test_v3_fp8_matches_reference(emu, i):
+    spec, splits, sched, landing = V3_FP8_CASES[i]
+    emu.set_schedule(sched, seed=i)
+    emu.set_cp_async_landing(landing)
+    case = make_case(spec)
+    emu.reset_stats()
+    out, lse = _run(case, cfg(splits, *V3_FP8))
+    rel, lse_err = fp8_errors(case, out, lse)
+    assert rel <= FP8_MMA_REL_TOL and lse_err <= FP8_MMA_LSE_ATOL, (spec.id, rel, lse_err)
+    if splits == 1:
+        st = emu.stats()
+        assert st["launches"] == 1 and st["threads"] == 288 * st["blocks"] > 0, st
+
+
+def test_v3_fp8_wide_tree(emu):
+    # 256 nodes on e4m3 rows: the 8 staged mask words, 64 M tiles
+    case = make_case(CaseSpec((40,), (256,), "bushy", dtype=BF, kv_dtype="fp8_e4m3", page_size=3, seed=329, **MLA))
+    emu.set_schedule("warp-ahead")
+    emu.set_cp_async_landing("issue")
+    assert not _caught_e4m3(emu, case, cfg(2, *V3_FP8))
+
+
+# The planted bugs on the fp8 v3 tiles (300 + 7 tokens in one split: 10 tiles of 32). Math threads' named barrier
+# calls: 0 Q landed, 1 the Q row scales, 2 (bar.arrive) the Q stages free, then 2 per tile.
+@pytest.mark.parametrize("kv_dtype", ["fp8_e4m3", "fp8_mla656"])
+def test_v3_fp8_planted_bugs_are_caught(emu, kv_dtype):
+    case = CaseSpec((300,), (7,), "bushy", dtype=BF, kv_dtype=kv_dtype, seed=330, **MLA)
+    miss = functools.partial(_v3_missed, emu, spec=case, tile=V3_FP8, caught=_caught_e4m3)
+    assert not miss("skip_mbarrier_wait", V3_MATH, [-1, 0, 1, 4, 5]), "math threads reading before FULL went unnoticed"
+    assert not miss("skip_mbarrier_wait", V3_PRODUCER, [-1, 0, 1, 2, 3]), "the producer skipping EMPTY went unnoticed"
+    assert not miss("named_barrier_miscount", V3_MATH, [-1, 0, 1, 2, 3, 4]), "a math named barrier's miscount"
+    assert not miss("named_barrier_miscount", V3_PRODUCER, [0]), "the producer's miscount went unnoticed"
+
+
+def test_v3_fp8_schedules_agree_bitwise(emu):
+    case = make_case(CaseSpec((290, 7), (9, 4), "bushy", dtype=BF, kv_dtype="fp8_mla656", page_size=3, seed=331,
+                              **MLA))
+    out, lse = _same_bits_under_every_schedule(emu, case, cfg(3, *V3_FP8), seed=6)
+    rel, lse_err = fp8_errors(case, out, lse)
+    assert rel <= FP8_MMA_REL_TOL and lse_err <= FP8_MMA_LSE_ATOL, (rel, lse_err)
 
 
 def test_v3_schedules_agree_bitwise(emu):

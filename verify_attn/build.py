@@ -112,6 +112,14 @@ _V1_BULK_N32 = Tile(32, 32, 4, 2, 5, version=1, sn=2, archs=("sm_90a",), bars=1,
 # M 2: 90,048 B (TileMlaV3 in config.h), for sm_120a; also built for sm_90a (the H200 as a proxy). Selected by its
 # block's 9 warps: backend "cuda@m32n16w9s4"; no arch's default until a GPU has timed it.
 V3_TILE = Tile(32, 16, 2, 4, 4, version=1, sn=1, bars=2, loader=2)
+# kernel v3 on e4m3 and 656-byte rows (TileMlaV3Fp8): the e4m3-MMA tile's math (32 tokens, S warps 2 x 2 x 2) on the
+# same roles, 89,664 B (e4m3) / 100,928 B (656); built for sm_90a too, where nvcc lowers the e4m3 MMAs to f16 HMMAs
+# (the H200 runs the same source as the sm_120 proxy): backend "cuda@m32n32w9s4", or "cuda@v3-sm120" for any format
+V3_FP8_TILE = Tile(32, 32, 4, 2, 4, version=1, sn=2, bars=2, loader=2)
+# ... the 656-byte rows' one is sm_120a's alone: on sm_90a nvcc's lowering of the e4m3 MMAs to f16 HMMAs needs more
+# than the 168 registers 9 warps allow and spills (40 B); the H200 runs it for correctness under
+# VERIFY_ATTN_ANY_TILE_ARCH=1 (its bf16 and e4m3 tiles are the proxies with timings)
+_V3_656_TILE = Tile(32, 32, 4, 2, 4, version=1, sn=2, bars=2, loader=2, archs=("sm_120a",))
 # v2 (wgmma, sm_90a only): 64 rows, 2 warpgroups (4 warps x 16 rows each; Dqk / Dv halves)
 _V2_TILE = Tile(64, 32, 4, 2, 3, version=2, archs=("sm_90a",))
 # v2 on e4m3 caches: both products on wgmma .e4m3 (k32), V transposed per tile into a V^T buffer, 4 stages
@@ -129,10 +137,10 @@ TILES: dict[str, list[Tile]] = {
     # nvcc lowers its MMAs to f16 HMMAs (no e4m3 rate there). The f16 tile keeps Q and P exact (any arch); the H200's
     # default is kernel v2 on wgmma .e4m3 (DEFAULT_TILE).
     "mla576e4m3": [Tile(32, 32, 4, 2, 4, version=1, sn=2, archs=("sm_120a",)), _FP8_F16_TILE,  # f16: the exact one
-                   _V2_FP8_TILE],
+                   _V2_FP8_TILE, V3_FP8_TILE],
     # 656-byte rows: sm_120's tile on e4m3 MMAs (per-block scales on S's block sums and on P, RoPE in q's type;
     # 4 stages, two tiles in flight, 100,864 B); the f16 tile is the H200's and the exact one
-    "mla576x656": [Tile(32, 32, 4, 2, 4, version=1, sn=2, archs=("sm_120a",)), _FP8_F16_TILE],
+    "mla576x656": [Tile(32, 32, 4, 2, 4, version=1, sn=2, archs=("sm_120a",)), _FP8_F16_TILE, _V3_656_TILE],
     # GQA: the f16 tile with deeper rings than MLA's (a GQA stage is 4.6-17 KB): 6 stages at d128, 4 at d256 (5
     # would pass sm_120's 99 KB), the 3-stage tile kept; d64 on 4 warps (8 would leave each 8 Dv columns, under
     # the n16 pair of ldmatrix .trans: TileFp8F16W4)

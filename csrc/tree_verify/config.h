@@ -180,8 +180,13 @@ template <class Head> struct TilesForFp8 { using type = TileList<>; };
 //  f16: the H200's fp8 tile (its mma.sync has no e4m3 rate) and the accurate one on sm_120. 3 stages,
 //  75.6 KB.
 using TileFp8F16 = TileConfigV1<32, 32, 8, 3, 2, 2, 0>;
+//  Kernel v3 on e4m3 rows (issue 39): the e4m3-MMA tile's math (32 tokens, S warps 2 x 2 x 2, Q 36 registers) on 8
+//  math warps + 1 producer warp whose lanes copy one 576-byte row each (cp.async.bulk on FULL), one tile at a time:
+//  4 x 18,944 B of KV + partial scores 10,240 + P 1,536 + stats and Q scales 512 + 8 mask words per row 1,024 + 64 B
+//  of mbarriers + the producer's index ring 512 = 89,664 B, 3 tiles in flight.
+using TileMlaV3Fp8 = TileConfigV1<32, 32, 8, 4, 2, 2, 1, 2, 2>;
 template <> struct TilesForFp8<HeadMLA> {
-  using type = TileList<TileConfigV1<32, 32, 8, 4, 2, 2>, TileFp8F16, TileConfigV2<64, 32, 2, 4>>;
+  using type = TileList<TileConfigV1<32, 32, 8, 4, 2, 2>, TileFp8F16, TileConfigV2<64, 32, 2, 4>, TileMlaV3Fp8>;
 };
 // GQA d128 with e4m3 caches: kernel v1's f16 tile (K / V codes to f16 in registers, Q and P in f16), V rows
 // apart from K's: 32 rows x 32 tokens, S split 2 (dims: 64 = 2 steps of 32) x 2 (tokens) x 2 (M), every warp 16
@@ -204,7 +209,12 @@ template <> struct TilesForFp8<HeadG64> { using type = TileList<TileFp8F16W4>; }
 // tile's block scales, alpha, 1/l, lse2, Q scales, mask words 1.5 KB = 100,864 B. The f16 tile (K / V codes times
 // their scale in registers, f16 MMAs) is the H200's and the exact one.
 template <class Head> struct TilesFor656 { using type = TileList<>; };
-template <> struct TilesFor656<HeadMLA> { using type = TileList<TileConfigV1<32, 32, 8, 4, 2, 2>, TileFp8F16>; };
+// Kernel v3 on 656-byte rows: the same producer-warp tile (one 656-byte bulk copy per row, 16-byte multiples): 4 x
+// 20,992 B of KV + partial scores 10,240 + P (4 blocks) 4,096 + stats, Q and block scales 1,024 + mask words 1,024 +
+// mbarriers 64 + index ring 512 = 100,928 B, under sm_120's 101,376 by 448.
+template <> struct TilesFor656<HeadMLA> {
+  using type = TileList<TileConfigV1<32, 32, 8, 4, 2, 2>, TileFp8F16, TileMlaV3Fp8>;
+};
 template <> struct TilesFor<HeadG128> {
   using type = TileList<TileConfig<64, 32, 4, 1, 2>, TileConfig<128, 32, 8, 1, 2>, TileConfigV1<32, 32, 8, 4, 2, 2>>;
 };

@@ -270,9 +270,9 @@ struct KernelTraitsV1 {
 
   static_assert(sizeof(Elem) == 2, "16-bit element types only");
   static_assert(!kBulk || BN % kWarps == 0, "the bulk loader gives every warp BN / kWarps rows");
-  // v3 (issue 39, first step): 16-bit MLA rows only; its e4m3 and 656-byte paths are not written yet, so such an
-  // instantiation fails here instead of running some other loader
-  static_assert(!kProducer || (!kFp8 && kSharedKV), "producer-warp tiles (v3): 16-bit MLA rows only (no fp8 yet)");
+  // v3: MLA rows (the producer copies one K row per KV token, V is its first Dv columns): 16-bit, e4m3 (576 bytes)
+  // or 656-byte rows, each one bulk copy of kKRowBytes; GQA's separate V rows are not produced
+  static_assert(!kProducer || kSharedKV, "producer-warp tiles (v3): MLA rows only (V inside the K row)");
   static_assert(!kProducer || (BN <= 32 && kWarps * 32 <= 992),
                 "producer-warp tiles: one producer lane per KV row; the math warps' named barrier below 1024");
   // sm_120 (RTX PRO 6000) is the producer-warp tile's target: 99 KB per block, checked here and not only by the

@@ -445,7 +445,10 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
   // the RoPE dims 512 + 32 ws_k .. + 31 (qr: two k16 steps in q's type on K's bf16 RoPE values, Q unscaled:
   // the RoPE scores are multiplied by the rows' 1 / Q scale, qinv, when they join the blocks' sums)
   [[maybe_unused]] uint32_t qr[Tr::kMla656 ? Tr::kSMT : 1][2][4];
-  [[maybe_unused]] float qinv[Tr::kMla656 ? Tr::kSMT : 1][2];
+  // kLean (v3: 9 warps leave 168 registers a thread): values v1 holds across the loop are re-derived where they are
+  // used, with the same arithmetic (the same bits): qinv from sQScale, the blocks' P factors from sScl and blk_ref
+  constexpr bool kLean = Tr::kProducer;
+  [[maybe_unused]] float qinv[Tr::kMla656 && !kLean ? Tr::kSMT : 1][2];
   // first head dim of this warp's S step kk
   auto s_dim0 = [&](int kk) { return Tr::kMla656 ? 2 * Tr::k656Block * ws_k + 32 * kk : ws_k * Tr::kSDims + kk * 32; };
   arch::cp_async_wait<Tr::kProducer ? 0 : kFirst>();  // Q landed (this thread's copies; v3: its only group)
@@ -467,7 +470,7 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
         else sQScale[r] = h::e4m3_row_scale(amax);  // NaN amax: NaN scale
       }
     }
-    arch::block_sync();  // the row scales
+    math_sync();  // the row scales (v3: the math warps' named barrier; the producer warp has its own loop)
 #pragma unroll
     for (int i = 0; i < Tr::kSMT; ++i) {
       const int r0 = (ws_m * Tr::kSMT + i) * 16 + (lane >> 2);
@@ -487,7 +490,7 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
                 qr[i][hf][rh] = arch::pack2<T>(x0, x1);
                 qr[i][hf][rh + 2] = arch::pack2<T>(x2, x3);
               }
-            qinv[i][0] = inv[0], qinv[i][1] = inv[1];
+            if constexpr (!kLean) qinv[i][0] = inv[0], qinv[i][1] = inv[1];
             continue;
           }
         }
@@ -612,6 +615,18 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
           arch::mma_m16n8k16<T>(racc[i][j + 1], qr[i][hf], b1, racc[i][j + 1]);
         }
       }
+    // kLean: the rows' 1 / Q scale, as the prologue's inv (the same division)
+    float qi[Tr::kSMT][2];
+#pragma unroll
+    for (int i = 0; i < Tr::kSMT; ++i) {
+      if constexpr (kLean) {
+        const int r0 = (ws_m * Tr::kSMT + i) * 16 + (lane >> 2);
+        qi[i][0] = 1.f / sQScale[r0];
+        qi[i][1] = 1.f / sQScale[r0 + 8];
+      } else {
+        qi[i][0] = qinv[i][0], qi[i][1] = qinv[i][1];
+      }
+    }
     // the lane's tokens 2c, 2c + 1 of n tile j (c = lane % 4): their scales of blocks 2 ws_k, 2 ws_k + 1
 #pragma unroll
     for (int j = 0; j < Tr::kSN8; ++j) {
@@ -629,7 +644,7 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const float2 t = (e & 1) ? t1 : t0;
-          sacc[0][i][j][e] = fmaf(sacc[1][i][j][e], t.y, fmaf(sacc[0][i][j][e], t.x, racc[i][j][e] * qinv[i][e >> 1]));
+          sacc[0][i][j][e] = fmaf(sacc[1][i][j][e], t.y, fmaf(sacc[0][i][j][e], t.x, racc[i][j][e] * qi[i][e >> 1]));
         }
     }
   };
@@ -719,15 +734,18 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
   // the largest |scale| of block g in the tiles so far (the same in every thread: each row's lanes see all of a
   // tile's tokens), so P stays in the range it has without scales (e4m3 codes <= 2^8 x 1, f16 <= 2^8). A
   // reference moves only when a tile's scales pass it; PV then rescales the warp's O by pv_ratio (old / new
-  // reference of its block, pv_blk), and the epilogue multiplies by pv_ref (the block's last reference).
+  // reference of its block, pv_blk), and the epilogue multiplies by blk_ref[pv_blk] (the block's last reference).
   constexpr float kPBlk = Tr::kE4m3Mma ? kPScale : 1.f;
-  [[maybe_unused]] float blk_ref[4] = {0.f, 0.f, 0.f, 0.f}, blk_inv[4] = {0.f, 0.f, 0.f, 0.f};
-  [[maybe_unused]] float pv_ratio = 1.f, pv_ref = 0.f;
+  [[maybe_unused]] float blk_ref[4] = {0.f, 0.f, 0.f, 0.f}, blk_inv[4] = {0.f, 0.f, 0.f, 0.f};  // (kLean: not held)
+  [[maybe_unused]] float pv_ratio = 1.f;
   [[maybe_unused]] const int pv_blk = warp * Tr::kODV / Tr::k656Block;
-  [[maybe_unused]] float pw[4][TPL];  // the lane's tokens' P factor per block: scale x kPBlk / the block's reference
+  // the lane's tokens' P factor per block: scale x kPBlk / the block's reference (kLean: per block where P is stored,
+  // from sScl and pinv, kPBlk / blk_ref[g] or 0 while the reference is 0)
+  [[maybe_unused]] float pw[kLean ? 1 : 4][TPL];
+  [[maybe_unused]] float pinv[4];
   // the softmax's block-scale work of a tile (sScl, written by its S warps): each block's largest |scale| in the
   // tile (a row's lanes cover the tile's tokens), the references that move (and pv_ratio for PV(tile):
-  // rescale_o(tile - 1) ran before, rescale_o(tile) runs before the next), and pw
+  // rescale_o(tile - 1) ran before, rescale_o(tile) runs before the next), and pw (kLean: pinv)
   [[maybe_unused]] auto blk_prep = [&]() {
     static_assert(!Tr::kMla656 || TPL == 4, "a softmax lane's tokens of one block: one 16-byte load");
     float ts[4][TPL];
@@ -752,17 +770,26 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
         if (tmx[g] > blk_ref[g]) {  // (> 0: a block whose scales are all 0 keeps 0 codes and reference 0)
           if (g == pv_blk) {
             pv_ratio = blk_ref[g] / tmx[g];
-            pv_ref = tmx[g];
           }
           blk_ref[g] = tmx[g];
-          blk_inv[g] = kPBlk / tmx[g];
+          if constexpr (!kLean) blk_inv[g] = kPBlk / tmx[g];
         }
       }
     }
 #pragma unroll
-    for (int g = 0; g < 4; ++g)
+    for (int g = 0; g < 4; ++g) {
+      if constexpr (kLean) {
+        pinv[g] = blk_ref[g] > 0.f ? kPBlk / blk_ref[g] : 0.f;
+      } else {
 #pragma unroll
-      for (int e = 0; e < TPL; ++e) pw[g][e] = ts[g][e] * blk_inv[g];
+        for (int e = 0; e < TPL; ++e) pw[g][e] = ts[g][e] * blk_inv[g];
+      }
+    }
+  };
+  // the reference of this warp's own block (a select: pv_blk is warp-uniform, and an indexed register array would
+  // go to local memory)
+  [[maybe_unused]] auto pv_ref = [&]() {
+    return pv_blk == 0 ? blk_ref[0] : pv_blk == 1 ? blk_ref[1] : pv_blk == 2 ? blk_ref[2] : blk_ref[3];
   };
   auto softmax = [&](int tile, auto masked_tag) {
     constexpr bool kMasked = decltype(masked_tag)::value;
@@ -816,15 +843,24 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
       PE* pt = sP + pbuf(tile) * BM * Smem::kPPitch;
 #pragma unroll
       for (int g = 0; g < 4; ++g) {
+        float pg[TPL];  // block g's P factors
+        if constexpr (kLean) {
+          lds_vec<TPL>(sScl + g * BN + scol, pg);
+#pragma unroll
+          for (int e = 0; e < TPL; ++e) pg[e] *= pinv[g];
+        } else {
+#pragma unroll
+          for (int e = 0; e < TPL; ++e) pg[e] = pw[g][e];
+        }
         if constexpr (Tr::kE4m3Mma) {  // e4m3 pairs at the MMA's k positions
 #pragma unroll
           for (int e = 0; e < TPL; e += 2)
             *reinterpret_cast<uint16_t*>(pt + p_at(srow, g * BN + h::fp8_pv_k_of_token(scol + e))) =
-                arch::cvt_e4m3x2(s[e] * pw[g][e], s[e + 1] * pw[g][e + 1]);
+                arch::cvt_e4m3x2(s[e] * pg[e], s[e + 1] * pg[e + 1]);
         } else {  // f16, tokens in their order
           float f[TPL];
 #pragma unroll
-          for (int e = 0; e < TPL; ++e) f[e] = s[e] * pw[g][e];
+          for (int e = 0; e < TPL; ++e) f[e] = s[e] * pg[e];
           sts_pack<M16, TPL>(pt + p_at(srow, g * BN + scol), f);
         }
       }
@@ -1089,8 +1125,8 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
       const int qrow = qo_begin + grow / group;
       const int head = kvh * group + grow % group;
       // e4m3: P was stored times 2^8 and V's codes carry v_scale
-      // (656-byte rows: P also carried its block's scale over the block's reference pv_ref)
-      const float inv = Tr::kMla656 ? sFin[r] * (pv_ref / kPBlk)
+      // (656-byte rows: P also carried its block's scale over the block's reference, blk_ref[pv_blk])
+      const float inv = Tr::kMla656 ? sFin[r] * (pv_ref() / kPBlk)
                         : Tr::kE4m3Mma ? sFin[r] * (kv_scale(p.v_scale_ptr, p.v_scale) / kPScale)
                         : Tr::kFp8 ? sFin[r] * kv_scale(p.v_scale_ptr, p.v_scale) : sFin[r];
       const float lse2 = sFin[BM + r];

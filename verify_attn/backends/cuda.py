@@ -113,6 +113,12 @@ def default_config(p: Problem) -> KernelConfig:
 
 
 KERNEL_VERSIONS = {"v0": 0, "v1": 1, "v2": 2}
+# kernel v3 for sm_120 (issue 39: a producer warp on FULL / EMPTY mbarriers, 8 math warps on mma.sync), pinned by
+# name for every format: the head's producer-warp tile. On the H200 it is the proxy of the sm_120 kernel (the same
+# source built for sm_90a), never the Hopper v3; its 656-byte-row tile is sm_120a's alone (the H200 runs it
+# under VERIFY_ATTN_ANY_TILE_ARCH=1, for correctness).
+V3_SM120 = "v3-sm120"
+PINNED_NAMES = (*KERNEL_VERSIONS, V3_SM120)
 # cuda@m32n16w8s8: one compiled tile pinned by (block_m, block_n, num_warps, num_stages), the heuristic's splits
 PINNED_TILE_RE = re.compile(r"m(\d+)n(\d+)w(\d+)s(\d+)")
 
@@ -123,13 +129,19 @@ def version_config(p: Problem, version: str) -> KernelConfig:
     runs; v2 is sm_90a's wgmma kernel), the split heuristic. How the benchmark times the versions side by side
     (`bench.verify --backend cuda@v0,cuda@v1,cuda@v2`)."""
     pinned = PINNED_TILE_RE.fullmatch(version)
-    if version not in KERNEL_VERSIONS and not pinned:
-        raise ValueError(f"kernel version {version!r}: known {', '.join(KERNEL_VERSIONS)}, or a tile "
+    if version not in PINNED_NAMES and not pinned:
+        raise ValueError(f"kernel version {version!r}: known {', '.join(PINNED_NAMES)}, or a tile "
                          "mBMnBNwWARPSsSTAGES such as m32n16w8s8")
     head = problem_head(p)
     if head is None:
         raise ValueError(f"cuda backend: no kernel for Dqk={p.head_dim_qk} Dv={p.head_dim_v}")
     arch = vdevice.props_for(p.device).arch
+    if version == V3_SM120:
+        t = next((x for x in vb.TILES[head] if x.loader == 2), None)
+        if t is None:
+            raise LookupError(f"no {V3_SM120} tile compiled for {head} (kernel v3 runs MLA rows only)")
+        cfg = KernelConfig(block_m=t.block_m, block_n=t.block_n, num_warps=t.num_warps, num_stages=t.num_stages)
+        return resolve_config(p, cfg, arch)  # refuses the 656-byte tile on sm_90a unless any-tile-arch is set
     if pinned:
         bm, bn, w, st = map(int, pinned.groups())
         cfg = KernelConfig(block_m=bm, block_n=bn, num_warps=w, num_stages=st)
