@@ -845,19 +845,26 @@ V3_CASES = [
 ]
 
 
+# kernel v3 with a producer warpgroup (LOADER 3, issue 39): 8 math warps at setmaxnreg 232 running v1's two-tile
+# loop + 4 producer warps at 40 (warp 8 copies, 9-11 exit): 384 threads; backends "cuda@m32n16w12s4" (bf16),
+# "cuda@m32n32w12s4" (e4m3 / 656-byte rows)
+V3W, V3W_FP8 = (32, 16, 12, 4), (32, 32, 12, 4)
+
+
+@pytest.mark.parametrize("tile", [V3, V3W], ids=["warp", "warpgroup"])
 @pytest.mark.parametrize("i", range(len(V3_CASES)),
                          ids=[f"{s.id}-{n}s-{sch}-{land}" for s, n, sch, land in V3_CASES])
-def test_v3_matches_reference(emu, i):
+def test_v3_matches_reference(emu, i, tile):
     spec, splits, sched, landing = V3_CASES[i]
     emu.set_schedule(sched, seed=i)
     emu.set_cp_async_landing(landing)
     case = make_case(spec)
     emu.reset_stats()
-    out, lse = _run(case, cfg(splits, *V3))
+    out, lse = _run(case, cfg(splits, *tile))
     check_against_reference(out, lse, case, *TOL[spec.dtype])
-    if splits == 1:  # the split kernel alone (no combine launch): 9 warps per block, the producer warp's too
+    if splits == 1:  # the split kernel alone (no combine launch): 9 (12) warps per block, the producer's too
         st = emu.stats()
-        assert st["launches"] == 1 and st["threads"] == 288 * st["blocks"] > 0, st
+        assert st["launches"] == 1 and st["threads"] == 32 * tile[2] * st["blocks"] > 0, st
 
 
 @pytest.mark.parametrize("lens,nodes,kind,page", [((40,), (256,), "bushy", 1), ((300, 7), (128, 3), "deep", 3)],
@@ -868,8 +875,9 @@ def test_v3_wide_trees(emu, lens, nodes, kind, page):
     case = make_case(spec)
     emu.set_schedule("warp-ahead")
     emu.set_cp_async_landing("issue")
-    out, lse = _run(case, cfg(2, *V3))
-    check_against_reference(out, lse, case, *TOL[spec.dtype])
+    for tile in (V3, V3W):
+        out, lse = _run(case, cfg(2, *tile))
+        check_against_reference(out, lse, case, *TOL[spec.dtype])
 
 
 def test_v3_is_selectable_by_name_and_no_default():
@@ -916,30 +924,35 @@ def _v3_missed(emu, fault: str, threads: tuple[int, int], calls, spec=V3_FAULT_C
     return missed
 
 
-def test_v3_math_warp_skipping_its_full_wait_is_caught(emu):
+@pytest.mark.parametrize("tile", [V3, V3W], ids=["warp", "warpgroup"])
+def test_v3_math_warp_skipping_its_full_wait_is_caught(emu, tile):
     # (1) every math thread skips its FULL wait of tile n (n = 0 .. 5: tiles 0-3 in their stage's first phase, 4 and 5
     # in refilled stages), or all of them; and math warp 7 alone skips all of its FULL waits (caught in (wait,
     # warp-ahead): it reads a stage whose phase no thread has awaited yet, so the bytes have not landed. Warp 0 alone
     # is not caught by these schedules: the emulator lands a phase's copies when it completes with a thread already
     # waiting on it, and the other warps are by the time warp 0 reads.)
-    missed = _v3_missed(emu, "skip_mbarrier_wait", V3_MATH, [-1, *range(6)])
+    missed = _v3_missed(emu, "skip_mbarrier_wait", V3_MATH, [-1, *range(6)], tile=tile)
     assert not missed, f"math threads skipping FULL wait(s) {missed} went unnoticed"
-    assert not _v3_missed(emu, "skip_mbarrier_wait", (224, 256), [-1]), "math warp 7 reading before FULL went unnoticed"
+    assert not _v3_missed(emu, "skip_mbarrier_wait", (224, 256), [-1], tile=tile), \
+        "math warp 7 reading before FULL went unnoticed"
 
 
-def test_v3_producer_skipping_its_empty_wait_is_caught(emu):
+@pytest.mark.parametrize("tile", [V3, V3W], ids=["warp", "warpgroup"])
+def test_v3_producer_skipping_its_empty_wait_is_caught(emu, tile):
     # (2) the producer refills stage n % 4 with tile 4 + n without waiting for the math warps to release tile n
     # (n = 0 .. 3), and skips every EMPTY wait
-    missed = _v3_missed(emu, "skip_mbarrier_wait", V3_PRODUCER, [-1, 0, 1, 2, 3])
+    missed = _v3_missed(emu, "skip_mbarrier_wait", V3_PRODUCER, [-1, 0, 1, 2, 3], tile=tile)
     assert not missed, f"producer skipping EMPTY wait(s) {missed} went unnoticed"
 
 
-def test_v3_named_barrier_with_a_wrong_thread_count_is_caught(emu):
+@pytest.mark.parametrize("tile", [V3, V3W], ids=["warp", "warpgroup"])
+def test_v3_named_barrier_with_a_wrong_thread_count_is_caught(emu, tile):
     # (3) a named barrier that counts one warp fewer than arrive: the math warps' barrier 1 (Q landed, then the two
     # per tile), the Q-stages barrier 2 (math threads' bar.arrive, call 1; the producer's bar.sync)
-    missed = _v3_missed(emu, "named_barrier_miscount", V3_MATH, [-1, 0, 1, 2, 3])
+    missed = _v3_missed(emu, "named_barrier_miscount", V3_MATH, [-1, 0, 1, 2, 3], tile=tile)
     assert not missed, f"math named barrier call(s) {missed} with a wrong count went unnoticed"
-    assert not _v3_missed(emu, "named_barrier_miscount", V3_PRODUCER, [0]), "the producer's miscount went unnoticed"
+    assert not _v3_missed(emu, "named_barrier_miscount", V3_PRODUCER, [0], tile=tile), \
+        "the producer's miscount went unnoticed"
 
 
 def test_v3_fp8_tiles_by_name(emu, monkeypatch):
@@ -948,9 +961,11 @@ def test_v3_fp8_tiles_by_name(emu, monkeypatch):
     from verify_attn.backends import cuda
 
     for kv_dtype, head in (("", "mla576"), ("fp8_e4m3", "mla576e4m3"), ("fp8_mla656", "mla576x656")):
-        t = next(x for x in vb.TILES[head] if x.loader == 2)
-        assert vb.tile_smem(head, t) <= vb.SMEM_LIMIT["sm_120a"] and t.targets("sm_120a")
-        assert all(vb.default_tile(head, a) != t for a in ("sm_90a", "sm_120a"))  # no default before a GPU times it
+        for loader in (2, 3):  # one producer warp; a producer warpgroup
+            x = next(x for x in vb.TILES[head] if x.loader == loader)
+            assert vb.tile_smem(head, x) <= vb.SMEM_LIMIT["sm_120a"] and x.targets("sm_120a")
+            assert all(vb.default_tile(head, a) != x for a in ("sm_90a", "sm_120a"))  # no default before a GPU times it
+        t = next(x for x in vb.TILES[head] if x.loader == 3)  # the warpgroup's tile is the one the name pins
         p = make_case(CaseSpec((97,), (16,), "bushy", dtype=BF, kv_dtype=kv_dtype, seed=312, **MLA)).problem()
         monkeypatch.delenv("VERIFY_ATTN_ANY_TILE_ARCH", raising=False)
         if head == "mla576x656":
@@ -984,20 +999,21 @@ V3_FP8_CASES = [
 ]
 
 
+@pytest.mark.parametrize("tile", [V3_FP8, V3W_FP8], ids=["warp", "warpgroup"])
 @pytest.mark.parametrize("i", range(len(V3_FP8_CASES)),
                          ids=[f"{s.id}-{n}s-{sch}-{land}" for s, n, sch, land in V3_FP8_CASES])
-def test_v3_fp8_matches_reference(emu, i):
+def test_v3_fp8_matches_reference(emu, i, tile):
     spec, splits, sched, landing = V3_FP8_CASES[i]
     emu.set_schedule(sched, seed=i)
     emu.set_cp_async_landing(landing)
     case = make_case(spec)
     emu.reset_stats()
-    out, lse = _run(case, cfg(splits, *V3_FP8))
+    out, lse = _run(case, cfg(splits, *tile))
     rel, lse_err = fp8_errors(case, out, lse)
     assert rel <= FP8_MMA_REL_TOL and lse_err <= FP8_MMA_LSE_ATOL, (spec.id, rel, lse_err)
     if splits == 1:
         st = emu.stats()
-        assert st["launches"] == 1 and st["threads"] == 288 * st["blocks"] > 0, st
+        assert st["launches"] == 1 and st["threads"] == 32 * tile[2] * st["blocks"] > 0, st
 
 
 def test_v3_fp8_wide_tree(emu):
@@ -1005,32 +1021,36 @@ def test_v3_fp8_wide_tree(emu):
     case = make_case(CaseSpec((40,), (256,), "bushy", dtype=BF, kv_dtype="fp8_e4m3", page_size=3, seed=329, **MLA))
     emu.set_schedule("warp-ahead")
     emu.set_cp_async_landing("issue")
-    assert not _caught_e4m3(emu, case, cfg(2, *V3_FP8))
+    for tile in (V3_FP8, V3W_FP8):
+        assert not _caught_e4m3(emu, case, cfg(2, *tile)), tile
 
 
 # The planted bugs on the fp8 v3 tiles (300 + 7 tokens in one split: 10 tiles of 32). Math threads' named barrier
 # calls: 0 Q landed, 1 the Q row scales, 2 (bar.arrive) the Q stages free, then 2 per tile.
+@pytest.mark.parametrize("tile", [V3_FP8, V3W_FP8], ids=["warp", "warpgroup"])
 @pytest.mark.parametrize("kv_dtype", ["fp8_e4m3", "fp8_mla656"])
-def test_v3_fp8_planted_bugs_are_caught(emu, kv_dtype):
+def test_v3_fp8_planted_bugs_are_caught(emu, kv_dtype, tile):
     case = CaseSpec((300,), (7,), "bushy", dtype=BF, kv_dtype=kv_dtype, seed=330, **MLA)
-    miss = functools.partial(_v3_missed, emu, spec=case, tile=V3_FP8, caught=_caught_e4m3)
+    miss = functools.partial(_v3_missed, emu, spec=case, tile=tile, caught=_caught_e4m3)
     assert not miss("skip_mbarrier_wait", V3_MATH, [-1, 0, 1, 4, 5]), "math threads reading before FULL went unnoticed"
     assert not miss("skip_mbarrier_wait", V3_PRODUCER, [-1, 0, 1, 2, 3]), "the producer skipping EMPTY went unnoticed"
     assert not miss("named_barrier_miscount", V3_MATH, [-1, 0, 1, 2, 3, 4]), "a math named barrier's miscount"
     assert not miss("named_barrier_miscount", V3_PRODUCER, [0]), "the producer's miscount went unnoticed"
 
 
-def test_v3_fp8_schedules_agree_bitwise(emu):
+@pytest.mark.parametrize("tile", [V3_FP8, V3W_FP8], ids=["warp", "warpgroup"])
+def test_v3_fp8_schedules_agree_bitwise(emu, tile):
     case = make_case(CaseSpec((290, 7), (9, 4), "bushy", dtype=BF, kv_dtype="fp8_mla656", page_size=3, seed=331,
                               **MLA))
-    out, lse = _same_bits_under_every_schedule(emu, case, cfg(3, *V3_FP8), seed=6)
+    out, lse = _same_bits_under_every_schedule(emu, case, cfg(3, *tile), seed=6)
     rel, lse_err = fp8_errors(case, out, lse)
     assert rel <= FP8_MMA_REL_TOL and lse_err <= FP8_MMA_LSE_ATOL, (rel, lse_err)
 
 
-def test_v3_schedules_agree_bitwise(emu):
+@pytest.mark.parametrize("tile", [V3, V3W], ids=["warp", "warpgroup"])
+def test_v3_schedules_agree_bitwise(emu, tile):
     # v3 race-free: the same bits under every schedule and landing mode (paged 3, 2 requests, 3 splits: the longer
     # request's splits have 7 tiles of 16 each, so stages are refilled)
     case = make_case(CaseSpec((290, 7), (9, 4), "bushy", dtype=BF, page_size=3, seed=313, **MLA))
-    out, lse = _same_bits_under_every_schedule(emu, case, cfg(3, *V3), seed=5)
+    out, lse = _same_bits_under_every_schedule(emu, case, cfg(3, *tile), seed=5)
     check_against_reference(out, lse, case, *TOL[BF])

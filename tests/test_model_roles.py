@@ -139,7 +139,9 @@ def test_knockout_bits_are_checked(capsys):
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_120a"])
 def test_our_split_kernels_roles(arch):
     """Every split kernel of the MLA instantiation is one math role with all its warps (read as before), except
-    kernel v3 (Tile.loader 2): its math warps, then one producer warp, found from the SASS alone."""
+    kernel v3: its math warps, then one producer warp (Tile.loader 2: the last warp; loader 3: the producer
+    warpgroup's first warp, the other three exit, with the setmaxnreg counts of each side), found from the SASS
+    alone."""
     from verify_attn import build as vb
     try:
         cubin = vb.compile_cubin(vb.instantiation_file("bf16", "mla576", "page1"), arch)
@@ -152,26 +154,29 @@ def test_our_split_kernels_roles(arch):
         if tile is None or not tile.targets(arch):
             continue
         found = roles.find_roles(f, tile.num_warps * 32)
-        w = tile.num_warps
-        want = ([("math", tuple(range(w - 1))), ("producer", (w - 1,))] if tile.loader == 2
+        w = tile.warps_m * tile.warps_n   # the math warps
+        want = ([("math", tuple(range(w))), ("producer", (w,))] if tile.loader >= 2
                 else [("math", tuple(range(w)))])
         assert [(x.kind, x.warps) for x in found] == want, vb._describe(name)[0]
-        seen += tile.loader == 2
-    assert seen == 1   # v3's one tile
+        if tile.loader == 3:   # setmaxnreg.inc 232 on the math side, .dec 40 on the producer's
+            assert [x.maxnreg for x in found] == [232, 40], vb._describe(name)[0]
+        seen += tile.loader >= 2
+    assert seen == 2   # v3's two tiles: a producer warp, a producer warpgroup
 
 
+@pytest.mark.parametrize("loader", [2, 3], ids=["warp", "warpgroup"])
 @pytest.mark.parametrize("arch,dev", [("sm_120a", "rtx-pro-6000"), ("sm_90a", "h200")])
-def test_kernel_v3_is_read_with_its_roles(arch, dev):
-    """The kernel model reads v3 (Tile.loader 2) as two roles: its marked tile loop on the math warps, the
+def test_kernel_v3_is_read_with_its_roles(arch, dev, loader):
+    """The kernel model reads v3 (Tile.loader 2 and 3) as two roles: its marked tile loop on the math warps, the
     producer warp's loop found from the SASS with one bulk copy per row of the tile; scheduler 0 runs math warps 0
-    and 4 and the producer (warp 8)."""
+    and 4 and the producer (warp 8; with a producer warpgroup, warps 9-11 exit at once)."""
     from bench.model import call, kernels
     from verify_attn.shapes import get_shape
     try:
         ks = kernels.load(arch, "mla576", "bf16", "page1")
     except RuntimeError as e:
         pytest.skip(str(e))
-    km = next(k for k in ks if k.tile.loader == 2)
+    km = next(k for k in ks if k.tile.loader == loader)
     body, spans, lanes, producer = km.roles_hot
     assert spans[0] == (0, len(km.hot.instrs)) and spans[1][1] == len(body)
     assert sum(i.op == "UBLKCP" for i in producer.instrs) == km.tile.block_n

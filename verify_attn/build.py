@@ -73,7 +73,9 @@ class Tile:
     fp8_mma: int = 1  # e4m3 caches: 1, products on e4m3 MMAs; 0, K / V converted to f16, f16 MMAs
     bars: int = 2     # v1: CTA barriers per KV tile (1: S two tiles ahead, partial scores double-buffered)
     # v1: 0, cp.async 16-byte chunks; 1, one cp.async.bulk per KV row on the stage's mbarrier; 2, kernel v3: a producer
-    # warp beside the num_warps math warps (32 x num_warps + 32 threads) issues the bulk copies on FULL / EMPTY mbarriers
+    # warp beside the num_warps math warps (32 x num_warps + 32 threads) issues the bulk copies on FULL / EMPTY mbarriers;
+    # 3, kernel v3 with a producer warpgroup (+ 128 threads; setmaxnreg moves its registers to the math warps, which
+    # run v1's two-tile loop)
     loader: int = 0
 
     def targets(self, arch: str) -> bool:
@@ -81,8 +83,8 @@ class Tile:
 
     @property
     def num_warps(self) -> int:
-        """The block's warps (the key a config selects the tile by): v3's math warps + its producer warp."""
-        return self.warps_m * self.warps_n + (1 if self.loader == 2 else 0)
+        """The block's warps (the key a config selects the tile by): v3's math warps + its producer warp(group)."""
+        return self.warps_m * self.warps_n + {2: 1, 3: 4}.get(self.loader, 0)
 
     @property
     def ksplit(self) -> int:
@@ -92,8 +94,8 @@ class Tile:
         base = f"m{self.block_m} n{self.block_n} w{self.num_warps} s{self.num_stages}"
         if self.version == 2:
             return f"v2 {base} wg{self.warps_n} wgmma"
-        if self.version == 1 and self.loader == 2:  # kernel v3: v1's math on num_warps - 1 warps + 1 producer warp
-            return f"v3 {base} k{self.ksplit} sn{self.sn} producer"
+        if self.version == 1 and self.loader >= 2:  # kernel v3: v1's math + 1 producer warp, or a producer warpgroup
+            return f"v3 {base} k{self.ksplit} sn{self.sn} " + ("producer" if self.loader == 2 else "producer-wg")
         return (f"v1 {base} k{self.ksplit} sn{self.sn}" + ("" if self.fp8_mma else " f16")
                 + (" b1" if self.bars == 1 else "") + (" bulk" if self.loader else "") if self.version == 1 else base)
 
@@ -120,6 +122,14 @@ V3_FP8_TILE = Tile(32, 32, 4, 2, 4, version=1, sn=2, bars=2, loader=2)
 # than the 168 registers 9 warps allow and spills (40 B); the H200 runs it for correctness under
 # VERIFY_ATTN_ANY_TILE_ARCH=1 (its bf16 and e4m3 tiles are the proxies with timings)
 _V3_656_TILE = Tile(32, 32, 4, 2, 4, version=1, sn=2, bars=2, loader=2, archs=("sm_120a",))
+# kernel v3 with a producer warpgroup (TileMlaV3Wg / TileMlaV3WgFp8): the producer's 4 warps drop to 40 registers
+# (setmaxnreg.dec), the 8 math warps rise to 232 and run v1's two-tile loop on v1's sm_120 tiles (bf16: 32 x 16, S
+# warps 4 x 2, Q 72 registers; e4m3 / 656: 32 x 32, S warps 2 x 2 x 2): 90,560 / 89,664 / 100,928 B.
+# Backends "cuda@m32n16w12s4" (bf16) and "cuda@m32n32w12s4" (fp8)
+V3_WG_TILE = Tile(32, 16, 2, 4, 4, version=1, sn=2, bars=2, loader=3)
+V3_WG_FP8_TILE = Tile(32, 32, 4, 2, 4, version=1, sn=2, bars=2, loader=3)
+# (656-byte rows: sm_120a's, as v1's e4m3-MMA 656 tile is; at 232 registers sm_90a's f16 lowering spills 12 B)
+_V3_WG_656_TILE = Tile(32, 32, 4, 2, 4, version=1, sn=2, bars=2, loader=3, archs=("sm_120a",))
 # v2 (wgmma, sm_90a only): 64 rows, 2 warpgroups (4 warps x 16 rows each; Dqk / Dv halves)
 _V2_TILE = Tile(64, 32, 4, 2, 3, version=2, archs=("sm_90a",))
 # v2 on e4m3 caches: both products on wgmma .e4m3 (k32), V transposed per tile into a V^T buffer, 4 stages
@@ -131,16 +141,17 @@ _V2_FP8_TILE = Tile(64, 32, 4, 2, 4, version=2, archs=("sm_90a",))
 TILES: dict[str, list[Tile]] = {
     "mla576": [Tile(32, 16, 2, 4, 4, version=1, sn=2), Tile(32, 16, 2, 4, 3, version=1, sn=2),
                _V1_SM90_TILE, Tile(32, 16, 2, 2, 3), Tile(16, 32, 1, 4, 2), _V2_TILE, _V1_BULK_S8, _V1_BULK_N32,
-               V3_TILE],
+               V3_TILE, V3_WG_TILE],
     # e4m3 caches: 32 tokens (one k step of the e4m3 P.V MMA), S warps 2 (dims) x 2 (tokens) x 2 (M)
     # The e4m3-MMA tile is sm_120's (4 stages, two barriers per tile: two tiles in flight in 91 KB): on sm_90
     # nvcc lowers its MMAs to f16 HMMAs (no e4m3 rate there). The f16 tile keeps Q and P exact (any arch); the H200's
     # default is kernel v2 on wgmma .e4m3 (DEFAULT_TILE).
     "mla576e4m3": [Tile(32, 32, 4, 2, 4, version=1, sn=2, archs=("sm_120a",)), _FP8_F16_TILE,  # f16: the exact one
-                   _V2_FP8_TILE, V3_FP8_TILE],
+                   _V2_FP8_TILE, V3_FP8_TILE, V3_WG_FP8_TILE],
     # 656-byte rows: sm_120's tile on e4m3 MMAs (per-block scales on S's block sums and on P, RoPE in q's type;
     # 4 stages, two tiles in flight, 100,864 B); the f16 tile is the H200's and the exact one
-    "mla576x656": [Tile(32, 32, 4, 2, 4, version=1, sn=2, archs=("sm_120a",)), _FP8_F16_TILE, _V3_656_TILE],
+    "mla576x656": [Tile(32, 32, 4, 2, 4, version=1, sn=2, archs=("sm_120a",)), _FP8_F16_TILE, _V3_656_TILE,
+                   _V3_WG_656_TILE],
     # GQA: the f16 tile with deeper rings than MLA's (a GQA stage is 4.6-17 KB): 6 stages at d128, 4 at d256 (5
     # would pass sm_120's 99 KB), the 3-stage tile kept; d64 on 4 warps (8 would leave each 8 Dv columns, under
     # the n16 pair of ldmatrix .trans: TileFp8F16W4)
@@ -239,7 +250,7 @@ def smem_bytes(tile: Tile, dqk: int, dv: int, shared_kv: bool, kv_bytes: int = 2
         krow = kv_row if kv_row else dqk + kpad   # kv_row: 656-byte rows, unpadded (41 16-byte units, odd)
         stage = tile.block_n * krow + (0 if shared_kv else tile.block_n * (dv + kpad))
         parts = 2 if tile.bars == 1 else 1  # one barrier per tile: two sets of partial scores
-        producer = tile.loader == 2  # kernel v3: 8 staged mask words, FULL + EMPTY mbarriers, no index ring
+        producer = tile.loader >= 2  # kernel v3: 8 staged mask words, FULL + EMPTY mbarriers, no index ring
         spitch = tile.block_n + (4 if parts == 2 else 8)
         part = tile.ksplit * tile.block_m * spitch * 4 * parts
         blocks = bool(kv_row)  # 656-byte rows: P once per 128-column block, 4 side by side
@@ -265,7 +276,7 @@ def _ring_threads(tile: Tile, dqk: int, dv: int, shared_kv: bool, kv_bytes: int,
     """Threads with a kv_indices ring slot (kRingThreads in traits.h): every thread with the bulk loader, else
     the BN x kThreadsPerRow loaders."""
     threads = 32 * tile.num_warps
-    if tile.loader == 2:  # the producer warp reads its indices from global memory
+    if tile.loader >= 2:  # the producer warp has its own index ring
         return 0
     if tile.loader:
         return threads

@@ -47,10 +47,10 @@ class KernelConfig:
             v = getattr(self, name)
             if v & (v - 1):
                 raise ValueError(f"KernelConfig.{name} must be a power of two, got {v}")
-        w = self.num_warps - 1 if self.num_warps > 2 and self.num_warps & 1 else self.num_warps
-        if w & (w - 1):
-            raise ValueError(f"KernelConfig.num_warps must be a power of two, or one more (math warps + a producer "
-                             f"warp), got {self.num_warps}")
+        w = self.num_warps
+        if not any(m >= 1 and not m & (m - 1) for m in (w, w - 1, w - 4)):
+            raise ValueError(f"KernelConfig.num_warps must be a power of two, or one or four more (math warps + a "
+                             f"producer warp or warpgroup), got {self.num_warps}")
         for name, cap in CONFIG_CAPS.items():
             v = getattr(self, name)
             if v > cap:

@@ -136,11 +136,12 @@ def load(arch: str, head: str, dtype: str, layout: str, knockout: int = 0) -> tu
             continue
         kfile, mk, lp = _marked_loop(f, "tile_loops")
         producer = None
-        if tile.loader == 2:  # kernel v3: the producer warp's loop, found from the SASS (bench/model/roles.py)
+        if tile.loader >= 2:  # kernel v3: the producer warp's loop, found from the SASS (bench/model/roles.py)
             from .roles import find_roles
             found = [r for r in find_roles(f, 32 * tile.num_warps, bulk_lanes=min(32, tile.block_n))
                      if r.kind == "producer"]
-            if len(found) != 1 or found[0].warps != (tile.num_warps - 1,):
+            # (the producer warp follows the 8 math warps: LOADER 3's other three producer warps only exit)
+            if len(found) != 1 or found[0].warps != (tile.warps_m * tile.warps_n,):
                 skipped.append((readable, "kernel v3: its producer warp's loop was not found in the SASS"))
                 continue
             producer = found[0].path

@@ -98,6 +98,8 @@ def _getter(env: dict, warp: int):
             return 32 * warp
         neg = o.startswith("!")
         o = o.lstrip("!")
+        if o.endswith(".reuse"):   # an operand-reuse hint (`R2.reuse`) names the same register
+            o = o[:-len(".reuse")]
         if o in ("RZ", "URZ"):
             return 0
         if o in ("PT", "UPT"):
@@ -166,8 +168,8 @@ def reachable(f: Function, warp: int) -> set[int]:
         while 0 <= i < n:
             seen.add(i)
             ins = f.instrs[i]
-            if ins.op in ("EXIT", "RET") and not ins.pred:
-                break
+            if ins.op in ("EXIT", "RET") and (not ins.pred or _decide(ins, env, warp) is True):
+                break   # unconditional, or a guarded exit the warp's own index decides (`@P0 EXIT`, P0 = warp != 8)
             if ins.op in ("BRA", "BRX", "JMP"):
                 tgt = f.labels.get(ins.target) if ins.target else None
                 taken = _decide(ins, env, warp)

@@ -235,7 +235,10 @@ VA_DEVICE void mbarrier_wait(uint64_t* bar, uint32_t parity) {
 }
 VA_DEVICE void bulk_copy_g2s(void* smem_dst, const void* gmem_src, uint32_t bytes, uint64_t* bar) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+  // .shared::cta (PTX 8.6): on sm_120a the .shared::cluster form compiles to a CALL.ABS into a driver routine before
+  // its UBLKCP (ptxas then also ignores setmaxnreg: "compatibility into 'extern' call"); .shared::cta is the UBLKCP
+  // alone there, and the same UBLKCP as before on sm_90a
+  asm volatile("cp.async.bulk.shared::cta.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
                :
                : "r"(detail::smem_u32(smem_dst)), "l"(gmem_src), "r"(bytes), "r"(detail::smem_u32(bar))
                : "memory");

@@ -65,20 +65,23 @@ VA_DEVICE void named_barrier_sync(int id, int count) {
 VA_DEVICE void named_barrier_arrive(int id, int count) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
-// setmaxnreg (sm_90a / sm_100a, warpgroup-wide): a producer warpgroup gives registers back (dec), the math
-// warpgroups take them (inc). https://docs.nvidia.com/cuda/parallel-thread-execution/#miscellaneous-instructions-setmaxnreg
-// Elsewhere (sm_120a has no setmaxnreg) a no-op: the launch's register count stands.
+// setmaxnreg (sm_90a / sm_100a / sm_120a, warpgroup-wide): a producer warpgroup gives registers back (dec), the
+// math warpgroups take them (inc); ptxas allocates the code after an inc up to its count (a kernel launched with 384
+// threads is capped at 168, its math warps' region at the inc's value).
+// https://docs.nvidia.com/cuda/parallel-thread-execution/#miscellaneous-instructions-setmaxnreg
+// Elsewhere a no-op: the launch's register count stands (and ptxas spills what does not fit, which the build
+// report fails).
 template <int kRegs>
 VA_DEVICE void setmaxnreg_inc() {
   static_assert(kRegs >= 24 && kRegs <= 256 && kRegs % 8 == 0, "setmaxnreg: a multiple of 8 in 24..256");
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL) || defined(__CUDA_ARCH_FEAT_SM100_ALL)
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL) || defined(__CUDA_ARCH_FEAT_SM100_ALL) || defined(__CUDA_ARCH_FEAT_SM120_ALL)
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
 #endif
 }
 template <int kRegs>
 VA_DEVICE void setmaxnreg_dec() {
   static_assert(kRegs >= 24 && kRegs <= 256 && kRegs % 8 == 0, "setmaxnreg: a multiple of 8 in 24..256");
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL) || defined(__CUDA_ARCH_FEAT_SM100_ALL)
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL) || defined(__CUDA_ARCH_FEAT_SM100_ALL) || defined(__CUDA_ARCH_FEAT_SM120_ALL)
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
 #endif
 }

@@ -54,9 +54,14 @@ struct TileConfig {
 // each math warp frees a stage on its EMPTY mbarrier (W arrivals, one elected lane per warp) once it has read it;
 // the math warps exchange partial scores and P on named barrier 1 (32 W threads), never a CTA-wide barrier in
 // the main loop, and issue no copy there. Its loop takes one tile at a time (S, softmax, PV between two named
-// barriers: BARS 2), so the math warps hold one stage and STAGES - 1 tiles are in flight. 16-bit MLA rows only
-// (e4m3 and 656-byte rows refused at compile time, traits.h). The tile is selected by its block's warps,
-// kLaunchWarps = W + 1 (m32n16w9s4: 8 math warps and the producer).
+// barriers: BARS 2), so the math warps hold one stage and STAGES - 1 tiles are in flight: 9 warps cap every
+// thread at 168 registers (3 warps on one of the SM's 4 schedulers). MLA rows (16-bit, e4m3, 656-byte). The tile
+// is selected by its block's warps, kLaunchWarps = W + 1 (m32n16w9s4: 8 math warps and the producer).
+// 3, kernel v3 with a producer warpgroup: the same roles, but the producer is a whole warpgroup (warps W .. W + 3;
+// its first warp issues the copies, the other three only give their registers back) that lowers its registers with
+// setmaxnreg.dec (kProducerRegs) so the math warpgroups can raise theirs (setmaxnreg.inc, kMathRegs: 232 at 384
+// threads, sm_90a and sm_120a). With 232 registers the math warps run v1's two-tile loop: S(i+1) under PV(i), Q for
+// two m tiles (Dqk split 4 x tokens 2), two held stages and STAGES - 2 in flight. kLaunchWarps = W + 4 (m32n16w12s4).
 template <int BM_, int BN_, int W_, int STAGES_, int KSPLIT_, int SN_, int FP8_MMA_ = 1, int BARS_ = 2,
           int LOADER_ = 0>
 struct TileConfigV1 {
@@ -70,7 +75,8 @@ struct TileConfigV1 {
   static constexpr int SN = SN_;
   static constexpr int kWarps = W_;
   static constexpr int kThreads = 32 * kWarps;
-  static constexpr int kLaunchWarps = kWarps + (LOADER_ == 2 ? 1 : 0);  // the block: + the producer warp
+  // the block: + the producer warp (LOADER 2), or + the producer warpgroup (LOADER 3)
+  static constexpr int kLaunchWarps = kWarps + (LOADER_ == 2 ? 1 : LOADER_ == 3 ? 4 : 0);
   static constexpr int kVersion = 1;
   // the tile as the host-side tables spell it: WM x WN warps = (W / KSPLIT) x KSPLIT
   static constexpr int WM = W_ / KSPLIT_;
@@ -84,9 +90,10 @@ struct TileConfigV1 {
   static_assert(STAGES >= 3 && STAGES <= 8, "3..8 pipeline stages");
   static_assert(BARS == 2 || (BARS == 1 && STAGES >= 4), "1 barrier per tile needs >= 4 stages, else 2 barriers");
   static_assert(kThreads % BN == 0, "the KV loader gives each tile row kThreads / BN threads");
-  static_assert(LOADER >= 0 && LOADER <= 2, "LOADER: 0 (cp.async chunks), 1 (a bulk copy per row), 2 (producer warp)");
-  static_assert(LOADER != 2 || (BARS == 2 && BN <= 32),
-                "producer warp (v3): two barriers per tile, one producer lane per KV row of a tile");
+  static_assert(LOADER >= 0 && LOADER <= 3,
+                "LOADER: 0 (cp.async chunks), 1 (a bulk copy per row), 2 (producer warp), 3 (producer warpgroup)");
+  static_assert(LOADER < 2 || (BARS == 2 && BN <= 32 && kWarps == 8),
+                "producer warp(group) (v3): 8 math warps, two barriers per tile, one producer lane per KV row of a tile");
 };
 
 // Tile of the v2 kernel (tree_verify_kernel_v2.cuh, sm_90a only: wgmma). BM = 64 rows, one wgmma m64
@@ -163,12 +170,17 @@ template <class Head> struct TilesFor;
 //       one-tile loop keeps S's and PV's fragments apart (v1's two-tile loop with 5 stages for 3 in flight would
 //       need 105,680 B at this split).
 using TileMlaV3 = TileConfigV1<32, 16, 8, 4, 4, 1, 1, 2, 2>;
+//  MLA v3 with a producer warpgroup (LOADER 3): v1's sm_120 tile and loop (32 rows x 16 tokens x 4 stages, S warps 4
+//       (dims) x 2 (tokens), Q 72 registers, two tiles read while two load) on 8 math warps at 232 registers and a
+//       producer warpgroup at 40 (12 warps): KV 4 x 18,688 B + partial scores 12,288 + P 1,536 + stats 384 + 8 mask
+//       words per row 1,024 + 64 B of mbarriers + the producer's index ring 512 = 90,560 B.
+using TileMlaV3Wg = TileConfigV1<32, 16, 8, 4, 4, 2, 1, 2, 3>;
 template <> struct TilesFor<HeadMLA> {
   using type = TileList<TileConfigV1<32, 16, 8, 4, 4, 2>, TileConfigV1<32, 16, 8, 3, 4, 2>,
                         TileConfigV1<32, 32, 8, 4, 4, 2, 1, 1>,
                         TileConfig<32, 16, 2, 2, 3>, TileConfig<16, 32, 1, 4, 2>,
                         TileConfigV2<64, 32, 2, 3>, TileConfigV1<32, 16, 8, 8, 4, 2, 1, 1, 1>,
-                        TileConfigV1<32, 32, 8, 5, 2, 2, 1, 1, 1>, TileMlaV3>;
+                        TileConfigV1<32, 32, 8, 5, 2, 2, 1, 1, 1>, TileMlaV3, TileMlaV3Wg>;
 };
 // e4m3 caches (MLA only): kernel v1 with e4m3 MMAs (m16n8k32) for S and P.V. A 32-token tile is one
 // k step of P.V; a 576-byte row (+16 B pad) makes a 32-token stage 18.5 KB, so 4 stages, two barriers
@@ -185,8 +197,11 @@ using TileFp8F16 = TileConfigV1<32, 32, 8, 3, 2, 2, 0>;
 //  4 x 18,944 B of KV + partial scores 10,240 + P 1,536 + stats and Q scales 512 + 8 mask words per row 1,024 + 64 B
 //  of mbarriers + the producer's index ring 512 = 89,664 B, 3 tiles in flight.
 using TileMlaV3Fp8 = TileConfigV1<32, 32, 8, 4, 2, 2, 1, 2, 2>;
+//  ... and with the producer warpgroup (LOADER 3): v1's e4m3 tile and two-tile loop at 232 registers, 89,664 B.
+using TileMlaV3WgFp8 = TileConfigV1<32, 32, 8, 4, 2, 2, 1, 2, 3>;
 template <> struct TilesForFp8<HeadMLA> {
-  using type = TileList<TileConfigV1<32, 32, 8, 4, 2, 2>, TileFp8F16, TileConfigV2<64, 32, 2, 4>, TileMlaV3Fp8>;
+  using type = TileList<TileConfigV1<32, 32, 8, 4, 2, 2>, TileFp8F16, TileConfigV2<64, 32, 2, 4>, TileMlaV3Fp8,
+                        TileMlaV3WgFp8>;
 };
 // GQA d128 with e4m3 caches: kernel v1's f16 tile (K / V codes to f16 in registers, Q and P in f16), V rows
 // apart from K's: 32 rows x 32 tokens, S split 2 (dims: 64 = 2 steps of 32) x 2 (tokens) x 2 (M), every warp 16
@@ -213,7 +228,7 @@ template <class Head> struct TilesFor656 { using type = TileList<>; };
 // 20,992 B of KV + partial scores 10,240 + P (4 blocks) 4,096 + stats, Q and block scales 1,024 + mask words 1,024 +
 // mbarriers 64 + index ring 512 = 100,928 B, under sm_120's 101,376 by 448.
 template <> struct TilesFor656<HeadMLA> {
-  using type = TileList<TileConfigV1<32, 32, 8, 4, 2, 2>, TileFp8F16, TileMlaV3Fp8>;
+  using type = TileList<TileConfigV1<32, 32, 8, 4, 2, 2>, TileFp8F16, TileMlaV3Fp8, TileMlaV3WgFp8>;
 };
 template <> struct TilesFor<HeadG128> {
   using type = TileList<TileConfig<64, 32, 4, 1, 2>, TileConfig<128, 32, 8, 1, 2>, TileConfigV1<32, 32, 8, 4, 2, 2>>;

@@ -226,8 +226,16 @@ struct KernelTraitsV1 {
   // layout below is theirs) and one producer warp after them, warp kWarps, whose lane r copies row r of every
   // tile. It reads kv_indices itself (no index ring); each stage has a FULL mbarrier (BN arrivals: the
   // producer's lanes, with the row bytes) and an EMPTY one (kWarps arrivals: one lane per math warp).
-  static constexpr bool kProducer = Tile::LOADER == 2;
-  static constexpr int kBlockThreads = kThreads + (kProducer ? 32 : 0);  // the launch's block
+  static constexpr bool kProducer = Tile::LOADER >= 2;
+  // LOADER 3: the producer is a warpgroup (warps kWarps .. kWarps + 3; the first issues the copies), registers moved
+  // to the math warpgroups by setmaxnreg: at 384 threads the launch gives 168 a thread; the producer's four warps
+  // return (168 - 40) x 128 to the CTA's pool, the math warps' eight take (232 - 168) x 256 of it
+  static constexpr bool kProducerWG = Tile::LOADER == 3;
+  static constexpr int kProducerRegs = 40, kMathRegs = 232;
+  static constexpr int kBlockThreads = kThreads + (kProducerWG ? 128 : kProducer ? 32 : 0);  // the launch's block
+  static constexpr int kQFreeThreads = kThreads + 32;  // the Q-stages barrier: the math warps + the issuing warp
+  static_assert(!kProducerWG || (kBlockThreads == 384 && (kProducerRegs * 128 + kMathRegs * 256) <= 65536),
+                "the producer warpgroup's registers: 40 x 128 + 232 x 256 = 64 K, the SM's register file");
   // A K row whose chunk count has no divisor that fits (the 656-byte rows: 41 chunks, a prime) is still spread
   // over kThreads / BN threads: each copies ceil(chunks / threads) chunks, the last one predicated off past the
   // row's end (kChunksTail), instead of one thread per row (warp 0 alone issuing every copy).

@@ -359,7 +359,7 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
       const int32_t id = sPIdx[(t % kLead) * 32 + lane];
       fetch();                            // tile t + kLead's, into the slot just read (an empty group past the end)
       if (t == kQFirst) {
-        arch::named_barrier_sync(kQFreeBarrier, Tr::kBlockThreads);
+        arch::named_barrier_sync(kQFreeBarrier, Tr::kQFreeThreads);
         q_free = true;
       }
       // the math warps released tile t - STAGES (phase t / STAGES - 1 of the stage's EMPTY barrier)
@@ -380,7 +380,7 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
     }
     arch::cp_async_wait<0>();   // no copy left in flight into the ring at exit
     // a split of kQFirst tiles or fewer never copies into the Q stages: the generation still needs this warp
-    if (!q_free) arch::named_barrier_sync(kQFreeBarrier, Tr::kBlockThreads);
+    if (!q_free) arch::named_barrier_sync(kQFreeBarrier, Tr::kQFreeThreads);
   };
 
   // ---- prologue: the Q tile is staged in the last kQStages pipeline stages,
@@ -397,7 +397,16 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
         arch::mbarrier_init(sEmpty + s, Tr::kWarps);  // EMPTY: one lane per math warp
       }
     arch::block_sync();  // initialised before any thread arrives or copies: the CTA's only block-wide barrier
-    if (warp == Tr::kWarps) {
+    if constexpr (Tr::kProducerWG) {
+      // the producer warpgroup gives registers back, its first warp produces, the other three are done; the math
+      // warpgroups take them (the inc waits until the CTA's pool has them)
+      if (warp >= Tr::kWarps) {
+        arch::setmaxnreg_dec<Tr::kProducerRegs>();
+        if (warp == Tr::kWarps) produce();
+        return;
+      }
+      arch::setmaxnreg_inc<Tr::kMathRegs>();
+    } else if (warp == Tr::kWarps) {
       produce();
       return;
     }
@@ -445,9 +454,10 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
   // the RoPE dims 512 + 32 ws_k .. + 31 (qr: two k16 steps in q's type on K's bf16 RoPE values, Q unscaled:
   // the RoPE scores are multiplied by the rows' 1 / Q scale, qinv, when they join the blocks' sums)
   [[maybe_unused]] uint32_t qr[Tr::kMla656 ? Tr::kSMT : 1][2][4];
-  // kLean (v3: 9 warps leave 168 registers a thread): values v1 holds across the loop are re-derived where they are
-  // used, with the same arithmetic (the same bits): qinv from sQScale, the blocks' P factors from sScl and blk_ref
-  constexpr bool kLean = Tr::kProducer;
+  // kLean (v3 with one producer warp: 9 warps leave 168 registers a thread): values v1 holds across the loop are
+  // re-derived where they are used, with the same arithmetic (the same bits): qinv from sQScale, the blocks' P factors
+  // from sScl and blk_ref. (The producer warpgroup's math warps have 232: they hold them as v1 does.)
+  constexpr bool kLean = Tr::kProducer && !Tr::kProducerWG;
   [[maybe_unused]] float qinv[Tr::kMla656 && !kLean ? Tr::kSMT : 1][2];
   // first head dim of this warp's S step kk
   auto s_dim0 = [&](int kk) { return Tr::kMla656 ? 2 * Tr::k656Block * ws_k + 32 * kk : ws_k * Tr::kSDims + kk * 32; };
@@ -525,7 +535,7 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
   // the staging stages are free again: needed only when a prologue tile refills them here; else
   // the first refill (tile STAGES - 1, in the main loop) comes after the loop's own barriers
   if constexpr (Tr::kProducer) {
-    arch::named_barrier_arrive(kQFreeBarrier, Tr::kBlockThreads);  // v3: the producer may refill them
+    arch::named_barrier_arrive(kQFreeBarrier, Tr::kQFreeThreads);  // v3: the producer may refill them
   } else {
     if constexpr (kFirst < STAGES - 1) arch::block_sync();
 #pragma unroll
@@ -985,7 +995,42 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
       }
   };
 
-  if constexpr (Tr::kProducer) {
+  if constexpr (Tr::kProducerWG) {
+    // ---- v3 with a producer warpgroup: v1's two-barrier loop. Iteration it: S(it + 1) | PV(it) with the softmax of
+    // it + 1. Barrier 1 publishes P(it) and alpha(it) (and orders the softmax's reads of the partial scores of it
+    // before S(it + 1) writes them); barrier 2 the partial scores of it + 1 (and orders PV(it)'s reads of P before the
+    // softmax of it + 1 writes it). The math warps read tiles it and it + 1; tile it's stage is released once PV has
+    // its V fragments, so STAGES - 2 tiles are in flight.
+    wait_tile(0);  // FULL: tile 0's rows (the producer's zero rows too: its arrive releases them)
+    {
+      SAcc sacc;
+      s_mma(0, sacc, [] {});
+      s_store(sacc, 0);
+    }
+    math_sync();
+    if (tile_masked(0)) softmax(0, std::true_type{}); else softmax(0, std::false_type{});
+    for (int it = 0; it < ntiles; ++it) {  // sass-model: tile-loop
+      const bool has_next = it + 1 < ntiles;
+      if (has_next) wait_tile(it + 1);  // FULL: tile it + 1's rows (every math thread waits itself)
+      math_sync();
+      SAcc sacc;
+      if (has_next) s_mma(it + 1, sacc, [] {});  // the tensor pipe starts right after the barrier
+      pv_load(it);    // P(it) was published by the barrier above
+      release(it);    // V(it) is in registers: the producer may refill the stage
+      rescale_o(it);  // alpha(it) too; the FMULs fill the wait for the S results
+      if (has_next) s_store(sacc, it + 1);
+      math_sync();    // partial scores of tile it + 1 published
+      if (has_next && tile_masked(it + 1)) {  // sass-model: cold
+        pv_mma();
+        softmax(it + 1, std::true_type{});
+      } else if (!has_next) {  // sass-model: cold
+        pv_mma();
+      } else {  // sass-model: hot
+        pv_mma();  // the tensor pipe works on PV(it) while the softmax of it + 1 waits on its latencies
+        softmax(it + 1, std::false_type{});
+      }
+    }
+  } else if constexpr (Tr::kProducer) {
     // ---- v3: one tile at a time. S(it) -> partial scores | softmax(it) -> P(it), alpha(it) | PV(it). Barrier 1
     // publishes the partial scores (and orders the last PV's reads of P before this softmax writes it), barrier 2
     // P and alpha (and the softmax's reads of the partial scores before the next S writes them). Tile it's stage

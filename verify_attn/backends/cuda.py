@@ -113,10 +113,11 @@ def default_config(p: Problem) -> KernelConfig:
 
 
 KERNEL_VERSIONS = {"v0": 0, "v1": 1, "v2": 2}
-# kernel v3 for sm_120 (issue 39: a producer warp on FULL / EMPTY mbarriers, 8 math warps on mma.sync), pinned by
-# name for every format: the head's producer-warp tile. On the H200 it is the proxy of the sm_120 kernel (the same
-# source built for sm_90a), never the Hopper v3; its 656-byte-row tile is sm_120a's alone (the H200 runs it
-# under VERIFY_ATTN_ANY_TILE_ARCH=1, for correctness).
+# kernel v3 for sm_120 (issue 39: a producer on FULL / EMPTY mbarriers, 8 math warps on mma.sync), pinned by name for
+# every format: the head's producer-warpgroup tile (LOADER 3: setmaxnreg gives the math warps 232 registers and v1's
+# two-tile loop), else its one-producer-warp tile. On the H200 it is the proxy of the sm_120 kernel (the same source
+# built for sm_90a), never the Hopper v3; its 656-byte-row tiles are sm_120a's alone (the H200 runs them under
+# VERIFY_ATTN_ANY_TILE_ARCH=1, for correctness).
 V3_SM120 = "v3-sm120"
 PINNED_NAMES = (*KERNEL_VERSIONS, V3_SM120)
 # cuda@m32n16w8s8: one compiled tile pinned by (block_m, block_n, num_warps, num_stages), the heuristic's splits
@@ -137,7 +138,8 @@ def version_config(p: Problem, version: str) -> KernelConfig:
         raise ValueError(f"cuda backend: no kernel for Dqk={p.head_dim_qk} Dv={p.head_dim_v}")
     arch = vdevice.props_for(p.device).arch
     if version == V3_SM120:
-        t = next((x for x in vb.TILES[head] if x.loader == 2), None)
+        t = next((x for x in vb.TILES[head] if x.loader == 3), None) or next(
+            (x for x in vb.TILES[head] if x.loader == 2), None)
         if t is None:
             raise LookupError(f"no {V3_SM120} tile compiled for {head} (kernel v3 runs MLA rows only)")
         cfg = KernelConfig(block_m=t.block_m, block_n=t.block_n, num_warps=t.num_warps, num_stages=t.num_stages)
