@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from bench import gpu_check
-from bench import verify as bv
+from bench.gpu_run import gpu_check
+from bench.benchmark import verify as bv
 
 
 def _one_line_error(capsys, main, argv, prog, msg):
@@ -148,7 +148,7 @@ def test_bench_and_integration_tools_refuse(capsys, module, argv, msg):
 
 
 def test_emu_sweep_refusal_names_the_program(capsys):
-    from bench import emu_sweep
+    from bench.studies import emu_sweep
     assert emu_sweep.main(["--cases", "0"]) == 2
     assert capsys.readouterr().err == "python -m bench.emu_sweep: error: --cases must be >= 1, got 0\n"
 

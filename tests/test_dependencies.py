@@ -127,7 +127,7 @@ def test_one_cache_rule(monkeypatch, tmp_path):
     """Every cache (emulator builds, build report, cubins, ceilings, autotune) is under one root:
     $VERIFY_ATTN_CACHE, else $XDG_CACHE_HOME/verify_attn, else ~/.cache/verify_attn."""
     from autotune.cache import default_cache_path
-    from bench import ceilings
+    from bench.core import ceilings
     from verify_attn.backends import cuda_emu
     from verify_attn.utils import cache_dir
     monkeypatch.delenv("VERIFY_ATTN_CACHE", raising=False)

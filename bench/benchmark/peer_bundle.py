@@ -1,4 +1,4 @@
-"""Where the Hopper peers' kernels come from (bench/peers.py runs them), and the bundle that carries them.
+"""Where the Hopper peers' kernels come from (bench/benchmark/peers.py runs them), and the bundle that carries them.
 
 Each kernel is found in its own package where a user has one (`sglang-kernel`'s `sgl_kernel.flash_attn`;
 `sgl-flash-mla`'s or FlashMLA's `flash_mla`), else in the carried bundle that
@@ -19,9 +19,9 @@ import sys
 from pathlib import Path
 from typing import Callable, Collection, Optional
 
-from bench.peers import MLA_DV, Fa3Fn, MlaFn, fa3_mla_prepare, flashmla_prepare
+from bench.benchmark.peers import MLA_DV, Fa3Fn, MlaFn, fa3_mla_prepare, flashmla_prepare
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 BUNDLE_ENV = "VERIFY_ATTN_PEERS"              # the carried bundle folder (build_peers.sh's $OUT)
 DEFAULT_BUNDLE = REPO / ".carry" / "peers"
 MANIFEST = "manifest.json"                     # written by `python -m bench.peer_bundle --stage`

@@ -20,7 +20,7 @@
   prefix pass alone is timed apart as the row's `parts_us["prefix"]`: the speed-of-light reference for the
   prefix part.
 
-The kernels themselves are found by bench/peer_bundle.py (their packages, else the carried bundle).
+The kernels themselves are found by bench/benchmark/peer_bundle.py (their packages, else the carried bundle).
 
 The plumbing (page tables, sequence lengths, q split, block tables, layouts, merge) is plain torch taking the
 kernel as an argument, so tests/test_peers.py checks it on the CPU with stand-ins that compute what the

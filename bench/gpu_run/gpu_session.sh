@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The whole GPU session in one call (the device tool runs it from the repo root; see bench/gpu_check.py):
+# The whole GPU session in one call (the device tool runs it from the repo root; see bench/gpu_run/gpu_check.py):
 #   bash bench/gpu_session.sh [budget_s [gpu_check args...]]   (carry: tests/sglang_ref, .carry)
 #   e.g. bash bench/gpu_session.sh 320 --only build,tests,knockout,headline --knockout
 # - .carry/cache: VERIFY_ATTN_CACHE with the sm_90a cubins the model stage reads, built on the CPU machine
@@ -8,7 +8,7 @@
 #   machine against the device's torch by the team's shared/tools/peers/build_peers.sh, staged with
 #   `python -m bench.peer_bundle --stage <its OUT>` (~33 MB; the whole carry stays under 64 MiB). Set up as its README
 #   says: FlashInfer unzipped to /tmp/fi, its small wheels installed offline, the bundle on PYTHONPATH
-#   (bench/peer_bundle.py finds it through VERIFY_ATTN_PEERS). Absent: the peers stages' rows say why.
+#   (bench/benchmark/peer_bundle.py finds it through VERIFY_ATTN_PEERS). Absent: the peers stages' rows say why.
 # - nvidia-smi samples clocks, power and temperature once a second while it runs (the model's clock input)
 # - everything lands in $OUT: gpu_check_results.tar.gz, gpu_check.json, gpu_check_stdout.log, smi.csv
 set -uo pipefail

@@ -24,17 +24,17 @@ from typing import Callable, Optional
 
 import torch
 
-from bench import roofline as rl
-from bench.inputs import ALLOC_MODES, TREE_SHAPES, make_trees
-from bench.measure import Row, Timer, run_combo, run_cpu_reference
-from bench.timing import Timing, time_cuda
+from bench.core import roofline as rl
+from bench.core.inputs import ALLOC_MODES, TREE_SHAPES, make_trees
+from bench.core.measure import Row, Timer, run_combo, run_cpu_reference
+from bench.core.timing import Timing, time_cuda
 from verify_attn import device as vdevice
 from verify_attn.fp8 import kv_row_bytes
 from verify_attn.shapes import PRESETS, HeadShape, custom_shape, get_shape
 from verify_attn.tree import MAX_CHECKED_NODES
 from verify_attn.utils import dash_values, parse_ctx, parse_int_list, parse_tokens, usage_error
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 RESULTS_DIR = REPO / "bench" / "results"
 NOT_TIMED_ON_GPU = ("reference", "cuda-emu")   # the float64 reference and the CPU emulation
 BASELINE = "triton-serial"
@@ -87,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "on GPU the reference and cuda-emu are not timed; sglang-extend joins when SGLang is installed, "
                     "flashinfer-mla when FlashInfer is (chains only: its MLA wrapper takes no tree mask), fa3-mla (FA3 along "
                     "SGLang's Hopper tree-verify path) and flashmla (its dense decode over the prefix + a torch tree "
-                    "part) from their packages or the carried bundle (bench/peers.py, bench/peer_bundle.py))")
+                    "part) from their packages or the carried bundle (bench/benchmark/peers.py, bench/benchmark/peer_bundle.py))")
     ap.add_argument("--dtype", default="bf16", choices=sorted(DTYPES), help="q (and 16-bit cache) dtype")
     ap.add_argument("--kv-dtype", default=None, choices=KV_DTYPE_CHOICES,
                     help="KV cache storage: fp8_e4m3 (1 B/value, per-tensor scales), fp8_mla656 (FlashMLA's 656-B "
@@ -190,7 +190,7 @@ def gpu_devices(measure: bool) -> tuple[list[rl.Device], Optional[str], list[str
     primary = rl.match_reference(name).name if rl.match_reference(name) else None
     if measure:
         try:
-            from bench.ceilings import get_ceilings
+            from bench.core.ceilings import get_ceilings
             c = get_ceilings()
             dev = rl.device_from_ceilings(name, c, props.sm_count, l2_mb)
             devs.append(dev)
@@ -260,7 +260,7 @@ def check_limits(a: argparse.Namespace, shape: HeadShape, ctxs: list[int], nodes
             for lay, ps in layouts:
                 sets = 1
                 if device:   # the GPU path keeps rotating input sets resident (bench.timing.rotation_sets)
-                    from bench.timing import rotation_sets
+                    from bench.core.timing import rotation_sets
                     set_b = rl.count_shape(shape, [ctx] * a.batch, make_trees(n, a.tree_shape, a.batch),
                                            elem_bytes=elem, page_size=ps).total_bytes
                     sets = rotation_sets(set_b, l2 or int(50e6))
@@ -315,7 +315,7 @@ def sweep(a: argparse.Namespace, *, kernel_device: Optional[str] = None, timer: 
     devices, primary, notes = gpu_devices(measure=gpu and not a.no_ceilings)
     outside: dict = {}
     if kdev:
-        from bench.baselines import outside_baselines
+        from bench.benchmark.baselines import outside_baselines
         from verify_attn import available_backends
         outside, bnotes = outside_baselines(asked or None)   # only what was asked is looked for
         notes += bnotes
@@ -332,7 +332,7 @@ def sweep(a: argparse.Namespace, *, kernel_device: Optional[str] = None, timer: 
             notes.append(f"no GPU: only the float64 reference is timed (on CPU); --backend {a.backend} ignored")
             peers = [n for n in asked if n in OUTSIDE_BASELINES]
             if peers:
-                from bench.baselines import outside_baselines
+                from bench.benchmark.baselines import outside_baselines
                 _, bnotes = outside_baselines(peers)
                 for n in peers:
                     why = next((x.split(": ", 1)[1] for x in bnotes if x.startswith(n + ": ")), "")
@@ -437,7 +437,7 @@ def _beside_measurements(model: list[dict], shape: HeadShape, dtype: torch.dtype
                          kv_dtype: Optional[str], tree_shape: str, notes: list[str]) -> None:
     """Each model row gets the last committed measurement of its shape per device (bench/results/, every kernel
     measured there: bench.measured) and each prediction its kernel and --validate's verdict on that kernel."""
-    from bench import measured as bm
+    from bench.benchmark import measured as bm
     if not model:
         return
     dt = "bf16" if dtype == torch.bfloat16 else "fp16"
@@ -522,7 +522,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         payload = sweep(a)
     except ValueError as e:   # one line naming the flag, argparse's status 2 (no usage block)
         raise usage_error(f"{ap.prog}: error: {e}") from None
-    from bench.report import print_report, write_csv
+    from bench.benchmark.report import print_report, write_csv
     print_report(payload)
     if a.json:
         Path(a.json).write_text(json.dumps(payload, indent=2))
@@ -530,7 +530,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         write_csv(payload, a.csv)
     if a.plot:
         try:
-            from bench.plot import plot_results
+            from bench.benchmark.plot import plot_results
         except ImportError as e:  # matplotlib is optional on the GPU machine
             print(f"note: --plot skipped ({e})")
         else:

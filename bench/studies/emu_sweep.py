@@ -76,7 +76,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     if a.cases < 1:
         print(f"python -m bench.emu_sweep: error: --cases must be >= 1, got {a.cases}", file=sys.stderr)
         return 2
-    tests = Path(__file__).resolve().parent.parent / "tests"
+    tests = Path(__file__).resolve().parents[2] / "tests"
     if not (tests / "cases.py").exists():
         print(f"bench.emu_sweep needs the test suite's case builder ({tests / 'cases.py'}): run it from a checkout",
               file=sys.stderr)

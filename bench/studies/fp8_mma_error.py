@@ -77,7 +77,7 @@ def main(argv=None) -> int:
         raise err(f"--logit-std: positive numbers, got {a.logit_std!r}")
     if a.tokens < 1:
         raise err(f"--tokens must be >= 1, got {a.tokens}")
-    from bench.fp8_accuracy import _fits
+    from bench.studies.fp8_accuracy import _fits
     try:
         _fits(a.tokens, 16)
     except ValueError as e:

@@ -26,7 +26,7 @@ import sys
 
 import torch
 
-from bench.inputs import make_trees
+from bench.core.inputs import make_trees
 from verify_attn import fp8
 from verify_attn.api import build_problem
 from verify_attn.layouts import lay_out
@@ -98,7 +98,7 @@ def measure(ctx: int, nodes: int, dist: str, seed: int = 0) -> dict:
 
 def _fits(ctx: int, tree: int) -> None:
     """ValueError with the figure when the float64 reference and the caches at `ctx` cannot fit this machine."""
-    from bench.verify import available_bytes, point_bytes
+    from bench.benchmark.verify import available_bytes, point_bytes
     from verify_attn.shapes import get_shape
     need, have = 3 * point_bytes(get_shape("kimi-k2-tp8"), ctx, tree, 1, 1, 2, 1), available_bytes(None)
     if have is not None and need > 0.9 * have:   # x3: the bf16 cache, its two fp8 copies, their references

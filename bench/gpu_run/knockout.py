@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 STEM = "mla576_bf16_page1"
 NAMES = {0: "full kernel", 1: "no KV copies", 2: "no index loads", 3: "no copies, no index", 4: "no exchange (v2)",
          5: "no copies, no exchange", 6: "no index, no exchange", 7: "compute only", 8: "no L2 prefetch (v2)"}
@@ -102,9 +102,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 2
     built = build(variants)
 
-    from bench.inputs import make_inputs, make_trees
-    from bench.measure import compare, problem_of
-    from bench.timing import rotation_sets, time_cuda
+    from bench.core.inputs import make_inputs, make_trees
+    from bench.core.measure import compare, problem_of
+    from bench.core.timing import rotation_sets, time_cuda
     from verify_attn import device as vdevice
     from verify_attn.backends import cuda as vcuda
     from verify_attn.backends import get_backend

@@ -32,8 +32,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     if not torch.cuda.is_available():
         print("bench.ncu_probe: no CUDA device", file=sys.stderr)
         return 2
-    from bench.inputs import make_inputs, make_trees
-    from bench.measure import problem_of
+    from bench.core.inputs import make_inputs, make_trees
+    from bench.core.measure import problem_of
     from verify_attn.backends import get_backend
     from verify_attn.backends.cuda import version_config
     from verify_attn.shapes import get_shape
