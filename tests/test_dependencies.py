@@ -180,3 +180,28 @@ def test_integration_command_lines_keep_their_paths(capsys):
     assert r.returncode == 0 and "usage: python -m integration.decode" in r.stdout, r.stderr[-500:]
     from integration.sglang_compat import extend_attention_fwd, verify_only   # the README's drop-in import
     assert callable(extend_attention_fwd) and callable(verify_only)
+
+
+BENCH_COMMANDS = {"verify": "benchmark", "peer_bundle": "benchmark", "ceilings": "core", "gpu_check": "gpu_run",
+                  "knockout": "gpu_run", "ncu_probe": "gpu_run", "fp8_accuracy": "studies",
+                  "fp8_mma_error": "studies", "emu_sweep": "studies", "overhead": "studies"}
+
+
+def test_bench_command_lines_keep_their_paths(capsys):
+    """`python -m bench.<tool>` and `bash bench/gpu_session.sh` keep working after the move into rooms: the module
+    at the old path is the room's module's main (and its public names)."""
+    import importlib
+    import subprocess
+    for mod, room in BENCH_COMMANDS.items():
+        old, new = importlib.import_module(f"bench.{mod}"), importlib.import_module(f"bench.{room}.{mod}")
+        assert old.main is new.main, mod
+        with pytest.raises(SystemExit) as e:
+            old.main(["--help"])
+        assert e.value.code == 0 and f"usage: python -m bench.{mod}" in capsys.readouterr().out, mod
+    for mod in ("verify", "gpu_check"):   # a module and the folder form (bench/gpu_check/__main__.py)
+        r = subprocess.run([sys.executable, "-m", f"bench.{mod}", "--help"], capture_output=True, text=True,
+                           cwd=REPO, timeout=300)
+        assert r.returncode == 0 and f"usage: python -m bench.{mod}" in r.stdout, r.stderr[-500:]
+    shim = (REPO / "bench" / "gpu_session.sh").read_text()
+    assert 'exec bash "$(dirname "$0")/gpu_run/gpu_session.sh" "$@"' in shim
+    assert (REPO / "bench" / "gpu_run" / "gpu_session.sh").is_file()
