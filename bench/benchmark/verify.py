@@ -27,6 +27,7 @@ import torch
 from bench.core import roofline as rl
 from bench.core.inputs import ALLOC_MODES, TREE_SHAPES, make_trees
 from bench.core.measure import Row, Timer, run_combo, run_cpu_reference
+from bench.core.memory import available_bytes, fit_error, point_bytes, sweep_bytes  # noqa: F401
 from bench.core.timing import Timing, time_cuda
 from verify_attn import device as vdevice
 from verify_attn.fp8 import kv_row_bytes
@@ -208,36 +209,6 @@ def l2_bytes() -> int:
 
 # ---------------------------------------------------------------- what a run allocates
 
-def point_bytes(shape: HeadShape, ctx: int, nodes: int, batch: int, page_size: int, elem: int, n_sets: int) -> int:
-    """An upper estimate of the peak bytes one (ctx, tree, layout) point allocates on its device: `n_sets` input
-    sets (each KV pool 1.5x its rows for spare slots, plus the logical rows it is laid out from, page rounding,
-    q), the float64 reference's working set of one request (8,192-token chunks of scores, K and V) and the
-    outputs. fp8 caches are made from a 16-bit one of `elem` bytes per value, so they count as that."""
-    from verify_attn.reference import CHUNK
-    hkv, d_kv = shape.num_kv_heads, shape.head_dim_qk + (0 if shape.mla else shape.head_dim_v)
-    rows = batch * (ctx + nodes + page_size)
-    kv_set = int(2.5 * rows * hkv * d_kv * elem)
-    q = batch * nodes * shape.num_q_heads * shape.head_dim_qk * elem
-    r, c = shape.num_q_heads // hkv * nodes, min(ctx + nodes, CHUNK)
-    ref = 8 * (4 * hkv * r * c + 2 * c * hkv * (shape.head_dim_qk + shape.head_dim_v) + 3 * hkv * r * shape.head_dim_v
-               + batch * nodes * shape.num_q_heads * (shape.head_dim_qk + 2 * shape.head_dim_v))
-    outs = n_sets * batch * nodes * shape.num_q_heads * shape.head_dim_v * elem
-    return n_sets * (kv_set + q) + ref + outs
-
-
-def available_bytes(device: Optional[str]) -> Optional[int]:
-    """Free memory on the device a run allocates on: the GPU's free memory, or the host's MemAvailable."""
-    if device == "cuda":
-        return torch.cuda.mem_get_info()[0]
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
 def check_limits(a: argparse.Namespace, shape: HeadShape, ctxs: list[int], nodes_list: list[int],
                  layouts: list[tuple[str, int]], dtype: torch.dtype, alloc_ctxs: list[int],
                  device: Optional[str], l2: Optional[int] = None) -> None:
@@ -253,25 +224,12 @@ def check_limits(a: argparse.Namespace, shape: HeadShape, ctxs: list[int], nodes
         raise ValueError(f"--ctx {max(ctxs):,}: a request's KV length must stay below 2^31 tokens (int32 indices)")
     if not alloc_ctxs:
         return
-    elem = rl.dtype_bytes(dtype)
-    need, where = 0, ""
-    for ctx in alloc_ctxs:
-        for n in nodes_list:
-            for lay, ps in layouts:
-                sets = 1
-                if device:   # the GPU path keeps rotating input sets resident (bench.timing.rotation_sets)
-                    from bench.core.timing import rotation_sets
-                    set_b = rl.count_shape(shape, [ctx] * a.batch, make_trees(n, a.tree_shape, a.batch),
-                                           elem_bytes=elem, page_size=ps).total_bytes
-                    sets = rotation_sets(set_b, l2 or int(50e6))
-                b = point_bytes(shape, ctx, n, a.batch, ps, elem, sets)
-                if b > need:
-                    need, where = b, f"--ctx {ctx:,} --tree {n} --batch {a.batch} ({lay})"
-    have = available_bytes(device)
-    if have is not None and need > 0.9 * have:
-        raise ValueError(f"{where} would allocate ~{need / 1e9:,.1f} GB on the {device or 'cpu'} (inputs and the "
-                         f"float64 reference), more than the {have / 1e9:,.1f} GB available: lower --ctx, --tree or "
-                         f"--batch{'' if device else ' (or --cpu-ctx-cap)'}")
+    need, where = sweep_bytes(shape, alloc_ctxs, nodes_list, layouts, a.batch, a.tree_shape, rl.dtype_bytes(dtype),
+                              device, l2)
+    why = fit_error(where, need, available_bytes(device), device, "inputs and the float64 reference",
+                    f"lower --ctx, --tree or --batch{'' if device else ' (or --cpu-ctx-cap)'}")
+    if why:
+        raise ValueError(why)
 
 
 # ---------------------------------------------------------------- the sweep

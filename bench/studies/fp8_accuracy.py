@@ -98,12 +98,14 @@ def measure(ctx: int, nodes: int, dist: str, seed: int = 0) -> dict:
 
 def _fits(ctx: int, tree: int) -> None:
     """ValueError with the figure when the float64 reference and the caches at `ctx` cannot fit this machine."""
-    from bench.benchmark.verify import available_bytes, point_bytes
+    from bench.core.memory import available_bytes, fit_error, point_bytes
     from verify_attn.shapes import get_shape
-    need, have = 3 * point_bytes(get_shape("kimi-k2-tp8"), ctx, tree, 1, 1, 2, 1), available_bytes(None)
-    if have is not None and need > 0.9 * have:   # x3: the bf16 cache, its two fp8 copies, their references
-        raise ValueError(f"--ctx {ctx:,} would allocate ~{need / 1e9:,.1f} GB (caches and the float64 reference), "
-                         f"more than the {have / 1e9:,.1f} GB available")
+    # x3: the bf16 cache, its two fp8 copies, their references
+    need = 3 * point_bytes(get_shape("kimi-k2-tp8"), ctx, tree, 1, 1, 2, 1)
+    why = fit_error(f"--ctx {ctx:,}", need, available_bytes(None), None, "caches and the float64 reference",
+                    "lower --ctx")
+    if why:
+        raise ValueError(why)
 
 
 def main(argv=None) -> int:
