@@ -160,3 +160,41 @@ def test_integration_tool_errors_name_the_program():
     r = subprocess.run([sys.executable, "-m", "integration.decode", "--tp", "0"], capture_output=True, text=True,
                        cwd=Path(__file__).resolve().parent.parent, timeout=120)
     assert r.returncode == 2 and r.stderr == "python -m integration.decode: error: --tp must be >= 1\n", r.stderr
+
+
+MODEL = "python -m bench.model"
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["--ctx", "-5k"], "--ctx: not a token count: '-5k'"),     # argparse would say "expected one argument"
+    (["--ctx=-5k"], "--ctx: not a token count: '-5k'"),
+    (["--tree", "300"], "--tree 300: at most 256 nodes per request"),
+    (["--tree", "16,1000"], "--tree 1000: at most 256 nodes per request"),
+])
+def test_bench_model_refuses_as_bench_verify_does(capsys, argv, msg):
+    """The same one-line messages as bench.verify's (shared helpers: verify_attn.utils.flag_value, dash_values;
+    verify_attn.tree.check_tree_sizes), before any cubin is built."""
+    from bench.model.__main__ import main
+    _one_line_error(capsys, main, argv + ["--arch", "sm_120a", "--no-bands"], MODEL, msg)
+
+
+def test_gpu_check_only_of_an_unknown_stage_names_the_program(capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("OUT", str(tmp_path / "o"))
+    _one_line_error(capsys, gpu_check.main, ["--dry-run", "--only", "BOGUS"], GPU_CHECK,
+                    "--only: unknown stage(s) BOGUS; known: build, tests,")
+
+
+def test_autotune_refuses_a_run_that_cannot_fit_the_gpu(capsys, monkeypatch):
+    """A measured tuning run makes bench.verify's inputs: the same estimate (bench.core.memory), refused with the
+    figure before anything is allocated (here: a GPU with 100 MB free)."""
+    import torch
+
+    from autotune.__main__ import main
+    from bench.core import memory
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(memory, "available_bytes", lambda device: 1e8 if device == "cuda" else None)
+    assert main(["--arch", "sm_90a", "--ctx", "185k", "--tree", "16,64"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"{AUTOTUNE}: error: --ctx 185,000 --tree 64 --batch 1 (page 1) "
+                                                   "would allocate ~"), err
+    assert "GB on the cuda (inputs and the float64 reference), more than the 0.1 GB available: lower --ctx" in err

@@ -32,8 +32,8 @@ from bench.core.timing import Timing, time_cuda
 from verify_attn import device as vdevice
 from verify_attn.fp8 import kv_row_bytes
 from verify_attn.shapes import PRESETS, HeadShape, custom_shape, get_shape
-from verify_attn.tree import MAX_CHECKED_NODES
-from verify_attn.utils import dash_values, parse_ctx, parse_int_list, parse_tokens, usage_error
+from verify_attn.tree import MAX_CHECKED_NODES, check_tree_sizes
+from verify_attn.utils import dash_values, flag_value, parse_ctx, parse_int_list, parse_tokens, usage_error
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS_DIR = REPO / "bench" / "results"
@@ -215,9 +215,7 @@ def check_limits(a: argparse.Namespace, shape: HeadShape, ctxs: list[int], nodes
     """Refuse, before anything is allocated, sizes the kernels do not take and runs that cannot fit the memory
     of the device they allocate on (ValueError naming the flag and the figure). `alloc_ctxs`: the contexts
     whose inputs are really made (on the CPU only those timed by the reference)."""
-    if max(nodes_list) > MAX_TREE_NODES:
-        raise ValueError(f"--tree {max(nodes_list)}: at most {MAX_TREE_NODES} nodes per request (the largest tree "
-                         "the kernels are checked at)")
+    check_tree_sizes(nodes_list)
     if a.batch > MAX_BATCH:
         raise ValueError(f"--batch {a.batch}: at most {MAX_BATCH:,} requests per call (the CUDA kernels' grid)")
     if max(ctxs) + max(nodes_list) > MAX_KV_LEN:
@@ -353,12 +351,7 @@ def sweep(a: argparse.Namespace, *, kernel_device: Optional[str] = None, timer: 
     }
 
 
-def _flag(parse: Callable, value: str, flag: str):
-    """parse(value), its ValueError naming `flag`."""
-    try:
-        return parse(value)
-    except ValueError as e:
-        raise ValueError(f"{flag}: {e}") from None
+_flag = flag_value   # parse(value), its ValueError naming the flag (verify_attn.utils; bench.model's too)
 
 
 def model_rows(shape: HeadShape, combos: list, dtype: torch.dtype, batch: int, notes: list[str],

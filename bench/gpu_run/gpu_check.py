@@ -428,8 +428,9 @@ def select(stages: list[Stage], a: argparse.Namespace) -> list[Stage]:
         keep = {s.strip() for s in a.only.split(",")}
         unknown = keep - {s.name for s in stages}
         if unknown:
-            raise SystemExit(f"--only: unknown stage(s) {', '.join(sorted(unknown))}; "
-                             f"known: {', '.join(s.name for s in stages)}")
+            from verify_attn.utils import usage_error   # one line with the program's name, status 2
+            raise usage_error(f"python -m bench.gpu_check: error: --only: unknown stage(s) {', '.join(sorted(unknown))}; "
+                              f"known: {', '.join(s.name for s in stages)}")
         stages = [s for s in stages if s.name in keep]
     if a.skip:
         drop = {s.strip() for s in a.skip.split(",")}

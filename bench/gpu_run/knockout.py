@@ -72,6 +72,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--versions", default="v2,v1", help="pinned kernel versions to time")
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--json", metavar="PATH", help="write the rows as JSON")
+    from verify_attn.tree import check_tree_sizes
     from verify_attn.utils import dash_values, parse_int_list, parse_tokens, usage_error
     a = dash_values(ap).parse_args(argv)
     import torch
@@ -91,8 +92,10 @@ def main(argv: Optional[list[str]] = None) -> int:
             raise ValueError(f"--ctx: {e}") from None
     except ValueError as e:
         raise err(e) from None
-    if max(trees) > 256:
-        raise err(f"--tree {max(trees)}: at most 256 nodes per request (the largest tree the kernels are checked at)")
+    try:
+        check_tree_sizes(trees)
+    except ValueError as e:
+        raise err(e) from None
     if a.reps < 1:
         raise err(f"--reps must be >= 1, got {a.reps}")
     if a.json and not Path(a.json).resolve().parent.is_dir():
