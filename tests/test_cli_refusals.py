@@ -198,3 +198,24 @@ def test_autotune_refuses_a_run_that_cannot_fit_the_gpu(capsys, monkeypatch):
     assert err.count("\n") == 1 and err.startswith(f"{AUTOTUNE}: error: --ctx 185,000 --tree 64 --batch 1 (page 1) "
                                                    "would allocate ~"), err
     assert "GB on the cuda (inputs and the float64 reference), more than the 0.1 GB available: lower --ctx" in err
+
+
+@pytest.mark.parametrize("module,argv,msg", [
+    ("integration.decode", ["--model", "kimi-k2-tp8", "--tp", "8", "--ctx", "185k"],
+     "--model kimi-k2-tp8 --ctx 185,000 would allocate ~"),
+    ("integration.bench_e2e", ["--model", "kimi-k2-tp8", "--simulate-rank", "--ctx", "185k"],
+     "--model kimi-k2-tp8 --ctx 185,000 would allocate ~"),
+])
+def test_integration_tools_refuse_a_run_that_cannot_fit(capsys, monkeypatch, module, argv, msg):
+    """Kimi K2's rank shard is tens of GB: refused, with the figure per rank and the ranks sharing the memory, before
+    any rank starts (here: 2 GB free), in the tools' one-line form."""
+    import importlib
+
+    from bench.core import memory
+    monkeypatch.setattr(memory, "available_bytes", lambda device: 2e9)
+    with pytest.raises(SystemExit) as e:
+        importlib.import_module(module).main(argv)
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert e.value.code == 2 and len(lines) == 1 and msg in lines[0] and "Traceback" not in err, err
+    assert "GB per rank x " in lines[0] and "more than the 2.0 GB available: lower --ctx or --layers" in lines[0]
