@@ -1,7 +1,7 @@
 """GPU side of a tuning run: inputs, the reference check and the cold-L2 timer for one bucket.
 
-Inputs, timing and the floor come from the benchmark's own helpers (bench.inputs,
-bench.timing, bench.roofline), so a tuned time and a benchmark time mean the same
+Inputs, timing and the floor come from the benchmark's own helpers (bench.core.inputs,
+bench.core.timing, bench.core.roofline), so a tuned time and a benchmark time mean the same
 thing: the KV pool laid out as a serving pool (shuffled slots/pages, NaN in unused
 ones), input sets rotated so consecutive uses of one set are 2x L2 apart (cold L2),
 CUDA events, median of many samples.
@@ -29,7 +29,7 @@ class BucketHarness:
         from bench.core.timing import rotation_sets
 
         self.backend, self.reps, self.max_seconds = backend, reps, max_seconds
-        self.floor_us: Optional[float] = None   # set by the caller (bench.roofline for this GPU)
+        self.floor_us: Optional[float] = None   # set by the caller (bench.core.roofline for this GPU)
         self.trees = make_trees(tree_nodes, tree_kind, batch)
         dev = self.device = torch.device(device)
         first = make_inputs(shape, ctx, self.trees, page_size, dtype, dev, seed, kv_dtype=kv_dtype)
@@ -84,7 +84,7 @@ class BucketHarness:
         return None
 
     def time(self, cfg: KernelConfig) -> float:
-        """Median microseconds per call, cold L2 (bench.timing.time_cuda; wall clock on a CPU)."""
+        """Median microseconds per call, cold L2 (bench.core.timing.time_cuda; wall clock on a CPU)."""
         from bench.core.timing import time_cpu, time_cuda
 
         run = self.backend.run

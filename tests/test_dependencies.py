@@ -23,9 +23,9 @@ LOCAL = {"verify_attn", "bench", "integration", "autotune", "tests", "cases", "c
 DIST_OF = {"cuda": "cuda-python", "nvidia": "nvidia-cuda-nvdisasm", "yaml": "pyyaml"}
 # optional imports (guarded): what the project does without them
 OPTIONAL = {
-    "sglang": "bench.baselines / tests load SGLang's kernel file by path instead, or skip it; "
+    "sglang": "bench.benchmark.baselines / tests load SGLang's kernel file by path instead, or skip it; "
               "integration.serving.sglang_backend.install() says SGLang is needed",
-    "flashinfer": "bench.baselines notes that FlashInfer is absent; bench.verify's flashinfer-mla rows say why",
+    "flashinfer": "bench.benchmark.baselines notes that FlashInfer is absent; bench.verify's flashinfer-mla rows say why",
 }
 
 

@@ -443,7 +443,7 @@ def _need_interpreter() -> None:
 
 
 def _load_sglang_kernel():
-    """SGLang's extend_attention.py by path with its sglang imports stubbed (bench.baselines, which the
+    """SGLang's extend_attention.py by path with its sglang imports stubbed (bench.benchmark.baselines, which the
     benchmark's sglang-extend peer uses too)."""
     from bench.benchmark.baselines import load_sglang_extend, sglang_kernel_file, sglang_root
     root = sglang_root()

@@ -172,7 +172,7 @@ def fa3_mla_prepare(fa3: Fa3Fn, kw: dict) -> Callable[[torch.Tensor], None]:
         (oa, la), (ob, lb) = prefix(), tree()
         merge_states(oa, la.t(), ob, lb.t(), out)
 
-    run.parts = {"prefix": prefix, "tree": tree}   # timed apart by bench.measure (the row's parts_us)
+    run.parts = {"prefix": prefix, "tree": tree}   # timed apart by bench.core.measure (the row's parts_us)
     if kw["page_size"] != 1:
         run.departure = (f"the page-{kw['page_size']} pool read through its page-1 row view (SGLang's topk > 1 "
                          "path is page_size=1)")

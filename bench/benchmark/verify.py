@@ -115,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     return dash_values(ap)
 
 
-# names bench.baselines.outside_baselines() gives where the package is installed
+# names bench.benchmark.baselines.outside_baselines() gives where the package is installed
 OUTSIDE_BASELINES = ("sglang-extend", "flashinfer-mla", "fa3-mla", "flashmla")
 OURS = ("cuda", "triton")   # our kernels (any cuda@ pin): a peer's row gives its time over the best of these
 
@@ -387,7 +387,7 @@ def model_rows(shape: HeadShape, combos: list, dtype: torch.dtype, batch: int, n
 def _beside_measurements(model: list[dict], shape: HeadShape, dtype: torch.dtype, batch: int,
                          kv_dtype: Optional[str], tree_shape: str, notes: list[str]) -> None:
     """Each model row gets the last committed measurement of its shape per device (bench/results/, every kernel
-    measured there: bench.measured) and each prediction its kernel and --validate's verdict on that kernel."""
+    measured there: bench.benchmark.measured) and each prediction its kernel and --validate's verdict on that kernel."""
     from bench.benchmark import measured as bm
     if not model:
         return
