@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Optional
 
 from verify_attn.shapes import PRESETS, HeadShape, custom_shape, get_shape
-from verify_attn.tree import MAX_CHECKED_NODES
+from verify_attn.tree import check_tree_sizes
 from verify_attn.utils import dash_values, parse_ctx, parse_int_list
 
 from .plan import Plan, make_plan
@@ -147,6 +147,23 @@ def print_plan(plan: Plan) -> None:
             con.print(f"  also pruned for this tree size: {len(b.row_rejected)} tiles wider than the rows need")
 
 
+def tuning_fit_error(plan: Plan, tree_shape: str, device: Optional[str] = None) -> Optional[str]:
+    """The refusal, with the figure, of a tuning run whose largest bucket cannot fit the free memory of the GPU it
+    runs on (bench.core.memory: bench.verify's estimate, the cold-L2 input sets and the float64 reference); None
+    when it fits, or when there is no GPU here (the run says so itself)."""
+    import torch
+    from bench.core.memory import available_bytes, fit_error, sweep_bytes
+    if device is None:
+        if not torch.cuda.is_available():
+            return None
+        device = "cuda"
+    ctxs, trees = sorted({b.ctx for b in plan.buckets}), sorted({b.tree_nodes for b in plan.buckets})
+    need, where = sweep_bytes(plan.shape, ctxs, trees, [(f"page {plan.page_size}", plan.page_size)], plan.batch,
+                              tree_shape, 2, device, plan.arch.l2_bytes)
+    return fit_error(where, need, available_bytes(device), device, "inputs and the float64 reference",
+                     "lower --ctx, --tree or --batch")
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["show"]:
@@ -164,9 +181,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         except ValueError as e:
             raise ValueError(f"--ctx: {e}") from None
         trees = parse_int_list(args.tree, "--tree")
-        if max(trees) > MAX_CHECKED_NODES:
-            raise ValueError(f"--tree {max(trees)}: at most {MAX_CHECKED_NODES} nodes per request (the largest tree "
-                             "the kernels are checked at)")
+        check_tree_sizes(trees)
         for flag, v, lo in (("--batch", args.batch, 1), ("--reps", args.reps, 1), ("--top-tiles", args.top_tiles, 1),
                             ("--refine-rounds", args.refine_rounds, 0)):
             if v < lo:
@@ -205,6 +220,12 @@ def main(argv: Optional[list[str]] = None) -> int:
             error(f"no candidate fits {plan.arch.name} for {len(empty)} buckets")
             return 1
         return 0
+
+    if args.cost != "model":   # the model allocates nothing; a measured run makes inputs as bench.verify does
+        why = tuning_fit_error(plan, args.tree_shape)
+        if why:
+            error(why)
+            return 2
 
     t0 = time.perf_counter()
     if args.cost == "model":

@@ -1,7 +1,7 @@
 """GPU side of a tuning run: inputs, the reference check and the cold-L2 timer for one bucket.
 
-Inputs, timing and the floor come from the benchmark's own helpers (bench.inputs,
-bench.timing, bench.roofline), so a tuned time and a benchmark time mean the same
+Inputs, timing and the floor come from the benchmark's own helpers (bench.core.inputs,
+bench.core.timing, bench.core.roofline), so a tuned time and a benchmark time mean the same
 thing: the KV pool laid out as a serving pool (shuffled slots/pages, NaN in unused
 ones), input sets rotated so consecutive uses of one set are 2x L2 apart (cold L2),
 CUDA events, median of many samples.
@@ -25,11 +25,11 @@ class BucketHarness:
     def __init__(self, backend: Backend, shape: HeadShape, *, ctx: int, tree_nodes: int, tree_kind: str,
                  batch: int, page_size: int, dtype: torch.dtype, l2_bytes: int, reps: int = 50,
                  max_seconds: float = 3.0, seed: int = 0, device: str = "cuda", kv_dtype: str = "") -> None:
-        from bench.inputs import make_inputs, make_trees
-        from bench.timing import rotation_sets
+        from bench.core.inputs import make_inputs, make_trees
+        from bench.core.timing import rotation_sets
 
         self.backend, self.reps, self.max_seconds = backend, reps, max_seconds
-        self.floor_us: Optional[float] = None   # set by the caller (bench.roofline for this GPU)
+        self.floor_us: Optional[float] = None   # set by the caller (bench.core.roofline for this GPU)
         self.trees = make_trees(tree_nodes, tree_kind, batch)
         dev = self.device = torch.device(device)
         first = make_inputs(shape, ctx, self.trees, page_size, dtype, dev, seed, kv_dtype=kv_dtype)
@@ -57,7 +57,7 @@ class BucketHarness:
 
     @staticmethod
     def _problem(kw: dict) -> Problem:
-        from bench.measure import problem_of   # with the fp8 keywords (k_scale, v_scale, kv_format) when present
+        from bench.core.measure import problem_of   # with the fp8 keywords (k_scale, v_scale, kv_format) when present
         return problem_of(kw)
 
     def default_config(self) -> Optional[KernelConfig]:
@@ -84,8 +84,8 @@ class BucketHarness:
         return None
 
     def time(self, cfg: KernelConfig) -> float:
-        """Median microseconds per call, cold L2 (bench.timing.time_cuda; wall clock on a CPU)."""
-        from bench.timing import time_cpu, time_cuda
+        """Median microseconds per call, cold L2 (bench.core.timing.time_cuda; wall clock on a CPU)."""
+        from bench.core.timing import time_cpu, time_cuda
 
         run = self.backend.run
         if self.device.type != "cuda":
@@ -99,12 +99,12 @@ def floor_us(shape: HeadShape, ctx: int, trees: list[list[int]], page_size: int,
              gpu_name: str, kv_dtype: str = "") -> Optional[float]:
     """Roofline floor of the bucket on this GPU: measured ceilings if cached, else its datasheet device."""
     try:
-        from bench import roofline
+        from bench.core import roofline
         counts = roofline.count_shape(shape, [ctx] * len(trees), trees, elem_bytes=elem_bytes, page_size=page_size,
                                       kv_dtype=kv_dtype or None)
         dev = None
         try:
-            from bench.ceilings import get_ceilings
+            from bench.core.ceilings import get_ceilings
             ceil = get_ceilings()
             if ceil:
                 prop = torch.cuda.get_device_properties(0)

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench import roofline as rl
-from bench import verify as bv
-from bench.timing import quantile, rotation_sets, time_cpu
+from bench.core import roofline as rl
+from bench.benchmark import verify as bv
+from bench.core.timing import quantile, rotation_sets, time_cpu
 from verify_attn import tree as vtree
 from verify_attn.shapes import get_shape
 from verify_attn.utils import parse_ctx
@@ -138,7 +138,7 @@ def _run(tmp_path, *args):
 
 
 def test_cpu_run_185k_json_schema(tmp_path, monkeypatch):
-    from bench import measured
+    from bench.benchmark import measured
     # --validate's verdicts are a minute of predictions (tests/test_measured.py checks them, slow): fixed here
     monkeypatch.setattr(measured, "verdicts", lambda: {"h200 v2 bf16": {"within": False, "rows": "0/28",
                                                                         "range": "1.53-2.23"}})
@@ -179,7 +179,7 @@ def test_cpu_run_small_ctx_gqa_paged_and_plot(tmp_path):
 
 
 def test_plot_with_timed_rows(tmp_path):
-    from bench.plot import plot_results
+    from bench.benchmark.plot import plot_results
     rows = []
     for b, speed in (("cuda", 0.7), ("triton-serial", 0.02)):
         for ctx in (4_000, 16_000, 185_000):
@@ -266,8 +266,8 @@ def test_kernel_path_on_cpu_speedups_skips_and_order(monkeypatch):
 def test_sglang_adapter_feeds_the_kernel_the_right_pieces():
     """The adapter's inputs, run through a dense stand-in with SGLang's documented semantics
     (prefix via kv_indices, tree via k/v_extend + custom mask), reproduce the reference."""
-    from bench.baselines import sglang_extend_prepare
-    from bench.inputs import make_inputs, make_trees
+    from bench.benchmark.baselines import sglang_extend_prepare
+    from bench.core.inputs import make_inputs, make_trees
     from verify_attn import tree_verify
 
     def fake_extend(q, k_ext, v_ext, o, k_buf, v_buf, qo_indptr, kv_indptr, kv_indices, custom_mask, is_causal,
@@ -329,8 +329,8 @@ def test_flashinfer_adapter_feeds_the_wrapper_the_right_pieces(page_size, monkey
     reproduces the reference; a tree is refused (FlashInfer's MLA wrapper has no tree mask)."""
     import sys
     import types
-    from bench.baselines import flashinfer_mla_prepare
-    from bench.inputs import make_inputs, make_trees
+    from bench.benchmark.baselines import flashinfer_mla_prepare
+    from bench.core.inputs import make_inputs, make_trees
     from verify_attn import tree_verify
     fake = types.ModuleType("flashinfer")
     fake.mla = types.SimpleNamespace(BatchMLAPagedAttentionWrapper=_FakeMLAWrapper)
@@ -364,8 +364,8 @@ def test_flashinfer_mla_peer_on_gpu():
     pytest.importorskip("flashinfer")
     if not torch.cuda.is_available():
         pytest.skip("no CUDA GPU on this machine")
-    from bench.baselines import flashinfer_mla_prepare
-    from bench.inputs import make_inputs, make_trees
+    from bench.benchmark.baselines import flashinfer_mla_prepare
+    from bench.core.inputs import make_inputs, make_trees
     from verify_attn import tree_verify
     kw = make_inputs(KIMI, 3000, make_trees(16, "chain", 1), 1, torch.bfloat16, "cuda", seed=7)
     out = torch.full((16, 8, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
@@ -377,7 +377,7 @@ def test_flashinfer_mla_peer_on_gpu():
 # ---------------------------------------------------------------- ceilings cache
 
 def test_ceilings_without_gpu_and_cache_round_trip(tmp_path, monkeypatch):
-    from bench import ceilings
+    from bench.core import ceilings
     monkeypatch.setenv("VERIFY_ATTN_CACHE", str(tmp_path))
     if not torch.cuda.is_available():
         assert ceilings.get_ceilings() is None
@@ -394,7 +394,7 @@ def test_ceilings_without_gpu_and_cache_round_trip(tmp_path, monkeypatch):
 # ---------------------------------------------------------------- gpu_check
 
 def test_gpu_check_dry_run(capsys, tmp_path, monkeypatch):
-    from bench import gpu_check
+    from bench.gpu_run import gpu_check
     monkeypatch.setenv("OUT", str(tmp_path / "o"))
     assert gpu_check.main(["--dry-run", "--e2e", "--sanitize"]) == 0
     text = capsys.readouterr().out
@@ -408,7 +408,7 @@ def test_gpu_check_dry_run(capsys, tmp_path, monkeypatch):
 def test_gpu_check_default_plan_fits_the_device_window():
     """The GPU machine is lent for 15 minutes of device time, minutes of which go to its start: the default
     plan's caps add up to <= 480 s, the build's cap to <= 90 s, and the global budget stays inside the caps."""
-    from bench import gpu_check
+    from bench.gpu_run import gpu_check
     a = gpu_check._parser().parse_args([])
     stages = gpu_check.plan(Path("/tmp/o"), a)
     assert sum(s.cap_s for s in stages) <= gpu_check.PLAN_CAP_S == 480
@@ -420,7 +420,7 @@ def test_gpu_check_default_plan_fits_the_device_window():
 
 
 def test_gpu_check_builds_only_what_its_stages_run():
-    from bench import gpu_check
+    from bench.gpu_run import gpu_check
     from verify_attn import build as vb
     a = gpu_check._parser().parse_args([])
     stages = {s.name: s for s in gpu_check.plan(Path("/tmp/o"), a)}
@@ -461,7 +461,7 @@ def test_gpu_check_collect_makes_the_run_committable(tmp_path, monkeypatch, caps
     """A returned archive unpacks into results/<device>/ (logs apart) and its tuned configs into the configs
     folder; the table prints the rows and the peers' ratios."""
     import tarfile
-    from bench import gpu_results
+    from bench.gpu_run import gpu_results
     run = tmp_path / "run"
     (run / "tuned").mkdir(parents=True)
     row = {"backend": "cuda", "ctx": 185_000, "tree_nodes": 16, "layout": "page1", "page_size": 1, "median_us": 80.0,
@@ -485,7 +485,7 @@ def test_gpu_check_collect_makes_the_run_committable(tmp_path, monkeypatch, caps
 
 
 def test_gpu_check_stage_skips_when_budget_spent(tmp_path):
-    from bench import gpu_check
+    from bench.gpu_run import gpu_check
     st = gpu_check.Stage("x", ["python", "-c", "pass"], cap_s=10, min_s=15)
     gpu_check.run_stage(st, tmp_path, remaining=3)
     assert st.status.startswith("skipped: budget spent")
@@ -498,7 +498,7 @@ def test_gpu_check_stage_skips_when_budget_spent(tmp_path):
 
 
 def test_gpu_check_records_a_failed_stage_and_runs_the_next(tmp_path, monkeypatch, capsys):
-    from bench import gpu_check
+    from bench.gpu_run import gpu_check
     monkeypatch.setenv("OUT", str(tmp_path))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Fake GPU")
@@ -520,7 +520,7 @@ def test_gpu_check_records_a_failed_stage_and_runs_the_next(tmp_path, monkeypatc
 
 
 def test_gpu_check_drops_cuda_after_a_failed_build():
-    from bench import gpu_check
+    from bench.gpu_run import gpu_check
     st = gpu_check.Stage("s", ["python", "-m", "bench.verify", "--backend", "cuda,triton"], cap_s=10)
     gpu_check._drop_cuda(st)
     assert st.argv[-1] == "triton"
@@ -530,7 +530,7 @@ def test_gpu_check_drops_cuda_after_a_failed_build():
 
 
 def test_gpu_check_summary_rows(tmp_path):
-    from bench import gpu_results
+    from bench.gpu_run import gpu_results
     row = {"backend": "cuda", "ctx": 185_000, "tree_nodes": 16, "layout": "page1", "median_us": 80.0,
            "floor_us": {"H200": 52.1}, "frac_of_floor": 0.65, "speedup_vs_serial": 40.0, "max_rel_err": 3e-3,
            "status": "ok"}
@@ -557,7 +557,7 @@ def test_gpu_small_run_checks_and_times(tmp_path):
 
 
 def test_overhead_tool_runs_and_cleans_up(capsys):
-    from bench import overhead
+    from bench.studies import overhead
     from verify_attn.backends import known_backends
     assert overhead.main(["--calls", "5", "--ctx", "50", "--nodes", "3"]) == 0
     out = capsys.readouterr().out
@@ -568,7 +568,7 @@ def test_overhead_tool_runs_and_cleans_up(capsys):
 def test_emu_sweep_runs_random_cases_and_reports_each_tile(capsys):
     """bench.emu_sweep: random cases through named tiles on the emulator, a row per tile with its failures and error
     quantiles; an unknown tile name is refused with the known ones."""
-    from bench import emu_sweep
+    from bench.studies import emu_sweep
     from verify_attn.backends import cuda_emu
     ok, why = cuda_emu.available()
     if not ok:

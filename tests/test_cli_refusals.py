@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from bench import gpu_check
-from bench import verify as bv
+from bench.gpu_run import gpu_check
+from bench.benchmark import verify as bv
 
 
 def _one_line_error(capsys, main, argv, prog, msg):
@@ -148,7 +148,7 @@ def test_bench_and_integration_tools_refuse(capsys, module, argv, msg):
 
 
 def test_emu_sweep_refusal_names_the_program(capsys):
-    from bench import emu_sweep
+    from bench.studies import emu_sweep
     assert emu_sweep.main(["--cases", "0"]) == 2
     assert capsys.readouterr().err == "python -m bench.emu_sweep: error: --cases must be >= 1, got 0\n"
 
@@ -160,3 +160,62 @@ def test_integration_tool_errors_name_the_program():
     r = subprocess.run([sys.executable, "-m", "integration.decode", "--tp", "0"], capture_output=True, text=True,
                        cwd=Path(__file__).resolve().parent.parent, timeout=120)
     assert r.returncode == 2 and r.stderr == "python -m integration.decode: error: --tp must be >= 1\n", r.stderr
+
+
+MODEL = "python -m bench.model"
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["--ctx", "-5k"], "--ctx: not a token count: '-5k'"),     # argparse would say "expected one argument"
+    (["--ctx=-5k"], "--ctx: not a token count: '-5k'"),
+    (["--tree", "300"], "--tree 300: at most 256 nodes per request"),
+    (["--tree", "16,1000"], "--tree 1000: at most 256 nodes per request"),
+])
+def test_bench_model_refuses_as_bench_verify_does(capsys, argv, msg):
+    """The same one-line messages as bench.verify's (shared helpers: verify_attn.utils.flag_value, dash_values;
+    verify_attn.tree.check_tree_sizes), before any cubin is built."""
+    from bench.model.__main__ import main
+    _one_line_error(capsys, main, argv + ["--arch", "sm_120a", "--no-bands"], MODEL, msg)
+
+
+def test_gpu_check_only_of_an_unknown_stage_names_the_program(capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("OUT", str(tmp_path / "o"))
+    _one_line_error(capsys, gpu_check.main, ["--dry-run", "--only", "BOGUS"], GPU_CHECK,
+                    "--only: unknown stage(s) BOGUS; known: build, tests,")
+
+
+def test_autotune_refuses_a_run_that_cannot_fit_the_gpu(capsys, monkeypatch):
+    """A measured tuning run makes bench.verify's inputs: the same estimate (bench.core.memory), refused with the
+    figure before anything is allocated (here: a GPU with 100 MB free)."""
+    import torch
+
+    from autotune.__main__ import main
+    from bench.core import memory
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(memory, "available_bytes", lambda device: 1e8 if device == "cuda" else None)
+    assert main(["--arch", "sm_90a", "--ctx", "185k", "--tree", "16,64"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"{AUTOTUNE}: error: --ctx 185,000 --tree 64 --batch 1 (page 1) "
+                                                   "would allocate ~"), err
+    assert "GB on the cuda (inputs and the float64 reference), more than the 0.1 GB available: lower --ctx" in err
+
+
+@pytest.mark.parametrize("module,argv,msg", [
+    ("integration.decode", ["--model", "kimi-k2-tp8", "--tp", "8", "--ctx", "185k"],
+     "--model kimi-k2-tp8 --ctx 185,000 would allocate ~"),
+    ("integration.bench_e2e", ["--model", "kimi-k2-tp8", "--simulate-rank", "--ctx", "185k"],
+     "--model kimi-k2-tp8 --ctx 185,000 would allocate ~"),
+])
+def test_integration_tools_refuse_a_run_that_cannot_fit(capsys, monkeypatch, module, argv, msg):
+    """Kimi K2's rank shard is tens of GB: refused, with the figure per rank and the ranks sharing the memory, before
+    any rank starts (here: 2 GB free), in the tools' one-line form."""
+    import importlib
+
+    from bench.core import memory
+    monkeypatch.setattr(memory, "available_bytes", lambda device: 2e9)
+    with pytest.raises(SystemExit) as e:
+        importlib.import_module(module).main(argv)
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert e.value.code == 2 and len(lines) == 1 and msg in lines[0] and "Traceback" not in err, err
+    assert "GB per rank x " in lines[0] and "more than the 2.0 GB available: lower --ctx or --layers" in lines[0]

@@ -273,7 +273,7 @@ def test_mma_peak_probe_compiles_without_spills(tmp_path):
 
 @pytest.mark.gpu
 def test_model_calibration_probes_are_measured():
-    from bench.ceilings import measure_l2_gbs, measure_mma_latency_cycles, measure_read_gbs
+    from bench.core.ceilings import measure_l2_gbs, measure_mma_latency_cycles, measure_read_gbs
     assert 8.0 < measure_mma_latency_cycles(iters=512) < 200.0
     l2, dram = measure_l2_gbs(), measure_read_gbs(1 << 30, repeats=1, reps=3)
     assert 100.0 < dram < l2 < 100_000.0
@@ -281,7 +281,7 @@ def test_model_calibration_probes_are_measured():
 
 @pytest.mark.gpu
 def test_mma_sync_ceiling_is_measured():
-    from bench.ceilings import measure_mma_sync_tflops
+    from bench.core.ceilings import measure_mma_sync_tflops
     tflops = measure_mma_sync_tflops(reps=3, iters=64)
     assert 1.0 < tflops < 5000.0
 
@@ -292,7 +292,7 @@ def test_wgmma_ceiling_is_measured_on_sm90_only():
     grows with N; elsewhere they refuse with a clear error instead of launching sm_90a code."""
     import torch
 
-    from bench.ceilings import measure_wgmma_latency_cycles, measure_wgmma_tflops
+    from bench.core.ceilings import measure_wgmma_latency_cycles, measure_wgmma_tflops
     if tuple(torch.cuda.get_device_capability()) != (9, 0):
         with pytest.raises(RuntimeError, match="compute capability 9.0"):
             measure_wgmma_tflops(reps=1, iters=4)

@@ -23,9 +23,9 @@ LOCAL = {"verify_attn", "bench", "integration", "autotune", "tests", "cases", "c
 DIST_OF = {"cuda": "cuda-python", "nvidia": "nvidia-cuda-nvdisasm", "yaml": "pyyaml"}
 # optional imports (guarded): what the project does without them
 OPTIONAL = {
-    "sglang": "bench.baselines / tests load SGLang's kernel file by path instead, or skip it; "
+    "sglang": "bench.benchmark.baselines / tests load SGLang's kernel file by path instead, or skip it; "
               "integration.serving.sglang_backend.install() says SGLang is needed",
-    "flashinfer": "bench.baselines notes that FlashInfer is absent; bench.verify's flashinfer-mla rows say why",
+    "flashinfer": "bench.benchmark.baselines notes that FlashInfer is absent; bench.verify's flashinfer-mla rows say why",
 }
 
 
@@ -127,7 +127,7 @@ def test_one_cache_rule(monkeypatch, tmp_path):
     """Every cache (emulator builds, build report, cubins, ceilings, autotune) is under one root:
     $VERIFY_ATTN_CACHE, else $XDG_CACHE_HOME/verify_attn, else ~/.cache/verify_attn."""
     from autotune.cache import default_cache_path
-    from bench import ceilings
+    from bench.core import ceilings
     from verify_attn.backends import cuda_emu
     from verify_attn.utils import cache_dir
     monkeypatch.delenv("VERIFY_ATTN_CACHE", raising=False)
@@ -180,3 +180,98 @@ def test_integration_command_lines_keep_their_paths(capsys):
     assert r.returncode == 0 and "usage: python -m integration.decode" in r.stdout, r.stderr[-500:]
     from integration.sglang_compat import extend_attention_fwd, verify_only   # the README's drop-in import
     assert callable(extend_attention_fwd) and callable(verify_only)
+
+
+BENCH_COMMANDS = {"verify": "benchmark", "peer_bundle": "benchmark", "ceilings": "core", "gpu_check": "gpu_run",
+                  "knockout": "gpu_run", "ncu_probe": "gpu_run", "fp8_accuracy": "studies",
+                  "fp8_mma_error": "studies", "emu_sweep": "studies", "overhead": "studies"}
+
+
+def test_bench_command_lines_keep_their_paths(capsys):
+    """`python -m bench.<tool>` and `bash bench/gpu_session.sh` keep working after the move into rooms: the module
+    at the old path is the room's module's main (and its public names)."""
+    import importlib
+    import subprocess
+    for mod, room in BENCH_COMMANDS.items():
+        old, new = importlib.import_module(f"bench.{mod}"), importlib.import_module(f"bench.{room}.{mod}")
+        assert old.main is new.main, mod
+        with pytest.raises(SystemExit) as e:
+            old.main(["--help"])
+        assert e.value.code == 0 and f"usage: python -m bench.{mod}" in capsys.readouterr().out, mod
+    for mod in ("verify", "gpu_check"):   # a module and the folder form (bench/gpu_check/__main__.py)
+        r = subprocess.run([sys.executable, "-m", f"bench.{mod}", "--help"], capture_output=True, text=True,
+                           cwd=REPO, timeout=300)
+        assert r.returncode == 0 and f"usage: python -m bench.{mod}" in r.stdout, r.stderr[-500:]
+    shim = (REPO / "bench" / "gpu_session.sh").read_text()
+    assert 'exec bash "$(dirname "$0")/gpu_run/gpu_session.sh" "$@"' in shim
+    assert (REPO / "bench" / "gpu_run" / "gpu_session.sh").is_file()
+
+
+BENCH_ROOMS = {"core": 0, "model": 1, "benchmark": 2, "gpu_run": 3, "studies": 3}
+
+
+def _bench_imports(f: Path):
+    """(line, bench room or other name imported) of every import of bench in `f`, function-local ones included;
+    relative imports resolved against f's package."""
+    pkg = f.relative_to(REPO).with_suffix("").parts[:-1]
+    tree = ast.parse(f.read_text(), str(f))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            mods = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = list(pkg[:len(pkg) - node.level + 1]) if node.level else []
+            mod = ".".join(base + ([node.module] if node.module else []))
+            # `from bench import x` names a room (or an old path) in x
+            mods = [f"{mod}.{a.name}" for a in node.names] if node.module in (None, "bench") or mod == "bench" \
+                else [mod]
+        else:
+            continue
+        for m in mods:
+            parts = m.split(".")
+            if parts[0] == "bench" and len(parts) > 1:
+                yield node.lineno, parts[1]
+
+
+def test_bench_rooms_import_downward_only():
+    """bench/: core (what everything measures with) <- model (the SASS model) <- benchmark (bench.verify and what it
+    prints) <- gpu_run, studies (beside each other: neither imports the other). A room imports its own modules and
+    the rooms below it, by their room path (never the command-line modules kept at bench/<tool>.py). Outside bench:
+    verify_attn imports nothing of bench; autotune/ and integration/ only core and model."""
+    offenders = []
+    for room, rank in BENCH_ROOMS.items():
+        for f in sorted((REPO / "bench" / room).rglob("*.py")):
+            for line, target in _bench_imports(f):
+                if target == room:
+                    continue
+                if target not in BENCH_ROOMS or BENCH_ROOMS[target] >= rank:
+                    offenders.append(f"{f.relative_to(REPO)}:{line} imports bench.{target}")
+    allowed = {"verify_attn": set(), "autotune": {"core", "model"}, "integration": {"core", "model"}}
+    for top, ok in allowed.items():
+        for f in sorted((REPO / top).rglob("*.py")):
+            offenders += [f"{f.relative_to(REPO)}:{line} imports bench.{t}" for line, t in _bench_imports(f)
+                          if t not in ok]
+    assert not offenders, offenders
+
+
+def test_bench_has_rooms_and_the_command_lines_only():
+    """A module directly under bench/ is one of the command lines kept at their old paths; code lives in a room."""
+    flat = {f.stem for f in (REPO / "bench").glob("*.py")} - {"__init__"}
+    assert flat == set(BENCH_COMMANDS) - {"gpu_check"}, flat ^ (set(BENCH_COMMANDS) - {"gpu_check"})
+    folders = {d.name for d in (REPO / "bench").iterdir() if d.is_dir() and (d / "__init__.py").is_file()}
+    assert folders == set(BENCH_ROOMS) | {"gpu_check"}, folders
+
+
+def test_the_bench_layering_scan_sees_an_upward_import(tmp_path, monkeypatch):
+    """The scanner on planted files: an upward import (absolute, relative and function-local) and an import of an
+    old command-line path are all found; a downward one is not."""
+    import tests.test_dependencies as me
+    for room in ("core", "benchmark"):
+        (tmp_path / "bench" / room).mkdir(parents=True)
+    (tmp_path / "bench" / "core" / "bad.py").write_text(
+        "from bench.benchmark import verify\nfrom ..model import call\n"
+        "def f():\n    import bench.gpu_run.knockout\n    from bench import studies\n    from bench import roofline\n")
+    (tmp_path / "bench" / "benchmark" / "good.py").write_text("from bench.core import roofline\nfrom ..model import call\n")
+    monkeypatch.setattr(me, "REPO", tmp_path)
+    found = sorted(t for _, t in me._bench_imports(tmp_path / "bench" / "core" / "bad.py"))
+    assert found == ["benchmark", "gpu_run", "model", "roofline", "studies"], found
+    assert sorted(t for _, t in me._bench_imports(tmp_path / "bench" / "benchmark" / "good.py")) == ["core", "model"]

@@ -368,7 +368,7 @@ def test_backend_without_the_format_refuses_it(kw8):
 # ------------------------------------------------------------------------------ bench: bytes, floors, CLI
 
 def test_roofline_counts_fp8_rows():
-    from bench import roofline as rl
+    from bench.core import roofline as rl
     from verify_attn.shapes import get_shape
 
     kimi = get_shape("kimi-k2-tp8")
@@ -388,7 +388,7 @@ def test_roofline_counts_fp8_rows():
 
 @pytest.mark.parametrize("kv_dtype,row", [("fp8_e4m3", 576), ("fp8_mla656", 656)])
 def test_bench_verify_cli_kv_dtype(tmp_path, capsys, kv_dtype, row):
-    from bench import verify as bv
+    from bench.benchmark import verify as bv
 
     js = tmp_path / "o.json"
     assert bv.main(["--ctx", "185k", "--kv-dtype", kv_dtype, "--json", str(js), "--no-save", "--quiet",
@@ -410,7 +410,7 @@ def test_bench_verify_cli_kv_dtype(tmp_path, capsys, kv_dtype, row):
     (["--kv-dtype", "fp16"], "--kv-dtype fp16 differs from --dtype bf16"),
 ])
 def test_bench_verify_cli_bad_kv_dtype(capsys, argv, msg):
-    from bench import verify as bv
+    from bench.benchmark import verify as bv
 
     with pytest.raises(SystemExit) as e:
         bv.main(argv + ["--no-save"])
@@ -420,8 +420,8 @@ def test_bench_verify_cli_bad_kv_dtype(capsys, argv, msg):
 def test_bench_kernel_path_checks_fp8_against_the_reference():
     """sweep()'s GPU path on the CPU with an fp8 cache: triton (interpreted, fp16 q) passes the gate
     against the reference on the dequantized cache; a backend without fp8 is 'unsupported'."""
-    from bench import verify as bv
-    from bench.timing import time_cpu
+    from bench.benchmark import verify as bv
+    from bench.core.timing import time_cpu
     from cases import temporary_backend
 
     with temporary_backend(Backend("native-only-bench", lambda p, c, out, lse: None)):

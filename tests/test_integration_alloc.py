@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bench.inputs import make_inputs, make_trees
-from bench.verify import build_parser, sweep
+from bench.core.inputs import make_inputs, make_trees
+from bench.benchmark.verify import build_parser, sweep
 from verify_attn import tree_verify
 from verify_attn.shapes import get_shape
 

@@ -1,12 +1,12 @@
 """The main job's model table: each reading with its kernel, --validate's verdict on that kernel, and the last
-committed measurement of the same shape beside it (bench/measured.py, bench/report.py; issue 43 items 1 and 3)."""
+committed measurement of the same shape beside it (bench/benchmark/measured.py, bench/benchmark/report.py; issue 43 items 1 and 3)."""
 import io
 import json
 
 import pytest
 
-from bench import measured as bm
-from bench.report import print_report
+from bench.benchmark import measured as bm
+from bench.benchmark.report import print_report
 
 KIMI = {"name": "kimi-k2-tp8", "hq": 8, "hkv": 1, "dqk": 576, "dv": 512, "sm_scale": 0.1147, "mla": True}
 V2 = {"num_splits": 66, "block_n": 32, "block_m": 64, "num_warps": 8, "num_stages": 3}

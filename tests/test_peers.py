@@ -1,4 +1,4 @@
-"""bench/peers.py on the CPU (issue 42): the fa3-mla and flashmla backends' plumbing through stand-ins that
+"""bench/benchmark/peers.py on the CPU (issue 42): the fa3-mla and flashmla backends' plumbing through stand-ins that
 compute what FA3's `flash_attn_with_kvcache` (with `qv`, a page table, varlen q) and FlashMLA's dense decode
 document, checked against the float64 reference on NaN-poisoned pools; the LSE merge; the clean skip without
 the kernels; the gpu_check stage. The real kernels only run on a GPU (a gpu-marked test at the end)."""
@@ -9,9 +9,9 @@ import os
 import pytest
 import torch
 
-from bench import peer_bundle as pb
-from bench import peers as bp
-from bench import verify as bv
+from bench.benchmark import peer_bundle as pb
+from bench.benchmark import peers as bp
+from bench.benchmark import verify as bv
 from cases import CaseSpec, make_case
 from verify_attn import tree_verify
 
@@ -106,7 +106,7 @@ def test_fa3_mla_matches_the_reference(spec):
 def test_fa3_tree_pass_is_sglangs_page_table_by_hand():
     """Tree [-1, 0, 0, 1] after a 3-token prefix: each node's row lists the slots of the nodes its mask sets, in
     node order, then the rest (SGLang's sort keys); cache_seqlens = popcount; the prefix pass sees L_b."""
-    from bench.inputs import make_inputs
+    from bench.core.inputs import make_inputs
     from verify_attn.shapes import get_shape
     kw = make_inputs(get_shape("kimi-k2-tp8"), 3, [[-1, 0, 0, 1]], 1, torch.float32, "cpu", seed=0)
     s = kw["kv_indices"].tolist()           # 3 prefix slots, then the 4 nodes' slots
@@ -213,8 +213,8 @@ def test_merge_triton_kernel_with_strided_lse():
 
 
 _COMPILE_MERGE = """
-from bench import peer_bundle as pb
-from bench import peers as bp
+from bench.benchmark import peer_bundle as pb
+from bench.benchmark import peers as bp
 from verify_attn.backends.triton_common import ptxas_report
 ptr = {n: "*fp32" for n in ("la", "lb")} | {n: "*bf16" for n in ("oa", "ob", "out")}
 for arch in ("sm_90", "sm_120"):
@@ -275,7 +275,7 @@ def test_peers_absent_skip_with_one_line_reasons(no_peers):
     (no GPU) bench.verify notes why each peer is not in the table."""
     a = bv.build_parser().parse_args(["--ctx", "40", "--tree", "3", "--backend", "reference,fa3-mla,flashmla",
                                       "--dtype", "fp32", "--quiet", "--no-model", "--reps", "1"])
-    from bench.timing import time_cpu
+    from bench.core.timing import time_cpu
     d = bv.sweep(a, kernel_device="cpu", timer=lambda fns, cold: time_cpu(lambda: [f() for f in fns], reps=1,
                                                                            warmup=0), l2=1 << 12)
     rows = {r["backend"]: r for r in d["results"]}
@@ -293,7 +293,7 @@ def test_peers_absent_skip_with_one_line_reasons(no_peers):
 
 def test_only_the_asked_peers_are_looked_for(monkeypatch):
     """A benchmark that runs no peer imports none (FlashInfer's import alone takes seconds per gpu_check stage)."""
-    from bench import baselines
+    from bench.benchmark import baselines
     looked = []
     monkeypatch.setattr(pb, "find_fa3", lambda: looked.append("fa3") or (None, {"why": "x"}))
     monkeypatch.setattr(pb, "find_flashmla", lambda: looked.append("flashmla") or (None, {"why": "y"}))
@@ -314,7 +314,7 @@ def test_found_peers_run_checked_timed_with_passes_and_ratio(no_peers, monkeypat
     monkeypatch.setattr(bv, "OURS", ("reference",))   # "our best" here: the only one of ours on the CPU
     a = bv.build_parser().parse_args(["--ctx", "40", "--tree", "5", "--backend", "reference,fa3-mla,flashmla",
                                       "--dtype", "fp32", "--quiet", "--no-model"])
-    from bench.timing import time_cpu
+    from bench.core.timing import time_cpu
     d = bv.sweep(a, kernel_device="cpu", timer=lambda fns, cold: time_cpu(lambda: [f() for f in fns], reps=2,
                                                                            warmup=0), l2=1 << 12)
     rows = {r["backend"]: r for r in d["results"]}
@@ -326,7 +326,7 @@ def test_found_peers_run_checked_timed_with_passes_and_ratio(no_peers, monkeypat
         assert r["x_best_ours"] == pytest.approx(r["median_us"] / rows["reference"]["median_us"])
     assert rows["fa3-mla"]["peer"]["commit"] == "c0ffee" and d["peers"]["flashmla"]["commit"] == "beef"
     assert "departure" not in rows["fa3-mla"] and "copied from page-1" in rows["flashmla"]["departure"]
-    from bench.report import print_report
+    from bench.benchmark.report import print_report
     import io
     import contextlib
     buf = io.StringIO()
@@ -352,7 +352,7 @@ def test_bundle_manifest_names_the_pins(tmp_path):
 
 def test_gpu_check_peers_stage_runs_every_peer_on_the_issue_grid():
     from pathlib import Path
-    from bench import gpu_check
+    from bench.gpu_run import gpu_check
     a = gpu_check._parser().parse_args([])
     stages = {s.name: s for s in gpu_check.plan(Path("/tmp/o"), a)}
     names = list(stages)
@@ -376,7 +376,7 @@ def test_longest_first_orders_the_rows():
 
 def test_peer_ratios_against_our_best_kernel(tmp_path):
     import json
-    from bench import gpu_results
+    from bench.gpu_run import gpu_results
     row = lambda b, us: {"backend": b, "ctx": 185_000, "tree_nodes": 16, "layout": "page1", "median_us": us}
     (tmp_path / "peers_sweep.json").write_text(json.dumps({"results": [
         row("cuda", 300.0), row("cuda@m32n32w8s5", 200.0), row("fa3-mla", 500.0), row("flashmla", 100.0)]}))
@@ -394,7 +394,7 @@ def test_peer_on_gpu_matches_the_reference(name):
     found, info = pb.hopper_peers()
     if name not in found:
         pytest.skip(info[name]["why"])
-    from bench.inputs import make_inputs, make_trees
+    from bench.core.inputs import make_inputs, make_trees
     from verify_attn.shapes import get_shape
     kw = make_inputs(get_shape("kimi-k2-tp8"), 3000, make_trees(16, "ddtree", 2), 1, torch.bfloat16, "cuda", seed=7)
     out = torch.full((32, 8, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
@@ -404,7 +404,7 @@ def test_peer_on_gpu_matches_the_reference(name):
 
 
 def test_gpu_session_sets_up_a_carried_bundle(tmp_path):
-    """bench/gpu_session.sh with .carry/peers present: FlashInfer unzipped (not importable from the zip), the
+    """bench/gpu_run/gpu_session.sh with .carry/peers present: FlashInfer unzipped (not importable from the zip), the
     bundle and its fa3 folder on PYTHONPATH, VERIFY_ATTN_PEERS set (run from a folder without the project, so
     the gpu_check it starts fails fast: only the set-up is checked)."""
     import shutil
@@ -420,7 +420,7 @@ def test_gpu_session_sets_up_a_carried_bundle(tmp_path):
         z.writestr("flashinfer/__init__.py", "__version__ = 'x'\n")
     env = {**os.environ, "PEERS_FI_DIR": str(tmp_path / "fi")}
     env.pop("OUT", None)
-    r = subprocess.run(["bash", str(repo / "bench" / "gpu_session.sh"), "5"], cwd=tmp_path, env=env,
+    r = subprocess.run(["bash", str(repo / "bench" / "gpu_run" / "gpu_session.sh"), "5"], cwd=tmp_path, env=env,
                        capture_output=True, text=True, timeout=120)
     line = next(ln for ln in r.stdout.splitlines() if ln.startswith("peers: bundle"))
     assert f"PYTHONPATH={b}:{b}/fa3:{tmp_path / 'fi'}" in line

@@ -443,9 +443,9 @@ def _need_interpreter() -> None:
 
 
 def _load_sglang_kernel():
-    """SGLang's extend_attention.py by path with its sglang imports stubbed (bench.baselines, which the
+    """SGLang's extend_attention.py by path with its sglang imports stubbed (bench.benchmark.baselines, which the
     benchmark's sglang-extend peer uses too)."""
-    from bench.baselines import load_sglang_extend, sglang_kernel_file, sglang_root
+    from bench.benchmark.baselines import load_sglang_extend, sglang_kernel_file, sglang_root
     root = sglang_root()
     if root is None:
         pytest.skip("sglang not found: pip install --no-deps sglang==0.5.23, or unzip its wheel into "

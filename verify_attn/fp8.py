@@ -159,7 +159,7 @@ def dequantize_mla656(rows: torch.Tensor, dtype: torch.dtype = torch.float64) ->
 def quantize_kwargs(kw: dict, kv_dtype: str, *, mla_dv: Optional[int] = None) -> dict:
     """tree_verify keyword arguments with the cache converted to `kv_dtype` (tests, benchmarks).
 
-    kw: arguments with a 16/32-bit cache (e.g. from layouts.lay_out / bench.inputs), NaN in
+    kw: arguments with a 16/32-bit cache (e.g. from layouts.lay_out / bench.core.inputs), NaN in
     unused slots. mla_dv: Dv when v_cache aliases k_cache[..., :Dv] (MLA), else None.
     fp8_e4m3: one scale per tensor, amax / 448 over the cache's finite values (K and V
     share K's when aliased); fp8_mla656: the 656-byte rows, v_cache None. Returns a new dict

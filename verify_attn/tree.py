@@ -16,6 +16,13 @@ TREE_KINDS = ("chain", "bushy", "star", "deep")
 MAX_CHECKED_NODES = 256  # the largest tree the kernels are checked at (tests/test_cuda_emu.py): the CLIs' limit
 
 
+def check_tree_sizes(nodes: Sequence[int], flag: str = "--tree") -> None:
+    """The CLIs' one tree-size limit: ValueError naming `flag` and MAX_CHECKED_NODES for a larger tree."""
+    if nodes and max(nodes) > MAX_CHECKED_NODES:
+        raise ValueError(f"{flag} {max(nodes)}: at most {MAX_CHECKED_NODES} nodes per request (the largest tree "
+                         "the kernels are checked at)")
+
+
 def validate_parents(parents: Sequence[int], name: str = "parents") -> None:
     if len(parents) < 1:
         raise ValueError(f"{name} must have at least one node (the root)")

@@ -65,6 +65,14 @@ def parse_int_list(spec: str, name: str = "list") -> list[int]:
     return vals
 
 
+def flag_value(parse, value: str, flag: str):
+    """parse(value), its ValueError naming `flag` (`--ctx: not a token count: '-5k' ...`)."""
+    try:
+        return parse(value)
+    except ValueError as e:
+        raise ValueError(f"{flag}: {e}") from None
+
+
 def dash_values(ap: "argparse.ArgumentParser") -> "argparse.ArgumentParser":
     """Let an option's value start with a minus sign and a digit (`--ctx -5k`, `--tree -1`), as Python 3.13's
     argparse does: the value then reaches the tool's own range check and its message, instead of argparse's

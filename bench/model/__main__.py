@@ -26,7 +26,8 @@ from typing import Optional
 
 from verify_attn import build as vb
 from verify_attn.shapes import PRESETS, get_shape
-from verify_attn.utils import parse_ctx, parse_int_list
+from verify_attn.tree import check_tree_sizes
+from verify_attn.utils import dash_values, flag_value, parse_ctx, parse_int_list, usage_error
 
 from . import bands as model_bands
 from . import call as predict, devices, kernels, sim
@@ -103,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     fg.add_argument("--empty-distance", type=int, default=1,
                     help="warp-specialized kernels: loop iterations between a buffer's fill and its refill, i.e. how "
                          "far back a producer's wait on an 'empty' barrier looks (default 1)")
-    return ap
+    return dash_values(ap)   # `--ctx -5k` reaches the range check, as in bench.verify
 
 
 def run_foreign(a: argparse.Namespace) -> int:
@@ -235,8 +236,9 @@ def run(a: argparse.Namespace) -> dict:
     shape = get_shape(a.shape)
     kv_dtype = a.kv_dtype[0] if isinstance(a.kv_dtype, list) else (a.kv_dtype or a.dtype)
     head = _head_of(shape, kv_dtype)
-    ctxs = parse_ctx(a.ctx)
+    ctxs = flag_value(parse_ctx, a.ctx, "--ctx")
     trees = parse_int_list(a.tree, "--tree")
+    check_tree_sizes(trees)   # the backends' limit, as bench.verify and autotune refuse it
     layouts = _layouts(a.layout, a.page_size)
     if a.batch < 1:
         raise ValueError(f"--batch must be >= 1, got {a.batch}")
@@ -475,8 +477,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         a1 = argparse.Namespace(**{**vars(a), "kv_dtype": [kv]})
         try:
             payload = run(a1)
-        except (ValueError, LookupError) as e:
-            ap.error(str(e))
+        except (ValueError, LookupError) as e:   # one line naming the flag, status 2 (bench.verify's form)
+            raise usage_error(f"{ap.prog}: error: {e}") from None
         except RuntimeError as e:  # no toolkit / tools: say so in one line
             print(f"bench.model: {e}", file=sys.stderr)
             return 2

@@ -20,8 +20,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional
 
-from bench import roofline as rl
-from bench.inputs import make_trees
+from bench.core import roofline as rl
+from bench.core.inputs import make_trees
 from verify_attn import device as vdevice
 from verify_attn.config import heuristic_num_splits
 from verify_attn.shapes import HeadShape

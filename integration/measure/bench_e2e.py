@@ -30,8 +30,8 @@ import torch
 import verify_attn
 from verify_attn.utils import parse_ctx
 
-from .decode import (add_common_args, budget_of, build, capacity_for, check_backends, cli_value, model_config,
-                     prompt_for, resolve)
+from .decode import (add_common_args, budget_of, build, capacity_for, check_backends, check_fits, cli_value,
+                     model_config, prompt_for, resolve)
 from ..loop.spec import speculative_decode
 from ..loop.timing import StepTimer
 from ..loop.tp import TPGroup, launch
@@ -179,6 +179,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         backends = ["reference"]
     if args.simulate_accept_len is not None and args.simulate_accept_len < 1:
         raise SystemExit("--simulate-accept-len must be >= 1")
+    check_fits(s, args.tp, max(ctxs), args.warmup + args.steps, False, f"--model {s['model']} --ctx {max(ctxs):,}")
     if s["device"] == "cpu":
         torch.set_num_threads(1)
     tp_desc = "simulated rank 0 of TP 8 (all-reduce skipped)" if s["simulate"] else f"TP {args.tp}"

@@ -221,6 +221,40 @@ def capacity_for(ctx: int, steps: int, budget: int, block: int, page_size: int) 
     return ctx + (steps + 2) * (max(budget, block) + 2) + 2 * page_size
 
 
+def rank_bytes(cfg: ModelConfig, s: dict, tp: int, capacity: int, check: bool) -> int:
+    """An upper estimate of one rank's peak bytes: its weight shard (the embedding whole, the head's vocab shard,
+    per layer the MLA projections and the MLP's shard), the latent KV cache (a second one for --check's reference
+    engine), the drafter's weights and caches, in the run's dtype; plus the embedding once in fp32 (weights are
+    drawn in fp32, then cast)."""
+    elem = _DTYPES[s["dtype"]].itemsize
+    tp = 8 if s["simulate"] else tp
+    h, d, c = cfg.num_heads // tp, cfg.hidden, cfg
+    layer = (d * c.q_lora + c.q_lora * h * (c.qk_nope + c.qk_rope) + d * c.cache_dim + h * c.qk_nope * c.kv_lora
+             + h * c.kv_lora * c.v_head + h * c.v_head * d + 3 * d * c.ffn // tp)
+    weights = c.vocab * d + c.vocab // tp * d + c.num_layers * layer
+    kv = c.num_layers * (capacity + 2 * s["page_size"]) * c.cache_dim * (2 if check else 1)
+    dr = c.drafter
+    drafter = dr.num_layers * (d * (dr.num_heads + 2 * dr.num_kv_heads) * dr.head_dim + dr.num_heads * dr.head_dim * d
+                               + 3 * d * dr.ffn + (capacity + dr.block) * dr.num_kv_heads * dr.head_dim * 2)
+    return (weights + kv + drafter) * elem + 4 * c.vocab * d
+
+
+def check_fits(s: dict, tp: int, ctx: int, steps: int, check: bool, what: str) -> None:
+    """Refuse, before any rank starts, a run whose ranks cannot fit the memory they allocate on (bench.core.memory:
+    the host's for CPU ranks, which share it; a GPU's for its share of the ranks): one line with the figure."""
+    from bench.core.memory import available_bytes, fit_error
+    cfg = model_config(s)
+    need = rank_bytes(cfg, s, tp, capacity_for(ctx, steps, budget_of(s), cfg.drafter.block, s["page_size"]), check)
+    ranks, device = (1 if s["simulate"] else tp), ("cuda" if s["device"].startswith("cuda") else None)
+    if device:
+        ranks = -(-ranks // max(1, torch.cuda.device_count()))   # ranks beyond the GPUs share them
+    why = fit_error(what, ranks * need, available_bytes(device), device,
+                    f"weights, KV cache and drafter: {need / 1e9:,.2f} GB per rank x {ranks}",
+                    "lower --ctx or --layers" + ("" if s["simulate"] else ", or run one rank's shard with --simulate-rank"))
+    if why:
+        raise usage_error(f"error: {why}")
+
+
 def run_rank(tp: TPGroup, s: dict, backend: str, ctx: int, steps: int, check: bool, verbose: bool) -> dict:
     """One rank's whole run (rank 0's dict is the result)."""
     torch.manual_seed(s["seed"])
@@ -338,6 +372,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     s["logit_tol"] = args.logit_tol
     backend = check_backends([args.attn_backend or ("auto" if s["device"].startswith("cuda") else "reference")])[0]
     ctx = positive_tokens(args.ctx, "--ctx")
+    check_fits(s, args.tp, ctx, args.steps, args.check, f"--model {s['model']} --ctx {ctx:,}")
     if s["device"] == "cpu":
         torch.set_num_threads(1)  # tiny matmuls: extra threads only contend (and ranks share the cores)
     desc = "simulated rank 0 of TP 8, all-reduce skipped" if s["simulate"] else f"TP {args.tp}"

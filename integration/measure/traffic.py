@@ -5,7 +5,7 @@ Runs the real loop (integration.loop.spec) on the CPU, rank 0's shard of a TP-8 
 target_rest, accept_commit, allreduce), the bytes every tensor operation touches:
 
 - attention (every tree_verify call, the target's and the drafter's): the compulsory bytes of
-  the call, counted by bench/roofline.py's `count_call` (the helper the benchmark uses): each
+  the call, counted by bench/core/roofline.py's `count_call` (the helper the benchmark uses): each
   KV row once, q, out, indices, mask;
 - gathers and scatters (index, index_put, embedding, index_fill): the rows they select, not the
   whole tensor they index;
@@ -105,7 +105,7 @@ class ByteCounter(TorchDispatchMode):
 
 def counting_backend(counter: ByteCounter, inner: str = "reference") -> str:
     """A backend that runs `inner` with the counter paused and adds the call's compulsory bytes."""
-    from bench import roofline as rl
+    from bench.core import roofline as rl
     name = f"count-{inner}"
 
     def run(p, config, out, lse) -> None:

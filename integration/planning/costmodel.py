@@ -5,12 +5,12 @@ Per TP rank and step, for a tree of T nodes (T = 1: plain decoding, no drafter):
                 "measured"   committed GPU rows (bench/results/<device>/*.json, bench.verify payloads),
                              interpolated inside the measured (ctx, T) range only;
                 "sass-model" bench.model.predict (the SASS-level model of the CUDA kernels);
-                "roofline"   bench/roofline.py's floor max(bytes / bandwidth, FLOPs / MMA rate).
+                "roofline"   bench/core/roofline.py's floor max(bytes / bandwidth, FLOPs / MMA rate).
   target_dense  the target's weights and the MLP/MoE work for T rows: roofline (weights read once
                 per step; a MoE touches E (1 - (1 - k/E)^T) experts for T independent tokens).
   drafter       the DFlash forward (weights, its context read, the LM head for B-1 rows): roofline.
   allreduce     2 per layer + 1 logit gather, each latency + bytes / bandwidth: "assumed" constants.
-Launch gaps and host work are not modelled. Device numbers: bench/roofline.py's reference devices
+Launch gaps and host work are not modelled. Device numbers: bench/core/roofline.py's reference devices
 (datasheet bandwidth and dense bf16 MMA rate); the all-reduce constants are assumptions, labelled.
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Optional
 
-from bench import roofline as rl
+from bench.core import roofline as rl
 
 from ..loop.config import ModelConfig, get_model_config
 

@@ -350,7 +350,7 @@ def any_tile_arch() -> bool:
 
 def knockout_bits() -> int:
     """$VERIFY_ATTN_KNOCKOUT: the kernels' timing-experiment bits (csrc/tree_verify/request.cuh kKo*; results wrong by
-    design), 0 when unset. Only bench/knockout.py sets it."""
+    design), 0 when unset. Only bench/gpu_run/knockout.py sets it."""
     v = os.environ.get("VERIFY_ATTN_KNOCKOUT", "").strip()
     if not v:
         return 0
@@ -383,7 +383,7 @@ def load_ops(dtype: str, head: str, layout: str, archs: Optional[list[str]] = No
     name, files = _module_plan(dtype, head, layout, archs)
     defines = [f"-DVA_OP_NAMESPACE={name}"]
     ko = knockout_bits()
-    if ko:  # a timing experiment's build (bench/knockout.py): its own module, never the shipped one
+    if ko:  # a timing experiment's build (bench/gpu_run/knockout.py): its own module, never the shipped one
         name = f"{name}_ko{ko}"
         defines = [f"-DVA_OP_NAMESPACE={name}", f"-DVA_TV_KNOCKOUT={ko}"]
     with _lock:

@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import Optional
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 BIG = 1 << 20  # files larger than this are stored gzipped
 
 def device_slug(name: str) -> str:

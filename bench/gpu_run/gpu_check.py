@@ -11,7 +11,7 @@ the budget is skipped and said so. Stages, in order of value:
              and, when the tests run, the GPU tests' own libraries; each part timed
   tests      pytest -m gpu on the wgmma layouts (tests/test_arch_emu.py) and the cuda backend
              (tests/test_cuda_gpu.py: matrix, trees, odd lengths, splits, graphs, versions)
-  ceilings   bench/ceilings.py: copy bandwidth, bf16 mma.sync / wgmma / cuBLAS rates, HMMA and
+  ceilings   bench/core/ceilings.py: copy bandwidth, bf16 mma.sync / wgmma / cuBLAS rates, HMMA and
              wgmma latency, L2 and DRAM read bandwidth (the model's calibration inputs)
   kvstream   the KV stream probe: the loader alone (scattered 1152-byte rows through a cp.async ring),
              bandwidth against bytes in flight, lane layout and row-id source (the model's memory term)
@@ -24,7 +24,7 @@ the budget is skipped and said so. Stages, in order of value:
              Hopper tree-verify path (fa3-mla), FlashMLA's dense decode over the prefix + a torch tree
              part (flashmla, its prefix pass timed apart), FlashInfer's MLA wrapper (chains only),
              SGLang's Triton extend_attention; from their packages or the carried bundle .carry/peers
-             (bench/gpu_session.sh sets it up; bench/peers.py)
+             (bench/gpu_session.sh sets it up; bench/benchmark/peers.py)
   peers_sweep  the same at 4k / 16k / 64k / 185k x 16, 64 nodes (+ peers_sweep.png)
   fp8 / fp8_656   e4m3 and 656-byte caches: the CUDA kernels and Triton's, against the fp8 floors
   gqa        one GQA preset (llama3-70b-tp8) at 16k and 185k; gqa_fp8 the same with an e4m3 cache
@@ -60,7 +60,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 PY = sys.executable
 # kernel v3 (issue 39, the sm_120 tile: a producer warp and 8 math warps), on the H200 as the proxy of the same
 # source: in headline, sweep and ncu (not in the knockouts: its producer ignores their bits)
@@ -129,7 +129,7 @@ _LOAD_KERNELS = ("from verify_attn.backends.cuda import load_ops; load_ops(*sys.
 _BUILD_KERNELS = ("import sys, time; t = time.time(); from verify_attn.backends import get_backend; "
                   "ok, why = get_backend('cuda').available(); ok or sys.exit(f'cuda backend unavailable: {why}'); "
                   + _LOAD_KERNELS)
-_BUILD_PROBES = ("import time; t = time.time(); from bench.ceilings import _probe_module; _probe_module(); "
+_BUILD_PROBES = ("import time; t = time.time(); from bench.core.ceilings import _probe_module; _probe_module(); "
                  "print(f'built the ceiling probes in {time.time() - t:.1f} s')")
 _BUILD_TEST_LIBS = ("import sys, time; t = time.time(); sys.path.insert(0, 'tests'); import test_arch_emu as T; "
                     "from verify_attn.backends import cuda_emu; T.build_gpu_library(); "
@@ -214,7 +214,7 @@ NCU_RAW = ("--section SpeedOfLight --section MemoryWorkloadAnalysis_Tables --sec
            "--section SchedulerStats --section WarpStateStats --section LaunchStats --page raw").split()
 MODEL_STEMS = ("mla576_bf16_page1", "mla576_bf16_paged", "mla576e4m3_bf16_page1", "mla576x656_bf16_page1")
 CARRY = REPO / ".carry"
-# our default kernel and every peer (bench/verify.py OUTSIDE_BASELINES): FA3 along SGLang's Hopper path, FlashMLA
+# our default kernel and every peer (bench/benchmark/verify.py OUTSIDE_BASELINES): FA3 along SGLang's Hopper path, FlashMLA
 # (prefix) + torch tree part, FlashInfer's MLA wrapper (chains only: 'unsupported' on these trees, with the reason),
 # SGLang's Triton extend_attention
 PEERS_BACKENDS = "cuda,fa3-mla,flashmla,flashinfer-mla,sglang-extend"
@@ -259,7 +259,7 @@ def plan(out: Path, a: argparse.Namespace) -> list[Stage]:
                       str(out / ("ncu_source.csv" if a.ncu_args and "source" in a.ncu_args else "ncu_raw.csv")),
                       PY, "-m", "bench.ncu_probe", "--warm", "--versions", f"m32n32w8s5,v1,{V3.split('@')[1]}"],
               cap_s=25, min_s=20, needs="ncu", kernels=("mla576_bf16_page1",)),
-        # the serving engines' kernels beside ours, same process, inputs and timing (issue 42; bench/peers.py):
+        # the serving engines' kernels beside ours, same process, inputs and timing (issue 42; bench/benchmark/peers.py):
         # the headline point first, then the grid; peers absent on the device give 'unsupported' rows saying why
         Stage("peers", v + ["--ctx", "185k", "--tree", "16", "--layout", "page1", "--backend", PEERS_BACKENDS,
                             "--reps", "10", "--json", str(out / "peers.json")], cap_s=20, min_s=15),
@@ -386,8 +386,8 @@ def _tail(path: str, n: int = 6) -> str:
         return ""
 
 
-# the short table: bench/gpu_results.py (reading results, shared with --collect)
-from bench.gpu_results import _load, predictions_of, print_table  # noqa: E402
+# the short table: bench/gpu_run/gpu_results.py (reading results, shared with --collect)
+from bench.gpu_run.gpu_results import _load, predictions_of, print_table  # noqa: E402
 
 
 # ------------------------------------------------------------------ main
@@ -428,8 +428,9 @@ def select(stages: list[Stage], a: argparse.Namespace) -> list[Stage]:
         keep = {s.strip() for s in a.only.split(",")}
         unknown = keep - {s.name for s in stages}
         if unknown:
-            raise SystemExit(f"--only: unknown stage(s) {', '.join(sorted(unknown))}; "
-                             f"known: {', '.join(s.name for s in stages)}")
+            from verify_attn.utils import usage_error   # one line with the program's name, status 2
+            raise usage_error(f"python -m bench.gpu_check: error: --only: unknown stage(s) {', '.join(sorted(unknown))}; "
+                              f"known: {', '.join(s.name for s in stages)}")
         stages = [s for s in stages if s.name in keep]
     if a.skip:
         drop = {s.strip() for s in a.skip.split(",")}
@@ -472,7 +473,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     if a.collect:
         import tarfile
 
-        from bench.gpu_results import collect
+        from bench.gpu_run.gpu_results import collect
         try:
             return collect(Path(a.collect), name=a.collect_as)
         except (OSError, tarfile.TarError) as e:   # a wrong path or archive: one line, no traceback

@@ -17,7 +17,7 @@
   other tree is "unsupported" with that reason. MLA 576/512, 16-bit caches, pages of any size. Written
   against FlashInfer's documented API; not run here (no FlashInfer on either machine this project has had).
 - "fa3-mla" and "flashmla" (issue 42): FA3 along SGLang's Hopper tree-verify path, and FlashMLA's dense decode
-  over the prefix plus a torch tree part: bench/peers.py (found by bench/peer_bundle.py).
+  over the prefix plus a torch tree part: bench/benchmark/peers.py (found by bench/benchmark/peer_bundle.py).
 Each found peer's prepare function carries `.peer` = {source, version, commit}: bench.verify puts it in the JSON.
 """
 from __future__ import annotations
@@ -40,7 +40,7 @@ _SGLANG_MODULES = (
     "sglang.srt.layers.attention.triton_ops.extend_attention",
     "sglang.kernels.ops.attention.extend_attention",
 )
-SGLANG_REF = Path(__file__).resolve().parent.parent / "tests" / "sglang_ref"
+SGLANG_REF = Path(__file__).resolve().parents[2] / "tests" / "sglang_ref"
 _KERNEL_FILES = ("kernels/ops/attention/extend_attention.py", "srt/layers/attention/triton_ops/extend_attention.py")
 
 
@@ -157,7 +157,7 @@ def outside_baselines(want: Optional[Collection[str]] = None) -> tuple[dict[str,
             why = f"FlashInfer not installed ({type(e).__name__}; pip install flashinfer-python on a GPU machine)"
             found["flashinfer-mla"] = _unavailable(why)
             notes.append(f"flashinfer-mla: {why}: not in the table")
-    from bench.peer_bundle import hopper_peers   # issue 42: FA3 along SGLang's Hopper path, FlashMLA
+    from bench.benchmark.peer_bundle import hopper_peers   # issue 42: FA3 along SGLang's Hopper path, FlashMLA
     peers, info = hopper_peers(want)
     for name, i in info.items():
         if name in peers:

@@ -95,7 +95,7 @@ def print_report(payload: dict, console: Optional[Console] = None) -> None:
             gpu = r["timed_on"] == "cuda"   # a CPU wall-clock time has no meaningful GB/s or TFLOP/s
             cfg_s = "-" if not cfg else " ".join(f"{_CFG_ABBR.get(k, k)}{v}" for k, v in cfg.items())
             if cfg and r["backend"].partition("@")[0] == "cuda":   # name the compiled kernel: v2 m64n32w8s3 S66
-                from bench.measured import _row_kernel
+                from bench.benchmark.measured import _row_kernel
                 k = _row_kernel(r, head)
                 cfg_s = f"{k} S{cfg.get('num_splits')}" if k else cfg_s
             lay = r["layout"] if r["page_size"] == 1 else f"paged{r['page_size']}"

@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from typing import Optional
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "bench" / "results"
 _KERNEL_RE = re.compile(r"\bv(\d) m(\d+) n(\d+) w(\d+) s(\d+)\b")   # bench.model's kernel names
 

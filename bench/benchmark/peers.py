@@ -20,7 +20,7 @@
   prefix pass alone is timed apart as the row's `parts_us["prefix"]`: the speed-of-light reference for the
   prefix part.
 
-The kernels themselves are found by bench/peer_bundle.py (their packages, else the carried bundle).
+The kernels themselves are found by bench/benchmark/peer_bundle.py (their packages, else the carried bundle).
 
 The plumbing (page tables, sequence lengths, q split, block tables, layouts, merge) is plain torch taking the
 kernel as an argument, so tests/test_peers.py checks it on the CPU with stand-ins that compute what the
@@ -172,7 +172,7 @@ def fa3_mla_prepare(fa3: Fa3Fn, kw: dict) -> Callable[[torch.Tensor], None]:
         (oa, la), (ob, lb) = prefix(), tree()
         merge_states(oa, la.t(), ob, lb.t(), out)
 
-    run.parts = {"prefix": prefix, "tree": tree}   # timed apart by bench.measure (the row's parts_us)
+    run.parts = {"prefix": prefix, "tree": tree}   # timed apart by bench.core.measure (the row's parts_us)
     if kw["page_size"] != 1:
         run.departure = (f"the page-{kw['page_size']} pool read through its page-1 row view (SGLang's topk > 1 "
                          "path is page_size=1)")

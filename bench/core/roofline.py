@@ -52,7 +52,7 @@ RTX_PRO_6000 = Device(
     source="datasheet 1,792 GB/s; 503.8 TFLOP/s dense bf16 fp32-acc (spec aggregators, GB202)",
 )
 # H200 SXM (sm_90, 132 SMs, 50 MB L2): 4.8 TB/s HBM3e and 989 TFLOP/s dense BF16
-# tensor, both NVIDIA datasheet. On an H200 the measured ceilings (bench/ceilings.py)
+# tensor, both NVIDIA datasheet. On an H200 the measured ceilings (bench/core/ceilings.py)
 # are reported as a separate device next to these.
 H200 = Device(
     name="H200", sms=132, mem_bw_gbs=4800.0, mma_tflops=989.0, l2_mb=50.0,

@@ -12,9 +12,9 @@ from typing import Callable, Optional
 
 import torch
 
-from bench import roofline as rl
-from bench.inputs import make_inputs
-from bench.timing import Timing, rotation_sets, time_cpu
+from bench.core import roofline as rl
+from bench.core.inputs import make_inputs
+from bench.core.timing import Timing, rotation_sets, time_cpu
 from verify_attn.shapes import HeadShape
 from verify_attn.tolerances import TOL
 
@@ -193,7 +193,7 @@ def run_combo(shape: HeadShape, ctx: int, trees: list[list[int]], layout: tuple[
 
 
 def _time_parts(r: Row, runs: list, timer: Timer, cold: bool) -> None:
-    """A peer made of passes (bench/peers.py: run.parts = {"prefix": fn, "tree": fn}) has each pass timed
+    """A peer made of passes (bench/benchmark/peers.py: run.parts = {"prefix": fn, "tree": fn}) has each pass timed
     apart, the same way as the whole call: the row's parts_us."""
     parts = getattr(runs[0], "parts", None)
     if not parts:

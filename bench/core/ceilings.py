@@ -1,0 +1,327 @@
+"""Measured ceilings of the GPU at hand: device-to-device copy bandwidth and a bf16 matrix rate.
+
+Measured once per GPU (and torch version) and cached as JSON in
+verify_attn.utils.cache_dir()/ceilings.json ($VERIFY_ATTN_CACHE, else $XDG_CACHE_HOME/verify_attn, else ~/.cache/verify_attn).
+`python -m bench.ceilings [--refresh] [--json PATH]` measures and prints them.
+
+- copy_gbs: `dst.copy_(src)` of a buffer much larger than L2, counted as
+  read + write bytes per second (the convention behind "~4.3 TB/s on an H200").
+- mma_tflops: the tensor rate the floor is measured against: the mma.sync-class
+  rate (`mma_sync_tflops`: csrc/ceilings/mma_peak.cu, register-resident bf16
+  m16n8k16 MMAs over the whole GPU, JIT-built here) when the CUDA toolkit is at
+  hand, since our kernels are built on mma.sync; else the cuBLAS rate.
+- cublas_tflops: a bf16 8192^3 torch.matmul (cuBLAS). On Hopper that uses wgmma,
+  so it is above what mma.sync code reaches there; reported beside it.
+- hmma_latency_cycles, l2_read_gbs, dram_read_gbs: the SASS model's calibration
+  inputs (bench/model/devices.py): one dependent MMA chain timed with clock64, and a
+  read sweep of an L2-resident buffer and of a 1 GiB one (csrc/ceilings/mma_peak.cu).
+- wgmma_tflops, wgmma_latency_cycles (compute capability 9.0 only; None with a
+  `*_skipped` reason elsewhere): the warpgroup MMA rate (wgmma_peak_kernel: m64n256k16
+  bf16, A in registers, B in shared memory, 8 per commit group, 2 warpgroups per SM)
+  and the cycles of one (wgmma + wait_group 0) round at N = 64 and N = 256: what the
+  SASS model predicts for the same kernels (`python -m bench.model --probes`). Not the
+  floor's rate: our kernels are mma.sync.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+
+_FILE = "ceilings.json"
+
+
+def cache_dir() -> Path:
+    from verify_attn.utils import cache_dir as root
+    return root()
+
+
+def _key(name: str) -> str:
+    return f"{name}|torch {torch.__version__}"
+
+
+def _event_median_ms(fn: Callable[[], None], reps: int, warmup: int = 3) -> float:
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e))
+    return statistics.median(times)
+
+
+def measure_copy_gbs(nbytes: int = 1 << 30, reps: int = 20) -> float:
+    src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda").normal_()
+    dst = torch.empty_like(src)
+    ms = _event_median_ms(lambda: dst.copy_(src), reps)
+    return 2 * src.numel() * 2 / (ms * 1e-3) / 1e9
+
+
+def measure_mma_tflops(n: int = 8192, reps: int = 20) -> float:
+    a = torch.randn(n, n, dtype=torch.bfloat16, device="cuda")
+    b = torch.randn(n, n, dtype=torch.bfloat16, device="cuda")
+    c = torch.empty(n, n, dtype=torch.bfloat16, device="cuda")
+    ms = _event_median_ms(lambda: torch.matmul(a, b, out=c), reps)
+    return 2 * n**3 / (ms * 1e-3) / 1e12
+
+
+def _probe_module():
+    """The JIT-built probes of csrc/ceilings (mma peak and latency, read bandwidth)."""
+    from torch.utils.cpp_extension import load
+
+    from verify_attn import build as vb
+    from verify_attn.backends.cuda import jit_archs
+
+    vb.ensure_cuda_home()
+    archs = jit_archs()
+    src = vb.CSRC / "ceilings"
+    files = ("mma_peak.cu", "kv_stream.cu", "mma_peak.h", "mma_peak_binding.cpp")
+    tag = vb.source_hash([str(src / "mma_peak.cu"), *((src / f).read_text() for f in files)])[:8]
+    return load(name="va_mma_peak_" + "_".join(a.replace("sm_", "") for a in archs) + "_" + tag,
+                sources=[str(src / "mma_peak_binding.cpp"), str(src / "mma_peak.cu"), str(src / "kv_stream.cu")],
+                extra_include_paths=[str(vb.CSRC)], extra_cuda_cflags=vb.nvcc_extension_flags(archs))
+
+
+def measure_mma_latency_cycles(iters: int = 4096) -> float:
+    """SM cycles per dependent bf16 m16n8k16 MMA (one warp, one chain): the model's hmma_latency."""
+    mod = _probe_module()
+    out = torch.zeros(2, dtype=torch.float32, device="cuda")
+    vals = []
+    for _ in range(5):
+        mod.mma_latency(out, iters)
+        torch.cuda.synchronize()
+        vals.append(float(out[0]))
+    return statistics.median(vals)
+
+
+def measure_read_gbs(nbytes: int, repeats: int, reps: int = 10) -> float:
+    """Read bandwidth (GB/s) of a grid sweeping an nbytes buffer `repeats` times (csrc/ceilings)."""
+    from verify_attn import device as vdevice
+
+    mod = _probe_module()
+    buf = torch.zeros(nbytes // 4, dtype=torch.float32, device="cuda")
+    blocks = vdevice.query(torch.cuda.current_device()).sm_count * 8
+    out = torch.zeros(blocks, dtype=torch.float32, device="cuda")
+    ms = _event_median_ms(lambda: mod.read_bw(buf, out, blocks, repeats), reps)
+    return nbytes * repeats / (ms * 1e-3) / 1e9
+
+
+def measure_l2_gbs() -> float:
+    """L2 -> SM read bandwidth: a buffer of a quarter of L2 swept 50 times."""
+    from verify_attn import device as vdevice
+
+    l2 = vdevice.query(torch.cuda.current_device()).l2_bytes
+    return measure_read_gbs(max(1 << 20, (l2 // 4) // 16 * 16), repeats=50)
+
+
+def measure_mma_sync_tflops(reps: int = 10, iters: int = 512) -> float:
+    """bf16 mma.sync m16n8k16 rate of the whole GPU (csrc/ceilings/mma_peak.cu)."""
+    from verify_attn import device as vdevice
+
+    mod = _probe_module()
+    blocks = vdevice.query(torch.cuda.current_device()).sm_count * 8
+    out = torch.empty(blocks * mod.threads(), dtype=torch.float32, device="cuda")
+    ms = _event_median_ms(lambda: mod.mma_peak(out, blocks, iters, True), reps)
+    if not torch.isfinite(out).all():
+        raise RuntimeError("mma_peak produced non-finite sums")
+    return mod.flops(blocks, iters) / (ms * 1e-3) / 1e12
+
+
+KV_STREAM_TILES = ((16, 2), (16, 4), (16, 8), (32, 2), (32, 3), (32, 4), (32, 6), (64, 2), (64, 3))  # (bn, stages)
+
+
+def measure_kv_stream(ctx: int = 185_000, row_bytes: int = 1152, tiles=KV_STREAM_TILES, delays=(0, 3000),
+                      reps: int = 5) -> list[dict]:
+    """The KV stream probe (csrc/ceilings/kv_stream.cu) over tile shapes, prefetch depths, lane layouts, row-id
+    sources and stand-in math per tile: one CTA per SM streaming `ctx` shuffled rows of `row_bytes` (the MLA
+    row), cold (the pool is 4x L2 or more at 185k). Rows: {bn, stages, across, idx, delay, inflight_bytes (the
+    prefetch distance in bytes per SM), us, gbs, us_per_tile}. What the model's memory term is judged
+    against."""
+    from verify_attn import device as vdevice
+
+    mod = _probe_module()
+    sms = vdevice.query(torch.cuda.current_device()).sm_count
+    g = torch.Generator(device="cuda").manual_seed(0)
+    pool = torch.randint(0, 255, (ctx * row_bytes,), dtype=torch.uint8, device="cuda", generator=g)
+    shuffled = torch.randperm(ctx, device="cuda", generator=g).to(torch.int32)
+    out = torch.zeros(sms, dtype=torch.float32, device="cuda")
+    per_cta = -(-ctx // sms)
+    rows = []
+    for bn, stages in tiles:
+        for across in (0, 1):
+            for idx in (0, 1, 2):
+                for delay in delays:
+                    ms = _event_median_ms(lambda: mod.kv_stream(pool, shuffled, out, row_bytes, bn, stages, across, idx,
+                                                                delay, sms), reps, warmup=1)
+                    tiles_per_cta = -(-per_cta // bn)
+                    rows.append({"bn": bn, "stages": stages, "across": across, "idx": idx, "delay": delay,
+                                 "inflight_bytes": (stages - 1) * bn * row_bytes, "us": ms * 1e3,
+                                 "gbs": ctx * row_bytes / (ms * 1e-3) / 1e9,
+                                 "us_per_tile": ms * 1e3 / tiles_per_cta})
+    return rows
+
+
+def _has_wgmma() -> bool:
+    """wgmma is sm_90a code: compute capability 9.0 only."""
+    return tuple(torch.cuda.get_device_capability()) == (9, 0)
+
+
+def measure_wgmma_tflops(reps: int = 10, iters: int = 1024) -> float:
+    """bf16 wgmma m64n256k16 rate of the whole GPU (csrc/ceilings/mma_peak.cu wgmma_peak_kernel),
+    one block (2 warpgroups) per SM. Compute capability 9.0 only."""
+    from verify_attn import device as vdevice
+
+    if not _has_wgmma():
+        raise RuntimeError(f"wgmma needs compute capability 9.0, this GPU is {torch.cuda.get_device_capability()}")
+    mod = _probe_module()
+    blocks = vdevice.query(torch.cuda.current_device()).sm_count
+    out = torch.full((blocks * mod.wgmma_threads(),), float("nan"), dtype=torch.float32, device="cuda")
+    ms = _event_median_ms(lambda: mod.wgmma_peak(out, blocks, iters), reps)
+    if not torch.isfinite(out).all():  # a build without sm_90a code leaves out unwritten
+        raise RuntimeError("wgmma_peak wrote no finite sums (was the probe built for sm_90a?)")
+    return mod.wgmma_flops(blocks, iters) / (ms * 1e-3) / 1e12
+
+
+def measure_wgmma_latency_cycles(iters: int = 1024) -> tuple[float, float]:
+    """SM cycles of one (wgmma + wait_group 0) round, one warpgroup: (N = 64, N = 256). The model's
+    HGMMA pipe time is N / 2 cycles; the rest is its hgmma_latency plus the round's issue."""
+    if not _has_wgmma():
+        raise RuntimeError(f"wgmma needs compute capability 9.0, this GPU is {torch.cuda.get_device_capability()}")
+    mod = _probe_module()
+    out = torch.full((4,), float("nan"), dtype=torch.float32, device="cuda")
+    vals = []
+    for _ in range(5):
+        mod.wgmma_latency(out, iters)
+        torch.cuda.synchronize()
+        vals.append((float(out[0]), float(out[2])))
+    if not all(v == v for pair in vals for v in pair):
+        raise RuntimeError("wgmma_latency wrote no cycles (was the probe built for sm_90a?)")
+    return statistics.median(v[0] for v in vals), statistics.median(v[1] for v in vals)
+
+
+def _load() -> dict:
+    try:
+        return json.loads((cache_dir() / _FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _store(all_entries: dict) -> None:
+    d = cache_dir()
+    d.mkdir(parents=True, exist_ok=True)
+    tmp = d / f".{_FILE}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(all_entries, indent=2))
+    os.replace(tmp, d / _FILE)  # atomic: a reader never sees half a file
+
+
+def get_ceilings(refresh: bool = False) -> Optional[dict]:
+    """{'device', 'copy_gbs', 'mma_tflops', 'date', 'torch'} for the current GPU, or None without CUDA."""
+    if not torch.cuda.is_available():
+        return None
+    name = torch.cuda.get_device_name()
+    entries = _load()
+    if not refresh and _key(name) in entries:
+        return entries[_key(name)]
+    cublas = measure_mma_tflops()
+    try:
+        mma_sync, source = measure_mma_sync_tflops(), "mma.sync (csrc/ceilings/mma_peak.cu)"
+    except Exception as e:  # no toolkit to build it: the cuBLAS rate, and say so
+        mma_sync, source = None, f"cuBLAS (mma.sync probe unavailable: {type(e).__name__}: {e})"
+    probes: dict = {}
+    for key, fn in (("hmma_latency_cycles", measure_mma_latency_cycles), ("l2_read_gbs", measure_l2_gbs),
+                    ("dram_read_gbs", lambda: measure_read_gbs(1 << 30, repeats=2))):
+        try:  # the model's calibration inputs (bench/model/devices.py); a failed probe is said, not fatal
+            probes[key] = fn()
+        except Exception as e:
+            probes[key] = None
+            probes[key + "_error"] = f"{type(e).__name__}: {e}"
+    if _has_wgmma():  # the sm_90a wgmma probes: measured rate and latency (the model predicts both)
+        for key, fn in (("wgmma_tflops", measure_wgmma_tflops),
+                        ("wgmma_latency_cycles", measure_wgmma_latency_cycles)):
+            try:
+                probes[key] = fn()
+            except Exception as e:
+                probes[key] = None
+                probes[key + "_error"] = f"{type(e).__name__}: {e}"
+    else:
+        for key in ("wgmma_tflops", "wgmma_latency_cycles"):
+            probes[key] = None
+            probes[key + "_skipped"] = ("wgmma is sm_90a only; compute capability "
+                                        f"{torch.cuda.get_device_capability()}")
+    entry = {
+        "device": name,
+        **probes,
+        "copy_gbs": measure_copy_gbs(),
+        "mma_tflops": mma_sync if mma_sync is not None else cublas,
+        "mma_source": source,
+        "mma_sync_tflops": mma_sync,
+        "cublas_tflops": cublas,
+        "date": _dt.datetime.now().isoformat(timespec="seconds"),
+        "torch": torch.__version__,
+        "method": "copy_: 1 GiB bf16, read+write bytes; matmul: bf16 8192^3 cuBLAS; mma.sync: bf16 m16n8k16 "
+                  "register-resident, 8 chains/warp, 8 CTAs/SM; wgmma (9.0 only): bf16 m64n256k16, A in "
+                  "registers, 8 per commit group, wait_group 1, 1 CTA of 2 warpgroups per SM; CUDA events, median",
+    }
+    entries = _load()  # re-read: another process may have written meanwhile
+    entries[_key(name)] = entry
+    _store(entries)
+    return entry
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.ceilings", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--refresh", action="store_true", help="measure again even if cached")
+    ap.add_argument("--json", metavar="PATH", help="also write the entry to PATH")
+    ap.add_argument("--kv-stream", metavar="PATH", help="run the KV stream probe sweep (the loader alone: bandwidth "
+                    "against bytes in flight, lane layout, row-id source) and write its rows to PATH")
+    a = ap.parse_args(argv)
+    if a.kv_stream:
+        if not torch.cuda.is_available():
+            print("no CUDA device: the KV stream probe needs one")
+            return 0
+        rows = measure_kv_stream()
+        Path(a.kv_stream).write_text(json.dumps({"device": torch.cuda.get_device_name(), "rows": rows}, indent=1))
+        print(f"{'bn':>3} {'st':>2} {'across':>6} {'idx':>3} {'delay':>5} {'in flight':>9} {'us':>8} {'GB/s':>7}")
+        for r in rows:
+            print(f"{r['bn']:3d} {r['stages']:2d} {r['across']:6d} {r['idx']:3d} {r['delay']:5d} "
+                  f"{r['inflight_bytes'] / 1024:8.0f}K {r['us']:8.1f} {r['gbs']:7.0f}")
+        return 0
+    c = get_ceilings(refresh=a.refresh)
+    if c is None:
+        print("no CUDA device: nothing to measure (the benchmark then uses datasheet ceilings)")
+        return 0
+    sync = c.get("mma_sync_tflops")
+    print(f"{c['device']}: copy {c['copy_gbs']:.0f} GB/s, bf16 mma.sync "
+          f"{'n/a' if sync is None else f'{sync:.0f}'} TFLOP/s, cuBLAS {c.get('cublas_tflops', 0):.0f} TFLOP/s; "
+          f"floor uses {c['mma_tflops']:.0f} ({c.get('mma_source', 'cuBLAS')}) "
+          f"(measured {c['date']}, cache {cache_dir() / _FILE})")
+    lat, l2, rd = c.get("hmma_latency_cycles"), c.get("l2_read_gbs"), c.get("dram_read_gbs")
+    print(f"  model calibration inputs: HMMA latency {'n/a' if lat is None else f'{lat:.1f} cycles'}, "
+          f"L2 read {'n/a' if l2 is None else f'{l2:.0f} GB/s'}, DRAM read {'n/a' if rd is None else f'{rd:.0f} GB/s'}")
+    wg, wl = c.get("wgmma_tflops"), c.get("wgmma_latency_cycles")
+    if wg is not None or wl is not None:
+        print(f"  wgmma (sm_90a): bf16 m64n256k16 {'n/a' if wg is None else f'{wg:.0f} TFLOP/s'}, "
+              f"wgmma + wait round {'n/a' if not wl else f'{wl[0]:.1f} cycles at N = 64, {wl[1]:.1f} at N = 256'}")
+    else:
+        why = c.get("wgmma_tflops_skipped") or c.get("wgmma_tflops_error") or "not measured (cached entry; --refresh)"
+        print(f"  wgmma: {why}")
+    if a.json:
+        Path(a.json).write_text(json.dumps(c, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,5 @@
+import sys
+
+from ..gpu_run.gpu_check import main
+
+sys.exit(main())
