@@ -62,9 +62,12 @@ from typing import Optional
 
 REPO = Path(__file__).resolve().parents[2]
 PY = sys.executable
-# kernel v3 (issue 39, the sm_120 tile: a producer warp and 8 math warps), on the H200 as the proxy of the same
-# source: in headline, sweep and ncu (not in the knockouts: its producer ignores their bits)
-V3 = "cuda@m32n16w9s4"
+# kernel v3 (issue 39, the sm_120 kernel: 8 math warps and a producer), on the H200 as the proxy of the same source:
+# cuda@v3-sm120 is its producer-warpgroup tile (setmaxnreg, v1's two-tile loop; each format's), in headline, sweep,
+# ncu and the e4m3 stage; the one-producer-warp tile (168 registers, one tile at a time) in headline beside it. Not in
+# the knockouts: the producer ignores their bits.
+V3 = "cuda@v3-sm120"
+V3_WARP = "cuda@m32n16w9s4"
 PLAN_CAP_S = 480.0          # the default plan's caps add up to at most this (tests/test_bench.py checks)
 DEVICE_CORES = 16           # the lent GPU machine's CPU cores (the build estimate scales to them)
 BUILD_TIMES = REPO / "bench" / "results" / "build_times.json"  # --time-build's measurement on this machine
@@ -248,7 +251,7 @@ def plan(out: Path, a: argparse.Namespace) -> list[Stage]:
               min_s=10),
         Stage("headline", v + ["--ctx", "185k", "--tree", "16", "--layout", "page1",
                                "--backend", "cuda@v2,cuda@v1,cuda@v0,cuda@m32n32w8s5,cuda@m32n16w8s8,cuda@m32n16w8s4,"
-                               f"{V3},triton,triton-serial", "--json",
+                               f"{V3},{V3_WARP},triton,triton-serial", "--json",
                                str(out / "headline.json"), "--csv", str(out / "headline.csv")], cap_s=30, min_s=20),
         Stage("sweep", v + ["--ctx", "185k,64k,16k,4k", "--tree", "16,64,1", "--layout", "page1,paged",
                             "--backend", f"cuda@v2,cuda@v1,cuda@m32n32w8s5,{V3}", "--json", str(out / "sweep.json"),
@@ -270,7 +273,8 @@ def plan(out: Path, a: argparse.Namespace) -> list[Stage]:
         # e4m3 caches (issue 17): the e4m3 kernels and Triton's dequantizing one, against the fp8 floors; the arch's
         # default (the H200's: kernel v2 on wgmma .e4m3) next to the f16 tile it replaced there (m32 n32 w8 s3)
         Stage("fp8", v + ["--ctx", "16k,185k", "--tree", "16", "--layout", "page1", "--kv-dtype", "fp8_e4m3",
-                          "--backend", "cuda,cuda@m32n32w8s3,triton", "--json", str(out / "fp8.json")], cap_s=25),
+                          "--backend", f"cuda,cuda@m32n32w8s3,{V3},triton", "--json", str(out / "fp8.json")],
+              cap_s=25),
         Stage("fp8_656", v + ["--ctx", "185k", "--tree", "16", "--layout", "page1", "--kv-dtype", "fp8_mla656",
                               "--backend", "cuda,triton", "--json", str(out / "fp8_656.json")], cap_s=15),
         Stage("gqa", v + ["--shape", "llama3-70b-tp8", "--ctx", "16k,185k", "--tree", "16", "--layout", "page1",
