@@ -165,8 +165,9 @@ template <class Head> struct TilesFor;
 //       32 rows x 16 tokens x 4 stages, S warps 4 (dims) x 2 (M), one tile at a time: 3 tiles in flight. KV
 //       4 x 18,688 B + one set of partial scores 12,288 B + P 1,536 B + alpha, 1/l, lse2 384 B + 8 mask words per
 //       row 1,024 B + 8 mbarriers 64 B = 90,048 B. Registers rule the shape: 9 warps put 3 on one of the SM's 4
-//       schedulers, whose 16K registers then allow 168 per thread (no setmaxnreg on sm_120, and it needs whole
-//       warpgroups): Q for 144 dims of one m tile (36) + O (64) fit, v1's S split 2 x 2 (Q 72) spilled; and the
+//       schedulers, whose 16K registers then allow 168 per thread (one producer warp cannot setmaxnreg: it needs
+//       whole warpgroups; LOADER 3 below is the warpgroup form): Q for 144 dims of one m tile (36) + O (64) fit,
+//       v1's S split 2 x 2 (Q 72) spilled; and the
 //       one-tile loop keeps S's and PV's fragments apart (v1's two-tile loop with 5 stages for 3 in flight would
 //       need 105,680 B at this split).
 using TileMlaV3 = TileConfigV1<32, 16, 8, 4, 4, 1, 1, 2, 2>;
