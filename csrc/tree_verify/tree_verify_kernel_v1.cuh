@@ -995,6 +995,19 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
       }
   };
 
+  // the second half of a two-barrier iteration, after the barrier that publishes S(it + 1): PV(it), then the softmax
+  // of it + 1 (v1's loop and v3's producer-warpgroup loop)
+  auto pv_then_softmax = [&](int it, bool has_next) {
+    if (has_next && tile_masked(it + 1)) {  // sass-model: cold
+      pv_mma();
+      softmax(it + 1, std::true_type{});
+    } else if (!has_next) {  // sass-model: cold
+      pv_mma();
+    } else {  // sass-model: hot
+      pv_mma();  // the tensor pipe works on PV(it) while the softmax of it + 1 waits on its latencies
+      softmax(it + 1, std::false_type{});
+    }
+  };
   if constexpr (Tr::kProducerWG) {
     // ---- v3 with a producer warpgroup: v1's two-barrier loop. Iteration it: S(it + 1) | PV(it) with the softmax of
     // it + 1. Barrier 1 publishes P(it) and alpha(it) (and orders the softmax's reads of the partial scores of it
@@ -1020,15 +1033,7 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
       rescale_o(it);  // alpha(it) too; the FMULs fill the wait for the S results
       if (has_next) s_store(sacc, it + 1);
       math_sync();    // partial scores of tile it + 1 published
-      if (has_next && tile_masked(it + 1)) {  // sass-model: cold
-        pv_mma();
-        softmax(it + 1, std::true_type{});
-      } else if (!has_next) {  // sass-model: cold
-        pv_mma();
-      } else {  // sass-model: hot
-        pv_mma();  // the tensor pipe works on PV(it) while the softmax of it + 1 waits on its latencies
-        softmax(it + 1, std::false_type{});
-      }
+      pv_then_softmax(it, has_next);
     }
   } else if constexpr (Tr::kProducer) {
     // ---- v3: one tile at a time. S(it) -> partial scores | softmax(it) -> P(it), alpha(it) | PV(it). Barrier 1
@@ -1136,15 +1141,7 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
       rescale_o(it);  // alpha(it) too; the FMULs fill the wait for the S results
       if (has_next) s_store(sacc, it + 1);
       arch::block_sync();  // partial scores of tile it+1 published
-      if (has_next && tile_masked(it + 1)) {  // sass-model: cold
-        pv_mma();
-        softmax(it + 1, std::true_type{});
-      } else if (!has_next) {  // sass-model: cold
-        pv_mma();
-      } else {  // sass-model: hot
-        pv_mma();  // the tensor pipe works on PV(it) while the softmax of it+1 waits on its latencies
-        softmax(it + 1, std::false_type{});
-      }
+      pv_then_softmax(it, has_next);
     }
   }
   arch::cp_async_wait<0>();  // no copy outlives the CTA (only empty groups can be pending here)
