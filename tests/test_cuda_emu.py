@@ -855,16 +855,23 @@ V3W, V3W_FP8 = (32, 16, 12, 4), (32, 32, 12, 4)
 @pytest.mark.parametrize("i", range(len(V3_CASES)),
                          ids=[f"{s.id}-{n}s-{sch}-{land}" for s, n, sch, land in V3_CASES])
 def test_v3_matches_reference(emu, i, tile):
-    spec, splits, sched, landing = V3_CASES[i]
+    case, out, lse = _run_v3_case(emu, i, V3_CASES[i], tile)
+    check_against_reference(out, lse, case, *TOL[case.spec.dtype])
+
+
+def _run_v3_case(emu, i: int, row, tile):
+    """One (spec, splits, schedule, landing) row of a v3 matrix on `tile`: (case, out, lse); with one split, the
+    split kernel alone ran (no combine launch) with all of the tile's warps, the producer's too."""
+    spec, splits, sched, landing = row
     emu.set_schedule(sched, seed=i)
     emu.set_cp_async_landing(landing)
     case = make_case(spec)
     emu.reset_stats()
     out, lse = _run(case, cfg(splits, *tile))
-    check_against_reference(out, lse, case, *TOL[spec.dtype])
-    if splits == 1:  # the split kernel alone (no combine launch): 9 (12) warps per block, the producer's too
+    if splits == 1:
         st = emu.stats()
         assert st["launches"] == 1 and st["threads"] == 32 * tile[2] * st["blocks"] > 0, st
+    return case, out, lse
 
 
 @pytest.mark.parametrize("lens,nodes,kind,page", [((40,), (256,), "bushy", 1), ((300, 7), (128, 3), "deep", 3)],
@@ -1003,17 +1010,9 @@ V3_FP8_CASES = [
 @pytest.mark.parametrize("i", range(len(V3_FP8_CASES)),
                          ids=[f"{s.id}-{n}s-{sch}-{land}" for s, n, sch, land in V3_FP8_CASES])
 def test_v3_fp8_matches_reference(emu, i, tile):
-    spec, splits, sched, landing = V3_FP8_CASES[i]
-    emu.set_schedule(sched, seed=i)
-    emu.set_cp_async_landing(landing)
-    case = make_case(spec)
-    emu.reset_stats()
-    out, lse = _run(case, cfg(splits, *tile))
+    case, out, lse = _run_v3_case(emu, i, V3_FP8_CASES[i], tile)
     rel, lse_err = fp8_errors(case, out, lse)
-    assert rel <= FP8_MMA_REL_TOL and lse_err <= FP8_MMA_LSE_ATOL, (spec.id, rel, lse_err)
-    if splits == 1:
-        st = emu.stats()
-        assert st["launches"] == 1 and st["threads"] == 32 * tile[2] * st["blocks"] > 0, st
+    assert rel <= FP8_MMA_REL_TOL and lse_err <= FP8_MMA_LSE_ATOL, (case.spec.id, rel, lse_err)
 
 
 def test_v3_fp8_wide_tree(emu):
