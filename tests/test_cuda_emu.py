@@ -829,10 +829,10 @@ def test_fp8_gqa_outside_the_family_is_refused_with_a_reason(emu):
 V3 = (32, 16, 9, 4)
 V3_MATH, V3_PRODUCER = (0, 256), (256, 288)
 
-# (spec, splits, schedule, landing): pages 1 / 3 / 16 / 64, trees of 1, 7, 16 nodes, prefixes 0, 1, 54, 97, 333,
-# mixed batches, 1-16 splits (16: more splits than tiles), every schedule, both landing modes ("issue": a stage
-# refilled before its EMPTY barrier shows; "wait": a stage read before its FULL barrier does). 333 + 16 tokens in one
-# split are 22 tiles: every stage is refilled five times.
+# (spec, splits, schedule, landing): pages 1 / 3 / 7 / 16 / 64, trees of 1, 7, 9, 16 nodes, prefixes 0, 1, 54, 97,
+# 199, 333, mixed batches, 1-16 and 300 splits (16 and 300: more splits than tiles), every schedule, both landing
+# modes ("issue": a stage refilled before its EMPTY barrier shows; "wait": a stage read before its FULL barrier does).
+# 333 + 16 tokens in one split are 22 tiles: every stage is refilled five times.
 V3_CASES = [
     (CaseSpec((1,), (1,), "bushy", dtype=BF, seed=301, **MLA), 1, "forward", "wait"),
     (CaseSpec((54,), (16,), "bushy", dtype=BF, seed=302, **MLA), 2, "warp-ahead", "issue"),
@@ -842,6 +842,8 @@ V3_CASES = [
     (CaseSpec((333,), (16,), "deep", dtype=BF, seed=306, **MLA), 1, "warp-ahead", "issue"),
     (CaseSpec((97, 45), (16, 8), "bushy", dtype=BF, page_size=64, seed=307, **MLA), 2, "warp-ahead-reverse", "wait"),
     (CaseSpec((201,), (5,), "star", dtype=BF, page_size=16, seed=308, **MLA), 4, "forward", "issue"),
+    # 300 splits over 13 tiles: most splits empty (their CTAs exit before the roles split), a few one tile each
+    (CaseSpec((199,), (9,), "bushy", dtype=BF, page_size=7, seed=314, **MLA), 300, "random", "issue"),
 ]
 
 
@@ -1003,6 +1005,8 @@ V3_FP8_CASES = [
      "warp-ahead-reverse", "issue"),
     (CaseSpec((130, 61), (16, 3), "bushy", dtype=BF, kv_dtype="fp8_mla656", page_size=64, seed=328, **MLA), 3,
      "forward", "wait"),
+    (CaseSpec((199,), (9,), "bushy", dtype=BF, kv_dtype="fp8_e4m3", page_size=7, seed=332, **MLA), 300, "random",
+     "issue"),
 ]
 
 

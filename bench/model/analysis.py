@@ -302,8 +302,12 @@ def is_wait_loop(f: Function, loop: Loop) -> bool:
     if not br.pred:
         return False
     p = br.pred.lstrip("@!")
-    return any(i.op == "SYNCS" and "PHASECHK" in i.mods and p in i.regs_written()
-               for i in f.instrs[loop.start:loop.end + 1])
+    # the branch's predicate as last written before it in the loop body: the try_wait's (a tile loop whose back
+    # branch tests its counter in a predicate register some try_wait inside it also wrote is not a retry loop)
+    for i in reversed(f.instrs[loop.start:loop.end]):
+        if p in i.regs_written():
+            return i.op == "SYNCS" and "PHASECHK" in i.mods
+    return False
 
 
 def _value_before(f: Function, idx: int, reg: str, depth: int = 0) -> Optional[int]:
