@@ -64,8 +64,8 @@ REPO = Path(__file__).resolve().parents[2]
 PY = sys.executable
 # kernel v3 (issue 39, the sm_120 kernel: 8 math warps and a producer), on the H200 as the proxy of the same source:
 # cuda@v3-sm120 is its producer-warpgroup tile (setmaxnreg, v1's two-tile loop; each format's), in headline, sweep,
-# ncu and the e4m3 stage; the one-producer-warp tile (168 registers, one tile at a time) in headline beside it. Not in
-# the knockouts: the producer ignores their bits.
+# ncu, the knockouts (its producer honours the no-load and no-index bits) and the e4m3 stage; the one-producer-warp
+# tile (168 registers, one tile at a time) in headline beside it.
 V3 = "cuda@v3-sm120"
 V3_WARP = "cuda@m32n16w9s4"
 PLAN_CAP_S = 480.0          # the default plan's caps add up to at most this (tests/test_bench.py checks)
@@ -297,7 +297,8 @@ def plan(out: Path, a: argparse.Namespace) -> list[Stage]:
     ]
     if a.knockout:   # where the tile's time goes: variants without the copies / index loads / v2's exchange
         stages.insert(2, Stage("knockout", [PY, "-m", "bench.knockout", "--ctx", "185k", "--tree", "16,64",
-                                            "--variants", a.knockout, "--versions", "v2,v1,m32n32w8s5",
+                                            "--variants", a.knockout, "--versions",
+                                            f"v2,v1,m32n32w8s5,{V3.split('@')[1]}",
                                             "--json", str(out / "knockout.json")], cap_s=100, min_s=40))
     if a.e2e:
         stages.append(Stage("e2e", [PY, "-m", "integration.measure.bench_e2e", "--model", "kimi-k2-tp8", "--simulate-rank",
@@ -409,7 +410,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--ncu-args", default=None, help="the ncu stage's sections and page instead of the default "
                     "(e.g. '--section SourceCounters --page source --print-source sass': per-instruction stalls)")
     ap.add_argument("--knockout", metavar="BITS", default=None, const="0,1,2,4,7,8", nargs="?",
-                    help="also time knockout variants of v2 / v1 (bench.knockout; default bits 0,1,2,4,7,8)")
+                    help="also time knockout variants of v2 / v1 / v1's bulk loader / v3-sm120 (bench.knockout; "
+                         "default bits 0,1,2,4,7,8)")
     ap.add_argument("--tune", action="store_true", help=argparse.SUPPRESS)   # the tune stage is in the plan now
     ap.add_argument("--only", default=None, help="comma-separated stage names to run (default: all)")
     ap.add_argument("--skip", default=None, help="comma-separated stage names to leave out")

@@ -350,14 +350,23 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
       tok_ahead += BN;
       ++fetched;
     };
+    // knockouts (timing experiments, request.cuh): kKoNoIndex, row ids are the token positions (page size 1) and
+    // the ring is never filled; kKoNoLoad, each stage is filled once (tiles 0 .. STAGES - 1), later tiles only
+    // arrive on FULL (the stages keep stale rows), the EMPTY waits stay
+    constexpr bool kKoIdx = kKnockout & kKoNoIndex, kKoLoad = kKnockout & kKoNoLoad;
+    if constexpr (!kKoIdx) {
 #pragma unroll
-    for (int d = 0; d < kLead; ++d) fetch();
+      for (int d = 0; d < kLead; ++d) fetch();
+    }
     bool q_free = false;
     for (int t = 0; t < ntiles; ++t) {
       const int stage = t % STAGES;
-      arch::cp_async_wait<kLead - 1>();   // this lane's index of tile t landed (kLead - 1 later ones in flight)
-      const int32_t id = sPIdx[(t % kLead) * 32 + lane];
-      fetch();                            // tile t + kLead's, into the slot just read (an empty group past the end)
+      int32_t id = tok;                     // (kKoNoIndex: page size 1, the row of token t is t)
+      if constexpr (!kKoIdx) {
+        arch::cp_async_wait<kLead - 1>();   // this lane's index of tile t landed (kLead - 1 later ones in flight)
+        id = sPIdx[(t % kLead) * 32 + lane];
+        fetch();                            // tile t + kLead's, into the slot just read (an empty group past the end)
+      }
       if (t == kQFirst) {
         arch::named_barrier_sync(kQFreeBarrier, Tr::kQFreeThreads);
         q_free = true;
@@ -367,9 +376,11 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
       if (active) {
         uint64_t* full = sBar + stage;
         KV* dK = sK + stage * Smem::kStageElems + row * Smem::kKPitch;
-        if (tok < range.end) {
+        if (tok < range.end && (!kKoLoad || t < STAGES)) {
           arch::mbarrier_arrive_expect_tx(full, Tr::kKRowBytes);
           arch::bulk_copy_g2s(dK, k_src + at.row_offset(id, k_sb, k_st), Tr::kKRowBytes, full);
+        } else if (kKoLoad && tok < range.end) {  // (knockout only: no copy, the stage's stale row)
+          arch::mbarrier_arrive(full);
         } else {  // sass-model: rare (past the end: zeros, P is 0 there and 0 x NaN would not be)
           zero_row(dK, Tr::kKRowBytes);
           arch::mbarrier_arrive(full);
