@@ -186,3 +186,19 @@ def test_kernel_v3_is_read_with_its_roles(arch, dev, loader):
                         case=case)
     assert tc.sim.warps == 3 and len(tc.sim.sync_stall) == 3
     assert call.predict(km, devices.get_device(dev), case).total_us > 0
+
+
+def test_kernel_v3_knockout_variants_are_read_with_their_roles():
+    """bench.knockout's variants of kernel v3 (its producer honours kKoNoLoad and kKoNoIndex: bits 1 and 2) build, and
+    the model still finds both v3 tiles' producer loops in them; without the index ring the producer issues no
+    4-byte cp.async, so its loop's copies are the bulk copies alone."""
+    from bench.model import kernels
+    try:
+        ks = kernels.load("sm_120a", "mla576", "bf16", "page1", knockout=3)
+    except RuntimeError as e:
+        pytest.skip(str(e))
+    v3 = [k for k in ks if k.tile.loader >= 2]
+    assert sorted(k.tile.loader for k in v3) == [2, 3] and all(k.roles_hot is not None for k in v3)
+    for k in v3:
+        producer = k.roles_hot[3]
+        assert not any(i.op == "LDGSTS" for i in producer.instrs), k.name   # no index ring
