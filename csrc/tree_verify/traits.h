@@ -232,7 +232,7 @@ struct KernelTraitsV1 {
   // return (168 - 40) x 128 to the CTA's pool, the math warps' eight take (232 - 168) x 256 of it
   static constexpr bool kProducerWG = Tile::LOADER == 3;
   static constexpr int kProducerRegs = 40, kMathRegs = 232;
-  static constexpr int kBlockThreads = kThreads + (kProducerWG ? 128 : kProducer ? 32 : 0);  // the launch's block
+  static constexpr int kBlockThreads = 32 * Tile::kLaunchWarps;  // the launch's block (config.h: + the producer)
   static constexpr int kQFreeThreads = kThreads + 32;  // the Q-stages barrier: the math warps + the issuing warp
   static_assert(!kProducerWG || (kBlockThreads == 384 && (kProducerRegs * 128 + kMathRegs * 256) <= 65536),
                 "the producer warpgroup's registers: 40 x 128 + 232 x 256 = 64 K, the SM's register file");
