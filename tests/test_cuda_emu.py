@@ -851,9 +851,15 @@ V3_CASES = [
 # loop + 4 producer warps at 40 (warp 8 copies, 9-11 exit): 384 threads; backends "cuda@m32n16w12s4" (bf16),
 # "cuda@m32n32w12s4" (e4m3 / 656-byte rows)
 V3W, V3W_FP8 = (32, 16, 12, 4), (32, 32, 12, 4)
+# ... and with 16 math warps (threads 0-511) at 112 registers + the producer warpgroup at 32 (512-639; warp 16
+# copies): S warps 4 x 2 x 2, the softmax on warps 0-7; backend "cuda@m32n16w20s4"
+V3W16 = (32, 16, 20, 4)
+# each tile's math and producer threads (the producer's first warp issues; the rest of a warpgroup exits)
+V3_ROLES = {V3: ((0, 256), (256, 288)), V3W: ((0, 256), (256, 288)), V3W16: ((0, 512), (512, 544))}
+V3_TILES, V3_TILE_IDS = [V3, V3W, V3W16], ["warp", "warpgroup", "w16"]
 
 
-@pytest.mark.parametrize("tile", [V3, V3W], ids=["warp", "warpgroup"])
+@pytest.mark.parametrize("tile", V3_TILES, ids=V3_TILE_IDS)
 @pytest.mark.parametrize("i", range(len(V3_CASES)),
                          ids=[f"{s.id}-{n}s-{sch}-{land}" for s, n, sch, land in V3_CASES])
 def test_v3_matches_reference(emu, i, tile):
@@ -884,7 +890,7 @@ def test_v3_wide_trees(emu, lens, nodes, kind, page):
     case = make_case(spec)
     emu.set_schedule("warp-ahead")
     emu.set_cp_async_landing("issue")
-    for tile in (V3, V3W):
+    for tile in V3_TILES:
         out, lse = _run(case, cfg(2, *tile))
         check_against_reference(out, lse, case, *TOL[spec.dtype])
 
@@ -933,34 +939,36 @@ def _v3_missed(emu, fault: str, threads: tuple[int, int], calls, spec=V3_FAULT_C
     return missed
 
 
-@pytest.mark.parametrize("tile", [V3, V3W], ids=["warp", "warpgroup"])
+@pytest.mark.parametrize("tile", V3_TILES, ids=V3_TILE_IDS)
 def test_v3_math_warp_skipping_its_full_wait_is_caught(emu, tile):
     # (1) every math thread skips its FULL wait of tile n (n = 0 .. 5: tiles 0-3 in their stage's first phase, 4 and 5
     # in refilled stages), or all of them; and math warp 7 alone skips all of its FULL waits (caught in (wait,
     # warp-ahead): it reads a stage whose phase no thread has awaited yet, so the bytes have not landed. Warp 0 alone
     # is not caught by these schedules: the emulator lands a phase's copies when it completes with a thread already
     # waiting on it, and the other warps are by the time warp 0 reads.)
-    missed = _v3_missed(emu, "skip_mbarrier_wait", V3_MATH, [-1, *range(6)], tile=tile)
+    math, _ = V3_ROLES[tile]
+    missed = _v3_missed(emu, "skip_mbarrier_wait", math, [-1, *range(6)], tile=tile)
     assert not missed, f"math threads skipping FULL wait(s) {missed} went unnoticed"
-    assert not _v3_missed(emu, "skip_mbarrier_wait", (224, 256), [-1], tile=tile), \
-        "math warp 7 reading before FULL went unnoticed"
+    assert not _v3_missed(emu, "skip_mbarrier_wait", (math[1] - 32, math[1]), [-1], tile=tile), \
+        "the last math warp reading before FULL went unnoticed"
 
 
-@pytest.mark.parametrize("tile", [V3, V3W], ids=["warp", "warpgroup"])
+@pytest.mark.parametrize("tile", V3_TILES, ids=V3_TILE_IDS)
 def test_v3_producer_skipping_its_empty_wait_is_caught(emu, tile):
     # (2) the producer refills stage n % 4 with tile 4 + n without waiting for the math warps to release tile n
     # (n = 0 .. 3), and skips every EMPTY wait
-    missed = _v3_missed(emu, "skip_mbarrier_wait", V3_PRODUCER, [-1, 0, 1, 2, 3], tile=tile)
+    missed = _v3_missed(emu, "skip_mbarrier_wait", V3_ROLES[tile][1], [-1, 0, 1, 2, 3], tile=tile)
     assert not missed, f"producer skipping EMPTY wait(s) {missed} went unnoticed"
 
 
-@pytest.mark.parametrize("tile", [V3, V3W], ids=["warp", "warpgroup"])
+@pytest.mark.parametrize("tile", V3_TILES, ids=V3_TILE_IDS)
 def test_v3_named_barrier_with_a_wrong_thread_count_is_caught(emu, tile):
     # (3) a named barrier that counts one warp fewer than arrive: the math warps' barrier 1 (Q landed, then the two
     # per tile), the Q-stages barrier 2 (math threads' bar.arrive, call 1; the producer's bar.sync)
-    missed = _v3_missed(emu, "named_barrier_miscount", V3_MATH, [-1, 0, 1, 2, 3], tile=tile)
+    math, producer = V3_ROLES[tile]
+    missed = _v3_missed(emu, "named_barrier_miscount", math, [-1, 0, 1, 2, 3], tile=tile)
     assert not missed, f"math named barrier call(s) {missed} with a wrong count went unnoticed"
-    assert not _v3_missed(emu, "named_barrier_miscount", V3_PRODUCER, [0], tile=tile), \
+    assert not _v3_missed(emu, "named_barrier_miscount", producer, [0], tile=tile), \
         "the producer's miscount went unnoticed"
 
 
@@ -1050,7 +1058,7 @@ def test_v3_fp8_schedules_agree_bitwise(emu, tile):
     assert rel <= FP8_MMA_REL_TOL and lse_err <= FP8_MMA_LSE_ATOL, (rel, lse_err)
 
 
-@pytest.mark.parametrize("tile", [V3, V3W], ids=["warp", "warpgroup"])
+@pytest.mark.parametrize("tile", V3_TILES, ids=V3_TILE_IDS)
 def test_v3_schedules_agree_bitwise(emu, tile):
     # v3 race-free: the same bits under every schedule and landing mode (paged 3, 2 requests, 3 splits: the longer
     # request's splits have 7 tiles of 16 each, so stages are refilled)

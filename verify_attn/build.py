@@ -130,6 +130,11 @@ V3_WG_TILE = Tile(32, 16, 2, 4, 4, version=1, sn=2, bars=2, loader=3)
 V3_WG_FP8_TILE = Tile(32, 32, 4, 2, 4, version=1, sn=2, bars=2, loader=3)
 # (656-byte rows: sm_120a's, as v1's e4m3-MMA 656 tile is; at 232 registers sm_90a's f16 lowering spills 12 B)
 _V3_WG_656_TILE = Tile(32, 32, 4, 2, 4, version=1, sn=2, bars=2, loader=3, archs=("sm_120a",))
+# kernel v3 with 16 math warps and a producer warpgroup (TileMlaV3W16, 20 warps): setmaxnreg gives the math warps 112
+# registers (the launch 96, the producer 32), enough for v1's two-tile loop now that each warp holds one m tile of Q
+# (36) and 32 Dv columns of O (32); four math warps on each scheduler. S warps 4 (dims) x 2 (tokens) x 2 (M), the
+# softmax on the first 8. Backend "cuda@m32n16w20s4"
+V3_W16_TILE = Tile(32, 16, 4, 4, 4, version=1, sn=2, bars=2, loader=3)
 # v2 (wgmma, sm_90a only): 64 rows, 2 warpgroups (4 warps x 16 rows each; Dqk / Dv halves)
 _V2_TILE = Tile(64, 32, 4, 2, 3, version=2, archs=("sm_90a",))
 # v2 on e4m3 caches: both products on wgmma .e4m3 (k32), V transposed per tile into a V^T buffer, 4 stages
@@ -141,7 +146,7 @@ _V2_FP8_TILE = Tile(64, 32, 4, 2, 4, version=2, archs=("sm_90a",))
 TILES: dict[str, list[Tile]] = {
     "mla576": [Tile(32, 16, 2, 4, 4, version=1, sn=2), Tile(32, 16, 2, 4, 3, version=1, sn=2),
                _V1_SM90_TILE, Tile(32, 16, 2, 2, 3), Tile(16, 32, 1, 4, 2), _V2_TILE, _V1_BULK_S8, _V1_BULK_N32,
-               V3_TILE, V3_WG_TILE],
+               V3_TILE, V3_WG_TILE, V3_W16_TILE],
     # e4m3 caches: 32 tokens (one k step of the e4m3 P.V MMA), S warps 2 (dims) x 2 (tokens) x 2 (M)
     # The e4m3-MMA tile is sm_120's (4 stages, two barriers per tile: two tiles in flight in 91 KB): on sm_90
     # nvcc lowers its MMAs to f16 HMMAs (no e4m3 rate there). The f16 tile keeps Q and P exact (any arch); the H200's

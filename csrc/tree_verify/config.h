@@ -92,8 +92,9 @@ struct TileConfigV1 {
   static_assert(kThreads % BN == 0, "the KV loader gives each tile row kThreads / BN threads");
   static_assert(LOADER >= 0 && LOADER <= 3,
                 "LOADER: 0 (cp.async chunks), 1 (a bulk copy per row), 2 (producer warp), 3 (producer warpgroup)");
-  static_assert(LOADER < 2 || (BARS == 2 && BN <= 32 && kWarps == 8),
-                "producer warp(group) (v3): 8 math warps, two barriers per tile, one producer lane per KV row of a tile");
+  static_assert(LOADER < 2 || (BARS == 2 && BN <= 32 && (kWarps == 8 || (LOADER == 3 && kWarps == 16))),
+                "producer warp(group) (v3): 8 math warps (or 16 beside a producer warpgroup), two barriers per tile, "
+                "one producer lane per KV row of a tile");
 };
 
 // Tile of the v2 kernel (tree_verify_kernel_v2.cuh, sm_90a only: wgmma). BM = 64 rows, one wgmma m64
@@ -176,12 +177,17 @@ using TileMlaV3 = TileConfigV1<32, 16, 8, 4, 4, 1, 1, 2, 2>;
 //       producer warpgroup at 40 (12 warps): KV 4 x 18,688 B + partial scores 12,288 + P 1,536 + stats 384 + 8 mask
 //       words per row 1,024 + 64 B of mbarriers + the producer's index ring 512 = 90,560 B.
 using TileMlaV3Wg = TileConfigV1<32, 16, 8, 4, 4, 2, 1, 2, 3>;
+//  MLA v3 with 16 math warps and a producer warpgroup (LOADER 3, 20 warps: the launch gives 96 registers a thread,
+//       setmaxnreg moves them to 32 for the producer and 112 for the math warps; four math warps on each scheduler):
+//       S warps 4 (dims) x 2 (tokens) x 2 (M), each one m tile of S (Q 36 registers) and 32 Dv columns of O (32), v1's
+//       two-tile loop; the softmax on the first 8 warps. The shared memory of TileMlaV3Wg: 90,560 B.
+using TileMlaV3W16 = TileConfigV1<32, 16, 16, 4, 4, 2, 1, 2, 3>;
 template <> struct TilesFor<HeadMLA> {
   using type = TileList<TileConfigV1<32, 16, 8, 4, 4, 2>, TileConfigV1<32, 16, 8, 3, 4, 2>,
                         TileConfigV1<32, 32, 8, 4, 4, 2, 1, 1>,
                         TileConfig<32, 16, 2, 2, 3>, TileConfig<16, 32, 1, 4, 2>,
                         TileConfigV2<64, 32, 2, 3>, TileConfigV1<32, 16, 8, 8, 4, 2, 1, 1, 1>,
-                        TileConfigV1<32, 32, 8, 5, 2, 2, 1, 1, 1>, TileMlaV3, TileMlaV3Wg>;
+                        TileConfigV1<32, 32, 8, 5, 2, 2, 1, 1, 1>, TileMlaV3, TileMlaV3Wg, TileMlaV3W16>;
 };
 // e4m3 caches (MLA only): kernel v1 with e4m3 MMAs (m16n8k32) for S and P.V. A 32-token tile is one
 // k step of P.V; a 576-byte row (+16 B pad) makes a 32-token stage 18.5 KB, so 4 stages, two barriers

@@ -231,11 +231,18 @@ struct KernelTraitsV1 {
   // to the math warpgroups by setmaxnreg: at 384 threads the launch gives 168 a thread; the producer's four warps
   // return (168 - 40) x 128 to the CTA's pool, the math warps' eight take (232 - 168) x 256 of it
   static constexpr bool kProducerWG = Tile::LOADER == 3;
-  static constexpr int kProducerRegs = 40, kMathRegs = 232;
+  // The pool is what the launch allocates: ptxas counts a block in whole warpgroups, so 12 warps get 168 a thread
+  // (64,512) and 20 warps 96 (61,440; 17 warps would get 96 too, which is why 16 math warps come with a warpgroup).
+  // 8 math warps: the producer 40, the math warps 232; 16 math warps: the producer 32, the math warps 112.
   static constexpr int kBlockThreads = 32 * Tile::kLaunchWarps;  // the launch's block (config.h: + the producer)
+  static constexpr int kLaunchRegs = 65536 / (128 * ((Tile::kLaunchWarps + 3) / 4)) / 8 * 8;
+  static constexpr int kProducerRegs = kWarps == 8 ? 40 : 32;
+  static constexpr int kMathRegs = (kLaunchRegs * kBlockThreads - kProducerRegs * 128) / kThreads / 8 * 8;
   static constexpr int kQFreeThreads = kThreads + 32;  // the Q-stages barrier: the math warps + the issuing warp
-  static_assert(!kProducerWG || (kBlockThreads == 384 && (kProducerRegs * 128 + kMathRegs * 256) <= 65536),
-                "the producer warpgroup's registers: 40 x 128 + 232 x 256 = 64 K, the SM's register file");
+  static_assert(!kProducerWG || (kProducerRegs * 128 + kMathRegs * kThreads <= kLaunchRegs * kBlockThreads &&
+                                 kMathRegs <= 256 && kMathRegs >= kLaunchRegs),
+                "the producer warpgroup's registers: 40 x 128 + 232 x 256 (or 32 x 128 + 112 x 512) within the "
+                "launch's pool");
   // A K row whose chunk count has no divisor that fits (the 656-byte rows: 41 chunks, a prime) is still spread
   // over kThreads / BN threads: each copies ceil(chunks / threads) chunks, the last one predicated off past the
   // row's end (kChunksTail), instead of one thread per row (warp 0 alone issuing every copy).
@@ -252,11 +259,19 @@ struct KernelTraitsV1 {
   static constexpr int kChunksK = (kRowChunks + kThreadsPerRow - 1) / kThreadsPerRow;  // cp.async per loader thread
   static constexpr bool kChunksTail = kRowChunks % kThreadsPerRow != 0;  // the last chunk of some threads is past the row
   static constexpr int kChunksV = kSharedKV ? 0 : DV / kKvPerChunk / kThreadsPerRow;
-  static constexpr int kTPL = BM * BN / kThreads;    // softmax: scores per lane, all in one row
+  // the softmax runs on the first kSoftThreads math threads (8 warps: v1's split of a tile's scores); with 16 math
+  // warps (v3's 16-warp tile) the other 8 only wait at the barrier that publishes P, so every format keeps v1's
+  // scores per lane (P stored in pairs; the 656-byte rows' 4 tokens of a block per lane)
+  static constexpr int kSoftThreads = kThreads < 256 ? kThreads : 256;
+  static constexpr int kTPL = BM * BN / kSoftThreads;  // softmax: scores per lane, all in one row
   static constexpr int kLanesPerRow = BN / kTPL;
 
   // the row / first column a lane handles in the softmax
-  VA_HD static int soft_row(int warp, int lane) { return warp * (32 / kLanesPerRow) + lane / kLanesPerRow; }
+  // (warps past the softmax's get a row of the first ones, so their unused row-indexed reads stay in bounds)
+  VA_HD static int soft_row(int warp, int lane) {
+    const int w = kSoftThreads == kThreads ? warp : warp % (kSoftThreads / 32);
+    return w * (32 / kLanesPerRow) + lane / kLanesPerRow;
+  }
   VA_HD static int soft_col(int lane) { return (lane % kLanesPerRow) * kTPL; }
 
   // 656-byte rows: no pad, the 656-byte pitch is already an odd number (41) of 16-byte units (conflict-free ldmatrix)

@@ -47,6 +47,11 @@
 //     stage. The only CTA-wide barrier is the one after the mbarriers' init. Q is staged by the math warps in the
 //     last kQStages stages (as v1); they free those stages for the producer with bar.arrive on named barrier 2
 //     (all 32 W + 32 threads), which the producer syncs on before its first copy into them.
+//     With 16 math warps and a producer warpgroup (20 warps: the launch gives 96 registers a thread, the producer
+//     drops to 32 and the math warps rise to 112) each warp takes one m tile of S and 32 Dv columns of O, half an
+//     8-warp tile's Q and O, and runs v1's two-tile loop as the 8-warp producer-warpgroup tile does, with four math
+//     warps on each scheduler instead of two; the softmax stays on the first 8 warps (kSoftThreads), the other 8
+//     wait at the barrier that publishes P.
 //     Why a mode of v1 and not a separate kernel: the math (Q in registers split by head dim, the KSPLIT partial
 //     scores, whole-row softmax, PV by Dv columns, lazy rescale, the epilogue) is v1's line for line; only the
 //     copy issue, the barriers and the loop differ, so one source keeps them from drifting apart.
@@ -814,6 +819,12 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
   };
   auto softmax = [&](int tile, auto masked_tag) {
     constexpr bool kMasked = decltype(masked_tag)::value;
+    if constexpr (Tr::kSoftThreads < Tr::kThreads) {
+      if (warp >= Tr::kSoftThreads / 32) {  // the warps past the softmax's (16 math warps): only what their PV needs
+        if constexpr (Tr::kMla656) blk_prep();  // the block references and pv_ratio (replicated in every thread)
+        return;
+      }
+    }
     const int tok0 = range.begin + tile * BN;
     float s[TPL];
     const float* part = part_of(tile);
@@ -1159,7 +1170,7 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
   arch::launch_dependents();  // the combine may start launching; it waits for this grid's writes
 
   // ---- epilogue: the softmax lanes publish 1/l and lse2 of their rows ------------
-  if (scol == 0) {
+  if (scol == 0 && (Tr::kSoftThreads == Tr::kThreads || warp < Tr::kSoftThreads / 32)) {
     sFin[srow] = h::row_inv_l(l_run);
     sFin[BM + srow] = h::row_lse2(m_run, l_run, Log2{});
   }
