@@ -851,12 +851,15 @@ V3_CASES = [
 # loop + 4 producer warps at 40 (warp 8 copies, 9-11 exit): 384 threads; backends "cuda@m32n16w12s4" (bf16),
 # "cuda@m32n32w12s4" (e4m3 / 656-byte rows)
 V3W, V3W_FP8 = (32, 16, 12, 4), (32, 32, 12, 4)
-# ... and with 16 math warps (threads 0-511) at 112 registers + the producer warpgroup at 32 (512-639; warp 16
-# copies): S warps 4 x 2 x 2, the softmax on warps 0-7; backend "cuda@m32n16w20s4"
-V3W16 = (32, 16, 20, 4)
-# each tile's math and producer threads (the producer's first warp issues; the rest of a warpgroup exits)
-V3_ROLES = {V3: ((0, 256), (256, 288)), V3W: ((0, 256), (256, 288)), V3W16: ((0, 512), (512, 544))}
-V3_TILES, V3_TILE_IDS = [V3, V3W, V3W16], ["warp", "warpgroup", "w16"]
+# ... and with math roles (LOADER 4): 16 math warps at 112 registers, S and the softmax on warps 0-7 (threads 0-255), P V
+# on warps 8-15 (256-511), P double-buffered between them on named barriers; the producer warpgroup at 32 (512-639;
+# warp 16 copies); backend "cuda@m32n16w20s4"
+V3R = (32, 16, 20, 4)
+# each tile's math and producer threads (the producer's first warp issues; the rest of a warpgroup exits), and the
+# last warp that waits on FULL itself (with math roles the PV warps read a stage after the S warps' P_FULL arrive)
+V3_ROLES = {V3: ((0, 256), (256, 288), (224, 256)), V3W: ((0, 256), (256, 288), (224, 256)),
+            V3R: ((0, 512), (512, 544), (224, 256))}
+V3_TILES, V3_TILE_IDS = [V3, V3W, V3R], ["warp", "warpgroup", "roles"]
 
 
 @pytest.mark.parametrize("tile", V3_TILES, ids=V3_TILE_IDS)
@@ -946,11 +949,25 @@ def test_v3_math_warp_skipping_its_full_wait_is_caught(emu, tile):
     # warp-ahead): it reads a stage whose phase no thread has awaited yet, so the bytes have not landed. Warp 0 alone
     # is not caught by these schedules: the emulator lands a phase's copies when it completes with a thread already
     # waiting on it, and the other warps are by the time warp 0 reads.)
-    math, _ = V3_ROLES[tile]
+    math, _, solo = V3_ROLES[tile]
     missed = _v3_missed(emu, "skip_mbarrier_wait", math, [-1, *range(6)], tile=tile)
     assert not missed, f"math threads skipping FULL wait(s) {missed} went unnoticed"
-    assert not _v3_missed(emu, "skip_mbarrier_wait", (math[1] - 32, math[1]), [-1], tile=tile), \
-        "the last math warp reading before FULL went unnoticed"
+    assert not _v3_missed(emu, "skip_mbarrier_wait", solo, [-1], tile=tile), \
+        "the last warp that waits on FULL reading before it went unnoticed"
+
+
+def test_v3_roles_named_barrier_removed_is_caught(emu):
+    # (4) v3 with math roles: each named barrier call of the S / PV handoff, removed alone (the thread neither arrives
+    # nor waits). Per-thread call order, S threads (0-255): 0 Q landed, 1 the Q stages free (bar.arrive), then per tile
+    # t: the S barrier before S(t)'s partial scores are stored (t >= 1), the one after (t < 2; from tile 2 on
+    # P_EMPTY(t % 2), bar.sync, publishes them), and P_FULL(t % 2) (bar.arrive): calls 2, 3 are tile 0's, 4-6 tile
+    # 1's, 7-9 tile 2's, 10 tile 3's first. PV threads
+    # (256-511): 0, 1, then per tile P_FULL (bar.sync) and P_EMPTY (bar.arrive, t + 2 < tiles): calls 2, 3 are tile
+    # 0's, 4, 5 tile 1's.
+    s_calls = [2, 3, 4, 5, 6, 7, 8, 9, 10]
+    pv_calls = [2, 3, 4, 5]
+    assert not _v3_missed(emu, "skip_named_barrier", (0, 256), s_calls, tile=V3R), "an S-side barrier went unnoticed"
+    assert not _v3_missed(emu, "skip_named_barrier", (256, 512), pv_calls, tile=V3R), "a PV-side barrier went unnoticed"
 
 
 @pytest.mark.parametrize("tile", V3_TILES, ids=V3_TILE_IDS)
@@ -965,7 +982,7 @@ def test_v3_producer_skipping_its_empty_wait_is_caught(emu, tile):
 def test_v3_named_barrier_with_a_wrong_thread_count_is_caught(emu, tile):
     # (3) a named barrier that counts one warp fewer than arrive: the math warps' barrier 1 (Q landed, then the two
     # per tile), the Q-stages barrier 2 (math threads' bar.arrive, call 1; the producer's bar.sync)
-    math, producer = V3_ROLES[tile]
+    math, producer, _ = V3_ROLES[tile]
     missed = _v3_missed(emu, "named_barrier_miscount", math, [-1, 0, 1, 2, 3], tile=tile)
     assert not missed, f"math named barrier call(s) {missed} with a wrong count went unnoticed"
     assert not _v3_missed(emu, "named_barrier_miscount", producer, [0], tile=tile), \

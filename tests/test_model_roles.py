@@ -153,25 +153,29 @@ def test_our_split_kernels_roles(arch):
         tile = vb._compiled_tile(name) if "tree_verify_split_kernel" in name else None
         if tile is None or not tile.targets(arch):
             continue
-        found = roles.find_roles(f, tile.num_warps * 32)
+        found = sorted(roles.find_roles(f, tile.num_warps * 32), key=lambda x: x.warps)
         w = tile.warps_m * tile.warps_n   # the math warps
-        want = ([("math", tuple(range(w))), ("producer", (w,))] if tile.loader >= 2
+        # (math roles, loader 4: the S warps' loop and the PV warps' loop are two math roles)
+        math = ([("math", tuple(range(w // 2))), ("math", tuple(range(w // 2, w)))] if tile.loader == 4
                 else [("math", tuple(range(w)))])
+        want = math + [("producer", (w,))] if tile.loader >= 2 else math
         assert [(x.kind, x.warps) for x in found] == want, vb._describe(name)[0]
-        if tile.loader == 3:   # setmaxnreg.inc 232 on the math side, .dec 40 on the producer's (16 math warps: 112, 32)
-            want_regs = [232, 40] if w == 8 else [112, 32]
-            assert [x.maxnreg for x in found] == want_regs, vb._describe(name)[0]
+        if tile.loader == 3:   # setmaxnreg.inc 232 on the math side, .dec 40 on the producer's
+            assert [x.maxnreg for x in found] == [232, 40], vb._describe(name)[0]
+        if tile.loader == 4:   # 20 warps: 112 for both math roles, 32 for the producer
+            assert [x.maxnreg for x in found] == [112, 112, 32], vb._describe(name)[0]
         seen += tile.loader >= 2
-    assert seen == 3   # v3's three tiles: a producer warp, a producer warpgroup beside 8 and beside 16 math warps
+    assert seen == 3   # v3's three tiles: a producer warp, a producer warpgroup, a producer warpgroup with math roles
 
 
-@pytest.mark.parametrize("loader,math_warps", [(2, 8), (3, 8), (3, 16)], ids=["warp", "warpgroup", "w16"])
+@pytest.mark.parametrize("loader,math_warps", [(2, 8), (3, 8), (4, 16)], ids=["warp", "warpgroup", "roles"])
 @pytest.mark.parametrize("arch,dev", [("sm_120a", "rtx-pro-6000"), ("sm_90a", "h200")])
 def test_kernel_v3_is_read_with_its_roles(arch, dev, loader, math_warps):
     """The kernel model reads v3 (Tile.loader 2 and 3) as two roles: its marked tile loop on the math warps, the
-    producer warp's loop found from the SASS with one bulk copy per row of the tile; scheduler 0 runs math warps 0
-    and 4 and the producer (warp 8; with a producer warpgroup, warps 9-11 exit at once); with 16 math warps, math
-    warps 0, 4, 8 and 12 and the producer (warp 16)."""
+    producer warp's loop found from the SASS with one bulk copy per row of the tile, its rare blocks (a row past the
+    end zero-filled by 72 st.shared) left out; scheduler 0 runs math warps 0 and 4 and the producer (warp 8; with a
+    producer warpgroup, warps 9-11 exit at once and are not simulated); with math roles (loader 4), S warps 0 and 4,
+    PV warps 8 and 12 (their own loop, marked `pv-loop`) and the producer (warp 16)."""
     from bench.model import call, kernels
     from verify_attn.shapes import get_shape
     try:
@@ -180,8 +184,12 @@ def test_kernel_v3_is_read_with_its_roles(arch, dev, loader, math_warps):
         pytest.skip(str(e))
     km = next(k for k in ks if k.tile.loader == loader and k.tile.warps_m * k.tile.warps_n == math_warps)
     body, spans, lanes, producer = km.roles_hot
-    assert spans[0] == (0, len(km.hot.instrs)) and spans[1][1] == len(body)
+    assert spans[0] == (0, len(km.hot.instrs)) and spans[-1][1] == len(body) and len(spans) == (3 if loader == 4 else 2)
     assert sum(i.op == "UBLKCP" for i in producer.instrs) == km.tile.block_n
+    assert not any(i.op == "STS" for i in producer.instrs)   # the zero-fill is rare
+    warps = list(range(0, math_warps + 1, 4))
+    assert [call._role_of(km.tile, w, len(spans)) for w in warps] == (
+        [0, 0, 1, 1, 2] if loader == 4 else [0] * (len(warps) - 1) + [1])
     assert not any(i.op in ("UBLKCP", "LDGSTS") for i in km.hot.instrs)   # no math warp copies
     case = call.Case(get_shape("kimi-k2-tp8"), 185_000, 16)
     tc = call.tile_cost(km, devices.get_device(dev), path="hot", resident_ctas=1, active_sms=100, dram_sharers=2.0,
@@ -200,7 +208,7 @@ def test_kernel_v3_knockout_variants_are_read_with_their_roles():
     except RuntimeError as e:
         pytest.skip(str(e))
     v3 = [k for k in ks if k.tile.loader >= 2]
-    assert sorted(k.tile.loader for k in v3) == [2, 3, 3] and all(k.roles_hot is not None for k in v3)
+    assert sorted(k.tile.loader for k in v3) == [2, 3, 4] and all(k.roles_hot is not None for k in v3)
     for k in v3:
         producer = k.roles_hot[3]
         assert not any(i.op == "LDGSTS" for i in producer.instrs), k.name   # no index ring

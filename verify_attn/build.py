@@ -75,7 +75,8 @@ class Tile:
     # v1: 0, cp.async 16-byte chunks; 1, one cp.async.bulk per KV row on the stage's mbarrier; 2, kernel v3: a producer
     # warp beside the num_warps math warps (32 x num_warps + 32 threads) issues the bulk copies on FULL / EMPTY mbarriers;
     # 3, kernel v3 with a producer warpgroup (+ 128 threads; setmaxnreg moves its registers to the math warps, which
-    # run v1's two-tile loop)
+    # run v1's two-tile loop); 4, kernel v3 with a producer warpgroup and math roles (num_warps - 4 = 16 math warps:
+    # 8 S-and-softmax warps, 8 PV warps)
     loader: int = 0
 
     def targets(self, arch: str) -> bool:
@@ -84,7 +85,7 @@ class Tile:
     @property
     def num_warps(self) -> int:
         """The block's warps (the key a config selects the tile by): v3's math warps + its producer warp(group)."""
-        return self.warps_m * self.warps_n + {2: 1, 3: 4}.get(self.loader, 0)
+        return self.warps_m * self.warps_n + {2: 1, 3: 4, 4: 4}.get(self.loader, 0)
 
     @property
     def ksplit(self) -> int:
@@ -95,7 +96,8 @@ class Tile:
         if self.version == 2:
             return f"v2 {base} wg{self.warps_n} wgmma"
         if self.version == 1 and self.loader >= 2:  # kernel v3: v1's math + 1 producer warp, or a producer warpgroup
-            return f"v3 {base} k{self.ksplit} sn{self.sn} " + ("producer" if self.loader == 2 else "producer-wg")
+            return f"v3 {base} k{self.ksplit} sn{self.sn} " + {2: "producer", 3: "producer-wg"}.get(self.loader,
+                                                                                                   "producer-wg roles")
         return (f"v1 {base} k{self.ksplit} sn{self.sn}" + ("" if self.fp8_mma else " f16")
                 + (" b1" if self.bars == 1 else "") + (" bulk" if self.loader else "") if self.version == 1 else base)
 
@@ -130,11 +132,11 @@ V3_WG_TILE = Tile(32, 16, 2, 4, 4, version=1, sn=2, bars=2, loader=3)
 V3_WG_FP8_TILE = Tile(32, 32, 4, 2, 4, version=1, sn=2, bars=2, loader=3)
 # (656-byte rows: sm_120a's, as v1's e4m3-MMA 656 tile is; at 232 registers sm_90a's f16 lowering spills 12 B)
 _V3_WG_656_TILE = Tile(32, 32, 4, 2, 4, version=1, sn=2, bars=2, loader=3, archs=("sm_120a",))
-# kernel v3 with 16 math warps and a producer warpgroup (TileMlaV3W16, 20 warps): setmaxnreg gives the math warps 112
-# registers (the launch 96, the producer 32), enough for v1's two-tile loop now that each warp holds one m tile of Q
-# (36) and 32 Dv columns of O (32); four math warps on each scheduler. S warps 4 (dims) x 2 (tokens) x 2 (M), the
-# softmax on the first 8. Backend "cuda@m32n16w20s4"
-V3_W16_TILE = Tile(32, 16, 4, 4, 4, version=1, sn=2, bars=2, loader=3)
+# kernel v3 with math roles (TileMlaV3Roles, 20 warps; setmaxnreg: the launch's 96 registers to 32 for the producer
+# warpgroup, 112 for the math warps): 8 S warps (S split 4 x 2 over both m tiles, and the softmax) and 8 PV warps (64 Dv
+# columns each), P double-buffered between them on named barriers, so the softmax of a tile runs under P V's MMAs of
+# the one before. 92,224 B. Backend "cuda@m32n16w20s4"
+V3_ROLES_TILE = Tile(32, 16, 4, 4, 4, version=1, sn=2, bars=2, loader=4)
 # v2 (wgmma, sm_90a only): 64 rows, 2 warpgroups (4 warps x 16 rows each; Dqk / Dv halves)
 _V2_TILE = Tile(64, 32, 4, 2, 3, version=2, archs=("sm_90a",))
 # v2 on e4m3 caches: both products on wgmma .e4m3 (k32), V transposed per tile into a V^T buffer, 4 stages
@@ -146,7 +148,7 @@ _V2_FP8_TILE = Tile(64, 32, 4, 2, 4, version=2, archs=("sm_90a",))
 TILES: dict[str, list[Tile]] = {
     "mla576": [Tile(32, 16, 2, 4, 4, version=1, sn=2), Tile(32, 16, 2, 4, 3, version=1, sn=2),
                _V1_SM90_TILE, Tile(32, 16, 2, 2, 3), Tile(16, 32, 1, 4, 2), _V2_TILE, _V1_BULK_S8, _V1_BULK_N32,
-               V3_TILE, V3_WG_TILE, V3_W16_TILE],
+               V3_TILE, V3_WG_TILE, V3_ROLES_TILE],
     # e4m3 caches: 32 tokens (one k step of the e4m3 P.V MMA), S warps 2 (dims) x 2 (tokens) x 2 (M)
     # The e4m3-MMA tile is sm_120's (4 stages, two barriers per tile: two tiles in flight in 91 KB): on sm_90
     # nvcc lowers its MMAs to f16 HMMAs (no e4m3 rate there). The f16 tile keeps Q and P exact (any arch); the H200's
@@ -260,8 +262,9 @@ def smem_bytes(tile: Tile, dqk: int, dv: int, shared_kv: bool, kv_bytes: int = 2
         part = tile.ksplit * tile.block_m * spitch * 4 * parts
         blocks = bool(kv_row)  # 656-byte rows: P once per 128-column block, 4 side by side
         # P: parts buffers; the 4-block rows (128 bytes) swizzled instead of padded
-        p = parts * tile.block_m * ((4 * tile.block_n) if blocks else (tile.block_n + 16 // pb)) * pb
-        stats = (parts + 2 + (1 if kv_bytes == 1 else 0)) * tile.block_m * 4  # alpha x parts, 1/l, lse2 (+ Q scale)
+        pbufs = 2 if parts == 2 or tile.loader == 4 else 1  # P / alpha buffers (v3's math roles: P double-buffered)
+        p = pbufs * tile.block_m * ((4 * tile.block_n) if blocks else (tile.block_n + 16 // pb)) * pb
+        stats = (pbufs + 2 + (1 if kv_bytes == 1 else 0)) * tile.block_m * 4  # alpha x buffers, 1/l, lse2 (+ Q scale)
         stats += 4 * tile.block_n * 4 if blocks else 0  # the tile's block scales per token
         slots = tile.num_stages - 2  # kv_indices ring slots (kIdxSlots)
         idx_ring = slots * _ring_threads(tile, dqk, dv, shared_kv, kv_bytes, kv_row) * 4

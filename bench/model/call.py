@@ -26,7 +26,7 @@ from verify_attn import device as vdevice
 from verify_attn.config import heuristic_num_splits
 from verify_attn.shapes import HeadShape
 
-from . import sass, sim
+from . import kernels as kernels_mod, sass, sim
 from .analysis import classify, smem_bytes
 from .devices import DeviceModel
 from .kernels import KernelModel
@@ -261,6 +261,15 @@ def _simulate(instrs, dev: DeviceModel, **kw) -> sim.SimResult:
     return r
 
 
+def _role_of(tile, warp: int, roles: int) -> int:
+    """A v3 warp's role in the body `kernels._with_producer` built: the math warps 0 (with math roles, Tile.loader 4:
+    the S warps 0, the PV warps 1), the producer warp (after the math warps) the last."""
+    math = tile.warps_m * tile.warps_n
+    if warp >= math:
+        return roles - 1
+    return 1 if roles == 3 and warp >= math // 2 else 0
+
+
 def tile_cost(km: KernelModel, dev: DeviceModel, *, path: str, resident_ctas: int, active_sms: int,
               dram_sharers: float, case: Case) -> TileCost:
     """Cycles for one CTA to finish one KV tile, with `resident_ctas` CTAs on its SM."""
@@ -280,14 +289,21 @@ def tile_cost(km: KernelModel, dev: DeviceModel, *, path: str, resident_ctas: in
     roles = getattr(km, "roles_hot" if path == "hot" else "roles_cold", None)
     if roles is not None:   # warp roles (v3): scheduler 0 holds CTA warps 0, 4, 8, ..., each its role's loop
         body, spans, lanes, producer = roles
-        sim_warps = [w for _ in range(resident_ctas) for w in range(0, warps, dev.schedulers)]
+        # the producer is the warp after the math warps; a producer warpgroup's other three warps exit at once, so
+        # they are not simulated (until 2026-12-05 the role of the last simulated warp was keyed to the block's last
+        # warp, which a producer warpgroup's first warp is not: the 12-warp tile was read with warp 8 on the math loop)
+        producer_warp = km.tile.warps_m * km.tile.warps_n
+        sim_warps = [w for _ in range(resident_ctas) for w in range(0, producer_warp + 1, dev.schedulers)]
         per_sched = len(sim_warps)
         sizes, _ = bulk_sizes(km, producer, case)
         s = _simulate(body, dev, warps=per_sched, warps_per_barrier_group=per_sched,
                       cp_bytes_per_clk=min(sm_dram, sm_l2) / dev.schedulers,
                       bank_degree=getattr(km, "bank_degree", None) or None,
                       bulk=sim.Bulk(sizes=tuple(sorted(sizes.items())), lane_of=lanes, issuing_schedulers=1),
-                      roles=sim.RoleSpec(spans, (False, True), tuple(int(w == warps - 1) for w in sim_warps),
+                      roles=sim.RoleSpec(spans, (False,) * (len(spans) - 1) + (True,),
+                                         tuple(_role_of(km.tile, w, len(spans)) for w in sim_warps),
+                                         named_credit=((kernels_mod.ROLES_P_EMPTY, kernels_mod.ROLES_P_BUFFERS),)
+                                         if len(spans) == 3 else (),
                                          empty_distance=km.tile.num_stages))
     else:
         s = _simulate(instrs, dev, warps=per_sched, warps_per_barrier_group=group,

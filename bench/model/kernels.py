@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import re
 import subprocess
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Optional
 
@@ -144,7 +144,13 @@ def load(arch: str, head: str, dtype: str, layout: str, knockout: int = 0) -> tu
             if len(found) != 1 or found[0].warps != (tile.warps_m * tile.warps_n,):
                 skipped.append((readable, "kernel v3: its producer warp's loop was not found in the SASS"))
                 continue
-            producer = found[0].path
+            # our own producer loop read with its source markers too (roles.py reads foreign SASS without them): its
+            # `sass-model: rare` blocks (a row past the range's end zero-filled with 72 st.shared, the Q stages'
+            # barrier of one tile) are not every tile's (until 2026-12-05 the model charged both to every tile)
+            from .roles import _without, first_iteration_blocks
+            ploop = found[0].loop
+            producer = _without(analysis.tile_path(f, ploop, mk.cold, kfile, rare=mk.rare, bulk_lanes=min(32, tile.block_n)),
+                                first_iteration_blocks(f, ploop))
         # a bulk loader's waterfall loops: one iteration per lane that could copy (at most min(32, BN)); the
         # simulation runs each warp's own copying lanes only (call.bulk_loader_lanes: BN / W, the rows spread over
         # the warps); paths without bulk copies are unaffected
@@ -170,7 +176,13 @@ def load(arch: str, head: str, dtype: str, layout: str, knockout: int = 0) -> tu
                          sum(1 for a, x in acc.items() if a in hot_addrs and not x.resolved),
                          comb_v == 1)
         if producer is not None:
-            km.roles_hot, km.roles_cold = (_with_producer(p, producer) for p in (hot, cold))
+            pv = None
+            if tile.loader == 4:  # math roles: the PV warps' own loop (`sass-model: pv-loop`) between S's and the producer's
+                pfile, pmk, plp = _marked_loop(f, "pv_loops")
+                pv = tuple(analysis.tile_path(f, plp, pmk.cold, pfile, include_cold=c, hot=pmk.hot if c else (),
+                                              rare=pmk.rare, bulk_lanes=lanes) for c in (False, True))
+            km.roles_hot, km.roles_cold = (_with_producer(p, producer, pv[k] if pv else None)
+                                           for k, p in enumerate((hot, cold)))
         out.append(km)
     _UNREADABLE[(arch, head, dtype, layout)] = skipped
     if not out:
@@ -180,12 +192,41 @@ def load(arch: str, head: str, dtype: str, layout: str, knockout: int = 0) -> tu
     return tuple(sorted(out, key=lambda k: order.get(k.tile, 99)))
 
 
-def _with_producer(math: analysis.TilePath, producer: analysis.TilePath) -> tuple:
-    """(instructions, spans, copying lane per instruction) of a math path and the producer's loop, one after the
-    other: the body sim.RoleSpec simulates (built once, so the simulation's memo keys on one list)."""
-    body = list(math.instrs) + list(producer.instrs)
-    lanes = [-1] * len(math.instrs) + list(producer.bulk_lane or [-1] * len(producer.instrs))
-    return body, ((0, len(math.instrs)), (len(math.instrs), len(body))), tuple(lanes), producer
+# kernel v3 with math roles: the P handoff's named barriers take their id from a register (kPFullBarrier + t % 2,
+# kPEmptyBarrier + t % 2: two buffers). The simulator pairs named barriers generation by generation per id, which the
+# alternation does not change, so each direction gets one id of its own: the S warps' BAR.ARV and the PV warps'
+# BAR.SYNC are P_FULL, the PV warps' BAR.ARV and the S warps' BAR.SYNC are P_EMPTY, whose waiters (the S warps) pass
+# their first ROLES_P_BUFFERS generations (sim.RoleSpec.named_credit: P(0) and P(1) are written before any wait).
+ROLES_P_FULL, ROLES_P_EMPTY, ROLES_P_BUFFERS = 14, 15, 2
+
+
+def _roles_named_ids(path: analysis.TilePath, s_side: bool) -> analysis.TilePath:
+    """`path` with its register-id named barriers given the P handoff's ids (above), as the S (or PV) warps use them."""
+    out = []
+    for i in path.instrs:
+        ops = [o.strip() for o in i.operands]
+        if i.op == "BAR" and ops and ops[0].startswith("R"):
+            arrive = "ARV" in i.opcode.split(".")
+            bid = ROLES_P_FULL if arrive == s_side else ROLES_P_EMPTY
+            i = replace(i, operands=[hex(bid)] + list(i.operands[1:]))
+        out.append(i)
+    return replace(path, instrs=out)
+
+
+def _with_producer(math: analysis.TilePath, producer: analysis.TilePath,
+                   pv: Optional[analysis.TilePath] = None) -> tuple:
+    """(instructions, spans, copying lane per instruction, producer path) of a math path, with math roles the PV
+    warps' path, and the producer's loop, one after the other: the body sim.RoleSpec simulates (built once, so the
+    simulation's memo keys on one list)."""
+    if pv is not None:
+        math, pv = _roles_named_ids(math, True), _roles_named_ids(pv, False)
+    paths = [math] + ([pv] if pv is not None else []) + [producer]
+    body, spans, lanes = [], [], []
+    for k, p in enumerate(paths):
+        spans.append((len(body), len(body) + len(p.instrs)))
+        body += list(p.instrs)
+        lanes += list(p.bulk_lane or [-1] * len(p.instrs)) if k == len(paths) - 1 else [-1] * len(p.instrs)
+    return body, tuple(spans), tuple(lanes), producer
 
 
 def find(arch: str, head: str, dtype: str, layout: str, tile: Optional[vb.Tile] = None) -> KernelModel:

@@ -237,6 +237,10 @@ class RoleSpec:
     producer: tuple[bool, ...]
     warp_role: tuple[int, ...]
     empty_distance: int = 1
+    # (named barrier id, d): the warps that wait on it (BAR.SYNC) pass their first d generations without the warps
+    # that only arrive (BAR.ARV): the buffers a kernel fills before it first waits for one to be freed (v3 with math
+    # roles: the S warps write P(0) and P(1) before they wait on P_EMPTY)
+    named_credit: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass
@@ -409,6 +413,10 @@ def simulate(body: list[Instr], dev: DeviceModel, *, warps: int, warps_per_barri
     copy_issued = [-1 if copy_last[w] >= 0 else iters for w in range(warps)]   # last iteration whose copies issued
     copy_land = [[0.0] * iters for _ in range(warps)]                          # their latest landing per iteration
     named_gen: dict[tuple[int, int], int] = {}                # (warp, barrier id) -> arrivals so far
+    for bid, d in (roles.named_credit if roles is not None else ()):
+        for w in range(warps):
+            if any(named[k] is not None and named[k][0] == bid and named[k][2] for k in seqs[w]):
+                named_gen[(w, bid)] = -d   # its first d waits pass (generation < 0)
     named_arr: dict[tuple[int, int], list[tuple[int, float, bool]]] = {}   # (id, generation) -> (warp, t, waits)
     sync_stall = [0.0] * warps
     last_issue = [0.0] * warps
@@ -599,9 +607,10 @@ def simulate(body: list[Instr], dev: DeviceModel, *, warps: int, warps_per_barri
             bid, _, waits = named[i]
             g = named_gen.get((w, bid), 0)
             named_gen[(w, bid)] = g + 1
-            arr2 = named_arr.setdefault((bid, g), [])
-            arr2.append((w, t, waits))
-            if len(arr2) == len(named_members[bid]):
+            arr2 = named_arr.setdefault((bid, g), []) if g >= 0 else None   # g < 0: credited, nothing to wait for
+            if arr2 is None:
+                pass
+            elif arr2.append((w, t, waits)) or len(arr2) == len(named_members[bid]):
                 rel = max(a[1] for a in arr2) + dev.bar_latency.value
                 for x, _, wt in arr2:
                     if wt:

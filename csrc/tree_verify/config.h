@@ -62,6 +62,10 @@ struct TileConfig {
 // setmaxnreg.dec (kProducerRegs) so the math warpgroups can raise theirs (setmaxnreg.inc, kMathRegs: 232 at 384
 // threads, sm_90a and sm_120a). With 232 registers the math warps run v1's two-tile loop: S(i+1) under PV(i), Q for
 // two m tiles (Dqk split 4 x tokens 2), two held stages and STAGES - 2 in flight. kLaunchWarps = W + 4 (m32n16w12s4).
+// 4, kernel v3 with a producer warpgroup and math roles: W = 16 math warps, warps 0-7 run S and the softmax (KSPLIT x SN
+// = 8: each both m tiles, as LOADER 3's), warps 8-15 run P V (each Dv / 8 columns of all rows), P double-buffered
+// between them on named barriers, so the softmax of tile i runs while P V of i - 1 keeps the tensor pipe busy.
+// 20 warps: setmaxnreg moves the launch's 96 registers to 32 (producer) and 112 (math). kLaunchWarps = W + 4.
 template <int BM_, int BN_, int W_, int STAGES_, int KSPLIT_, int SN_, int FP8_MMA_ = 1, int BARS_ = 2,
           int LOADER_ = 0>
 struct TileConfigV1 {
@@ -76,7 +80,7 @@ struct TileConfigV1 {
   static constexpr int kWarps = W_;
   static constexpr int kThreads = 32 * kWarps;
   // the block: + the producer warp (LOADER 2), or + the producer warpgroup (LOADER 3)
-  static constexpr int kLaunchWarps = kWarps + (LOADER_ == 2 ? 1 : LOADER_ == 3 ? 4 : 0);
+  static constexpr int kLaunchWarps = kWarps + (LOADER_ == 2 ? 1 : LOADER_ >= 3 ? 4 : 0);
   static constexpr int kVersion = 1;
   // the tile as the host-side tables spell it: WM x WN warps = (W / KSPLIT) x KSPLIT
   static constexpr int WM = W_ / KSPLIT_;
@@ -90,11 +94,13 @@ struct TileConfigV1 {
   static_assert(STAGES >= 3 && STAGES <= 8, "3..8 pipeline stages");
   static_assert(BARS == 2 || (BARS == 1 && STAGES >= 4), "1 barrier per tile needs >= 4 stages, else 2 barriers");
   static_assert(kThreads % BN == 0, "the KV loader gives each tile row kThreads / BN threads");
-  static_assert(LOADER >= 0 && LOADER <= 3,
-                "LOADER: 0 (cp.async chunks), 1 (a bulk copy per row), 2 (producer warp), 3 (producer warpgroup)");
-  static_assert(LOADER < 2 || (BARS == 2 && BN <= 32 && (kWarps == 8 || (LOADER == 3 && kWarps == 16))),
-                "producer warp(group) (v3): 8 math warps (or 16 beside a producer warpgroup), two barriers per tile, "
-                "one producer lane per KV row of a tile");
+  static_assert(LOADER >= 0 && LOADER <= 4,
+                "LOADER: 0 (cp.async chunks), 1 (a bulk copy per row), 2 (producer warp), 3 (producer warpgroup), 4 "
+                "(producer warpgroup, S and PV warps)");
+  static_assert(LOADER < 2 || (BARS == 2 && BN <= 32 && kWarps == (LOADER == 4 ? 16 : 8)),
+                "producer warp(group) (v3): 8 math warps (16 with roles: 8 S, 8 PV), two barriers per tile, one "
+                "producer lane per KV row of a tile");
+  static_assert(LOADER != 4 || KSPLIT * SN == 8, "v3 with math roles: the 8 S warps split Dqk x tokens only");
 };
 
 // Tile of the v2 kernel (tree_verify_kernel_v2.cuh, sm_90a only: wgmma). BM = 64 rows, one wgmma m64
@@ -177,17 +183,18 @@ using TileMlaV3 = TileConfigV1<32, 16, 8, 4, 4, 1, 1, 2, 2>;
 //       producer warpgroup at 40 (12 warps): KV 4 x 18,688 B + partial scores 12,288 + P 1,536 + stats 384 + 8 mask
 //       words per row 1,024 + 64 B of mbarriers + the producer's index ring 512 = 90,560 B.
 using TileMlaV3Wg = TileConfigV1<32, 16, 8, 4, 4, 2, 1, 2, 3>;
-//  MLA v3 with 16 math warps and a producer warpgroup (LOADER 3, 20 warps: the launch gives 96 registers a thread,
-//       setmaxnreg moves them to 32 for the producer and 112 for the math warps; four math warps on each scheduler):
-//       S warps 4 (dims) x 2 (tokens) x 2 (M), each one m tile of S (Q 36 registers) and 32 Dv columns of O (32), v1's
-//       two-tile loop; the softmax on the first 8 warps. The shared memory of TileMlaV3Wg: 90,560 B.
-using TileMlaV3W16 = TileConfigV1<32, 16, 16, 4, 4, 2, 1, 2, 3>;
+//  MLA v3 with math roles (LOADER 4, 20 warps: the launch gives 96 registers a thread, setmaxnreg moves them to 32 for
+//       the producer warpgroup and 112 for the math warps): 8 S warps, S split 4 (dims) x 2 (tokens) over both m tiles
+//       (Q 72 registers) and the softmax; 8 PV warps, each 64 Dv columns of O (64). KV 4 x 18,688 B + partial scores
+//       12,288 + 2 x P 3,072 + 2 x alpha, 1/l, lse2 512 + 8 mask words per row 1,024 + 64 B of mbarriers + the
+//       producer's index ring 512 = 92,224 B.
+using TileMlaV3Roles = TileConfigV1<32, 16, 16, 4, 4, 2, 1, 2, 4>;
 template <> struct TilesFor<HeadMLA> {
   using type = TileList<TileConfigV1<32, 16, 8, 4, 4, 2>, TileConfigV1<32, 16, 8, 3, 4, 2>,
                         TileConfigV1<32, 32, 8, 4, 4, 2, 1, 1>,
                         TileConfig<32, 16, 2, 2, 3>, TileConfig<16, 32, 1, 4, 2>,
                         TileConfigV2<64, 32, 2, 3>, TileConfigV1<32, 16, 8, 8, 4, 2, 1, 1, 1>,
-                        TileConfigV1<32, 32, 8, 5, 2, 2, 1, 1, 1>, TileMlaV3, TileMlaV3Wg, TileMlaV3W16>;
+                        TileConfigV1<32, 32, 8, 5, 2, 2, 1, 1, 1>, TileMlaV3, TileMlaV3Wg, TileMlaV3Roles>;
 };
 // e4m3 caches (MLA only): kernel v1 with e4m3 MMAs (m16n8k32) for S and P.V. A 32-token tile is one
 // k step of P.V; a 576-byte row (+16 B pad) makes a 32-token stage 18.5 KB, so 4 stages, two barriers

@@ -103,7 +103,7 @@ struct KernelTraits {
 // buffer), 1/l and lse2. Q is staged once in the last pipeline stages before their tiles
 // are issued and then lives in registers.
 template <int BM, int BN, int STAGES, int KSPLIT, int DQK, int DV, bool kSharedKV, int KVB = 2, int PB = KVB,
-          int KROW = DQK, int KPADB = 16, int PARTS = 1, int PGROUPS = 1, int MASKW = 4>
+          int KROW = DQK, int KPADB = 16, int PARTS = 1, int PGROUPS = 1, int MASKW = 4, int PBUFS = PARTS>
 struct SharedMemoryPlanV1 {
   // KROW: K row elements in the cache (DQK; 656 bytes for the 656-byte MLA rows), KPADB: its pad in bytes
   // KVB: bytes per K / V element (2: the 16-bit type of q; 1: e4m3); PB: per P element. Q is staged 16-bit.
@@ -120,7 +120,8 @@ struct SharedMemoryPlanV1 {
   // floats per partial-score row: BN + 8 keeps the float2 stores conflict-free; the one-barrier tiles take
   // BN + 4 (2-way conflicts on those stores) to fit their two sets in sm_120's 99 KB
   static constexpr int kSPitch = BN + (PARTS == 2 ? 4 : 8);
-  static constexpr int kPBufs = PARTS;          // P / alpha buffers (above)
+  static constexpr int kPBufs = PBUFS;          // P / alpha buffers (above; 2 for v3's math roles: P(i + 1) is
+                                                // written while the PV warps read P(i))
   // elements per P row: a 16-byte pad puts the 8 rows an ldmatrix reads on distinct banks; the 4-block rows
   // (128 bytes) instead swizzle their 16-byte chunks (chunk ^ row % 8, kPSwizzle)
   static constexpr bool kPSwizzle = PGROUPS > 1;
@@ -199,7 +200,12 @@ struct KernelTraitsV1 {
   static constexpr int kThreads = Tile::kThreads;
 
   static constexpr int MS = BM / 16;                 // m16 tiles of the CTA
-  static constexpr int kSWM = kWarps / (KSPLIT * SN);  // S warps along M
+  // Tile::LOADER 4 (v3 with math roles): warps 0 .. kSWarps - 1 compute S and the softmax, warps kSWarps .. kWarps - 1
+  // P V; every other tile's warps do both
+  static constexpr bool kRoles = Tile::LOADER == 4;
+  static constexpr int kSWarps = kRoles ? kWarps / 2 : kWarps;   // S (and softmax) warps
+  static constexpr int kPVWarps = kRoles ? kWarps / 2 : kWarps;  // P V warps
+  static constexpr int kSWM = kSWarps / (KSPLIT * SN);  // S warps along M
   static constexpr int kSMT = MS / kSWM;             // m tiles per warp in S
   static constexpr int kSTok = BN / SN;              // tokens per warp in S
   static constexpr int kSN8 = kSTok / 8;             // n8 tiles per m tile in S
@@ -209,7 +215,7 @@ struct KernelTraitsV1 {
   // accumulator sets over alternate k steps: at least 4 independent MMA chains per warp
   // (656-byte rows: always two, one per 128-column block of the warp's two)
   static constexpr int kSAcc = kMla656 ? 2 : (kSMT * kSN8 >= 4 || kSKSteps < 2) ? 1 : 2;
-  static constexpr int kODV = DV / kWarps;           // Dv columns per warp in O
+  static constexpr int kODV = DV / kPVWarps;         // Dv columns per warp in O
   static constexpr int kON8 = kODV / 8;
   static constexpr int kPKSteps = BN / (kE4m3Mma ? 32 : 16);  // MMA k steps of P.V per tile
   static constexpr int kQChunks = DQK / 8;           // 16-byte chunks per Q / K row
@@ -230,7 +236,7 @@ struct KernelTraitsV1 {
   // LOADER 3: the producer is a warpgroup (warps kWarps .. kWarps + 3; the first issues the copies), registers moved
   // to the math warpgroups by setmaxnreg: at 384 threads the launch gives 168 a thread; the producer's four warps
   // return (168 - 40) x 128 to the CTA's pool, the math warps' eight take (232 - 168) x 256 of it
-  static constexpr bool kProducerWG = Tile::LOADER == 3;
+  static constexpr bool kProducerWG = Tile::LOADER >= 3;
   // The pool is what the launch allocates: ptxas counts a block in whole warpgroups, so 12 warps get 168 a thread
   // (64,512) and 20 warps 96 (61,440; 17 warps would get 96 too, which is why 16 math warps come with a warpgroup).
   // 8 math warps: the producer 40, the math warps 232; 16 math warps: the producer 32, the math warps 112.
@@ -259,10 +265,9 @@ struct KernelTraitsV1 {
   static constexpr int kChunksK = (kRowChunks + kThreadsPerRow - 1) / kThreadsPerRow;  // cp.async per loader thread
   static constexpr bool kChunksTail = kRowChunks % kThreadsPerRow != 0;  // the last chunk of some threads is past the row
   static constexpr int kChunksV = kSharedKV ? 0 : DV / kKvPerChunk / kThreadsPerRow;
-  // the softmax runs on the first kSoftThreads math threads (8 warps: v1's split of a tile's scores); with 16 math
-  // warps (v3's 16-warp tile) the other 8 only wait at the barrier that publishes P, so every format keeps v1's
-  // scores per lane (P stored in pairs; the 656-byte rows' 4 tokens of a block per lane)
-  static constexpr int kSoftThreads = kThreads < 256 ? kThreads : 256;
+  // the softmax runs on the S warps, at most 8 (v1's split of a tile's scores: P stored in pairs, the 656-byte rows'
+  // 4 tokens of a block per lane); with math roles the PV warps have none
+  static constexpr int kSoftThreads = kSWarps * 32 < 256 ? kSWarps * 32 : 256;
   static constexpr int kTPL = BM * BN / kSoftThreads;  // softmax: scores per lane, all in one row
   static constexpr int kLanesPerRow = BN / kTPL;
 
@@ -276,7 +281,8 @@ struct KernelTraitsV1 {
 
   // 656-byte rows: no pad, the 656-byte pitch is already an odd number (41) of 16-byte units (conflict-free ldmatrix)
   using Smem = SharedMemoryPlanV1<BM, BN, STAGES, KSPLIT, DQK, DV, kSharedKV, int(sizeof(KvElem)), kPBytes, kRowElems,
-                                  kMla656 ? 0 : 16, Tile::BARS == 1 ? 2 : 1, kMla656 ? 4 : 1, kProducer ? 8 : 4>;
+                                  kMla656 ? 0 : 16, Tile::BARS == 1 ? 2 : 1, kMla656 ? 4 : 1, kProducer ? 8 : 4,
+                                  (Tile::BARS == 1 || kRoles) ? 2 : 1>;
   static constexpr int kQStages = Smem::kQStages;
   // the mbarriers (8 bytes each) after the plan's regions: the bulk loader's one per stage; the producer warp's
   // FULL per stage, then EMPTY per stage

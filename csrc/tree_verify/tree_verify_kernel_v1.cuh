@@ -142,6 +142,9 @@ VA_DEVICE void sts_pack(T* dst, const float (&v)[N]) {
 // Named barriers of the producer-warp tiles (v3): the math warps' exchange, and the producer's wait for the Q
 // staging stages (0 is block_sync's).
 inline constexpr int kMathBarrier = 1, kQFreeBarrier = 2;
+// v3 with math roles: the S warps' own barrier; P(t) published to the PV warps (id kPFullBarrier + t % 2: the S warps
+// bar.arrive, the PV warps bar.sync) and its buffer free again (kPEmptyBarrier + t % 2: the other way round)
+inline constexpr int kSBarrier = 3, kPFullBarrier = 4, kPEmptyBarrier = 6;
 
 template <class Tr>
 __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel_v1(const Params p, const int num_splits) {
@@ -372,7 +375,7 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
         id = sPIdx[(t % kLead) * 32 + lane];
         fetch();                            // tile t + kLead's, into the slot just read (an empty group past the end)
       }
-      if (t == kQFirst) {
+      if (t == kQFirst) {  // sass-model: rare (one tile's)
         arch::named_barrier_sync(kQFreeBarrier, Tr::kQFreeThreads);
         q_free = true;
       }
@@ -459,6 +462,8 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
     }
   }
 
+  // the warp's Dv columns in P V: every warp's, or with math roles the PV warps' (warps kSWarps ..)
+  const int owarp = Tr::kRoles ? warp - Tr::kSWarps : warp;
   const int ws_k = warp % Tr::KSPLIT;
   const int ws_n = (warp / Tr::KSPLIT) % Tr::SN;
   const int ws_m = warp / (Tr::KSPLIT * Tr::SN);
@@ -540,7 +545,7 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
         }
       }
     }
-  } else {
+  } else if (!Tr::kRoles || warp < Tr::kSWarps) {  // (math roles: the PV warps hold no Q)
 #pragma unroll
     for (int i = 0; i < Tr::kSMT; ++i)
 #pragma unroll
@@ -764,7 +769,7 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
   constexpr float kPBlk = Tr::kE4m3Mma ? kPScale : 1.f;
   [[maybe_unused]] float blk_ref[4] = {0.f, 0.f, 0.f, 0.f}, blk_inv[4] = {0.f, 0.f, 0.f, 0.f};  // (kLean: not held)
   [[maybe_unused]] float pv_ratio = 1.f;
-  [[maybe_unused]] const int pv_blk = warp * Tr::kODV / Tr::k656Block;
+  [[maybe_unused]] const int pv_blk = owarp * Tr::kODV / Tr::k656Block;
   // the lane's tokens' P factor per block: scale x kPBlk / the block's reference (kLean: per block where P is stored,
   // from sScl and pinv, kPBlk / blk_ref[g] or 0 while the reference is 0)
   [[maybe_unused]] float pw[kLean ? 1 : 4][TPL];
@@ -819,12 +824,6 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
   };
   auto softmax = [&](int tile, auto masked_tag) {
     constexpr bool kMasked = decltype(masked_tag)::value;
-    if constexpr (Tr::kSoftThreads < Tr::kThreads) {
-      if (warp >= Tr::kSoftThreads / 32) {  // the warps past the softmax's (16 math warps): only what their PV needs
-        if constexpr (Tr::kMla656) blk_prep();  // the block references and pv_ratio (replicated in every thread)
-        return;
-      }
-    }
     const int tok0 = range.begin + tile * BN;
     float s[TPL];
     const float* part = part_of(tile);
@@ -969,7 +968,7 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
     if constexpr (Tr::kFp8) {
       // one .trans load per 16-dim chunk covers the 32-token tile (lane l gives the row of token l):
       // register m holds tokens 8m + 2c, +1 of the lane's dim pair (c = lane % 4)
-      const KV* sVw = sV + (tile % STAGES) * Smem::kStageElems + lane * Smem::kVPitch + warp * Tr::kODV;
+      const KV* sVw = sV + (tile % STAGES) * Smem::kStageElems + lane * Smem::kVPitch + owarp * Tr::kODV;
 #pragma unroll
       for (int j = 0; j < Tr::kON8; j += 2) {
         uint32_t r[4];
@@ -994,7 +993,7 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
         }
       }
     } else {
-      const KV* sVw = sV + (tile % STAGES) * Smem::kStageElems + bt_addr.row * Smem::kVPitch + warp * Tr::kODV +
+      const KV* sVw = sV + (tile % STAGES) * Smem::kStageElems + bt_addr.row * Smem::kVPitch + owarp * Tr::kODV +
                       bt_addr.col;
 #pragma unroll
       for (int kk = 0; kk < Tr::kPKSteps; ++kk)
@@ -1030,7 +1029,56 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
       softmax(it + 1, std::false_type{});
     }
   };
-  if constexpr (Tr::kProducerWG) {
+  if constexpr (Tr::kRoles) {
+    // ---- v3 with math roles (LOADER 4). The S warps (0 .. kSWarps - 1) run S(it), its partial scores, and the softmax
+    // of it; the PV warps (kSWarps ..) run P V(it). P and alpha are double-buffered (buffer it % 2) and handed over on
+    // named barriers: the S warps bar.arrive on P_FULL(it % 2) once P(it) is written and the PV warps bar.sync on it;
+    // the PV warps bar.arrive on P_EMPTY(it % 2) once P(it) and alpha(it) are in their registers, which the S warps
+    // bar.sync on before they write P(it + 2) there. So the softmax of it + 1 runs while P V(it)'s MMAs keep the tensor
+    // pipe busy. Each side releases a stage on EMPTY after its own reads of it (16 arrivals); the PV warps read V(it)
+    // after P_FULL(it), which the S warps arrive on after their FULL wait of it (the stage's bytes landed before).
+    if (warp < Tr::kSWarps) {
+      auto s_sync = [] { arch::named_barrier_sync(kSBarrier, Tr::kSWarps * 32); };
+      for (int it = 0; it < ntiles; ++it) {  // sass-model: tile-loop
+        wait_tile(it);  // FULL: tile it's rows (every S thread waits itself)
+        SAcc sacc;
+        s_mma(it, sacc, [] {});
+        release(it);  // K(it) read: the S warps' part of EMPTY
+        if (it > 0) s_sync();  // the softmax of it - 1 read its partial scores
+        s_store(sacc, it);
+        // the partial scores of it published: from tile 2 on by P_EMPTY(it % 2), which every S thread syncs on too
+        // (PV(it - 2) read that P buffer), before that by the S barrier
+        if (it >= 2) {
+          arch::named_barrier_sync(kPEmptyBarrier + (it & 1), Tr::kThreads);
+        } else {  // sass-model: rare (tiles 0 and 1)
+          s_sync();
+        }
+        if (tile_masked(it)) {  // sass-model: cold
+          softmax(it, std::true_type{});
+        } else {  // sass-model: hot
+          softmax(it, std::false_type{});
+        }
+        arch::named_barrier_arrive(kPFullBarrier + (it & 1), Tr::kThreads);  // P(it), alpha(it) published
+      }
+      // the S warps' part of the epilogue, here so that their path never holds O: 1/l and lse2 of their rows
+      arch::launch_dependents();
+      if (scol == 0) {
+        sFin[srow] = h::row_inv_l(l_run);
+        sFin[BM + srow] = h::row_lse2(m_run, l_run, Log2{});
+      }
+      math_sync();
+      return;
+    } else {
+      for (int it = 0; it < ntiles; ++it) {  // sass-model: pv-loop
+        arch::named_barrier_sync(kPFullBarrier + (it & 1), Tr::kThreads);  // P(it), alpha(it)
+        pv_load(it);
+        rescale_o(it);  // alpha(it) read
+        release(it);    // V(it) in registers: the PV warps' part of EMPTY
+        if (it + 2 < ntiles) arch::named_barrier_arrive(kPEmptyBarrier + (it & 1), Tr::kThreads);
+        pv_mma();
+      }
+    }
+  } else if constexpr (Tr::kProducerWG) {
     // ---- v3 with a producer warpgroup: v1's two-barrier loop. Iteration it: S(it + 1) | PV(it) with the softmax of
     // it + 1. Barrier 1 publishes P(it) and alpha(it) (and orders the softmax's reads of the partial scores of it
     // before S(it + 1) writes them); barrier 2 the partial scores of it + 1 (and orders PV(it)'s reads of P before the
@@ -1170,7 +1218,7 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
   arch::launch_dependents();  // the combine may start launching; it waits for this grid's writes
 
   // ---- epilogue: the softmax lanes publish 1/l and lse2 of their rows ------------
-  if (scol == 0 && (Tr::kSoftThreads == Tr::kThreads || warp < Tr::kSoftThreads / 32)) {
+  if (!Tr::kRoles && scol == 0) {  // (math roles: the S warps published theirs after their loop)
     sFin[srow] = h::row_inv_l(l_run);
     sFin[BM + srow] = h::row_lse2(m_run, l_run, Log2{});
   }
@@ -1196,7 +1244,7 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
       const float lse2 = sFin[BM + r];
       // this lane's columns: 16-bit caches, dims 8j + 2c, +1 of n8 tile j; e4m3 caches, the chunk's
       // even-dim (j) and odd-dim (j + 1) accumulators hold dims 16 (j / 2) + 4c .. + 3 (c = lane % 4)
-      const int col0 = warp * Tr::kODV + (Tr::kFp8 ? 4 : 2) * (lane & 3);
+      const int col0 = owarp * Tr::kODV + (Tr::kFp8 ? 4 : 2) * (lane & 3);
       if (direct) {
         T* o = static_cast<T*>(p.out) + qrow * p.o_stride_tok + head * p.o_stride_head + col0;
         if constexpr (Tr::kFp8) {
@@ -1211,7 +1259,7 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
             arch::st_global(reinterpret_cast<uint32_t*>(o + j * 8),
                             arch::pack2<T>(oacc[i][j][2 * hf] * inv, oacc[i][j][2 * hf + 1] * inv));
         }
-        if (p.lse != nullptr && warp == 0 && (lane & 3) == 0)
+        if (p.lse != nullptr && owarp == 0 && (lane & 3) == 0)
           arch::st_global(p.lse + qrow * p.lse_stride_tok + head * p.lse_stride_head, lse2 * h::kLn2);
       } else {
         const int64_t prow = (static_cast<int64_t>(split) * p.total_q + qrow) * p.num_q_heads + head;
@@ -1228,7 +1276,7 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
             arch::st_global(reinterpret_cast<float2*>(o + j * 8),
                             make_float2(oacc[i][j][2 * hf] * inv, oacc[i][j][2 * hf + 1] * inv));
         }
-        if (warp == 0 && (lane & 3) == 0) arch::st_global(ws_lse + prow, lse2);
+        if (owarp == 0 && (lane & 3) == 0) arch::st_global(ws_lse + prow, lse2);
       }
     }
 }
