@@ -1053,6 +1053,43 @@ def test_v3_fp8_wide_tree(emu):
         assert not _caught_e4m3(emu, case, cfg(2, *tile)), tile
 
 
+# kernel v3 with math roles on e4m3 rows (TileMlaV3RolesFp8, "cuda@m32n32w20s4"; sm_120a's tile, run here as the CPU
+# runs every tile): S warps 2 x 2 x 2 on threads 0-255, PV warps 256-511, the producer warpgroup 512-639
+V3R_FP8 = (32, 32, 20, 4)
+V3_E4M3_CASES = [i for i, c in enumerate(V3_FP8_CASES) if c[0].kv_dtype == "fp8_e4m3"]
+
+
+@pytest.mark.parametrize("i", V3_E4M3_CASES, ids=[f"{V3_FP8_CASES[i][0].id}-{V3_FP8_CASES[i][1]}s" for i in V3_E4M3_CASES])
+def test_v3_roles_e4m3_matches_reference(emu, i):
+    case, out, lse = _run_v3_case(emu, i, V3_FP8_CASES[i], V3R_FP8)
+    rel, lse_err = fp8_errors(case, out, lse)
+    assert rel <= FP8_MMA_REL_TOL and lse_err <= FP8_MMA_LSE_ATOL, (case.spec.id, rel, lse_err)
+
+
+def test_v3_roles_e4m3_wide_tree_and_bitwise(emu):
+    case = make_case(CaseSpec((40,), (256,), "bushy", dtype=BF, kv_dtype="fp8_e4m3", page_size=3, seed=329, **MLA))
+    emu.set_schedule("warp-ahead")
+    emu.set_cp_async_landing("issue")
+    assert not _caught_e4m3(emu, case, cfg(2, *V3R_FP8))
+    case = make_case(CaseSpec((290, 7), (9, 4), "bushy", dtype=BF, kv_dtype="fp8_e4m3", page_size=3, seed=333, **MLA))
+    out, lse = _same_bits_under_every_schedule(emu, case, cfg(3, *V3R_FP8), seed=7)
+    rel, lse_err = fp8_errors(case, out, lse)
+    assert rel <= FP8_MMA_REL_TOL and lse_err <= FP8_MMA_LSE_ATOL, (rel, lse_err)
+
+
+def test_v3_roles_e4m3_planted_bugs_are_caught(emu):
+    # S threads' named barrier calls: 0 Q landed, 1 the Q row scales, 2 the Q stages free, then tile 0's S barrier and
+    # P_FULL (3, 4), tile 1's three (5-7), tile 2's S barrier, P_EMPTY, P_FULL (8-10); PV threads: 0-2, then P_FULL
+    # and P_EMPTY per tile (3, 4 tile 0's)
+    case = CaseSpec((300,), (7,), "bushy", dtype=BF, kv_dtype="fp8_e4m3", seed=334, **MLA)
+    miss = functools.partial(_v3_missed, emu, spec=case, tile=V3R_FP8, caught=_caught_e4m3)
+    assert not miss("skip_mbarrier_wait", (0, 256), [-1, 0, 1, 4, 5]), "S threads reading before FULL went unnoticed"
+    assert not miss("skip_mbarrier_wait", (512, 544), [-1, 0, 1, 2, 3]), "the producer skipping EMPTY went unnoticed"
+    assert not miss("named_barrier_miscount", (0, 512), [-1, 0, 1, 2, 3, 4]), "a math named barrier's miscount"
+    assert not miss("skip_named_barrier", (0, 256), [3, 4, 5, 6, 7, 8, 9, 10]), "an S-side barrier went unnoticed"
+    assert not miss("skip_named_barrier", (256, 512), [3, 4, 5, 6]), "a PV-side barrier went unnoticed"
+
+
 # The planted bugs on the fp8 v3 tiles (300 + 7 tokens in one split: 10 tiles of 32). Math threads' named barrier
 # calls: 0 Q landed, 1 the Q row scales, 2 (bar.arrive) the Q stages free, then 2 per tile.
 @pytest.mark.parametrize("tile", [V3_FP8, V3W_FP8], ids=["warp", "warpgroup"])

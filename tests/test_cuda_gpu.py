@@ -188,8 +188,8 @@ def test_cuda_graph_replay_with_changed_lengths(cfg):
 def test_kernel_versions_match_reference(version, page_size):
     """The pinned versions bench.verify times as cuda@v0 / cuda@v1 / cuda@v2 (sm_90a's wgmma kernel) / cuda@v3-sm120
     (kernel v3's producer-warpgroup tile; on the H200 the proxy of the sm_120 kernel) / cuda@m32n16w9s4 (its
-    one-producer-warp tile) / cuda@m32n16w20s4 (16 math warps and a producer warpgroup), on the headline shape at
-    20k."""
+    one-producer-warp tile) / cuda@m32n16w20s4 (its math-roles tile: S warps, PV warps, a producer warpgroup), on the
+    headline shape at 20k."""
     from verify_attn.backends import cuda
 
     if version == "v2" and torch.cuda.get_device_capability() != (9, 0):
@@ -201,13 +201,15 @@ def test_kernel_versions_match_reference(version, page_size):
 
 
 @pytest.mark.parametrize("kv_dtype", ["fp8_e4m3", "fp8_mla656"])
-@pytest.mark.parametrize("version", ["v3-sm120", "m32n32w9s4"])
+@pytest.mark.parametrize("version", ["v3-sm120", "m32n32w9s4", "m32n32w20s4"])
 def test_kernel_v3_fp8_matches_reference(version, kv_dtype, monkeypatch):
     """Kernel v3 on e4m3 and 656-byte rows (its producer-warpgroup and one-producer-warp tiles, the e4m3-MMA
     tolerance), page 64 at 20k. The 656-byte tiles are sm_120a's: elsewhere (the H200) they run under
     VERIFY_ATTN_ANY_TILE_ARCH=1, for correctness."""
     from verify_attn.backends import cuda
 
+    if version == "m32n32w20s4" and kv_dtype == "fp8_mla656":
+        pytest.skip("the math-roles tile runs e4m3 rows only (the 656-byte rows' block references are the softmax's)")
     monkeypatch.setenv("VERIFY_ATTN_ANY_TILE_ARCH", "1")
     spec = _spec("kimi-mla", prefix_lens=(20_000, 333), tree_sizes=(16, 5), page_size=64, seed=23, kv_dtype=kv_dtype)
     cfg = cuda.version_config(make_case(spec, device="cuda").problem(), version)

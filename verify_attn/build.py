@@ -130,6 +130,11 @@ _V3_656_TILE = Tile(32, 32, 4, 2, 4, version=1, sn=2, bars=2, loader=2, archs=("
 # Backends "cuda@m32n16w12s4" (bf16) and "cuda@m32n32w12s4" (fp8)
 V3_WG_TILE = Tile(32, 16, 2, 4, 4, version=1, sn=2, bars=2, loader=3)
 V3_WG_FP8_TILE = Tile(32, 32, 4, 2, 4, version=1, sn=2, bars=2, loader=3)
+# ... and with math roles on e4m3 rows (TileMlaV3RolesFp8): S warps 2 (dims) x 2 (tokens) x 2 (M), 8 PV warps:
+# 91,328 B; backend "cuda@m32n32w20s4" (not the 656-byte rows: their block references live in the softmax threads).
+# sm_120a's alone: at 112 registers sm_90a's f16 lowering of the e4m3 MMAs spills 72 B (the H200 runs it under
+# VERIFY_ATTN_ANY_TILE_ARCH=1, for correctness)
+V3_ROLES_FP8_TILE = Tile(32, 32, 8, 2, 4, version=1, sn=2, bars=2, loader=4, archs=("sm_120a",))
 # (656-byte rows: sm_120a's, as v1's e4m3-MMA 656 tile is; at 232 registers sm_90a's f16 lowering spills 12 B)
 _V3_WG_656_TILE = Tile(32, 32, 4, 2, 4, version=1, sn=2, bars=2, loader=3, archs=("sm_120a",))
 # kernel v3 with math roles (TileMlaV3Roles, 20 warps; setmaxnreg: the launch's 96 registers to 32 for the producer
@@ -154,7 +159,7 @@ TILES: dict[str, list[Tile]] = {
     # nvcc lowers its MMAs to f16 HMMAs (no e4m3 rate there). The f16 tile keeps Q and P exact (any arch); the H200's
     # default is kernel v2 on wgmma .e4m3 (DEFAULT_TILE).
     "mla576e4m3": [Tile(32, 32, 4, 2, 4, version=1, sn=2, archs=("sm_120a",)), _FP8_F16_TILE,  # f16: the exact one
-                   _V2_FP8_TILE, V3_FP8_TILE, V3_WG_FP8_TILE],
+                   _V2_FP8_TILE, V3_FP8_TILE, V3_WG_FP8_TILE, V3_ROLES_FP8_TILE],
     # 656-byte rows: sm_120's tile on e4m3 MMAs (per-block scales on S's block sums and on P, RoPE in q's type;
     # 4 stages, two tiles in flight, 100,864 B); the f16 tile is the H200's and the exact one
     "mla576x656": [Tile(32, 32, 4, 2, 4, version=1, sn=2, archs=("sm_120a",)), _FP8_F16_TILE, _V3_656_TILE,

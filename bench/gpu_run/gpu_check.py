@@ -65,11 +65,11 @@ PY = sys.executable
 # kernel v3 (issue 39, the sm_120 kernel: 8 math warps and a producer), on the H200 as the proxy of the same source:
 # cuda@v3-sm120 is its producer-warpgroup tile (setmaxnreg, v1's two-tile loop; each format's), in headline, sweep,
 # ncu, the knockouts (its producer honours the no-load and no-index bits) and the e4m3 stage; the one-producer-warp
-# tile (168 registers, one tile at a time) and the 16-math-warp tile (a producer warpgroup, 112 registers; the model
-# reads it slower than the 8-warp one: NOTES.md, "Kernel v3 with 16 math warps") in headline beside it.
+# tile (168 registers, one tile at a time) and the math-roles tile (8 S warps, 8 PV warps, a producer warpgroup; NOTES.md,
+# "Kernel v3 with math roles") in headline beside it.
 V3 = "cuda@v3-sm120"
 V3_WARP = "cuda@m32n16w9s4"
-V3_W16 = "cuda@m32n16w20s4"
+V3_ROLES = "cuda@m32n16w20s4"
 PLAN_CAP_S = 480.0          # the default plan's caps add up to at most this (tests/test_bench.py checks)
 DEVICE_CORES = 16           # the lent GPU machine's CPU cores (the build estimate scales to them)
 BUILD_TIMES = REPO / "bench" / "results" / "build_times.json"  # --time-build's measurement on this machine
@@ -253,7 +253,7 @@ def plan(out: Path, a: argparse.Namespace) -> list[Stage]:
               min_s=10),
         Stage("headline", v + ["--ctx", "185k", "--tree", "16", "--layout", "page1",
                                "--backend", "cuda@v2,cuda@v1,cuda@v0,cuda@m32n32w8s5,cuda@m32n16w8s8,cuda@m32n16w8s4,"
-                               f"{V3},{V3_WARP},{V3_W16},triton,triton-serial", "--json",
+                               f"{V3},{V3_WARP},{V3_ROLES},triton,triton-serial", "--json",
                                str(out / "headline.json"), "--csv", str(out / "headline.csv")], cap_s=30, min_s=20),
         Stage("sweep", v + ["--ctx", "185k,64k,16k,4k", "--tree", "16,64,1", "--layout", "page1,paged",
                             "--backend", f"cuda@v2,cuda@v1,cuda@m32n32w8s5,{V3}", "--json", str(out / "sweep.json"),

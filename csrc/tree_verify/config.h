@@ -87,8 +87,9 @@ struct TileConfigV1 {
   static constexpr int WN = KSPLIT_;
 
   static_assert(BM % 16 == 0, "BM: whole m16 tiles");
-  static_assert(kWarps % (KSPLIT * SN) == 0 && (BM / 16) % (kWarps / (KSPLIT * SN)) == 0,
-                "the W / (KSPLIT * SN) warps along M must split the BM / 16 m tiles evenly");
+  static constexpr int kSWarps = LOADER_ == 4 ? W_ / 2 : W_;  // the warps that compute S (math roles: half)
+  static_assert(kSWarps % (KSPLIT * SN) == 0 && (BM / 16) % (kSWarps / (KSPLIT * SN)) == 0,
+                "the S warps / (KSPLIT * SN) along M must split the BM / 16 m tiles evenly");
   static_assert(BN % (8 * SN) == 0, "each S warp's tokens must be whole n8 tiles");
   static_assert((BM * BN) % (32 * kWarps) == 0, "the softmax gives every lane the same number of scores");
   static_assert(STAGES >= 3 && STAGES <= 8, "3..8 pipeline stages");
@@ -100,7 +101,6 @@ struct TileConfigV1 {
   static_assert(LOADER < 2 || (BARS == 2 && BN <= 32 && kWarps == (LOADER == 4 ? 16 : 8)),
                 "producer warp(group) (v3): 8 math warps (16 with roles: 8 S, 8 PV), two barriers per tile, one "
                 "producer lane per KV row of a tile");
-  static_assert(LOADER != 4 || KSPLIT * SN == 8, "v3 with math roles: the 8 S warps split Dqk x tokens only");
 };
 
 // Tile of the v2 kernel (tree_verify_kernel_v2.cuh, sm_90a only: wgmma). BM = 64 rows, one wgmma m64
@@ -213,9 +213,13 @@ using TileFp8F16 = TileConfigV1<32, 32, 8, 3, 2, 2, 0>;
 using TileMlaV3Fp8 = TileConfigV1<32, 32, 8, 4, 2, 2, 1, 2, 2>;
 //  ... and with the producer warpgroup (LOADER 3): v1's e4m3 tile and two-tile loop at 232 registers, 89,664 B.
 using TileMlaV3WgFp8 = TileConfigV1<32, 32, 8, 4, 2, 2, 1, 2, 3>;
+//  ... and with math roles (LOADER 4): 8 S warps, S split 2 (dims) x 2 (tokens) x 2 (M) as the 8-warp tile's (Q 36
+//  registers of e4m3 codes; over both m tiles, Q 72, ptxas spilled at 112), the softmax; 8 PV warps, 64 Dv columns each:
+//  89,664 B + a second P and alpha buffer = 91,328 B.
+using TileMlaV3RolesFp8 = TileConfigV1<32, 32, 16, 4, 2, 2, 1, 2, 4>;
 template <> struct TilesForFp8<HeadMLA> {
   using type = TileList<TileConfigV1<32, 32, 8, 4, 2, 2>, TileFp8F16, TileConfigV2<64, 32, 2, 4>, TileMlaV3Fp8,
-                        TileMlaV3WgFp8>;
+                        TileMlaV3WgFp8, TileMlaV3RolesFp8>;
 };
 // GQA d128 with e4m3 caches: kernel v1's f16 tile (K / V codes to f16 in registers, Q and P in f16), V rows
 // apart from K's: 32 rows x 32 tokens, S split 2 (dims: 64 = 2 steps of 32) x 2 (tokens) x 2 (M), every warp 16

@@ -313,6 +313,8 @@ struct KernelTraitsV1 {
   static_assert(DQK % (kKStep * KSPLIT) == 0, "each S warp's head dims must be whole MMA k steps");
   static_assert(!kFp8 || (BN == 32 && (kSharedKV || kFp8Deq)),
                 "e4m3 tiles: 32 tokens (one e4m3 k step, one .trans load); MLA rows, or V rows apart on the f16 tile");
+  static_assert(!kRoles || !kMla656, "v3 with math roles: 16-bit and e4m3 rows (the 656-byte rows' block references "
+                                     "live in the softmax threads, which the PV warps are not)");
   static_assert(!kMla656 || (kFp8 && DQK == 576 && DV == 512 && KSPLIT == 2),
                 "656-byte rows: MLA 576/512, S split in two halves of 288 dims (9 steps of 32)");
   static_assert(!kMla656 || (Tile::BARS == 2 && k656Block % kODV == 0 && kSKSteps == 9),

@@ -504,6 +504,7 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
     math_sync();  // the row scales (v3: the math warps' named barrier; the producer warp has its own loop)
 #pragma unroll
     for (int i = 0; i < Tr::kSMT; ++i) {
+      if (Tr::kRoles && warp >= Tr::kSWarps) break;  // (math roles: the PV warps hold no Q)
       const int r0 = (ws_m * Tr::kSMT + i) * 16 + (lane >> 2);
       const float inv[2] = {1.f / sQScale[r0], 1.f / sQScale[r0 + 8]};
 #pragma unroll
