@@ -848,17 +848,17 @@ V3_CASES = [
 
 
 # kernel v3 with a producer warpgroup (LOADER 3, issue 39): 8 math warps at setmaxnreg 232 running v1's two-tile
-# loop + 4 producer warps at 40 (warp 8 copies, 9-11 exit): 384 threads; backends "cuda@m32n16w12s4" (bf16),
+# loop + 4 producer warps at 40 (each copies a quarter of every tile's rows): 384 threads; backends "cuda@m32n16w12s4" (bf16),
 # "cuda@m32n32w12s4" (e4m3 / 656-byte rows)
 V3W, V3W_FP8 = (32, 16, 12, 4), (32, 32, 12, 4)
 # ... and with math roles (LOADER 4): 16 math warps at 112 registers, S and the softmax on warps 0-7 (threads 0-255), P V
-# on warps 8-15 (256-511), P double-buffered between them on named barriers; the producer warpgroup at 32 (512-639;
-# warp 16 copies); backend "cuda@m32n16w20s4"
+# on warps 8-15 (256-511), P double-buffered between them on named barriers; the producer warpgroup at 32 (512-639,
+# each warp a quarter of the rows); backend "cuda@m32n16w20s4"
 V3R = (32, 16, 20, 4)
-# each tile's math and producer threads (the producer's first warp issues; the rest of a warpgroup exits), and the
+# each tile's math and producer threads (one producer warp, or a producer warpgroup's four), and the
 # last warp that waits on FULL itself (with math roles the PV warps read a stage after the S warps' P_FULL arrive)
-V3_ROLES = {V3: ((0, 256), (256, 288), (224, 256)), V3W: ((0, 256), (256, 288), (224, 256)),
-            V3R: ((0, 512), (512, 544), (224, 256))}
+V3_ROLES = {V3: ((0, 256), (256, 288), (224, 256)), V3W: ((0, 256), (256, 384), (224, 256)),
+            V3R: ((0, 512), (512, 640), (224, 256))}
 V3_TILES, V3_TILE_IDS = [V3, V3W, V3R], ["warp", "warpgroup", "roles"]
 
 
@@ -1084,7 +1084,7 @@ def test_v3_roles_e4m3_planted_bugs_are_caught(emu):
     case = CaseSpec((300,), (7,), "bushy", dtype=BF, kv_dtype="fp8_e4m3", seed=334, **MLA)
     miss = functools.partial(_v3_missed, emu, spec=case, tile=V3R_FP8, caught=_caught_e4m3)
     assert not miss("skip_mbarrier_wait", (0, 256), [-1, 0, 1, 4, 5]), "S threads reading before FULL went unnoticed"
-    assert not miss("skip_mbarrier_wait", (512, 544), [-1, 0, 1, 2, 3]), "the producer skipping EMPTY went unnoticed"
+    assert not miss("skip_mbarrier_wait", (512, 640), [-1, 0, 1, 2, 3]), "the producer skipping EMPTY went unnoticed"
     assert not miss("named_barrier_miscount", (0, 512), [-1, 0, 1, 2, 3, 4]), "a math named barrier's miscount"
     assert not miss("skip_named_barrier", (0, 256), [3, 4, 5, 6, 7, 8, 9, 10]), "an S-side barrier went unnoticed"
     assert not miss("skip_named_barrier", (256, 512), [3, 4, 5, 6]), "a PV-side barrier went unnoticed"
@@ -1097,10 +1097,11 @@ def test_v3_roles_e4m3_planted_bugs_are_caught(emu):
 def test_v3_fp8_planted_bugs_are_caught(emu, kv_dtype, tile):
     case = CaseSpec((300,), (7,), "bushy", dtype=BF, kv_dtype=kv_dtype, seed=330, **MLA)
     miss = functools.partial(_v3_missed, emu, spec=case, tile=tile, caught=_caught_e4m3)
+    producer = (256, 288) if tile == V3_FP8 else (256, 384)   # (a producer warpgroup: all four warps copy)
     assert not miss("skip_mbarrier_wait", V3_MATH, [-1, 0, 1, 4, 5]), "math threads reading before FULL went unnoticed"
-    assert not miss("skip_mbarrier_wait", V3_PRODUCER, [-1, 0, 1, 2, 3]), "the producer skipping EMPTY went unnoticed"
+    assert not miss("skip_mbarrier_wait", producer, [-1, 0, 1, 2, 3]), "the producer skipping EMPTY went unnoticed"
     assert not miss("named_barrier_miscount", V3_MATH, [-1, 0, 1, 2, 3, 4]), "a math named barrier's miscount"
-    assert not miss("named_barrier_miscount", V3_PRODUCER, [0]), "the producer's miscount went unnoticed"
+    assert not miss("named_barrier_miscount", producer, [0]), "the producer's miscount went unnoticed"
 
 
 @pytest.mark.parametrize("tile", [V3_FP8, V3W_FP8], ids=["warp", "warpgroup"])

@@ -139,9 +139,9 @@ def test_knockout_bits_are_checked(capsys):
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_120a"])
 def test_our_split_kernels_roles(arch):
     """Every split kernel of the MLA instantiation is one math role with all its warps (read as before), except
-    kernel v3: its math warps, then one producer warp (Tile.loader 2: the last warp; loader 3: the producer
-    warpgroup's first warp, the other three exit, with the setmaxnreg counts of each side), found from the SASS
-    alone."""
+    kernel v3: its math warps (loader 4: S warps and PV warps, two roles), then its producer (Tile.loader 2: the last
+    warp; loader 3 and 4: the producer warpgroup's four warps, each copying a quarter of the rows, with the
+    setmaxnreg counts of each side), found from the SASS alone."""
     from verify_attn import build as vb
     try:
         cubin = vb.compile_cubin(vb.instantiation_file("bf16", "mla576", "page1"), arch)
@@ -158,7 +158,8 @@ def test_our_split_kernels_roles(arch):
         # (math roles, loader 4: the S warps' loop and the PV warps' loop are two math roles)
         math = ([("math", tuple(range(w // 2))), ("math", tuple(range(w // 2, w)))] if tile.loader == 4
                 else [("math", tuple(range(w)))])
-        want = math + [("producer", (w,))] if tile.loader >= 2 else math
+        # (a producer warpgroup's four warps each copy a quarter of the rows: one role)
+        want = math + [("producer", tuple(range(w, w + (4 if tile.loader >= 3 else 1))))] if tile.loader >= 2 else math
         assert [(x.kind, x.warps) for x in found] == want, vb._describe(name)[0]
         if tile.loader == 3:   # setmaxnreg.inc 232 on the math side, .dec 40 on the producer's
             assert [x.maxnreg for x in found] == [232, 40], vb._describe(name)[0]
@@ -172,10 +173,11 @@ def test_our_split_kernels_roles(arch):
 @pytest.mark.parametrize("arch,dev", [("sm_120a", "rtx-pro-6000"), ("sm_90a", "h200")])
 def test_kernel_v3_is_read_with_its_roles(arch, dev, loader, math_warps):
     """The kernel model reads v3 (Tile.loader 2 and 3) as two roles: its marked tile loop on the math warps, the
-    producer warp's loop found from the SASS with one bulk copy per row of the tile, its rare blocks (a row past the
-    end zero-filled by 72 st.shared) left out; scheduler 0 runs math warps 0 and 4 and the producer (warp 8; with a
-    producer warpgroup, warps 9-11 exit at once and are not simulated); with math roles (loader 4), S warps 0 and 4,
-    PV warps 8 and 12 (their own loop, marked `pv-loop`) and the producer (warp 16)."""
+    producer warp's loop found from the SASS with one bulk copy per row of the tile (a producer warpgroup: per row of
+    its quarter), its rare blocks (a row past the end zero-filled by 72 st.shared) left out; scheduler 0 runs math
+    warps 0 and 4 and the producer (warp 8; a producer warpgroup's other warps sit on the other schedulers); with math
+    roles (loader 4), S warps 0 and 4, PV warps 8 and 12 (their own loop, marked `pv-loop`) and the producer (warp
+    16)."""
     from bench.model import call, kernels
     from verify_attn.shapes import get_shape
     try:
@@ -185,7 +187,7 @@ def test_kernel_v3_is_read_with_its_roles(arch, dev, loader, math_warps):
     km = next(k for k in ks if k.tile.loader == loader and k.tile.warps_m * k.tile.warps_n == math_warps)
     body, spans, lanes, producer = km.roles_hot
     assert spans[0] == (0, len(km.hot.instrs)) and spans[-1][1] == len(body) and len(spans) == (3 if loader == 4 else 2)
-    assert sum(i.op == "UBLKCP" for i in producer.instrs) == km.tile.block_n
+    assert sum(i.op == "UBLKCP" for i in producer.instrs) == km.tile.block_n // kernels.producer_warps(km.tile)
     assert not any(i.op == "STS" for i in producer.instrs)   # the zero-fill is rare
     warps = list(range(0, math_warps + 1, 4))
     assert [call._role_of(km.tile, w, len(spans)) for w in warps] == (

@@ -299,7 +299,9 @@ def tile_cost(km: KernelModel, dev: DeviceModel, *, path: str, resident_ctas: in
         s = _simulate(body, dev, warps=per_sched, warps_per_barrier_group=per_sched,
                       cp_bytes_per_clk=min(sm_dram, sm_l2) / dev.schedulers,
                       bank_degree=getattr(km, "bank_degree", None) or None,
-                      bulk=sim.Bulk(sizes=tuple(sorted(sizes.items())), lane_of=lanes, issuing_schedulers=1),
+                      # (a producer warpgroup's four warps sit on the four schedulers, each copying a quarter)
+                      bulk=sim.Bulk(sizes=tuple(sorted(sizes.items())), lane_of=lanes,
+                                    issuing_schedulers=kernels_mod.producer_warps(km.tile)),
                       roles=sim.RoleSpec(spans, (False,) * (len(spans) - 1) + (True,),
                                          tuple(_role_of(km.tile, w, len(spans)) for w in sim_warps),
                                          named_credit=((kernels_mod.ROLES_P_EMPTY, kernels_mod.ROLES_P_BUFFERS),)

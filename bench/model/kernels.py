@@ -138,10 +138,13 @@ def load(arch: str, head: str, dtype: str, layout: str, knockout: int = 0) -> tu
         producer = None
         if tile.loader >= 2:  # kernel v3: the producer warp's loop, found from the SASS (bench/model/roles.py)
             from .roles import find_roles
-            found = [r for r in find_roles(f, 32 * tile.num_warps, bulk_lanes=min(32, tile.block_n))
-                     if r.kind == "producer"]
-            # (the producer warp follows the 8 math warps: LOADER 3's other three producer warps only exit)
-            if len(found) != 1 or found[0].warps != (tile.warps_m * tile.warps_n,):
+            # the producer warp follows the math warps; a producer warpgroup's four warps each copy a quarter of the
+            # tile's rows (their waterfall loops: that many lanes)
+            pwarps = producer_warps(tile)
+            plane = -(-tile.block_n // pwarps)
+            found = [r for r in find_roles(f, 32 * tile.num_warps, bulk_lanes=min(32, plane)) if r.kind == "producer"]
+            m = tile.warps_m * tile.warps_n
+            if len(found) != 1 or found[0].warps != tuple(range(m, m + pwarps)):
                 skipped.append((readable, "kernel v3: its producer warp's loop was not found in the SASS"))
                 continue
             # our own producer loop read with its source markers too (roles.py reads foreign SASS without them): its
@@ -149,7 +152,7 @@ def load(arch: str, head: str, dtype: str, layout: str, knockout: int = 0) -> tu
             # barrier of one tile) are not every tile's (until 2026-12-05 the model charged both to every tile)
             from .roles import _without, first_iteration_blocks
             ploop = found[0].loop
-            producer = _without(analysis.tile_path(f, ploop, mk.cold, kfile, rare=mk.rare, bulk_lanes=min(32, tile.block_n)),
+            producer = _without(analysis.tile_path(f, ploop, mk.cold, kfile, rare=mk.rare, bulk_lanes=min(32, plane)),
                                 first_iteration_blocks(f, ploop))
         # a bulk loader's waterfall loops: one iteration per lane that could copy (at most min(32, BN)); the
         # simulation runs each warp's own copying lanes only (call.bulk_loader_lanes: BN / W, the rows spread over
@@ -190,6 +193,11 @@ def load(arch: str, head: str, dtype: str, layout: str, knockout: int = 0) -> tu
         raise LookupError(f"no split kernels the model can read in {cubin}" + (f" ({why})" if why else ""))
     order = {t: i for i, t in enumerate(vb.TILES[head])}
     return tuple(sorted(out, key=lambda k: order.get(k.tile, 99)))
+
+
+def producer_warps(tile: vb.Tile) -> int:
+    """Kernel v3's warps that issue KV copies (traits.h kProducerWarps): one producer warp, or the four of a warpgroup."""
+    return 4 if tile.loader >= 3 else 1
 
 
 # kernel v3 with math roles: the P handoff's named barriers take their id from a register (kPFullBarrier + t % 2,

@@ -58,7 +58,7 @@ struct TileConfig {
 // thread at 168 registers (3 warps on one of the SM's 4 schedulers). MLA rows (16-bit, e4m3, 656-byte). The tile
 // is selected by its block's warps, kLaunchWarps = W + 1 (m32n16w9s4: 8 math warps and the producer).
 // 3, kernel v3 with a producer warpgroup: the same roles, but the producer is a whole warpgroup (warps W .. W + 3;
-// its first warp issues the copies, the other three only give their registers back) that lowers its registers with
+// each of its four warps issues the copies of a quarter of every tile's rows) that lowers its registers with
 // setmaxnreg.dec (kProducerRegs) so the math warpgroups can raise theirs (setmaxnreg.inc, kMathRegs: 232 at 384
 // threads, sm_90a and sm_120a). With 232 registers the math warps run v1's two-tile loop: S(i+1) under PV(i), Q for
 // two m tiles (Dqk split 4 x tokens 2), two held stages and STAGES - 2 in flight. kLaunchWarps = W + 4 (m32n16w12s4).

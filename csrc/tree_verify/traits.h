@@ -233,7 +233,7 @@ struct KernelTraitsV1 {
   // tile. It reads kv_indices itself (no index ring); each stage has a FULL mbarrier (BN arrivals: the
   // producer's lanes, with the row bytes) and an EMPTY one (kWarps arrivals: one lane per math warp).
   static constexpr bool kProducer = Tile::LOADER >= 2;
-  // LOADER 3: the producer is a warpgroup (warps kWarps .. kWarps + 3; the first issues the copies), registers moved
+  // LOADER 3: the producer is a warpgroup (warps kWarps .. kWarps + 3, each a quarter of the rows), registers moved
   // to the math warpgroups by setmaxnreg: at 384 threads the launch gives 168 a thread; the producer's four warps
   // return (168 - 40) x 128 to the CTA's pool, the math warps' eight take (232 - 168) x 256 of it
   static constexpr bool kProducerWG = Tile::LOADER >= 3;
@@ -244,7 +244,12 @@ struct KernelTraitsV1 {
   static constexpr int kLaunchRegs = 65536 / (128 * ((Tile::kLaunchWarps + 3) / 4)) / 8 * 8;
   static constexpr int kProducerRegs = kWarps == 8 ? 40 : 32;
   static constexpr int kMathRegs = (kLaunchRegs * kBlockThreads - kProducerRegs * 128) / kThreads / 8 * 8;
-  static constexpr int kQFreeThreads = kThreads + 32;  // the Q-stages barrier: the math warps + the issuing warp
+  // the warps that issue copies: the producer warp, or all four of a producer warpgroup, each kRowsPerProducer rows of
+  // a tile (nvcc walks a warp's bulk copies one lane at a time: ~52 cycles each on the H200, so one warp issuing the 32
+  // rows of an e4m3 tile took ~1,660 cycles, the tile's bound by the model)
+  static constexpr int kProducerWarps = kProducerWG ? 4 : 1;
+  static constexpr int kRowsPerProducer = (BN + kProducerWarps - 1) / kProducerWarps;
+  static constexpr int kQFreeThreads = kThreads + 32 * kProducerWarps;  // the Q-stages barrier: math + issuing warps
   static_assert(!kProducerWG || (kProducerRegs * 128 + kMathRegs * kThreads <= kLaunchRegs * kBlockThreads &&
                                  kMathRegs <= 256 && kMathRegs >= kLaunchRegs),
                 "the producer warpgroup's registers: 40 x 128 + 232 x 256 (or 32 x 128 + 112 x 512) within the "

@@ -341,8 +341,9 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
   constexpr int kLead = Tr::kProducer ? Tr::kPIdxSlots : 1;   // (the lambda is compiled for every tile)
   int32_t* sPIdx = reinterpret_cast<int32_t*>(smem + Tr::kPIdxOffset);  // (kLead, 32): tile t in slot t % kLead
   auto produce = [&]() {
-    const int row = lane;
-    const bool active = row < BN;
+    // this warp's rows: kRowsPerProducer of each tile (a producer warpgroup's four warps share a tile's rows)
+    const int row = (warp - Tr::kWarps) * Tr::kRowsPerProducer + lane;
+    const bool active = lane < Tr::kRowsPerProducer && row < BN;
     const KV* k_src = kc + kvh * p.k_stride_head;
     TokenCursor<L> at(range.begin + row, BN, p.page_size);        // tile t's row in its page (the copy's offset)
     TokenCursor<L> ahead(range.begin + row, BN, p.page_size);     // the tile whose index is fetched next
@@ -351,8 +352,9 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
     int fetched = 0;
     // the index of tile `fetched` into its ring slot (zero past the end or for the idle lanes: never copied)
     auto fetch = [&]() {
-      arch::cp_async_4_zfill(sPIdx + (fetched % kLead) * 32 + lane, index_at(idx_base, ahead.pos, p.kv_indices_i64),
-                             active && tok_ahead < range.end);
+      if (active)  // (slot `row`: an idle lane's zero fill would land in another warp's row)
+        arch::cp_async_4_zfill(sPIdx + (fetched % kLead) * 32 + row, index_at(idx_base, ahead.pos, p.kv_indices_i64),
+                               tok_ahead < range.end);
       arch::cp_async_commit();
       ahead.advance();
       tok_ahead += BN;
@@ -372,7 +374,7 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
       int32_t id = tok;                     // (kKoNoIndex: page size 1, the row of token t is t)
       if constexpr (!kKoIdx) {
         arch::cp_async_wait<kLead - 1>();   // this lane's index of tile t landed (kLead - 1 later ones in flight)
-        id = sPIdx[(t % kLead) * 32 + lane];
+        id = active ? sPIdx[(t % kLead) * 32 + row] : 0;
         fetch();                            // tile t + kLead's, into the slot just read (an empty group past the end)
       }
       if (t == kQFirst) {  // sass-model: rare (one tile's)
@@ -417,11 +419,11 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
       }
     arch::block_sync();  // initialised before any thread arrives or copies: the CTA's only block-wide barrier
     if constexpr (Tr::kProducerWG) {
-      // the producer warpgroup gives registers back, its first warp produces, the other three are done; the math
+      // the producer warpgroup gives registers back, all four produce; the math
       // warpgroups take them (the inc waits until the CTA's pool has them)
       if (warp >= Tr::kWarps) {
         arch::setmaxnreg_dec<Tr::kProducerRegs>();
-        if (warp == Tr::kWarps) produce();
+        produce();  // each of the four warps its share of every tile's rows
         return;
       }
       arch::setmaxnreg_inc<Tr::kMathRegs>();
