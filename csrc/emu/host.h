@@ -18,6 +18,7 @@ void clear_globals();
 // per-thread call index (0-based, within each block) that is skipped, -1 = every call. Throws std::invalid_argument on an
 // unknown name. fault_hits() counts calls actually skipped since set_fault.
 // "named_barrier_miscount": the nth named barrier call (sync or arrive) counts 32 threads fewer than it says.
+// "skip_named_barrier": the nth named barrier call (sync or arrive) is skipped (all of a role's threads: a barrier removed).
 // set_fault applies to every thread; set_fault_threads(lo, hi) after it narrows it to threadIdx.x in [lo, hi)
 // (one role of a warp-specialized kernel: a math warp skipping its "full" wait, the producer its "empty" one).
 void set_fault(const char* what, int nth);

@@ -70,7 +70,7 @@ struct Range {
 
 enum class FaultKind {
   kNone, kSkipBlockSync, kSkipCpAsyncWait, kSkipWgmmaWait, kSkipFenceProxyAsync, kSkipMbarrierWait,
-  kNamedBarrierMiscount
+  kNamedBarrierMiscount, kSkipNamedBarrier
 };
 enum class Schedule { kForward, kReverse, kRandom, kWarpAhead, kWarpAheadReverse };
 
@@ -1179,7 +1179,12 @@ void named_barrier(int id, int count, bool wait, std::source_location loc) {
   Fiber* f = cur_fiber();
   Block& b = *f->block;
   // planted bug: this call counts one warp fewer than the kernel says
+  const int call = f->named_barrier_calls;
   if (skipped_by_fault(FaultKind::kNamedBarrierMiscount, f->named_barrier_calls)) count -= 32;
+  // planted bug: this call (bar.sync or bar.arrive) is not there at all; skipped by every thread of a role (the
+  // fault's thread range), a barrier removed from the kernel
+  int skip_calls = call;
+  if (skipped_by_fault(FaultKind::kSkipNamedBarrier, skip_calls)) return;
   if (id < 1 || id > 15 || count < 32 || count % 32 != 0 || count > b.nthreads) {
     report(b, f, "named barrier " + std::to_string(id) + " with " + std::to_string(count) + " threads: the id must be "
                      "1..15 (0 is block_sync's) and the count a multiple of 32 from 32 to the block's " +
@@ -1574,10 +1579,11 @@ void set_fault(const char* what, int nth) {
   else if (w == "skip_fence_proxy_async") s.fault = FaultKind::kSkipFenceProxyAsync;
   else if (w == "skip_mbarrier_wait") s.fault = FaultKind::kSkipMbarrierWait;
   else if (w == "named_barrier_miscount") s.fault = FaultKind::kNamedBarrierMiscount;
+  else if (w == "skip_named_barrier") s.fault = FaultKind::kSkipNamedBarrier;
   else if (w == "none" || w.empty()) s.fault = FaultKind::kNone;
   else throw std::invalid_argument("va::emu::set_fault: unknown fault '" + w +
                                    "' (known: skip_block_sync, skip_cp_async_wait, skip_wgmma_wait, "
-                                   "skip_fence_proxy_async, skip_mbarrier_wait, named_barrier_miscount, none)");
+                                   "skip_fence_proxy_async, skip_mbarrier_wait, named_barrier_miscount, skip_named_barrier, none)");
   s.fault_nth = nth;
   s.fault_tid_lo = 0;
   s.fault_tid_hi = kMaxThreadsPerBlock;
@@ -1634,7 +1640,8 @@ std::string describe_settings() {
   const Settings& s = settings();
   static const char* kSched[] = {"forward", "reverse", "random", "warp-ahead", "warp-ahead-reverse"};
   static const char* kFault[] = {"none", "skip_block_sync", "skip_cp_async_wait", "skip_wgmma_wait",
-                                 "skip_fence_proxy_async", "skip_mbarrier_wait", "named_barrier_miscount"};
+                                 "skip_fence_proxy_async", "skip_mbarrier_wait", "named_barrier_miscount",
+                                 "skip_named_barrier"};
   return std::string("schedule=") + kSched[static_cast<int>(s.schedule)] + " seed=" + std::to_string(s.seed) +
          " workers=" + std::to_string(s.workers) + " smem_limit=" + std::to_string(s.smem_limit) +
          " cp_async=" + (s.cp_async_at_issue ? "issue" : "wait") + " fault=" + kFault[static_cast<int>(s.fault)] + " nth=" + std::to_string(s.fault_nth) +

@@ -250,7 +250,8 @@ class Emulator:
 
     def set_fault(self, what: str, nth: int = -1, threads: Optional[tuple[int, int]] = None) -> None:
         """'skip_block_sync' | 'skip_cp_async_wait' | 'skip_wgmma_wait' | 'skip_fence_proxy_async' |
-        'skip_mbarrier_wait' | 'named_barrier_miscount' (the call counts 32 threads fewer) | 'none'; nth:
+        'skip_mbarrier_wait' | 'named_barrier_miscount' (the call counts 32 threads fewer) | 'skip_named_barrier'
+        (the bar.sync / bar.arrive call is skipped: with the role's threads, a barrier removed) | 'none'; nth:
         per-thread call index, -1 = every call; threads: (lo, hi), only threadIdx.x in [lo, hi) (one warp role),
         None = every thread."""
         self._check(self.lib.va_emu_set_fault(what.encode(), nth))
