@@ -32,9 +32,13 @@
 //   * Q (64 x 576) is staged once by the consumers (cp.async into the same swizzled layout, proxy fence, named
 //     barrier 1) with the first 8 tree-mask words of each row; S reads Q from shared memory (its 144 fragment
 //     registers would not fit beside O's 128).
-// Why the copies need no proxy fence: cp.async writes tied to an mbarrier by .noinc complete with its phase, and
-// the waiting consumers hand them to wgmma directly (FlashMLA's sparse prefill does the same); the P exchange is
-// read back into registers (wgmma's A from registers), so no generic write is read by the async proxy.
+// Proxies: cp.async writes shared memory through the generic proxy and wgmma reads it through the async proxy.
+// FlashMLA's sparse prefill hands noinc-tied cp.async rows to wgmma right after the mbarrier wait; here each consumer
+// also runs fence.proxy.async after its FULL wait (the conservative reading of the PTX memory model: the wait acquires
+// the copies, the fence orders them before this thread's async-proxy reads; one cheap fence a block). The emulator
+// treats noinc-tied copies as the barrier's own writes (visible to wgmma once the phase is awaited), so it does not
+// check that fence; it checks the one after Q. The P exchange is read back into registers (wgmma's A from
+// registers), so no generic write is ever read by the async proxy.
 // What this first step leaves out (NOTES.md, "Kernel v3 for Hopper (issue 40)"): with 2 stages of whole blocks, a
 // stage is freed only when both warpgroups are done with the pair, so the copies of pair i + 1 overlap only the
 // end of pair i (FlashMLA splits each block's barriers into halves; a 2-CTA cluster sharing rows is not built);
@@ -323,6 +327,7 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
     uint32_t pa[kPKSteps][4], pb[kPKSteps][4];
     if (wg == 0) {
       arch::mbarrier_wait(sFull + 0, parity);  // FULL: block 2i landed
+      arch::fence_proxy_async();               // ... its generic-proxy (cp.async) bytes ordered before S's reads
       s_gemm(0);
       scores(2 * i, s, tmax);
       update(tmax, a0);
@@ -350,6 +355,7 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
       arch::wgmma_fence_operand(oacc);
     } else {
       arch::mbarrier_wait(sFull + 1, parity);  // FULL: block 2i + 1 landed (the phantom one's zeros too)
+      arch::fence_proxy_async();
       s_gemm(1);
       scores(2 * i + 1, s, tmax);
       arch::named_barrier_sync(kV3P0Barrier, Tr::kThreads);  // WG0's P0, max and sums
