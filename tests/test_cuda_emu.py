@@ -1144,9 +1144,10 @@ def test_v3h_hopper_is_pinned_as_cuda_v3_and_no_default():
 
 # The planted bugs, on v3h itself (300 + 7 tokens in one split: 5 blocks, 3 pairs, the last with a phantom block).
 # Calls, per thread: mbarrier_wait n of a consumer is its FULL wait of pair n; of a producer thread, its EMPTY wait
-# before block 2 + n. Named barrier calls of a consumer: 0 Q staged, then per pair 2 (warpgroup 0: arrive P0, sync P1;
-# warpgroup 1: sync P0, arrive P1); skipped by every consumer thread, call 1 + 2i removes pair i's P0 hand-off and
-# 2 + 2i its P1 hand-off.
+# before block 2 + n. Named barrier calls of a consumer: 0 Q staged, then 3 a pair: warpgroup 0 (threads 0-127) 3i + 1
+# its own barrier before P0 overwrites the RoPE dims, 3i + 2 bar.arrive P0, 3i + 3 bar.sync P1; warpgroup 1
+# (128-255) 3i + 1 bar.sync P0, 3i + 2 its own barrier, 3i + 3 bar.arrive P1. A barrier is removed by skipping the
+# call in every thread that waits there (a bar.arrive skipped alone only deadlocks, which the emulator reports).
 def test_v3h_hopper_consumer_skipping_its_full_wait_is_caught(emu):
     missed = _v3_missed(emu, "skip_mbarrier_wait", V3H_MATH, [-1, 0, 1, 2], tile=V3H)
     assert not missed, f"consumers skipping FULL wait(s) {missed} went unnoticed"
@@ -1160,9 +1161,13 @@ def test_v3h_hopper_producer_skipping_its_empty_wait_is_caught(emu):
 
 
 def test_v3h_hopper_every_named_barrier_removed_is_caught(emu):
-    missed = _v3_missed(emu, "skip_named_barrier", V3H_MATH, [-1, 0, 1, 2, 3, 4], tile=V3H)
-    assert not missed, f"named barrier call(s) {missed} removed went unnoticed"
-    missed = _v3_missed(emu, "named_barrier_miscount", V3H_MATH, [-1, 0, 1, 2], tile=V3H)
+    # Q staged (both warpgroups); each warpgroup's own barrier and its bar.sync on the other's hand-off, pairs 0 and 1
+    assert not _v3_missed(emu, "skip_named_barrier", V3H_MATH, [0], tile=V3H), "the Q barrier removed"
+    missed = _v3_missed(emu, "skip_named_barrier", V3H_WG0, [1, 3, 4, 6], tile=V3H)
+    assert not missed, f"warpgroup 0's named barrier call(s) {missed} removed went unnoticed"
+    missed = _v3_missed(emu, "skip_named_barrier", V3H_WG1, [1, 2, 4, 5], tile=V3H)
+    assert not missed, f"warpgroup 1's named barrier call(s) {missed} removed went unnoticed"
+    missed = _v3_missed(emu, "named_barrier_miscount", V3H_MATH, [-1, 0, 1, 2, 3], tile=V3H)
     assert not missed, f"named barrier call(s) {missed} with a wrong count went unnoticed"
 
 

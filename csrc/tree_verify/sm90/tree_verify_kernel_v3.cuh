@@ -27,8 +27,10 @@
 //     wgmmas keep the tensor cores busy (FlashMLA's argument: O, 64 x 512 fp32, fills half the register file, so
 //     two O tiles for FA3's ping-pong do not fit; the two halves of one O do).
 //   * Named barriers (0 is block_sync's): 1, the consumers' 256 threads after staging Q; 2 and 3, the P0 / P1
-//     hand-offs (bar.arrive by the publishing warpgroup, bar.sync by the other: 256). The only CTA-wide barrier
-//     is the one after the mbarriers' init.
+//     hand-offs (bar.arrive by the publishing warpgroup, bar.sync by the other: 256); 4 and 5, each warpgroup's 128
+//     threads before its P overwrites the RoPE dims its S read (a warp's wgmma wait retires its own part only: the
+//     emulator's warp-ahead schedule caught warp 0 writing P under warps 1-3's S). The only CTA-wide barrier is the
+//     one after the mbarriers' init.
 //   * Q (64 x 576) is staged once by the consumers (cp.async into the same swizzled layout, proxy fence, named
 //     barrier 1) with the first 8 tree-mask words of each row; S reads Q from shared memory (its 144 fragment
 //     registers would not fit beside O's 128).
@@ -55,7 +57,8 @@
 namespace va::tv {
 
 // Named barriers of kernel v3 (sm90): Q staged by the consumers, and the seesaw's two hand-offs
-inline constexpr int kV3QBarrier = 1, kV3P0Barrier = 2, kV3P1Barrier = 3;
+// hand-offs, and each warpgroup's own barrier before P overwrites the RoPE dims its S read (4: warpgroup 0, 5: 1)
+inline constexpr int kV3QBarrier = 1, kV3P0Barrier = 2, kV3P1Barrier = 3, kV3WgBarrier = 4;
 
 template <class Tr>
 __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel_v3(const Params p, const int num_splits) {
@@ -296,6 +299,9 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
     }
   };
   auto publish = [&](int stage, const uint32_t (&pa)[kPKSteps][4], const float (&tmax)[2], const float (&rsum)[2]) {
+    // every warp of this warpgroup has retired its S, which read the RoPE dims P is about to overwrite (a warp's
+    // wgmma wait covers its own part of the warpgroup's wgmma only)
+    arch::named_barrier_sync(kV3WgBarrier + wg, 128);
     uint4* dst = p_at(stage);
 #pragma unroll
     for (int kk = 0; kk < kPKSteps; ++kk) dst[kk * 128] = make_uint4(pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3]);
