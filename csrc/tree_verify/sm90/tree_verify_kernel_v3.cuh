@@ -23,14 +23,15 @@
 //            publishes P1, its row max and sum in stage 1's RoPE block; bar.arrive P1;
 //            O_R = O_R a0 a1 + P1 V1[:, 256:512] + (P0 a1) V0[:, 256:512].
 //       WG0: bar.sync P1; replays WG1's update; O_L = O_L a1 + P1 V1[:, 0:256].
-//     Both warpgroups then free both stages (EMPTY). One warpgroup's softmax runs while the other's S or P V
+//     Each warpgroup frees a stage (EMPTY) once its last wgmma reading it retired: warpgroup 0 stage 0 after
+//     P0 V0L, stage 1 at the end; warpgroup 1 stage 1 after P1 V1R, stage 0 at the end. One warpgroup's softmax runs while the other's S or P V
 //     wgmmas keep the tensor cores busy (FlashMLA's argument: O, 64 x 512 fp32, fills half the register file, so
 //     two O tiles for FA3's ping-pong do not fit; the two halves of one O do).
 //   * Named barriers (0 is block_sync's): 1, the consumers' 256 threads after staging Q; 2 and 3, the P0 / P1
-//     hand-offs (bar.arrive by the publishing warpgroup, bar.sync by the other: 256); 4 and 5, each warpgroup's 128
-//     threads before its P overwrites the RoPE dims its S read (a warp's wgmma wait retires its own part only: the
-//     emulator's warp-ahead schedule caught warp 0 writing P under warps 1-3's S). The only CTA-wide barrier is the
-//     one after the mbarriers' init.
+//     hand-offs (bar.arrive by the publishing warpgroup, bar.sync by the other: 256); 4, warpgroup 0's 128 threads
+//     before its P overwrites the RoPE dims its S read (a warp's wgmma wait retires its own part only: the
+//     emulator's warp-ahead schedule caught warp 0 writing P under warps 1-3's S; warpgroup 1's bar.sync on P0 already
+//     orders its warps' S before its P). The only CTA-wide barrier is the one after the mbarriers' init.
 //   * Q (64 x 576) is staged once by the consumers (cp.async into the same swizzled layout, proxy fence, named
 //     barrier 1) with the first 8 tree-mask words of each row; S reads Q from shared memory (its 144 fragment
 //     registers would not fit beside O's 128).
@@ -57,7 +58,7 @@
 namespace va::tv {
 
 // Named barriers of kernel v3 (sm90): Q staged by the consumers, and the seesaw's two hand-offs
-// hand-offs, and each warpgroup's own barrier before P overwrites the RoPE dims its S read (4: warpgroup 0, 5: 1)
+// hand-offs, and warpgroup 0's own barrier before P0 overwrites the RoPE dims its S read
 inline constexpr int kV3QBarrier = 1, kV3P0Barrier = 2, kV3P1Barrier = 3, kV3WgBarrier = 4;
 
 template <class Tr>
@@ -299,9 +300,6 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
     }
   };
   auto publish = [&](int stage, const uint32_t (&pa)[kPKSteps][4], const float (&tmax)[2], const float (&rsum)[2]) {
-    // every warp of this warpgroup has retired its S, which read the RoPE dims P is about to overwrite (a warp's
-    // wgmma wait covers its own part of the warpgroup's wgmma only)
-    arch::named_barrier_sync(kV3WgBarrier + wg, 128);
     uint4* dst = p_at(stage);
 #pragma unroll
     for (int kk = 0; kk < kPKSteps; ++kk) dst[kk * 128] = make_uint4(pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3]);
@@ -339,6 +337,10 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
       update(tmax, a0);
       probs(s, pa, rsum);
       add_sum(rsum, a0);
+      // every warp of this warpgroup has retired its S, which read the RoPE dims P0 is about to overwrite (a warp's
+      // wgmma wait covers its own part of the warpgroup's wgmma only). Warpgroup 1 needs no such barrier: its bar.sync
+      // on P0 below already waits for all of its warps, each past its S.
+      arch::named_barrier_sync(kV3WgBarrier, 128);
       publish(0, pa, tmax, rsum);
       arch::named_barrier_arrive(kV3P0Barrier, Tr::kThreads);  // P0, its max and sums out for WG1
       rescale_o(a0);
@@ -353,12 +355,14 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
       add_sum(orsum, a1);
       arch::wgmma_wait<0>();  // P0 V0L retired: O may be rescaled, stage 0 is read by this warpgroup no more
       arch::wgmma_fence_operand(oacc);
+      release(0);             // (warpgroup 1 still reads its V0R and has read P0: EMPTY waits for it too)
       rescale_o(a1);
       arch::wgmma_fence();
       pv_issue(1, pb);  // O_L = O_L a1 + P1 V1L
       arch::wgmma_commit();
       arch::wgmma_wait<0>();
       arch::wgmma_fence_operand(oacc);
+      release(1);
     } else {
       arch::mbarrier_wait(sFull + 1, parity);  // FULL: block 2i + 1 landed (the phantom one's zeros too)
       arch::fence_proxy_async();
@@ -388,13 +392,15 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
       arch::wgmma_fence_operand(oacc);
       arch::wgmma_fence();
       pv_issue(1, pa);  // O_R += P1 V1R
+      arch::wgmma_commit();
       pv_issue(0, pb);  // O_R += P0 V0R
       arch::wgmma_commit();
+      arch::wgmma_wait<1>();  // P1 V1R retired: stage 1 is read by this warpgroup no more
+      release(1);
       arch::wgmma_wait<0>();
       arch::wgmma_fence_operand(oacc);
+      release(0);
     }
-    release(0);
-    release(1);
   }
   arch::launch_dependents();  // the combine may start launching; it waits for this grid's writes
 
