@@ -141,7 +141,7 @@ def test_our_split_kernels_roles(arch):
     """Every split kernel of the MLA instantiation is one math role with all its warps (read as before), except
     kernel v3: its math warps, then one producer warp (Tile.loader 2: the last warp; loader 3: the producer
     warpgroup's first warp, the other three exit, with the setmaxnreg counts of each side), found from the SASS
-    alone."""
+    alone; Hopper's v3 (Tile.version 3): the two consumer warpgroups, then the whole producer warpgroup."""
     from verify_attn import build as vb
     try:
         cubin = vb.compile_cubin(vb.instantiation_file("bf16", "mla576", "page1"), arch)
@@ -156,13 +156,18 @@ def test_our_split_kernels_roles(arch):
         found = roles.find_roles(f, tile.num_warps * 32)
         w = tile.warps_m * tile.warps_n   # the math warps
         want = ([("math", tuple(range(w))), ("producer", (w,))] if tile.loader >= 2
+                else [("math", tuple(range(w))), ("producer", tuple(range(w, w + 4)))] if tile.version == 3
                 else [("math", tuple(range(w)))])
         assert [(x.kind, x.warps) for x in found] == want, vb._describe(name)[0]
         if tile.loader == 3:   # setmaxnreg.inc 232 on the math side, .dec 40 on the producer's (16 math warps: 112, 32)
             want_regs = [232, 40] if w == 8 else [112, 32]
             assert [x.maxnreg for x in found] == want_regs, vb._describe(name)[0]
-        seen += tile.loader >= 2
-    assert seen == 3   # v3's three tiles: a producer warp, a producer warpgroup beside 8 and beside 16 math warps
+        if tile.version == 3:   # kernel v3 for Hopper (sm90/): all four producer warps copy; setmaxnreg 232 / 40
+            assert [x.maxnreg for x in found] == [232, 40], vb._describe(name)[0]
+        seen += tile.loader >= 2 or tile.version == 3
+    # v3's three sm_120 tiles (a producer warp, a producer warpgroup beside 8 and beside 16 math warps) and, on
+    # sm_90a, Hopper's v3 (two consumer warpgroups and a producer warpgroup)
+    assert seen == (4 if arch == "sm_90a" else 3)
 
 
 @pytest.mark.parametrize("loader,math_warps", [(2, 8), (3, 8), (3, 16)], ids=["warp", "warpgroup", "w16"])
