@@ -1142,6 +1142,25 @@ def test_v3h_hopper_is_pinned_as_cuda_v3_and_no_default():
     assert (c.block_m, c.block_n, c.num_warps, c.num_stages) != V3H
 
 
+def test_v3h_hopper_int64_indices_and_prefix_only(emu):
+    # int64 index tensors read through their low words, and a prefix-only call (tree_mask None: every row sees all
+    # kv_lens[b] entries, no mask words staged), against the reference backend
+    case = make_case(CaseSpec((150, 45), (9, 3), "bushy", dtype=BF, page_size=5, seed=415, **MLA))
+    kw = dict(case.kwargs)
+    for name in ("qo_indptr", "kv_indptr", "kv_indices"):
+        kw[name] = kw[name].long()
+    emu.set_schedule("warp-ahead")
+    emu.set_cp_async_landing("issue")
+    out, lse = tree_verify(**kw, backend="cuda-emu", out=poisoned_out(case), return_lse=True, config=cfg(2, *V3H))
+    check_against_reference(out, lse, case, *TOL[BF])
+    kw["tree_mask"] = None
+    out, lse = tree_verify(**kw, backend="cuda-emu", out=poisoned_out(case), return_lse=True, config=cfg(3, *V3H))
+    ro, rl = tree_verify(**kw, backend="reference", return_lse=True)
+    atol, rtol = TOL[BF]
+    assert torch.allclose(out.float(), ro.float(), atol=atol, rtol=rtol)
+    assert torch.allclose(lse, rl, atol=1e-2)
+
+
 # The planted bugs, on v3h itself (300 + 7 tokens in one split: 5 blocks, 3 pairs, the last with a phantom block).
 # Calls, per thread: mbarrier_wait n of a consumer is its FULL wait of pair n; of a producer thread, its EMPTY wait
 # before block 2 + n (n even: stage 0, odd: stage 1; each warpgroup frees the stage it is done with first, so neither
