@@ -24,9 +24,9 @@
 //            O_R = O_R a0 a1 + P1 V1[:, 256:512] + (P0 a1) V0[:, 256:512].
 //       WG0: bar.sync P1; replays WG1's update; O_L = O_L a1 + P1 V1[:, 0:256].
 //     Each warpgroup frees a stage (EMPTY) once its last wgmma reading it retired: warpgroup 0 stage 0 after
-//     P0 V0L, stage 1 at the end; warpgroup 1 stage 1 after P1 V1R, stage 0 at the end. One warpgroup's softmax runs while the other's S or P V
-//     wgmmas keep the tensor cores busy (FlashMLA's argument: O, 64 x 512 fp32, fills half the register file, so
-//     two O tiles for FA3's ping-pong do not fit; the two halves of one O do).
+//     P0 V0L, stage 1 at the end; warpgroup 1 stage 1 after P1 V1R, stage 0 at the end. One warpgroup's softmax
+//     runs while the other's S or P V wgmmas keep the tensor cores busy (FlashMLA's argument: O, 64 x 512 fp32,
+//     fills half the register file, so two O tiles for FA3's ping-pong do not fit; the two halves of one O do).
 //   * Named barriers (0 is block_sync's): 1, the consumers' 256 threads after staging Q; 2 and 3, the P0 / P1
 //     hand-offs (bar.arrive by the publishing warpgroup, bar.sync by the other: 256); 4, warpgroup 0's 128 threads
 //     before its P overwrites the RoPE dims its S read (a warp's wgmma wait retires its own part only: the
@@ -43,9 +43,9 @@
 // check that fence; it checks the one after Q. The P exchange is read back into registers (wgmma's A from
 // registers), so no generic write is ever read by the async proxy.
 // What this first step leaves out (NOTES.md, "Kernel v3 for Hopper (issue 40)"): with 2 stages of whole blocks, a
-// stage is freed only when both warpgroups are done with the pair, so the copies of pair i + 1 overlap only the
-// end of pair i (FlashMLA splits each block's barriers into halves; a 2-CTA cluster sharing rows is not built);
-// e4m3 caches.
+// stage is freed only when both warpgroups are done with its block, near the end of the pair, so the copies of
+// pair i + 1 overlap little of pair i (FlashMLA splits each block's barriers into 256-dim halves and refills V_L
+// while V_R is still read); a 2-CTA cluster sharing rows is not built; e4m3 caches.
 #pragma once
 
 #include "arch/arch.cuh"
@@ -57,8 +57,8 @@
 
 namespace va::tv {
 
-// Named barriers of kernel v3 (sm90): Q staged by the consumers, and the seesaw's two hand-offs
-// hand-offs, and warpgroup 0's own barrier before P0 overwrites the RoPE dims its S read
+// Named barriers of kernel v3 (sm90): Q staged by the consumers, the seesaw's two hand-offs, and warpgroup 0's own
+// barrier before P0 overwrites the RoPE dims its S read
 inline constexpr int kV3QBarrier = 1, kV3P0Barrier = 2, kV3P1Barrier = 3, kV3WgBarrier = 4;
 
 template <class Tr>
