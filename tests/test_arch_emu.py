@@ -818,6 +818,26 @@ def test_producer_overwriting_a_stage_before_its_empty_barrier_is_caught(emu):
     assert err is not None or not np.array_equal(out, want), "the early refill went unnoticed"
 
 
+@pytest.mark.parametrize("nth", [0, 1, -1])
+def test_a_removed_named_barrier_is_caught(emu, nth):
+    """Fault skip_named_barrier: every thread skips its nth named barrier call (k_roles_ring's math threads meet
+    twice a tile: 0, partial sums written; 1, read before the next tile's). Removed, a math warp running ahead reads
+    partial sums the others have not written yet (or overwrites ones they still read)."""
+    src, out, want = _roles_case()
+    emu.register(src=src, out=out)
+    caught = False
+    for sched in ("warp-ahead", "warp-ahead-reverse"):
+        emu.schedule(sched)
+        emu.fault("skip_named_barrier", nth)
+        try:
+            out[:] = np.nan
+            err = emu.try_call("roles_ring", src, 5, 0, out)
+        finally:
+            emu.fault("none", -1)
+        caught = caught or err is not None or not np.array_equal(out, want)
+    assert caught, f"named barrier call {nth} removed went unnoticed"
+
+
 @pytest.mark.parametrize("mode,needle", [
     (3, "named barrier 1: this thread arrives for 128 threads, the"),
     (4, "named barrier 0 with 256 threads: the id must be 1..15"),

@@ -1120,3 +1120,144 @@ def test_v3_schedules_agree_bitwise(emu, tile):
     case = make_case(CaseSpec((290, 7), (9, 4), "bushy", dtype=BF, page_size=3, seed=313, **MLA))
     out, lse = _same_bits_under_every_schedule(emu, case, cfg(3, *tile), seed=5)
     check_against_reference(out, lse, case, *TOL[BF])
+
+
+# ------------------------------- kernel v3 for Hopper (issue 40): FlashMLA's seesaw ----
+# (csrc/tree_verify/sm90/, TileConfigV3<64, 64, 2>, sm_90a only; the emulator runs it like every compiled tile.)
+# 2 consumer warpgroups (threads 0-255: warpgroup 0 takes the even 64-token blocks in stage 0, warpgroup 1 the odd ones
+# in stage 1) + a producer warpgroup (256-383) gathering every block by 16-byte cp.async into 128-byte-swizzled stages,
+# FULL / EMPTY mbarriers, named barriers 1 (Q staged), 2 (P0 published), 3 (P1 published). Selected by its block's 12
+# warps and 2 stages: backend "cuda@m64n64w12s2", or "cuda@v3". Each test name carries "v3h" (`-k v3h`).
+V3H = (64, 64, 12, 2)
+V3H_MATH, V3H_WG0, V3H_WG1, V3H_PRODUCER = (0, 256), (0, 128), (128, 256), (256, 384)
+
+# (spec, splits, schedule, landing): bf16 and fp16; pages 1 / 3 / 5 / 7 / 16 / 64; trees of 1, 3, 4, 5, 7, 9, 16 and 37
+# nodes (37 x 8 heads = 296 rows: 5 M tiles, the last one ragged); prefixes 0 .. 333 (odd lengths, single-token
+# requests); 1 to 16 splits and 300 (more splits than blocks: most CTAs exit before the roles split); every schedule and
+# both landing modes. The cache's unused slots are NaN and `out` starts NaN (cases.py). 333 + 16 tokens in one split
+# are 6 blocks (3 pairs): each stage is refilled twice; an odd block count runs a phantom block past the end.
+V3H_CASES = [
+    (CaseSpec((1,), (1,), "bushy", dtype=BF, seed=401, **MLA), 1, "forward", "wait"),
+    (CaseSpec((54,), (16,), "bushy", dtype=BF, seed=402, **MLA), 2, "warp-ahead", "issue"),
+    (CaseSpec((97,), (7,), "chain", dtype=FP, page_size=3, seed=403, **MLA), 3, "warp-ahead-reverse", "issue"),
+    (CaseSpec((0, 54, 1), (1, 9, 4), "bushy", dtype=BF, page_size=5, seed=404, **MLA), 5, "random", "wait"),
+    (CaseSpec((130,), (3,), "chain", dtype=FP, page_size=64, seed=405, **MLA), 16, "warp-ahead", "wait"),
+    (CaseSpec((333,), (16,), "deep", dtype=BF, seed=406, **MLA), 1, "warp-ahead", "issue"),
+    (CaseSpec((97, 45), (16, 8), "bushy", dtype=BF, page_size=64, seed=407, **MLA), 2, "warp-ahead-reverse", "wait"),
+    (CaseSpec((201,), (5,), "star", dtype=FP, page_size=16, seed=408, **MLA), 4, "forward", "issue"),
+    (CaseSpec((199,), (9,), "bushy", dtype=BF, page_size=7, seed=409, **MLA), 300, "random", "issue"),
+    (CaseSpec((259,), (37,), "bushy", dtype=FP, page_size=7, seed=410, **MLA), 1, "warp-ahead", "wait"),
+    (CaseSpec((187,), (4,), "chain", dtype=FP, page_size=5, seed=411, **MLA), 1, "warp-ahead-reverse", "issue"),
+]
+
+
+@pytest.mark.parametrize("i", range(len(V3H_CASES)),
+                         ids=[f"{s.id}-{n}s-{sch}-{land}" for s, n, sch, land in V3H_CASES])
+def test_v3h_hopper_matches_reference(emu, i):
+    case, out, lse = _run_v3_case(emu, i, V3H_CASES[i], V3H)
+    check_against_reference(out, lse, case, *TOL[case.spec.dtype])
+
+
+def test_v3h_hopper_wide_tree(emu):
+    # 256 nodes: 8 mask words, all staged in shared memory (kMaskStage 8); 2048 rows = 32 M tiles of 64
+    spec = CaseSpec((40,), (256,), "bushy", dtype=BF, page_size=3, seed=412, **MLA)
+    case = make_case(spec)
+    emu.set_schedule("warp-ahead")
+    emu.set_cp_async_landing("issue")
+    out, lse = _run(case, cfg(2, *V3H))
+    check_against_reference(out, lse, case, *TOL[spec.dtype])
+
+
+def test_v3h_hopper_schedules_agree_bitwise(emu):
+    # race-free: the same bits under every schedule and landing mode (paged 3, 2 requests, 2 splits: the longer
+    # request's splits have 3 blocks, so a phantom block and a refilled stage)
+    case = make_case(CaseSpec((290, 7), (9, 4), "bushy", dtype=BF, page_size=3, seed=413, **MLA))
+    out, lse = _same_bits_under_every_schedule(emu, case, cfg(2, *V3H), seed=7)
+    check_against_reference(out, lse, case, *TOL[BF])
+
+
+def test_v3h_hopper_is_pinned_as_cuda_v3_and_no_default():
+    from verify_attn.backends import cuda
+
+    t = vb.V3_SM90_TILE
+    assert t in vb.TILES["mla576"] and t.version == 3 and t.archs == ("sm_90a",)
+    assert (t.block_m, t.block_n, t.num_warps, t.num_stages) == V3H
+    assert vb.tile_smem("mla576", t) <= vb.SMEM_LIMIT["sm_90a"]
+    assert all(vb.default_tile("mla576", a) != t for a in ("sm_90a", "sm_120a"))
+    # only the 16-bit MLA head has it (e4m3 is the next step)
+    assert {h for h, ts in vb.TILES.items() if any(x.version == 3 for x in ts)} == {"mla576"}
+    p = make_case(CaseSpec((97,), (16,), "bushy", dtype=BF, seed=414, **MLA)).problem()
+    for name in ("v3", "m64n64w12s2"):  # the CPU reads the H200's arch
+        c = cuda.version_config(p, name)
+        assert (c.block_m, c.block_n, c.num_warps, c.num_stages) == V3H and c.num_splits >= 1, name
+    d = cuda.default_config(p)
+    assert (d.block_m, d.block_n, d.num_warps, d.num_stages) != V3H
+    # "v3-sm120" still pins sm_120's kernel, never this one
+    c = cuda.version_config(p, "v3-sm120")
+    assert (c.block_m, c.block_n, c.num_warps, c.num_stages) != V3H
+
+
+def test_v3h_hopper_int64_indices_and_prefix_only(emu):
+    # int64 index tensors read through their low words, and a prefix-only call (tree_mask None: every row sees all
+    # kv_lens[b] entries, no mask words staged), against the reference backend
+    case = make_case(CaseSpec((150, 45), (9, 3), "bushy", dtype=BF, page_size=5, seed=415, **MLA))
+    kw = dict(case.kwargs)
+    for name in ("qo_indptr", "kv_indptr", "kv_indices"):
+        kw[name] = kw[name].long()
+    emu.set_schedule("warp-ahead")
+    emu.set_cp_async_landing("issue")
+    out, lse = tree_verify(**kw, backend="cuda-emu", out=poisoned_out(case), return_lse=True, config=cfg(2, *V3H))
+    check_against_reference(out, lse, case, *TOL[BF])
+    kw["tree_mask"] = None
+    out, lse = tree_verify(**kw, backend="cuda-emu", out=poisoned_out(case), return_lse=True, config=cfg(3, *V3H))
+    ro, rl = tree_verify(**kw, backend="reference", return_lse=True)
+    atol, rtol = TOL[BF]
+    assert torch.allclose(out.float(), ro.float(), atol=atol, rtol=rtol)
+    assert torch.allclose(lse, rl, atol=1e-2)
+
+
+# The planted bugs, on v3h itself (300 + 7 tokens in one split: 5 blocks, 3 pairs, the last with a phantom block).
+# Calls, per thread: mbarrier_wait n of a consumer is its FULL wait of pair n; of a producer thread, its EMPTY wait
+# before block 2 + n (n even: stage 0, odd: stage 1; each warpgroup frees the stage it is done with first, so neither
+# EMPTY wait implies the other). Named barrier calls of a consumer: 0 Q staged; warpgroup 0 (threads 0-127) then 3i + 1
+# its own barrier before P0 overwrites the RoPE dims, 3i + 2 bar.arrive P0, 3i + 3 bar.sync P1; warpgroup 1 (128-255)
+# 2i + 1 bar.sync P0, 2i + 2 bar.arrive P1. A barrier is removed by skipping the call in every thread that waits there
+# (a bar.arrive skipped alone only deadlocks, which the emulator reports).
+def test_v3h_hopper_consumer_skipping_its_full_wait_is_caught(emu):
+    missed = _v3_missed(emu, "skip_mbarrier_wait", V3H_MATH, [-1, 0, 1, 2], tile=V3H)
+    assert not missed, f"consumers skipping FULL wait(s) {missed} went unnoticed"
+    for role in (V3H_WG0, V3H_WG1):  # one warpgroup alone reading its block before it landed
+        assert not _v3_missed(emu, "skip_mbarrier_wait", role, [-1, 0], tile=V3H), f"warpgroup {role} before FULL"
+
+
+def test_v3h_hopper_producer_skipping_its_empty_wait_is_caught(emu):
+    # calls 0 and 2 refill stage 0 (blocks 2 and 4), whose last reader is warpgroup 1's P0 V0R. Not caught: calls 1
+    # and 3, the refills of stage 1, whose last reader is warpgroup 0's P1 V1L, issued right after warpgroup 0's own
+    # release of stage 0: the emulator runs a warp's wgmma issue, its wait and the next release without switching
+    # fibers, so the producer never runs between the issue and the retire (on the GPU the wgmma reads shared memory
+    # after its issue: the wait is needed there)
+    missed = _v3_missed(emu, "skip_mbarrier_wait", V3H_PRODUCER, [-1, 0, 2], tile=V3H)
+    assert not missed, f"producer skipping EMPTY wait(s) {missed} went unnoticed"
+
+
+def test_v3h_hopper_every_named_barrier_removed_is_caught(emu):
+    # Q staged (both warpgroups); each warpgroup's own barrier and its bar.sync on the other's hand-off, pairs 0 and 1
+    assert not _v3_missed(emu, "skip_named_barrier", V3H_MATH, [0], tile=V3H), "the Q barrier removed"
+    missed = _v3_missed(emu, "skip_named_barrier", V3H_WG0, [1, 3, 4, 6], tile=V3H)
+    assert not missed, f"warpgroup 0's named barrier call(s) {missed} removed went unnoticed"
+    missed = _v3_missed(emu, "skip_named_barrier", V3H_WG1, [1, 3], tile=V3H)
+    assert not missed, f"warpgroup 1's named barrier call(s) {missed} removed went unnoticed"
+    missed = _v3_missed(emu, "named_barrier_miscount", V3H_MATH, [-1, 0, 1, 2, 3], tile=V3H)
+    assert not missed, f"named barrier call(s) {missed} with a wrong count went unnoticed"
+
+
+def test_v3h_hopper_missing_proxy_fence_or_wgmma_wait_is_caught(emu):
+    # the consumers' proxy fence after Q (call 0; the fences after each FULL wait are the conservative reading of the
+    # memory model the emulator does not model: it treats noinc-tied copies as the barrier's) and the wgmma waits:
+    # per pair, warpgroup 0: 3i S, 3i + 1 P0 V0L (before its O rescale and its release of stage 0), 3i + 2 P1 V1L;
+    # warpgroup 1: 3i S, 3i + 1 P1 V1R (wait<1>, before its release of stage 1), 3i + 2 P0 V0R. Not caught: 3i + 1,
+    # for the reason the producer's stage-1 EMPTY wait is not (above), and because with the lazy max the O rescale it
+    # guards almost never runs
+    assert not _v3_missed(emu, "skip_fence_proxy_async", V3H_MATH, [-1, 0], tile=V3H), "the Q proxy fence"
+    missed = _v3_missed(emu, "skip_wgmma_wait", V3H_MATH, [-1, 0, 2, 3, 5], tile=V3H)
+    assert not missed, f"wgmma wait(s) {missed} skipped went unnoticed"

@@ -141,7 +141,8 @@ def test_our_split_kernels_roles(arch):
     """Every split kernel of the MLA instantiation is one math role with all its warps (read as before), except
     kernel v3: its math warps (loader 4: S warps and PV warps, two roles), then its producer (Tile.loader 2: the last
     warp; loader 3 and 4: the producer warpgroup's four warps, each copying a quarter of the rows, with the
-    setmaxnreg counts of each side), found from the SASS alone."""
+    setmaxnreg counts of each side), found from the SASS alone; Hopper's v3 (Tile.version 3): the two consumer
+    warpgroups, then the whole producer warpgroup."""
     from verify_attn import build as vb
     try:
         cubin = vb.compile_cubin(vb.instantiation_file("bf16", "mla576", "page1"), arch)
@@ -158,15 +159,20 @@ def test_our_split_kernels_roles(arch):
         # (math roles, loader 4: the S warps' loop and the PV warps' loop are two math roles)
         math = ([("math", tuple(range(w // 2))), ("math", tuple(range(w // 2, w)))] if tile.loader == 4
                 else [("math", tuple(range(w)))])
-        # (a producer warpgroup's four warps each copy a quarter of the rows: one role)
-        want = math + [("producer", tuple(range(w, w + (4 if tile.loader >= 3 else 1))))] if tile.loader >= 2 else math
+        # (a producer warpgroup's four warps each copy a quarter of the rows: one role; Hopper's v3 likewise)
+        producer = [("producer", tuple(range(w, w + (4 if tile.loader >= 3 or tile.version == 3 else 1))))]
+        want = math + producer if tile.loader >= 2 or tile.version == 3 else math
         assert [(x.kind, x.warps) for x in found] == want, vb._describe(name)[0]
         if tile.loader == 3:   # setmaxnreg.inc 232 on the math side, .dec 40 on the producer's
             assert [x.maxnreg for x in found] == [232, 40], vb._describe(name)[0]
         if tile.loader == 4:   # 20 warps: 112 for both math roles, 32 for the producer
             assert [x.maxnreg for x in found] == [112, 112, 32], vb._describe(name)[0]
-        seen += tile.loader >= 2
-    assert seen == 3   # v3's three tiles: a producer warp, a producer warpgroup, a producer warpgroup with math roles
+        if tile.version == 3:   # kernel v3 for Hopper (sm90/): all four producer warps copy; setmaxnreg 232 / 40
+            assert [x.maxnreg for x in found] == [232, 40], vb._describe(name)[0]
+        seen += tile.loader >= 2 or tile.version == 3
+    # v3's three sm_120 tiles (a producer warp, a producer warpgroup, a producer warpgroup with math roles) and, on
+    # sm_90a, Hopper's v3 (two consumer warpgroups and a producer warpgroup)
+    assert seen == (4 if arch == "sm_90a" else 3)
 
 
 @pytest.mark.parametrize("loader,math_warps", [(2, 8), (3, 8), (4, 16)], ids=["warp", "warpgroup", "roles"])

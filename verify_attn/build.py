@@ -67,7 +67,8 @@ class Tile:
     warps_m: int     # WM: v0, warps along M (16 rows each); v1, warps splitting the m tiles in S
     warps_n: int     # WN: v0, warps sharing 16 rows (tokens for S, Dv for O); v1, KSPLIT (Dqk split for S)
     num_stages: int  # cp.async stages
-    version: int = 0  # 0: tree_verify_kernel.cuh (TileConfig), 1: ..._v1.cuh (TileConfigV1), 2: ..._v2.cuh (wgmma)
+    version: int = 0  # 0: tree_verify_kernel.cuh (TileConfig), 1: ..._v1.cuh (TileConfigV1), 2: ..._v2.cuh (wgmma),
+    #                   3: sm90/tree_verify_kernel_v3.cuh (TileConfigV3: Hopper's producer warpgroup + seesaw)
     sn: int = 1       # v1: warps splitting the tile's tokens in S (SN)
     archs: tuple[str, ...] = ("sm_90a", "sm_120a")  # the archs whose per-block shared memory it fits
     fp8_mma: int = 1  # e4m3 caches: 1, products on e4m3 MMAs; 0, K / V converted to f16, f16 MMAs
@@ -85,6 +86,8 @@ class Tile:
     @property
     def num_warps(self) -> int:
         """The block's warps (the key a config selects the tile by): v3's math warps + its producer warp(group)."""
+        if self.version == 3:  # kernel v3 for Hopper: 2 consumer warpgroups (4 x 2 warps) + the producer warpgroup
+            return self.warps_m * self.warps_n + 4
         return self.warps_m * self.warps_n + {2: 1, 3: 4, 4: 4}.get(self.loader, 0)
 
     @property
@@ -95,6 +98,8 @@ class Tile:
         base = f"m{self.block_m} n{self.block_n} w{self.num_warps} s{self.num_stages}"
         if self.version == 2:
             return f"v2 {base} wg{self.warps_n} wgmma"
+        if self.version == 3:
+            return f"v3 {base} sm90 seesaw"
         if self.version == 1 and self.loader >= 2:  # kernel v3: v1's math + 1 producer warp, or a producer warpgroup
             return f"v3 {base} k{self.ksplit} sn{self.sn} " + {2: "producer", 3: "producer-wg"}.get(self.loader,
                                                                                                    "producer-wg roles")
@@ -142,6 +147,11 @@ _V3_WG_656_TILE = Tile(32, 32, 4, 2, 4, version=1, sn=2, bars=2, loader=3, archs
 # columns each), P double-buffered between them on named barriers, so the softmax of a tile runs under P V's MMAs of
 # the one before. 92,224 B. Backend "cuda@m32n16w20s4"
 V3_ROLES_TILE = Tile(32, 16, 4, 4, 4, version=1, sn=2, bars=2, loader=4)
+# kernel v3 for Hopper (issue 40; TileMlaV3Sm90 = TileConfigV3<64, 64, 2>, csrc/tree_verify/sm90/): a producer warpgroup
+# gathers 64-token blocks into 128-byte-swizzled stages (16-byte cp.async, FULL / EMPTY mbarriers), two consumer
+# warpgroups run FlashMLA's seesaw (S of one block each over all 576 dims, O's 512 columns split between them), 64 rows,
+# 2 stages: 224,288 B, sm_90a only. Backend "cuda@v3" (or "cuda@m64n64w12s2"); no arch's default until a GPU timed it.
+V3_SM90_TILE = Tile(64, 64, 4, 2, 2, version=3, archs=("sm_90a",))
 # v2 (wgmma, sm_90a only): 64 rows, 2 warpgroups (4 warps x 16 rows each; Dqk / Dv halves)
 _V2_TILE = Tile(64, 32, 4, 2, 3, version=2, archs=("sm_90a",))
 # v2 on e4m3 caches: both products on wgmma .e4m3 (k32), V transposed per tile into a V^T buffer, 4 stages
@@ -153,7 +163,7 @@ _V2_FP8_TILE = Tile(64, 32, 4, 2, 4, version=2, archs=("sm_90a",))
 TILES: dict[str, list[Tile]] = {
     "mla576": [Tile(32, 16, 2, 4, 4, version=1, sn=2), Tile(32, 16, 2, 4, 3, version=1, sn=2),
                _V1_SM90_TILE, Tile(32, 16, 2, 2, 3), Tile(16, 32, 1, 4, 2), _V2_TILE, _V1_BULK_S8, _V1_BULK_N32,
-               V3_TILE, V3_WG_TILE, V3_ROLES_TILE],
+               V3_TILE, V3_WG_TILE, V3_ROLES_TILE, V3_SM90_TILE],
     # e4m3 caches: 32 tokens (one k step of the e4m3 P.V MMA), S warps 2 (dims) x 2 (tokens) x 2 (M)
     # The e4m3-MMA tile is sm_120's (4 stages, two barriers per tile: two tiles in flight in 91 KB): on sm_90
     # nvcc lowers its MMAs to f16 HMMAs (no e4m3 rate there). The f16 tile keeps Q and P exact (any arch); the H200's
@@ -250,6 +260,9 @@ def smem_bytes(tile: Tile, dqk: int, dv: int, shared_kv: bool, kv_bytes: int = 2
     """Dynamic shared memory of the split kernel (SharedMemoryPlan / SharedMemoryPlanV1 in traits.h);
     kv_bytes 1: the e4m3-cache kernels (K / V one byte per element; P too on e4m3 MMAs, f16 otherwise)."""
     pad, elem = 8, 2
+    if tile.version == 3:  # KernelTraitsV3: Q + STAGES x BN rows (swizzled, no pad) + row stats + 8 mask words + mbarriers
+        return ((tile.block_m + tile.num_stages * tile.block_n) * dqk * kv_bytes + 2 * 2 * tile.block_m * 4
+                + tile.block_m * 8 * 4 + 2 * tile.num_stages * 8)
     if tile.version == 2:  # KernelTraitsV2: Q (BM rows) + STAGES x BN KV rows (core-matrix layout, no pad)
         fp8 = (2 * (dv // 8) * 288 + tile.block_m * 4) if kv_bytes == 1 else 0  # e4m3: 2 V^T buffers, Q scales
         slots = 1 << (tile.num_stages - 2 + V2_PREFETCH - 1).bit_length()  # kIdxSlots: a power of two
@@ -443,6 +456,10 @@ _ELEM = {"13__nv_bfloat16": "bf16", "6__half": "fp16"}
 def tile_of_mangled(mangled: str) -> Tile:
     """The tile config of a split kernel from its mangled name: TileConfig<BM, BN, WM, WN, STAGES> (v0)
     or TileConfigV1<BM, BN, W, STAGES, KSPLIT, SN[, FP8_MMA[, BARS[, LOADER]]]> (v1) or TileConfigV2<BM, BN, WG, STAGES>."""
+    m = re.search(r"TileConfigV3ILi(\d+)ELi(\d+)ELi(\d+)EE", mangled)
+    if m:
+        bm, bn, st = map(int, m.groups())
+        return Tile(bm, bn, 4, 2, st, version=3)
     m = re.search(r"TileConfigV2ILi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)E", mangled)
     if m:
         bm, bn, wg, st = map(int, m.groups())

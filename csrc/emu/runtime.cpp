@@ -148,6 +148,9 @@ struct Fiber {
   std::source_location wait_loc;
   std::vector<PendingCopy> open_group;                 // issued, not yet committed
   std::deque<std::vector<PendingCopy>> committed;      // oldest first
+  // landing "issue": this thread's copies that landed at issue since its last cp.async.wait_group, (smem offset,
+  // bytes); a cp.async.mbarrier.arrive.noinc ties them to the barrier as it does the pending ones in landing "wait"
+  std::vector<std::pair<size_t, int>> landed_untied;
   int block_sync_calls = 0;
   int cp_async_wait_calls = 0;
   int wgmma_wait_calls = 0;
@@ -1285,6 +1288,7 @@ void cp_async(void* smem_dst, const void* gmem_src, int bytes, bool valid, std::
     // before reusing a pipeline stage)
     std::memcpy(c.dst, c.data, bytes);
     mark_landed(f, c.dst, bytes);
+    f->landed_untied.emplace_back(static_cast<size_t>(c.dst - f->block->smem), bytes);
     f->block->cp_bytes += bytes;
     return;
   }
@@ -1313,6 +1317,7 @@ void cp_async_commit() {
 void cp_async_wait(int n, std::source_location) {
   Fiber* f = cur_fiber();
   if (skipped_by_fault(FaultKind::kSkipCpAsyncWait, f->cp_async_wait_calls)) return;
+  f->landed_untied.clear();
   while (f->committed.size() > static_cast<size_t>(n)) {
     for (const PendingCopy& c : f->committed.front()) {
       std::memcpy(c.dst, c.data, c.bytes);
@@ -1539,6 +1544,14 @@ void cp_async_mbarrier_arrive_noinc(void* bar, std::source_location loc) {
   for (auto& g : f->committed) tie(g);
   f->committed.clear();
   tie(f->open_group);
+  // landing "issue": the copies already landed are tied the same way, so they count as the barrier's (async-proxy)
+  // writes, as they do when they land with the phase in landing "wait": a wgmma may read them once a thread waited
+  // on the phase, without a fence in the copying thread (which could not order a copy still in flight)
+  Block& blk = *f->block;
+  for (const auto& [off, bytes] : f->landed_untied)
+    for (size_t c = off / 16; c <= (off + bytes - 1) / 16 && c < blk.chunk_writer.size(); ++c)
+      if (blk.chunk_writer[c] == f->tc.linear_tid + 1) blk.chunk_writer[c] = 0;
+  f->landed_untied.clear();
   mbar_arrive_n(f, *m, loc);
 }
 

@@ -14,6 +14,7 @@
 #include "host/host_math.h"
 #include "tree_verify/config.h"
 #include "tree_verify/traits.h"
+#include "tree_verify/sm90/traits_v3.h"
 
 namespace py = pybind11;
 using namespace va::host;
@@ -32,10 +33,12 @@ std::tuple<int, int> rc(RowCol x) { return {x.row, x.col}; }
 template <class Head, class Tile, int kFmt = 0>
 py::dict tile_dict(const char* head) {
   using Tr = std::conditional_t<
+      Tile::kVersion == 3, va::tv::KernelTraitsV3<uint16_t, Head, Page1Layout, Tile>,
+      std::conditional_t<
       Tile::kVersion == 2, va::tv::KernelTraitsV2<uint16_t, Head, Page1Layout, Tile, kFmt == 1>,
       std::conditional_t<Tile::kVersion == 1,
                          va::tv::KernelTraitsV1<uint16_t, Head, Page1Layout, Tile, kFmt != 0, kFmt == 2>,
-                         va::tv::KernelTraits<uint16_t, Head, Page1Layout, Tile>>>;
+                         va::tv::KernelTraits<uint16_t, Head, Page1Layout, Tile>>>>;
   py::dict d;
   d["head"] = head;
   d["dqk"] = Head::DQK;

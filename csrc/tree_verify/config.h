@@ -11,6 +11,7 @@
 #pragma once
 
 #include "../host/common.h"
+#include "sm90/tile_v3.h"  // kernel v3 for Hopper (issue 40): TileConfigV3
 
 namespace va::tv {
 
@@ -189,12 +190,17 @@ using TileMlaV3Wg = TileConfigV1<32, 16, 8, 4, 4, 2, 1, 2, 3>;
 //       12,288 + 2 x P 3,072 + 2 x alpha, 1/l, lse2 512 + 8 mask words per row 1,024 + 64 B of mbarriers + the
 //       producer's index ring 512 = 92,224 B.
 using TileMlaV3Roles = TileConfigV1<32, 16, 16, 4, 4, 2, 1, 2, 4>;
+//  MLA v3 for Hopper (sm_90a only; sm90/tile_v3.h): 64 rows x 64-token swizzled blocks x 2 stages, a producer
+//       warpgroup + two consumer warpgroups on FlashMLA's seesaw: Q 72 KB + 2 x 72 KB + stats, mask words and
+//       mbarriers 3 KB = 224,288 B.
+using TileMlaV3Sm90 = TileConfigV3<64, 64, 2>;
 template <> struct TilesFor<HeadMLA> {
   using type = TileList<TileConfigV1<32, 16, 8, 4, 4, 2>, TileConfigV1<32, 16, 8, 3, 4, 2>,
                         TileConfigV1<32, 32, 8, 4, 4, 2, 1, 1>,
                         TileConfig<32, 16, 2, 2, 3>, TileConfig<16, 32, 1, 4, 2>,
                         TileConfigV2<64, 32, 2, 3>, TileConfigV1<32, 16, 8, 8, 4, 2, 1, 1, 1>,
-                        TileConfigV1<32, 32, 8, 5, 2, 2, 1, 1, 1>, TileMlaV3, TileMlaV3Wg, TileMlaV3Roles>;
+                        TileConfigV1<32, 32, 8, 5, 2, 2, 1, 1, 1>, TileMlaV3, TileMlaV3Wg, TileMlaV3Roles,
+                        TileMlaV3Sm90>;
 };
 // e4m3 caches (MLA only): kernel v1 with e4m3 MMAs (m16n8k32) for S and P.V. A 32-token tile is one
 // k step of P.V; a 576-byte row (+16 B pad) makes a 32-token stage 18.5 KB, so 4 stages, two barriers

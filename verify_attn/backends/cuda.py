@@ -112,7 +112,9 @@ def default_config(p: Problem) -> KernelConfig:
                         num_warps=t.num_warps, num_stages=t.num_stages)
 
 
-KERNEL_VERSIONS = {"v0": 0, "v1": 1, "v2": 2}
+# "v3": kernel v3 for Hopper (issue 40; csrc/tree_verify/sm90/, sm_90a only): a producer warpgroup and FlashMLA's
+# seesaw on two consumer warpgroups. Not sm_120's v3 (that one is "v3-sm120", below).
+KERNEL_VERSIONS = {"v0": 0, "v1": 1, "v2": 2, "v3": 3}
 # kernel v3 for sm_120 (issue 39: a producer on FULL / EMPTY mbarriers, 8 math warps on mma.sync), pinned by name for
 # every format: the head's producer-warpgroup tile (LOADER 3: setmaxnreg gives the math warps 232 registers and v1's
 # two-tile loop), else its one-producer-warp tile. On the H200 it is the proxy of the sm_120 kernel (the same source

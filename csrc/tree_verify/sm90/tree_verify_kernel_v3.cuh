@@ -1,0 +1,440 @@
+// Split-KV tree-verify attention, kernel v3 for Hopper (sm_90a; issue 40): FlashMLA's warp-specialized "seesaw"
+// schedule on this project's contract (tree mask, page-1 and paged caches, splits, the v1 / v2 workspace and combine).
+// MLA rows (Dqk 576 = 512 latent + 64 RoPE, V = the first 512 dims of the K row), q / out / cache bf16 or fp16.
+//
+// The block (TileConfigV3 in sm90/tile_v3.h, traits and layouts in sm90/traits_v3.h): 384 threads.
+//   * Warps 8-11, the producer warpgroup (setmaxnreg.dec 40): every KV copy of the CTA. Each 64-token block is
+//     gathered by 16-byte cp.async into one stage in the 128-byte-swizzled layout, 8 threads per 128-byte line (a
+//     token's 64-dim block): thread p copies chunk p % 8 of tokens p / 8 + 16 j (j < 4) in all 9 dim blocks, 36
+//     copies a block. The row ids come from kv_indices one block ahead (registers; 4 a thread), paged or page 1
+//     alike (row = id * stride_block + (token % page) * stride_tok). Each thread then signals the stage's FULL
+//     mbarrier with cp.async.mbarrier.arrive.noinc (128 arrivals, each when that thread's copies have landed);
+//     rows past the split's end land as zeros (zero-fill, no read). Before refilling a stage it waits on the
+//     stage's EMPTY mbarrier, which the consumers' 8 warps arrive on once every wgmma that reads the stage retired.
+//   * Warps 0-7, two consumer warpgroups (setmaxnreg.inc 232). KV blocks go in pairs: warpgroup 0 takes block 2i
+//     (stage 0), warpgroup 1 block 2i + 1 (stage 1); an odd count gets a phantom block past the end (zeros, every
+//     score masked). For a pair, in FlashMLA's order:
+//       WG0: S0 = Q K0^T (36 wgmma m64n64k16, Q and K0 from shared memory), its row max, the running max updated
+//            (lazy: v1's reference max moves only past 2^8), P0 = exp2(S0 - m), its row sums; P0 (in its own A
+//            fragment order) into stage 0's RoPE dim block, the row max and row sum beside it; bar.arrive P0;
+//            O_L = O_L a0 + P0 V0[:, 0:256] (wgmma m64n256k16, P from registers).
+//       WG1: S1 = Q K1^T meanwhile; bar.sync P0; replays WG0's max update with WG0's row max (the same arithmetic,
+//            so both warpgroups hold the same running max and sum bit for bit), then its own: P1 at the pair's max;
+//            publishes P1, its row max and sum in stage 1's RoPE block; bar.arrive P1;
+//            O_R = O_R a0 a1 + P1 V1[:, 256:512] + (P0 a1) V0[:, 256:512].
+//       WG0: bar.sync P1; replays WG1's update; O_L = O_L a1 + P1 V1[:, 0:256].
+//     Each warpgroup frees a stage (EMPTY) once its last wgmma reading it retired: warpgroup 0 stage 0 after
+//     P0 V0L, stage 1 at the end; warpgroup 1 stage 1 after P1 V1R, stage 0 at the end. One warpgroup's softmax
+//     runs while the other's S or P V wgmmas keep the tensor cores busy (FlashMLA's argument: O, 64 x 512 fp32,
+//     fills half the register file, so two O tiles for FA3's ping-pong do not fit; the two halves of one O do).
+//   * Named barriers (0 is block_sync's): 1, the consumers' 256 threads after staging Q; 2 and 3, the P0 / P1
+//     hand-offs (bar.arrive by the publishing warpgroup, bar.sync by the other: 256); 4, warpgroup 0's 128 threads
+//     before its P overwrites the RoPE dims its S read (a warp's wgmma wait retires its own part only: the
+//     emulator's warp-ahead schedule caught warp 0 writing P under warps 1-3's S; warpgroup 1's bar.sync on P0 already
+//     orders its warps' S before its P). The only CTA-wide barrier is the one after the mbarriers' init.
+//   * Q (64 x 576) is staged once by the consumers (cp.async into the same swizzled layout, proxy fence, named
+//     barrier 1) with the first 8 tree-mask words of each row; S reads Q from shared memory (its 144 fragment
+//     registers would not fit beside O's 128).
+// Proxies: cp.async writes shared memory through the generic proxy and wgmma reads it through the async proxy.
+// FlashMLA's sparse prefill hands noinc-tied cp.async rows to wgmma right after the mbarrier wait; here each consumer
+// also runs fence.proxy.async after its FULL wait (the conservative reading of the PTX memory model: the wait acquires
+// the copies, the fence orders them before this thread's async-proxy reads; one cheap fence a block). The emulator
+// treats noinc-tied copies as the barrier's own writes (visible to wgmma once the phase is awaited), so it does not
+// check that fence; it checks the one after Q. The P exchange is read back into registers (wgmma's A from
+// registers), so no generic write is ever read by the async proxy.
+// What this first step leaves out (NOTES.md, "Kernel v3 for Hopper (issue 40)"): with 2 stages of whole blocks, a
+// stage is freed only when both warpgroups are done with its block, near the end of the pair, so the copies of
+// pair i + 1 overlap little of pair i (FlashMLA splits each block's barriers into 256-dim halves and refills V_L
+// while V_R is still read); a 2-CTA cluster sharing rows is not built; e4m3 caches.
+#pragma once
+
+#include "arch/arch.cuh"
+#include "../../host/host_math.h"
+#include "../params.h"
+#include "../request.cuh"
+#include "../tree_verify_kernel.cuh"
+#include "traits_v3.h"
+
+namespace va::tv {
+
+// Named barriers of kernel v3 (sm90): Q staged by the consumers, the seesaw's two hand-offs, and warpgroup 0's own
+// barrier before P0 overwrites the RoPE dims its S read
+inline constexpr int kV3QBarrier = 1, kV3P0Barrier = 2, kV3P1Barrier = 3, kV3WgBarrier = 4;
+
+template <class Tr>
+__global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel_v3(const Params p, const int num_splits) {
+  using T = typename Tr::Elem;
+  using L = typename Tr::Layout;
+  namespace arch = va::arch;
+  namespace h = va::host;
+  constexpr int BM = Tr::BM, BN = Tr::BN, STAGES = Tr::STAGES;
+  constexpr int kSAccN = Tr::kSAccN, kOAccN = Tr::kOAccN, kPKSteps = Tr::kPKSteps;
+  constexpr int kBlockBytes = Tr::kBlockBytes, kAtom = Tr::kAtomBytes;
+
+  // ---- this CTA's rows and KV range (block-uniform: early exits are safe) ----
+  CtaWork work;
+  if (!cta_work<T, BM, BN>(p, num_splits, work)) return;
+  const int split = work.split, kvh = work.kvh;
+  const RequestInfo& req = work.req;
+  const int qo_begin = req.qo_begin, prefix = req.prefix;
+  const int group = p.group;
+  const int nrows = work.nrows, row0 = work.row0, ntiles = work.ntiles;
+  const h::SplitRange range = work.range;
+  const int kv_base = req.kv_base;
+  const int npairs = (ntiles + 1) / 2;  // an odd count: a phantom block past the end (zeros, fully masked)
+  const int nblocks = 2 * npairs;
+
+  const int tid = threadIdx.x;
+  const int lane = arch::lane_id();
+  const int warp = arch::warp_id();
+  unsigned char* smem = arch::smem_dynamic<unsigned char>();
+  uint64_t* sFull = reinterpret_cast<uint64_t*>(smem + Tr::kBars);  // block t: phase t / STAGES of FULL t % STAGES
+  uint64_t* sEmpty = sFull + STAGES;                                  // its release: the same phase of EMPTY
+  unsigned char* sKV = smem + Tr::kKV;
+
+  if (tid == 0)
+    for (int s = 0; s < STAGES; ++s) {
+      arch::mbarrier_init(sFull + s, Tr::kProducerThreads);  // every producer thread, once its copies landed
+      arch::mbarrier_init(sEmpty + s, Tr::kWarps);           // one lane of each consumer warp
+    }
+  arch::block_sync();  // initialised before any arrival: the CTA's only block-wide barrier
+
+  // ======================= producer warpgroup: every KV copy =======================
+  if (warp >= Tr::kWarps) {
+    arch::setmaxnreg_dec<Tr::kProducerRegs>();
+    const int pt = tid - Tr::kThreads;      // 0 .. 127
+    const int sub = pt & 7, r0 = pt >> 3;   // chunk of a 128-byte line; first token (then + 16 j)
+    constexpr int RJ = Tr::kRowsPerThread;
+    const T* kbase = static_cast<const T*>(p.k_cache) + kvh * p.k_stride_head + sub * 8;
+    const int64_t k_sb = p.k_stride_block, k_st = p.k_stride_tok;
+    // the kv_indices entries of this thread's tokens of block t (0 past the end: in bounds, never read)
+    auto load_ids = [&](int t, int32_t (&ids)[RJ]) {
+#pragma unroll
+      for (int j = 0; j < RJ; ++j) {
+        const int tok = range.begin + t * BN + r0 + 16 * j;
+        const int pos = L::kPaged ? tok / p.page_size : tok;
+        if constexpr (kKnockout & kKoNoIndex)
+          ids[j] = tok < range.end ? pos : 0;
+        else
+          ids[j] = tok < range.end ? ld_index(p.kv_indices, static_cast<int64_t>(kv_base) + pos, p.kv_indices_i64) : 0;
+      }
+    };
+    int32_t next[RJ];
+    load_ids(0, next);
+    for (int t = 0; t < nblocks; ++t) {
+      const int stage = t % STAGES;
+      int32_t ids[RJ];
+#pragma unroll
+      for (int j = 0; j < RJ; ++j) ids[j] = next[j];
+      if (t + 1 < nblocks) load_ids(t + 1, next);  // one block ahead: its latency hides under this block's copies
+      // the consumers released block t - STAGES (phase t / STAGES - 1 of the stage's EMPTY barrier)
+      if (t >= STAGES) arch::mbarrier_wait(sEmpty + stage, static_cast<uint32_t>(t / STAGES + 1) & 1u);
+      unsigned char* dst0 = sKV + stage * Tr::kStageBytes;
+      if (!(kKnockout & kKoNoLoad) || t < STAGES) {
+#pragma unroll
+        for (int j = 0; j < RJ; ++j) {
+          const int r = r0 + 16 * j;
+          const int tok = range.begin + t * BN + r;
+          const bool valid = tok < range.end;  // past the end: zeros land (P is 0 there; 0 x NaN would not be)
+          const int off = L::kPaged ? tok - (tok / p.page_size) * p.page_size : 0;
+          const T* src = kbase + ids[j] * k_sb + off * k_st;
+          unsigned char* dst = dst0 + arch::sw128_kmajor_offset(r, sub, kAtom);
+#pragma unroll
+          for (int b = 0; b < Tr::kDimBlocks; ++b)
+            arch::cp_async_16_zfill(dst + b * kBlockBytes, src + b * Tr::kDimBlock, valid);
+        }
+      }
+      arch::cp_async_mbarrier_arrive_noinc(sFull + stage);  // FULL: counts this thread once its copies landed
+    }
+    return;
+  }
+
+  // ======================= consumer warpgroups =======================
+  arch::setmaxnreg_inc<Tr::kMathRegs>();
+  // warpgroup (read from lane 0: warp-uniform, so the descriptors stay in uniform registers); warp within it
+  const int wg = arch::shfl(warp / 4, 0), wq = warp % 4;
+  const int tw = tid & 127;                  // thread within the warpgroup
+  const int qg = lane >> 2, qt = lane & 3;   // fragment row group and column pair
+  const T* q = static_cast<const T*>(p.q);
+
+  // ---- Q (64 rows x 576) into the swizzled layout, and the first 8 tree-mask words of each row ----
+  constexpr int kQChunks = Tr::DQK / 8;  // 72 16-byte chunks a row
+  for (int i = tid; i < BM * kQChunks; i += Tr::kThreads) {
+    const int r = i / kQChunks, c = i % kQChunks;
+    const int grow = row0 + r;
+    const bool valid = grow < nrows;  // rows past T_b * group: zeros (never written out)
+    const T* src = q;
+    if (valid) {
+      const int node = grow / group, hh = grow % group;
+      src = q + (qo_begin + node) * p.q_stride_tok + (kvh * group + hh) * p.q_stride_head + c * 8;
+    }
+    arch::cp_async_16_zfill(smem + Tr::kQ + (c / 8) * kBlockBytes + arch::sw128_kmajor_offset(r, c % 8, kAtom), src,
+                            valid);
+  }
+  uint32_t* sMask = reinterpret_cast<uint32_t*>(smem + Tr::kMask);
+  constexpr int kMaskStage = Tr::kMaskStage;
+  stage_mask_words<BM, Tr::kThreads, kMaskStage>(p, req, row0, nrows, sMask);
+  arch::cp_async_commit();
+  arch::cp_async_wait<0>();
+  arch::fence_proxy_async();                                 // Q visible to the wgmma's async proxy
+  arch::named_barrier_sync(kV3QBarrier, Tr::kThreads);       // ... everyone's (and the mask words)
+
+  // ---- descriptors (sm90/traits_v3.h): K-major for S (Q and K), MN-major for P V (this warpgroup's 256 dims) ----
+  const uint64_t q_desc = arch::wgmma_desc_sw128(smem + Tr::kQ, 16, kAtom);
+  const uint64_t k_desc0 = arch::wgmma_desc_sw128(sKV, 16, kAtom);
+  const uint64_t v_desc0 = arch::wgmma_desc_sw128(sKV + wg * (Tr::kODV / Tr::kDimBlock) * kBlockBytes, kBlockBytes, kAtom);
+
+  // ---- softmax state: rows qg and qg + 8 of the warp's 16, the same in both warpgroups ----
+  const float scale_log2 = p.sm_scale * h::kLog2e;
+  int smask_row[2];
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int grow = row0 + wq * 16 + qg + 8 * hf;
+    smask_row[hf] = grow < nrows ? qo_begin + grow / group : -1;  // node's q row; -1: padding row
+  }
+  const uint32_t* my_mask[2] = {sMask + (wq * 16 + qg) * kMaskStage, sMask + (wq * 16 + qg + 8) * kMaskStage};
+  float m_run[2] = {h::neg_inf(), h::neg_inf()}, l_run[2] = {0.f, 0.f};
+  float oacc[kOAccN];
+#pragma unroll
+  for (int i = 0; i < kOAccN; ++i) oacc[i] = 0.f;
+  float sacc[kSAccN];
+
+  // per-row statistics a warpgroup publishes: (warpgroup, {row max, row sum}, row)
+  float* sStat = reinterpret_cast<float*>(smem + Tr::kStats);
+  auto stat_at = [&](int g, int kind, int hf) { return sStat + (g * 2 + kind) * BM + wq * 16 + qg + 8 * hf; };
+  // P of the block in `stage`, in A-fragment order: k step kk, thread tw's 4 registers as one 16-byte word
+  auto p_at = [&](int stage) {
+    return reinterpret_cast<uint4*>(sKV + stage * Tr::kStageBytes + Tr::kPBlock * kBlockBytes) + tw;
+  };
+
+  // S of the block in `stage` over all 576 dims (Q and K from shared memory), issued, committed and retired
+  auto s_gemm = [&](int stage) {
+    const uint64_t kd = arch::wgmma_desc_advance(k_desc0, stage * Tr::kStageBytes);
+    arch::wgmma_fence_operand(sacc);
+    arch::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < Tr::kSKSteps; ++kk) {
+      const uint32_t off = (kk / 4) * kBlockBytes + (kk % 4) * 32;  // dim block, then 16 dims (32 bytes) in its line
+      arch::wgmma_ss<T, BN, false>(sacc, arch::wgmma_desc_advance(q_desc, off), arch::wgmma_desc_advance(kd, off),
+                                   kk > 0);
+    }
+    arch::wgmma_commit();
+    arch::wgmma_wait<0>();
+    arch::wgmma_fence_operand(sacc);
+  };
+  // O += P V over this warpgroup's 256 dims of the block in `stage` (A = P from registers), issued, not committed
+  auto pv_issue = [&](int stage, const uint32_t (&pa)[kPKSteps][4]) {
+    const uint64_t vd = arch::wgmma_desc_advance(v_desc0, stage * Tr::kStageBytes);
+#pragma unroll
+    for (int kk = 0; kk < kPKSteps; ++kk)
+      arch::wgmma_rs<T, Tr::kODV, true>(oacc, pa[kk], arch::wgmma_desc_advance(vd, kk * 2 * kAtom), true);
+  };
+  // the scores of block `blk` (from sacc) in log2 units, masked; and their row maxima over the quad
+  auto scores = [&](int blk, float (&s)[kSAccN], float (&tmax)[2]) {
+#pragma unroll
+    for (int e = 0; e < kSAccN; ++e) s[e] = sacc[e] * scale_log2;
+    const int tok0 = range.begin + blk * BN;
+    if (h::tile_needs_mask(tok0, BN, prefix, range.end)) {  // sass-model: cold
+#pragma unroll
+      for (int e = 0; e < kSAccN; ++e) {
+        const int hf = (e % 4) >> 1;
+        const int t = tok0 + 8 * (e / 4) + 2 * qt + (e & 1);
+        uint32_t word = 0;
+        if (smask_row[hf] >= 0 && h::needs_mask_word(t, prefix, range.end)) {
+          const int wi = h::mask_word_index(t - prefix);
+          if (wi < kMaskStage) {
+            word = my_mask[hf][wi];
+          } else {  // sass-model: rare
+            word = static_cast<uint32_t>(
+                arch::ld_global(p.tree_mask + static_cast<int64_t>(smask_row[hf]) * p.mask_words + wi));
+          }
+        }
+        // padding rows see every real token (keeps them finite; they are never written)
+        const bool vis = smask_row[hf] >= 0 ? h::token_visible(t, prefix, range.end, word) : t < range.end;
+        if (!vis) s[e] = h::neg_inf();
+      }
+    }
+    tmax[0] = tmax[1] = h::neg_inf();
+#pragma unroll
+    for (int e = 0; e < kSAccN; ++e) tmax[(e % 4) >> 1] = arch::max_f(tmax[(e % 4) >> 1], s[e]);
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      tmax[hf] = arch::max_f(tmax[hf], arch::shfl_xor(tmax[hf], 1));
+      tmax[hf] = arch::max_f(tmax[hf], arch::shfl_xor(tmax[hf], 2));
+    }
+  };
+  // P = exp2(s - the reference max) as A fragments (step kk: n8 blocks 2kk, 2kk + 1), and its row sums
+  auto probs = [&](float (&s)[kSAccN], uint32_t (&pa)[kPKSteps][4], float (&rsum)[2]) {
+    float mref[2];
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) mref[hf] = h::softmax_ref_max(m_run[hf]);
+    rsum[0] = rsum[1] = 0.f;
+#pragma unroll
+    for (int e = 0; e < kSAccN; ++e) {
+      s[e] = arch::exp2_approx(s[e] - mref[(e % 4) >> 1]);
+      rsum[(e % 4) >> 1] += s[e];
+    }
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      rsum[hf] += arch::shfl_xor(rsum[hf], 1);
+      rsum[hf] += arch::shfl_xor(rsum[hf], 2);
+    }
+#pragma unroll
+    for (int kk = 0; kk < kPKSteps; ++kk)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) pa[kk][r] = arch::pack2<T>(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
+  };
+  // one block's step of the running max and sum (both warpgroups run the same steps in the same order)
+  auto update = [&](const float (&tmax)[2], float (&alpha)[2]) {
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) alpha[hf] = h::lazy_softmax_update(m_run[hf], tmax[hf], 8.f, Exp2Fast{});
+  };
+  auto add_sum = [&](const float (&rsum)[2], const float (&alpha)[2]) {
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) l_run[hf] = l_run[hf] * alpha[hf] + rsum[hf];
+  };
+  auto rescale_o = [&](const float (&alpha)[2]) {
+    if (arch::any(alpha[0] != 1.f || alpha[1] != 1.f)) {  // sass-model: cold (the lazy max: almost never)
+#pragma unroll
+      for (int i = 0; i < kOAccN; ++i) oacc[i] *= alpha[(i % 4) >> 1];
+    }
+  };
+  auto publish = [&](int stage, const uint32_t (&pa)[kPKSteps][4], const float (&tmax)[2], const float (&rsum)[2]) {
+    uint4* dst = p_at(stage);
+#pragma unroll
+    for (int kk = 0; kk < kPKSteps; ++kk) dst[kk * 128] = make_uint4(pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3]);
+    if (qt == 0) {
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) *stat_at(wg, 0, hf) = tmax[hf], *stat_at(wg, 1, hf) = rsum[hf];
+    }
+  };
+  auto fetch = [&](int stage, uint32_t (&pb)[kPKSteps][4], float (&tmax)[2], float (&rsum)[2]) {
+    const uint4* src = p_at(stage);
+#pragma unroll
+    for (int kk = 0; kk < kPKSteps; ++kk) {
+      const uint4 v = src[kk * 128];
+      pb[kk][0] = v.x, pb[kk][1] = v.y, pb[kk][2] = v.z, pb[kk][3] = v.w;
+    }
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) tmax[hf] = *stat_at(1 - wg, 0, hf), rsum[hf] = *stat_at(1 - wg, 1, hf);
+  };
+  // this warp has no wgmma left that reads the stage: one lane frees it for the producer
+  auto release = [&](int stage) {
+    arch::warp_sync();
+    if (lane == 0) arch::mbarrier_arrive(sEmpty + stage);
+  };
+
+  // ---- main loop: one pair of blocks an iteration (WG0: block 2i in stage 0, WG1: 2i + 1 in stage 1) ----
+  for (int i = 0; i < npairs; ++i) {  // sass-model: tile-loop
+    const uint32_t parity = static_cast<uint32_t>(i) & 1u;
+    float s[kSAccN], tmax[2], rsum[2], a0[2], a1[2], otmax[2], orsum[2];
+    uint32_t pa[kPKSteps][4], pb[kPKSteps][4];
+    if (wg == 0) {
+      arch::mbarrier_wait(sFull + 0, parity);  // FULL: block 2i landed
+      arch::fence_proxy_async();               // ... its generic-proxy (cp.async) bytes ordered before S's reads
+      s_gemm(0);
+      scores(2 * i, s, tmax);
+      update(tmax, a0);
+      probs(s, pa, rsum);
+      add_sum(rsum, a0);
+      // every warp of this warpgroup has retired its S, which read the RoPE dims P0 is about to overwrite (a warp's
+      // wgmma wait covers its own part of the warpgroup's wgmma only). Warpgroup 1 needs no such barrier: its bar.sync
+      // on P0 below already waits for all of its warps, each past its S.
+      arch::named_barrier_sync(kV3WgBarrier, 128);
+      publish(0, pa, tmax, rsum);
+      arch::named_barrier_arrive(kV3P0Barrier, Tr::kThreads);  // P0, its max and sums out for WG1
+      rescale_o(a0);
+      arch::wgmma_fence_operand(oacc);
+      arch::wgmma_fence();
+      pv_issue(0, pa);  // O_L = O_L a0 + P0 V0L
+      arch::wgmma_commit();
+      arch::wgmma_fence_operand(oacc);
+      arch::named_barrier_sync(kV3P1Barrier, Tr::kThreads);  // WG1's P1, max and sums
+      fetch(1, pb, otmax, orsum);
+      update(otmax, a1);
+      add_sum(orsum, a1);
+      arch::wgmma_wait<0>();  // P0 V0L retired: O may be rescaled, stage 0 is read by this warpgroup no more
+      arch::wgmma_fence_operand(oacc);
+      release(0);             // (warpgroup 1 still reads its V0R and has read P0: EMPTY waits for it too)
+      rescale_o(a1);
+      arch::wgmma_fence();
+      pv_issue(1, pb);  // O_L = O_L a1 + P1 V1L
+      arch::wgmma_commit();
+      arch::wgmma_wait<0>();
+      arch::wgmma_fence_operand(oacc);
+      release(1);
+    } else {
+      arch::mbarrier_wait(sFull + 1, parity);  // FULL: block 2i + 1 landed (the phantom one's zeros too)
+      arch::fence_proxy_async();
+      s_gemm(1);
+      scores(2 * i + 1, s, tmax);
+      arch::named_barrier_sync(kV3P0Barrier, Tr::kThreads);  // WG0's P0, max and sums
+      fetch(0, pb, otmax, orsum);
+      update(otmax, a0);  // WG0's step, replayed
+      add_sum(orsum, a0);
+      update(tmax, a1);    // this block's
+      probs(s, pa, rsum);
+      add_sum(rsum, a1);
+      publish(1, pa, tmax, rsum);
+      arch::named_barrier_arrive(kV3P1Barrier, Tr::kThreads);  // P1, its max and sums out for WG0
+      float a01[2] = {a0[0] * a1[0], a0[1] * a1[1]};
+      rescale_o(a01);
+      if (arch::any(a1[0] != 1.f || a1[1] != 1.f)) {  // sass-model: cold (P0 to the pair's max)
+#pragma unroll
+        for (int kk = 0; kk < kPKSteps; ++kk)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) {
+            float lo, hi;
+            arch::unpack2<T>(pb[kk][r], lo, hi);
+            pb[kk][r] = arch::pack2<T>(lo * a1[r & 1], hi * a1[r & 1]);  // A register r: row half r % 2
+          }
+      }
+      arch::wgmma_fence_operand(oacc);
+      arch::wgmma_fence();
+      pv_issue(1, pa);  // O_R += P1 V1R
+      arch::wgmma_commit();
+      pv_issue(0, pb);  // O_R += P0 V0R
+      arch::wgmma_commit();
+      arch::wgmma_wait<1>();  // P1 V1R retired: stage 1 is read by this warpgroup no more
+      release(1);
+      arch::wgmma_wait<0>();
+      arch::wgmma_fence_operand(oacc);
+      release(0);
+    }
+  }
+  arch::launch_dependents();  // the combine may start launching; it waits for this grid's writes
+
+  // ---- epilogue: this thread's rows, its warpgroup's columns 8j + 2 qt, +1 ----
+  const bool direct = num_splits == 1;
+  float* ws_o = direct ? nullptr : ws_partial_o(p);
+  float* ws_lse = direct ? nullptr : ws_partial_lse(p, num_splits);
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int grow = row0 + wq * 16 + qg + 8 * hf;
+    if (grow >= nrows) continue;
+    const int qrow = qo_begin + grow / group;
+    const int head = kvh * group + grow % group;
+    const float inv = h::row_inv_l(l_run[hf]);
+    const float lse2 = h::row_lse2(m_run[hf], l_run[hf], Log2{});
+    const int col0 = wg * Tr::kODV + 2 * qt;
+    if (direct) {
+      T* o = static_cast<T*>(p.out) + qrow * p.o_stride_tok + head * p.o_stride_head + col0;
+#pragma unroll
+      for (int j = 0; j < kOAccN / 4; ++j)
+        arch::st_global(reinterpret_cast<uint32_t*>(o + 8 * j),
+                        arch::pack2<T>(oacc[4 * j + 2 * hf] * inv, oacc[4 * j + 2 * hf + 1] * inv));
+      if (p.lse != nullptr && wg == 0 && qt == 0)
+        arch::st_global(p.lse + qrow * p.lse_stride_tok + head * p.lse_stride_head, lse2 * h::kLn2);
+    } else {
+      const int64_t prow = (static_cast<int64_t>(split) * p.total_q + qrow) * p.num_q_heads + head;
+      float* o = ws_o + prow * p.head_dim_v + col0;
+#pragma unroll
+      for (int j = 0; j < kOAccN / 4; ++j)
+        arch::st_global(reinterpret_cast<float2*>(o + 8 * j),
+                        make_float2(oacc[4 * j + 2 * hf] * inv, oacc[4 * j + 2 * hf + 1] * inv));
+      if (wg == 0 && qt == 0) arch::st_global(ws_lse + prow, lse2);
+    }
+  }
+}
+
+}  // namespace va::tv
