@@ -39,6 +39,48 @@ VA_HOST_DEVICE float* ws_partial_lse(const Params& p, int num_splits) {
          static_cast<int64_t>(num_splits) * p.total_q * p.num_q_heads * p.head_dim_v;
 }
 
+// The epilogue of a wgmma m64 accumulator (kernels v2 and Hopper's v3): this thread's two rows (warp wq's 16 rows,
+// fragment row qg and qg + 8) and its columns col0 + 8 j, +1 of O (oacc, kOAccN floats: 4 per n8 block), divided by
+// the row's l and times `scale`; with one split straight to out (and the lse, by `lse_lane`), else into the split's
+// workspace rows for the combine.
+template <class T, int kOAccN>
+VA_DEVICE void store_m64_rows(const Params& p, int num_splits, int split, int row0, int nrows, int qo_begin, int kvh,
+                              int wq, int qg, int col0, bool lse_lane, const float (&oacc)[kOAccN],
+                              const float (&m_run)[2], const float (&l_run)[2], float scale) {
+  namespace arch = va::arch;
+  namespace h = va::host;
+  const int group = p.group;
+  const bool direct = num_splits == 1;
+  float* ws_o = direct ? nullptr : ws_partial_o(p);
+  float* ws_lse = direct ? nullptr : ws_partial_lse(p, num_splits);
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int grow = row0 + wq * 16 + qg + 8 * hf;
+    if (grow >= nrows) continue;
+    const int qrow = qo_begin + grow / group;
+    const int head = kvh * group + grow % group;
+    const float inv = h::row_inv_l(l_run[hf]) * scale;
+    const float lse2 = h::row_lse2(m_run[hf], l_run[hf], Log2{});
+    if (direct) {
+      T* o = static_cast<T*>(p.out) + qrow * p.o_stride_tok + head * p.o_stride_head + col0;
+#pragma unroll
+      for (int j = 0; j < kOAccN / 4; ++j)
+        arch::st_global(reinterpret_cast<uint32_t*>(o + 8 * j),
+                        arch::pack2<T>(oacc[4 * j + 2 * hf] * inv, oacc[4 * j + 2 * hf + 1] * inv));
+      if (p.lse != nullptr && lse_lane)
+        arch::st_global(p.lse + qrow * p.lse_stride_tok + head * p.lse_stride_head, lse2 * h::kLn2);
+    } else {
+      const int64_t prow = (static_cast<int64_t>(split) * p.total_q + qrow) * p.num_q_heads + head;
+      float* o = ws_o + prow * p.head_dim_v + col0;
+#pragma unroll
+      for (int j = 0; j < kOAccN / 4; ++j)
+        arch::st_global(reinterpret_cast<float2*>(o + 8 * j),
+                        make_float2(oacc[4 * j + 2 * hf] * inv, oacc[4 * j + 2 * hf + 1] * inv));
+      if (lse_lane) arch::st_global(ws_lse + prow, lse2);
+    }
+  }
+}
+
 template <class Tr>
 __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel(const Params p, const int num_splits) {
   using T = typename Tr::Elem;

@@ -525,39 +525,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v2(c
   arch::cp_async_wait<0>();  // no copy outlives the CTA (only empty groups can be pending here)
   arch::launch_dependents();  // the combine may start launching; it waits for this grid's writes
 
-  // ---- epilogue: this thread's rows, its warpgroup's columns 8j + 2 qt, +1 ----
-  const bool direct = num_splits == 1;
-  float* ws_o = direct ? nullptr : ws_partial_o(p);
-  float* ws_lse = direct ? nullptr : ws_partial_lse(p, num_splits);
-#pragma unroll
-  for (int hf = 0; hf < 2; ++hf) {
-    const int grow = row0 + wq * 16 + qg + 8 * hf;
-    if (grow >= nrows) continue;
-    const int qrow = qo_begin + grow / group;
-    const int head = kvh * group + grow % group;
-    // e4m3: O was summed from P x kPScale on V's codes
-    const float inv =
-        h::row_inv_l(l_run[hf]) * (Tr::kFp8 ? kv_scale(p.v_scale_ptr, p.v_scale) / kPScale : 1.f);
-    const float lse2 = h::row_lse2(m_run[hf], l_run[hf], Log2{});
-    const int col0 = wg * Tr::kODV + 2 * qt;
-    if (direct) {
-      T* o = static_cast<T*>(p.out) + qrow * p.o_stride_tok + head * p.o_stride_head + col0;
-#pragma unroll
-      for (int j = 0; j < kOAccN / 4; ++j)
-        arch::st_global(reinterpret_cast<uint32_t*>(o + 8 * j),
-                        arch::pack2<T>(oacc[4 * j + 2 * hf] * inv, oacc[4 * j + 2 * hf + 1] * inv));
-      if (p.lse != nullptr && wg == 0 && qt == 0)
-        arch::st_global(p.lse + qrow * p.lse_stride_tok + head * p.lse_stride_head, lse2 * h::kLn2);
-    } else {
-      const int64_t prow = (static_cast<int64_t>(split) * p.total_q + qrow) * p.num_q_heads + head;
-      float* o = ws_o + prow * p.head_dim_v + col0;
-#pragma unroll
-      for (int j = 0; j < kOAccN / 4; ++j)
-        arch::st_global(reinterpret_cast<float2*>(o + 8 * j),
-                        make_float2(oacc[4 * j + 2 * hf] * inv, oacc[4 * j + 2 * hf + 1] * inv));
-      if (wg == 0 && qt == 0) arch::st_global(ws_lse + prow, lse2);
-    }
-  }
+  // ---- epilogue: this thread's rows, its warpgroup's columns 8j + 2 qt, +1 (e4m3: O was summed from P x kPScale
+  // on V's codes) ----
+  store_m64_rows<T, kOAccN>(p, num_splits, split, row0, nrows, qo_begin, kvh, wq, qg, wg * Tr::kODV + 2 * qt,
+                            wg == 0 && qt == 0, oacc, m_run, l_run,
+                            Tr::kFp8 ? kv_scale(p.v_scale_ptr, p.v_scale) / kPScale : 1.f);
 }
 
 }  // namespace va::tv
