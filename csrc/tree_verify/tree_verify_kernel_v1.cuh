@@ -47,11 +47,11 @@
 //     stage. The only CTA-wide barrier is the one after the mbarriers' init. Q is staged by the math warps in the
 //     last kQStages stages (as v1); they free those stages for the producer with bar.arrive on named barrier 2
 //     (all 32 W + 32 threads), which the producer syncs on before its first copy into them.
-//     With 16 math warps and a producer warpgroup (20 warps: the launch gives 96 registers a thread, the producer
-//     drops to 32 and the math warps rise to 112) each warp takes one m tile of S and 32 Dv columns of O, half an
-//     8-warp tile's Q and O, and runs v1's two-tile loop as the 8-warp producer-warpgroup tile does, with four math
-//     warps on each scheduler instead of two; the softmax stays on the first 8 warps (kSoftThreads), the other 8
-//     wait at the barrier that publishes P.
+//     With a producer warpgroup (LOADER 3 and 4) all four of its warps issue copies, a quarter of each tile's rows.
+//     With math roles (LOADER 4: 16 math warps and the producer warpgroup, 20 warps; the launch gives 96 registers a
+//     thread, the producer drops to 32 and the math warps rise to 112) warps 0-7 run S and the softmax and warps 8-15
+//     P V, P double-buffered between them on named barriers (the loop below), so the softmax of a tile runs under the
+//     P V MMAs of the one before instead of between two barriers with the tensor pipe idle.
 //     Why a mode of v1 and not a separate kernel: the math (Q in registers split by head dim, the KSPLIT partial
 //     scores, whole-row softmax, PV by Dv columns, lazy rescale, the epilogue) is v1's line for line; only the
 //     copy issue, the barriers and the loop differ, so one source keeps them from drifting apart.
