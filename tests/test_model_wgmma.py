@@ -229,3 +229,18 @@ def test_wgmma_probes_compile_to_nothing_off_sm90(capsys):
     assert main(["--probes", "--arch", "sm_90a"]) == 0
     out = capsys.readouterr().out
     assert "wgmma_tflops" in out and "wgmma_latency_cycles[N=256]" in out
+
+
+def test_masked_path_honours_the_rare_block_of_a_shared_device_function():
+    """v2's and Hopper v3's tree mask is one device function of tree_verify_kernel.cuh (mask_m64_scores), inlined into
+    each kernel: the `sass-model: rare` block of its own file (a mask word past the staged ones, from global memory)
+    is left out of the masked path, as it was when the loop stood in each kernel's file."""
+    from bench.model import kernels
+    try:
+        ks = kernels.load("sm_90a", "mla576", "bf16", "page1")
+    except RuntimeError as e:
+        pytest.skip(str(e))
+    wg = [k for k in ks if k.tile.version in (2, 3)]
+    assert len(wg) == 2
+    for k in wg:
+        assert not any(i.op == "LDG" for i in k.cold.instrs), k.name

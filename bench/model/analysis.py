@@ -18,6 +18,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Optional
 
+from verify_attn import build as vb
+
 from . import sass
 from .sass import Function, Instr, Loop, hgmma_shape
 
@@ -53,6 +55,18 @@ class Markers:
     @property
     def split_loop(self) -> Optional[int]:
         return self.split_loops[0] if self.split_loops else None
+
+
+def this_checkout(path: str) -> str:
+    """A source path recorded in a cubin's line info, read from this checkout's csrc/: a cached cubin is keyed by a
+    hash of the sources, so one built in another checkout (or on another machine, .carry/cache) names that
+    checkout's files, which may have changed since (CI on a clone read the markers of a file being edited)."""
+    k = path.replace("\\", "/").rfind("csrc/")
+    if k >= 0:
+        local = vb.CSRC / path[k + len("csrc/"):]
+        if local.exists():
+            return str(local)
+    return path
 
 
 @lru_cache(maxsize=None)
@@ -392,10 +406,22 @@ def tile_path(f: Function, loop: Loop, cold: tuple[tuple[int, int], ...], cold_f
     skip = (hot if include_cold else cold) + rare
 
     def left_out(ins: Instr) -> bool:
-        # when any frame of its inline chain (the kernel line, or a lambda's body line) is in a skipped block
+        # when any frame of its inline chain (the kernel line, or a lambda's body line) is in a skipped block; a
+        # device function of another file (inlined from a shared header) is left out by its own file's `rare`
+        # blocks, which no path runs wherever it is called from (its hot / cold blocks are the kernel file's)
         frames = ins.frames or ((ins.file, ins.line),)
-        return any(f and ln is not None and Path(f).resolve() == cold_path and any(a <= ln <= b for a, b in skip)
-                   for f, ln in frames)
+        for f, ln in frames:
+            if not f or ln is None:
+                continue
+            fp = Path(f).resolve()
+            if fp == cold_path:
+                if any(a <= ln <= b for a, b in skip):
+                    return True
+            else:
+                local = Path(this_checkout(f))
+                if local.exists() and any(a <= ln <= b for a, b in read_markers(str(local)).rare):
+                    return True
+        return False
 
     def emit(lo: int, hi: int, nested: list[Loop]) -> list[tuple[Instr, int]]:
         seq: list[tuple[Instr, int]] = []

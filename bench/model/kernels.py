@@ -71,23 +71,11 @@ def _resource_usage(cubin: Path) -> dict[str, int]:
     return regs
 
 
-def _this_checkout(path: str) -> str:
-    """A source path recorded in a cubin's line info, read from this checkout's csrc/: a cached cubin is keyed by a
-    hash of the sources, so one built in another checkout (or on another machine, .carry/cache) names that
-    checkout's files, which may have changed since (CI on a clone read the markers of a file being edited)."""
-    k = path.replace("\\", "/").rfind("csrc/")
-    if k >= 0:
-        local = vb.CSRC / path[k + len("csrc/"):]
-        if local.exists():
-            return str(local)
-    return path
-
-
 def _marked_loop(f: sass.Function, marker: str) -> tuple[str, "analysis.Markers", "sass.Loop"]:
     """(source file, its markers, the loop) of the function's loop marked `marker` (tile_loops / split_loops)."""
     files = sorted({i.file for i in f.instrs if i.file})
     for fl in files:
-        local = _this_checkout(fl)
+        local = analysis.this_checkout(fl)
         if not Path(local).exists():
             continue
         mk = analysis.read_markers(local)  # the line numbers match: the cubin's key hashes these sources

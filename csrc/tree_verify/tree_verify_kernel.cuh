@@ -39,6 +39,47 @@ VA_HOST_DEVICE float* ws_partial_lse(const Params& p, int num_splits) {
          static_cast<int64_t>(num_splits) * p.total_q * p.num_q_heads * p.head_dim_v;
 }
 
+// The global address of 16-byte chunk c of q for CTA row grow (tree node grow / group, head kvh * group + grow % group),
+// every kernel's Q staging; `valid` false for rows past T_b * group (zero-filled, never written out), whose address
+// is q itself (in bounds, never read).
+template <class T>
+VA_DEVICE const T* q_chunk_src(const Params& p, const T* q, int grow, int nrows, int group, int qo_begin, int kvh,
+                               int c, bool& valid) {
+  valid = grow < nrows;
+  if (!valid) return q;
+  const int node = grow / group, hh = grow % group;
+  return q + (qo_begin + node) * p.q_stride_tok + (kvh * group + hh) * p.q_stride_head + c * 8;
+}
+
+// The tree mask over a wgmma m64 accumulator's scores (kernels v2 and Hopper's v3): this thread's kSAccN scores of the
+// tile starting at token tok0 (its rows qg and qg + 8 of its warp, hf = (e % 4) / 2; token tok0 + 8 (e / 4) + 2 qt +
+// (e & 1)) set to -inf where the row's node does not see the token. The first kMaskStage words of each row come from
+// shared memory (my_mask), wider trees' further words from global memory; smask_row: the row's q row, -1 for padding.
+template <int kSAccN, int kMaskStage>
+VA_DEVICE void mask_m64_scores(const Params& p, float (&s)[kSAccN], int tok0, int qt, int prefix, int end,
+                               const int (&smask_row)[2], const uint32_t* const (&my_mask)[2]) {
+  namespace arch = va::arch;
+  namespace h = va::host;
+#pragma unroll
+  for (int e = 0; e < kSAccN; ++e) {
+    const int hf = (e % 4) >> 1;
+    const int t = tok0 + 8 * (e / 4) + 2 * qt + (e & 1);
+    uint32_t word = 0;
+    if (smask_row[hf] >= 0 && h::needs_mask_word(t, prefix, end)) {
+      const int wi = h::mask_word_index(t - prefix);
+      if (wi < kMaskStage) {
+        word = my_mask[hf][wi];
+      } else {  // sass-model: rare
+        word = static_cast<uint32_t>(
+            arch::ld_global(p.tree_mask + static_cast<int64_t>(smask_row[hf]) * p.mask_words + wi));
+      }
+    }
+    // padding rows see every real token (keeps them finite; they are never written)
+    const bool vis = smask_row[hf] >= 0 ? h::token_visible(t, prefix, end, word) : t < end;
+    if (!vis) s[e] = h::neg_inf();
+  }
+}
+
 // The epilogue of a wgmma m64 accumulator (kernels v2 and Hopper's v3): this thread's two rows (warp wq's 16 rows,
 // fragment row qg and qg + 8) and its columns col0 + 8 j, +1 of O (oacc, kOAccN floats: 4 per n8 block), divided by
 // the row's l and times `scale`; with one split straight to out (and the lse, by `lse_lane`), else into the split's
@@ -122,12 +163,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel(cons
   for (int i = tid; i < BM * Tr::kQChunks; i += Tr::kThreads) {
     const int r = i / Tr::kQChunks, c = i % Tr::kQChunks;
     const int grow = row0 + r;
-    const bool valid = grow < nrows;
-    const T* src = q;
-    if (valid) {
-      const int node = grow / group, hh = grow % group;
-      src = q + (qo_begin + node) * p.q_stride_tok + (kvh * group + hh) * p.q_stride_head + c * 8;
-    }
+    bool valid;  // (rows past T_b * group: zeros, never written out)
+    const T* src = q_chunk_src(p, q, grow, nrows, group, qo_begin, kvh, c, valid);
     arch::cp_async_16_zfill(sQ + r * Smem::kQPitch + c * 8, src, valid);
   }
 

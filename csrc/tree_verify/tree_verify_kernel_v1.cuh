@@ -436,12 +436,8 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
   for (int i = tid; i < BM * Tr::kQChunks; i += Tr::kThreads) {
     const int r = i / Tr::kQChunks, c = i % Tr::kQChunks;
     const int grow = row0 + r;
-    const bool valid = grow < nrows;  // rows past T_b * group: zeros (never written out)
-    const T* src = q;
-    if (valid) {
-      const int node = grow / group, hh = grow % group;
-      src = q + (qo_begin + node) * p.q_stride_tok + (kvh * group + hh) * p.q_stride_head + c * 8;
-    }
+    bool valid;  // (rows past T_b * group: zeros, never written out)
+    const T* src = q_chunk_src(p, q, grow, nrows, group, qo_begin, kvh, c, valid);
     arch::cp_async_16_zfill(sQ + r * Smem::kQPitch + c * 8, src, valid);
   }
   stage_mask_words<BM, Tr::kThreads, kMaskStage>(p, req, row0, nrows, sMask);

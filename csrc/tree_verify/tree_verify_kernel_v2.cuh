@@ -93,12 +93,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v2(c
   for (int i = tid; i < BM * Tr::kChunks; i += Tr::kThreads) {
     const int r = (i & 7) + 8 * (i / (8 * Tr::kChunks)), c = (i >> 3) % Tr::kChunks;  // 8 rows per 128 B
     const int grow = row0 + r;
-    const bool valid = grow < nrows;  // rows past T_b * group: zeros (never written out)
-    const T* src = q;
-    if (valid) {
-      const int node = grow / group, hh = grow % group;
-      src = q + (qo_begin + node) * p.q_stride_tok + (kvh * group + hh) * p.q_stride_head + c * 8;
-    }
+    bool valid;  // (rows past T_b * group: zeros, never written out)
+    const T* src = q_chunk_src(p, q, grow, nrows, group, qo_begin, kvh, c, valid);
     arch::cp_async_16_zfill(sQ + (r >> 3) * Tr::kGroupBytes + c * 128 + (r & 7) * 16, src, valid);
   }
   // the first kMaskStage tree-mask words of each row's node, staged with Q: the masked tiles' softmax reads
@@ -433,24 +429,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v2(c
     // the mask, one branch around the tile's scores (per score, the branches stayed in the hot path: 16 BRA and 17
     // LOP3 a tile)
     if (masked) {  // sass-model: cold
-#pragma unroll
-      for (int e = 0; e < kSAccN; ++e) {
-        const int hf = (e % 4) >> 1;
-        const int t = tok0 + 8 * (e / 4) + 2 * qt + (e & 1);
-        uint32_t word = 0;
-        if (smask_row[hf] >= 0 && h::needs_mask_word(t, prefix, range.end)) {
-          const int wi = h::mask_word_index(t - prefix);
-          if (wi < kMaskStage) {
-            word = my_mask[hf][wi];
-          } else {  // sass-model: rare
-            word = static_cast<uint32_t>(
-                arch::ld_global(p.tree_mask + static_cast<int64_t>(smask_row[hf]) * p.mask_words + wi));
-          }
-        }
-        // padding rows see every real token (keeps them finite; they are never written)
-        const bool vis = smask_row[hf] >= 0 ? h::token_visible(t, prefix, range.end, word) : t < range.end;
-        if (!vis) s[e] = h::neg_inf();
-      }
+      mask_m64_scores<kSAccN, kMaskStage>(p, s, tok0, qt, prefix, range.end, smask_row, my_mask);
     }
 #pragma unroll
     for (int e = 0; e < kSAccN; ++e) tmax[(e % 4) >> 1] = arch::max_f(tmax[(e % 4) >> 1], s[e]);

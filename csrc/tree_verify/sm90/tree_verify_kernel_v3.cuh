@@ -162,12 +162,8 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
   for (int i = tid; i < BM * kQChunks; i += Tr::kThreads) {
     const int r = i / kQChunks, c = i % kQChunks;
     const int grow = row0 + r;
-    const bool valid = grow < nrows;  // rows past T_b * group: zeros (never written out)
-    const T* src = q;
-    if (valid) {
-      const int node = grow / group, hh = grow % group;
-      src = q + (qo_begin + node) * p.q_stride_tok + (kvh * group + hh) * p.q_stride_head + c * 8;
-    }
+    bool valid;  // (rows past T_b * group: zeros, never written out)
+    const T* src = q_chunk_src(p, q, grow, nrows, group, qo_begin, kvh, c, valid);
     arch::cp_async_16_zfill(smem + Tr::kQ + (c / 8) * kBlockBytes + arch::sw128_kmajor_offset(r, c % 8, kAtom), src,
                             valid);
   }
@@ -235,24 +231,7 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
     for (int e = 0; e < kSAccN; ++e) s[e] = sacc[e] * scale_log2;
     const int tok0 = range.begin + blk * BN;
     if (h::tile_needs_mask(tok0, BN, prefix, range.end)) {  // sass-model: cold
-#pragma unroll
-      for (int e = 0; e < kSAccN; ++e) {
-        const int hf = (e % 4) >> 1;
-        const int t = tok0 + 8 * (e / 4) + 2 * qt + (e & 1);
-        uint32_t word = 0;
-        if (smask_row[hf] >= 0 && h::needs_mask_word(t, prefix, range.end)) {
-          const int wi = h::mask_word_index(t - prefix);
-          if (wi < kMaskStage) {
-            word = my_mask[hf][wi];
-          } else {  // sass-model: rare
-            word = static_cast<uint32_t>(
-                arch::ld_global(p.tree_mask + static_cast<int64_t>(smask_row[hf]) * p.mask_words + wi));
-          }
-        }
-        // padding rows see every real token (keeps them finite; they are never written)
-        const bool vis = smask_row[hf] >= 0 ? h::token_visible(t, prefix, range.end, word) : t < range.end;
-        if (!vis) s[e] = h::neg_inf();
-      }
+      mask_m64_scores<kSAccN, kMaskStage>(p, s, tok0, qt, prefix, range.end, smask_row, my_mask);
     }
     tmax[0] = tmax[1] = h::neg_inf();
 #pragma unroll
