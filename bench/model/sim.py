@@ -607,18 +607,18 @@ def simulate(body: list[Instr], dev: DeviceModel, *, warps: int, warps_per_barri
             bid, _, waits = named[i]
             g = named_gen.get((w, bid), 0)
             named_gen[(w, bid)] = g + 1
-            arr2 = named_arr.setdefault((bid, g), []) if g >= 0 else None   # g < 0: credited, nothing to wait for
-            if arr2 is None:
-                pass
-            elif arr2.append((w, t, waits)) or len(arr2) == len(named_members[bid]):
-                rel = max(a[1] for a in arr2) + dev.bar_latency.value
-                for x, _, wt in arr2:
-                    if wt:
-                        held_until[x] = max(held_until[x], rel)
-                        waiting_bar[x] = False
-                del named_arr[(bid, g)]
-            elif waits:
-                waiting_bar[w] = True
+            if g >= 0:   # (g < 0: a credited generation, RoleSpec.named_credit: nothing to wait for)
+                arr2 = named_arr.setdefault((bid, g), [])
+                arr2.append((w, t, waits))
+                if len(arr2) == len(named_members[bid]):
+                    rel = max(a[1] for a in arr2) + dev.bar_latency.value
+                    for x, _, wt in arr2:
+                        if wt:
+                            held_until[x] = max(held_until[x], rel)
+                            waiting_bar[x] = False
+                    del named_arr[(bid, g)]
+                elif waits:
+                    waiting_bar[w] = True
         elif is_bar[i]:
             key = (group_of[w], it, i)
             arr = bar_arrivals.setdefault(key, [])
