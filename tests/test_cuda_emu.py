@@ -922,14 +922,15 @@ def test_v3_is_selectable_by_name_and_no_default():
 V3_FAULT_CASE = CaseSpec((300,), (7,), "bushy", dtype=BF, seed=310, **MLA)
 
 
-def _v3_missed(emu, fault: str, threads: tuple[int, int], calls, spec=V3_FAULT_CASE, tile=V3, caught=None) -> list[int]:
+def _v3_missed(emu, fault: str, threads: tuple[int, int], calls, spec=V3_FAULT_CASE, tile=V3, caught=None,
+               modes=STRICT_MODES) -> list[int]:
     caught = caught or _caught
     case = make_case(spec)
     config = cfg(1, *tile)
     assert not caught(emu, case, config)  # the unbroken kernel passes
     missed = []
     for nth in calls:
-        for landing, sched in STRICT_MODES:
+        for landing, sched in modes:
             emu.set_cp_async_landing(landing)
             emu.set_schedule(sched)
             emu.set_fault(fault, nth, threads=threads)
@@ -1217,26 +1218,36 @@ def test_v3h_hopper_int64_indices_and_prefix_only(emu):
 
 
 # The planted bugs, on v3h itself (300 + 7 tokens in one split: 5 blocks, 3 pairs, the last with a phantom block).
-# Calls, per thread: mbarrier_wait n of a consumer is its FULL wait of pair n; of a producer thread, its EMPTY wait
-# before block 2 + n (n even: stage 0, odd: stage 1; each warpgroup frees the stage it is done with first, so neither
-# EMPTY wait implies the other). Named barrier calls of a consumer: 0 Q staged; warpgroup 0 (threads 0-127) then 3i + 1
+# Each stage has two halves with their own FULL / EMPTY mbarriers: half 0, the early one (stage 0: dims 0-255, read
+# last by warpgroup 0's P0 V0L; stage 1: dims 256-511, by warpgroup 1's P1 V1R, both in the middle of a pair) and
+# half 1, the rest with the RoPE block (stage 0: warpgroup 1's P0 V0R; stage 1: warpgroup 0's P1 V1L, at the pair's
+# end). Calls, per thread: mbarrier_wait 2i + h of a consumer is its FULL wait of pair i, half h (its S issues the
+# early half's k steps first); of a producer thread, 4 (i - 1) + 2 h + s is its EMPTY wait before refilling half h of
+# stage s for pair i >= 1. Named barrier calls of a consumer: 0 Q staged; warpgroup 0 (threads 0-127) then 3i + 1
 # its own barrier before P0 overwrites the RoPE dims, 3i + 2 bar.arrive P0, 3i + 3 bar.sync P1; warpgroup 1 (128-255)
 # 2i + 1 bar.sync P0, 2i + 2 bar.arrive P1. A barrier is removed by skipping the call in every thread that waits there
 # (a bar.arrive skipped alone only deadlocks, which the emulator reports).
+# Besides the strict modes, v3h runs (issue, forward) and (issue, reverse): every thread advances one collective a
+# pass, so the producer runs between a consumer's wgmma issue and the wgmma_wait that retires it, and a copy it
+# lands there too early shows as an operand overwritten before its retire (the warp-ahead schedules run a warp from
+# the issue through the wait and the release without switching).
+V3H_MODES = STRICT_MODES + (("issue", "forward"), ("issue", "reverse"))
+
+
 def test_v3h_hopper_consumer_skipping_its_full_wait_is_caught(emu):
-    missed = _v3_missed(emu, "skip_mbarrier_wait", V3H_MATH, [-1, 0, 1, 2], tile=V3H)
+    missed = _v3_missed(emu, "skip_mbarrier_wait", V3H_MATH, [-1, *range(6)], tile=V3H, modes=V3H_MODES)
     assert not missed, f"consumers skipping FULL wait(s) {missed} went unnoticed"
-    for role in (V3H_WG0, V3H_WG1):  # one warpgroup alone reading its block before it landed
-        assert not _v3_missed(emu, "skip_mbarrier_wait", role, [-1, 0], tile=V3H), f"warpgroup {role} before FULL"
+    for role in (V3H_WG0, V3H_WG1):  # one warpgroup alone reading a half of its block before it landed
+        missed = _v3_missed(emu, "skip_mbarrier_wait", role, [-1, 0, 1, 2, 3], tile=V3H, modes=V3H_MODES)
+        assert not missed, f"warpgroup {role} before FULL: {missed}"
 
 
 def test_v3h_hopper_producer_skipping_its_empty_wait_is_caught(emu):
-    # calls 0 and 2 refill stage 0 (blocks 2 and 4), whose last reader is warpgroup 1's P0 V0R. Not caught: calls 1
-    # and 3, the refills of stage 1, whose last reader is warpgroup 0's P1 V1L, issued right after warpgroup 0's own
-    # release of stage 0: the emulator runs a warp's wgmma issue, its wait and the next release without switching
-    # fibers, so the producer never runs between the issue and the retire (on the GPU the wgmma reads shared memory
-    # after its issue: the wait is needed there)
-    missed = _v3_missed(emu, "skip_mbarrier_wait", V3H_PRODUCER, [-1, 0, 2], tile=V3H)
+    # every EMPTY wait of pairs 1 and 2 but half 1 of stage 1 (calls 3 and 7): its last reader, warpgroup 0's P1 V1L,
+    # is the last wgmma of warpgroup 0's pair, and in no schedule here does the producer get past the EMPTY wait before
+    # it (half 1 of stage 0, freed at warpgroup 1's end) while that wgmma is in flight. On the GPU the wgmma reads
+    # shared memory after its issue: the wait is needed there
+    missed = _v3_missed(emu, "skip_mbarrier_wait", V3H_PRODUCER, [-1, 0, 1, 2, 4, 5, 6], tile=V3H, modes=V3H_MODES)
     assert not missed, f"producer skipping EMPTY wait(s) {missed} went unnoticed"
 
 
@@ -1253,11 +1264,11 @@ def test_v3h_hopper_every_named_barrier_removed_is_caught(emu):
 
 def test_v3h_hopper_missing_proxy_fence_or_wgmma_wait_is_caught(emu):
     # the consumers' proxy fence after Q (call 0; the fences after each FULL wait are the conservative reading of the
-    # memory model the emulator does not model: it treats noinc-tied copies as the barrier's) and the wgmma waits:
-    # per pair, warpgroup 0: 3i S, 3i + 1 P0 V0L (before its O rescale and its release of stage 0), 3i + 2 P1 V1L;
-    # warpgroup 1: 3i S, 3i + 1 P1 V1R (wait<1>, before its release of stage 1), 3i + 2 P0 V0R. Not caught: 3i + 1,
-    # for the reason the producer's stage-1 EMPTY wait is not (above), and because with the lazy max the O rescale it
-    # guards almost never runs
+    # memory model the emulator does not model: it treats noinc-tied copies as the barrier's) and every wgmma wait:
+    # per pair, warpgroup 0: 3i S, 3i + 1 P0 V0L (before its O rescale and its release of stage 0's half 0), 3i + 2
+    # P1 V1L; warpgroup 1: 3i S, 3i + 1 P1 V1R (wait<1>, before its release of stage 1's half 0), 3i + 2 P0 V0R. The
+    # middle ones (3i + 1) are caught in (issue, forward) only: the producer refills the half the wait guards
+    # while the wgmma is in flight
     assert not _v3_missed(emu, "skip_fence_proxy_async", V3H_MATH, [-1, 0], tile=V3H), "the Q proxy fence"
-    missed = _v3_missed(emu, "skip_wgmma_wait", V3H_MATH, [-1, 0, 2, 3, 5], tile=V3H)
+    missed = _v3_missed(emu, "skip_wgmma_wait", V3H_MATH, [-1, *range(6)], tile=V3H, modes=V3H_MODES)
     assert not missed, f"wgmma wait(s) {missed} skipped went unnoticed"

@@ -167,8 +167,8 @@ def test_our_split_kernels_roles(arch):
             assert [x.maxnreg for x in found] == [232, 40], vb._describe(name)[0]
         if tile.loader == 4:   # 20 warps: 112 for both math roles, 32 for the producer
             assert [x.maxnreg for x in found] == [112, 112, 32], vb._describe(name)[0]
-        if tile.version == 3:   # kernel v3 for Hopper (sm90/): all four producer warps copy; setmaxnreg 232 / 40
-            assert [x.maxnreg for x in found] == [232, 40], vb._describe(name)[0]
+        if tile.version == 3:   # kernel v3 for Hopper (sm90/): all four producer warps copy; setmaxnreg 232 / 48
+            assert [x.maxnreg for x in found] == [232, 48], vb._describe(name)[0]
         seen += tile.loader >= 2 or tile.version == 3
     # v3's three sm_120 tiles (a producer warp, a producer warpgroup, a producer warpgroup with math roles) and, on
     # sm_90a, Hopper's v3 (two consumer warpgroups and a producer warpgroup)
@@ -220,3 +220,70 @@ def test_kernel_v3_knockout_variants_are_read_with_their_roles():
     for k in v3:
         producer = k.roles_hot[3]
         assert not any(i.op == "LDGSTS" for i in producer.instrs), k.name   # no index ring
+
+
+def test_the_warp_index_of_a_signed_division_is_evaluated():
+    """`tid / 128` of a signed int compiles to SHF.R.S32.HI (the sign), LEA.HI (the rounding term) and SHF.R.S32.HI
+    (the shift): Hopper v3's warpgroup index. The role reader evaluates all three for a warp's lane 0 (until
+    2026-12-05 it stopped at LEA.HI and read both consumer warpgroups' branches into one path)."""
+    env = {}
+    def ins(addr, opcode, ops):
+        return sass.Instr(addr, opcode, ops, None, None, None, dsts=[(ops[0], 1)])
+    prog = [ins(0x0, "S2R", ["R0", "SR_TID.X"]), ins(0x10, "SHF.R.S32.HI", ["R3", "RZ", "0x1f", "R0"]),
+            ins(0x20, "LEA.HI", ["R2", "R3", "R0", "RZ", "0x7"]), ins(0x30, "SHF.R.S32.HI", ["R2", "RZ", "0x7", "R2"])]
+    for warp, wg in ((0, 0), (3, 0), (4, 1), (7, 1), (11, 2)):
+        env = {}
+        for ins in prog:
+            roles._step(ins, env, warp)
+        assert env["R2"] == wg and env["R3"] == 0
+    # a negative value: the sign shifted in, and the rounding term of a signed division (-1 / 128 == 0)
+    get = roles._getter({"R0": 0xFFFFFFFF, "R3": 0xFFFFFFFF}, 0)
+    assert roles._eval(prog[1], get) == 0xFFFFFFFF
+    assert roles._eval(prog[2], get) == (0xFFFFFFFF + 127) & 0xFFFFFFFF
+
+
+def test_hopper_v3_is_read_as_two_warpgroups_and_a_producer():
+    """Kernel v3 for Hopper: one tile loop whose body branches on the warpgroup, read as warpgroup 0's part (its S,
+    softmax and two P V halves: 36 + 8 wgmma, and the 128-thread named barrier 4 only it uses), warpgroup 1's part
+    (36 + 8 wgmma) and the producer warpgroup's loop. Both loops run a pair of blocks an iteration (`tiles=2`): the
+    producer refills each stage in two halves, each after its own EMPTY and signalled on its own FULL, so that every
+    barrier a consumer waits on is one the producer arrives on, and every one the producer waits on is one a
+    warpgroup releases. The per-tile cycles are half the simulated iteration's."""
+    from bench.model import call, kernels
+    from bench.model.analysis import classify
+    from verify_attn.shapes import get_shape
+    try:
+        ks = kernels.load("sm_90a", "mla576", "bf16", "page1")
+    except RuntimeError as e:
+        pytest.skip(str(e))
+    km = next(k for k in ks if k.tile.version == 3)
+    assert km.tiles_per_iter == 2 and kernels.blocks_per_iter(km) == 2
+    body, spans, lanes, producer = km.roles_hot
+    assert len(spans) == 3 and spans[-1][1] == len(body) and not any(x >= 0 for x in lanes)
+    wg0, wg1, prod = (body[lo:hi] for lo, hi in spans)
+    gmma = lambda p, n: sum(i.op in sass.GMMA_OPS and f"x{n}x" in i.opcode for i in p)   # noqa: E731
+    assert (gmma(wg0, 64), gmma(wg0, 256), gmma(wg1, 64), gmma(wg1, 256)) == (36, 8, 36, 8)
+    assert not {i.addr for i in wg0} & {i.addr for i in wg1 if i.op in sass.GMMA_OPS}
+    named = lambda p: {roles.named_barrier(i)[:2] for i in p if roles.named_barrier(i)}   # noqa: E731
+    assert (4, 128) in named(wg0) and (4, 128) not in named(wg1)
+    assert {b for b, _ in named(wg0)} >= {2, 3} and {b for b, _ in named(wg1)} == {2, 3}
+    # (a pair: 2 blocks x 36 16-byte copies a thread, 9 dim blocks x 4 tokens)
+    assert prod == producer.instrs and sum(i.op == "LDGSTS" for i in prod) == 2 * 36
+    assert not any(i.op == "LDGSTS" for i in wg0 + wg1)
+    offs = lambda p, kind: [roles.barrier_offset(i) for i in p if classify(i) == kind]   # noqa: E731
+    full, empty = offs(prod, "mbar_arrive"), offs(prod, "mbar_wait")
+    assert len(set(full)) == len(set(empty)) == 4 == len(full) == len(empty)      # 2 stages x 2 halves, once each
+    w0, w1 = offs(wg0, "mbar_wait"), offs(wg1, "mbar_wait")
+    assert len(w0) == len(w1) == 2 and set(w0) | set(w1) == set(full) and not set(w0) & set(w1)
+    r0, r1 = offs(wg0, "mbar_arrive"), offs(wg1, "mbar_arrive")
+    assert len(r0) == len(r1) == 2 and set(r0) | set(r1) == set(empty) and not set(r0) & set(r1)
+    assert [call._role_of(km.tile, w, 3) for w in (0, 4, 8)] == [0, 1, 2]
+    case = call.Case(get_shape("kimi-k2-tp8"), 185_000, 16)
+    tc = call.tile_cost(km, H200, path="hot", resident_ctas=1, active_sms=132, dram_sharers=2.0, case=case)
+    assert tc.sim.warps == 3
+    assert tc.terms["simulated"] == pytest.approx(tc.sim.cycles_per_iter / 2)
+    assert tc.terms["tensor"] == pytest.approx(tc.sim.pipe_busy["tensor"] / 2)
+    # the math warps wait for the copies: a pair takes longer than its tensor work
+    assert tc.sim.cycles_per_iter > tc.sim.pipe_busy["tensor"]
+    p = call.predict(km, H200, case)
+    assert p.combine_us > 0 and 0 < p.total_us < 1000

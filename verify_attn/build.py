@@ -150,7 +150,7 @@ V3_ROLES_TILE = Tile(32, 16, 4, 4, 4, version=1, sn=2, bars=2, loader=4)
 # kernel v3 for Hopper (issue 40; TileMlaV3Sm90 = TileConfigV3<64, 64, 2>, csrc/tree_verify/sm90/): a producer warpgroup
 # gathers 64-token blocks into 128-byte-swizzled stages (16-byte cp.async, FULL / EMPTY mbarriers), two consumer
 # warpgroups run FlashMLA's seesaw (S of one block each over all 576 dims, O's 512 columns split between them), 64 rows,
-# 2 stages: 224,288 B, sm_90a only. Backend "cuda@v3" (or "cuda@m64n64w12s2"); no arch's default until a GPU timed it.
+# 2 stages: 224,320 B, sm_90a only. Backend "cuda@v3" (or "cuda@m64n64w12s2"); no arch's default until a GPU timed it.
 V3_SM90_TILE = Tile(64, 64, 4, 2, 2, version=3, archs=("sm_90a",))
 # v2 (wgmma, sm_90a only): 64 rows, 2 warpgroups (4 warps x 16 rows each; Dqk / Dv halves)
 _V2_TILE = Tile(64, 32, 4, 2, 3, version=2, archs=("sm_90a",))
@@ -262,7 +262,7 @@ def smem_bytes(tile: Tile, dqk: int, dv: int, shared_kv: bool, kv_bytes: int = 2
     pad, elem = 8, 2
     if tile.version == 3:  # KernelTraitsV3: Q + STAGES x BN rows (swizzled, no pad) + row stats + 8 mask words + mbarriers
         return ((tile.block_m + tile.num_stages * tile.block_n) * dqk * kv_bytes + 2 * 2 * tile.block_m * 4
-                + tile.block_m * 8 * 4 + 2 * tile.num_stages * 8)
+                + tile.block_m * 8 * 4 + 2 * tile.num_stages * 2 * 8)   # FULL and EMPTY per stage half
     if tile.version == 2:  # KernelTraitsV2: Q (BM rows) + STAGES x BN KV rows (core-matrix layout, no pad)
         fp8 = (2 * (dv // 8) * 288 + tile.block_m * 4) if kv_bytes == 1 else 0  # e4m3: 2 V^T buffers, Q scales
         slots = 1 << (tile.num_stages - 2 + V2_PREFETCH - 1).bit_length()  # kIdxSlots: a power of two

@@ -16,10 +16,12 @@ the budget is skipped and said so. Stages, in order of value:
   kvstream   the KV stream probe: the loader alone (scattered 1152-byte rows through a cp.async ring),
              bandwidth against bytes in flight, lane layout and row-id source (the model's memory term)
   headline   bench.verify at 185k, 16 nodes, page1: cuda v2, v1, v0 side by side, v1's bulk-loader tiles
-             (cuda@m32n32w8s5, cuda@m32n16w8s8) and its cp.async 16-token tile (s4), triton, triton-serial
-  sweep      bench.verify 185k..4k x trees 16, 64, 1 x page1 / paged: cuda v2, v1, v1 bulk (m32n32w8s5), v3
-  ncu        Nsight Compute on v1's bulk-loader and cp.async split kernels at 185k / 16 nodes (speed of light,
-             shared-memory wavefronts and bank conflicts, warp stalls), if ncu is there
+             (cuda@m32n32w8s5, cuda@m32n16w8s8) and its cp.async 16-token tile (s4), the sm_120 v3 tiles as
+             the H200 proxy (cuda@v3-sm120, m32n16w9s4, m32n16w20s4), Hopper's v3 (cuda@v3), triton, triton-serial
+  sweep      bench.verify 185k..4k x trees 16, 64, 1 x page1 / paged: cuda v2, v1, v1 bulk (m32n32w8s5),
+             v3-sm120, Hopper's v3
+  ncu        Nsight Compute on v1's bulk-loader and cp.async split kernels and both v3 kernels at 185k / 16 nodes
+             (speed of light, shared-memory wavefronts and bank conflicts, warp stalls), if ncu is there
   peers      the serving engines' kernels beside ours at 185k / 16 nodes (issue 42): FA3 along SGLang's
              Hopper tree-verify path (fa3-mla), FlashMLA's dense decode over the prefix + a torch tree
              part (flashmla, its prefix pass timed apart), FlashInfer's MLA wrapper (chains only),
@@ -70,6 +72,11 @@ PY = sys.executable
 V3 = "cuda@v3-sm120"
 V3_WARP = "cuda@m32n16w9s4"
 V3_ROLES = "cuda@m32n16w20s4"
+# kernel v3 for Hopper (issue 40, sm90/: a producer warpgroup, FlashMLA's seesaw on two consumer warpgroups, per-half
+# FULL / EMPTY barriers), in headline, sweep, ncu and the knockouts beside the sm_120 proxy
+V3H = "cuda@v3"
+# the ncu stage: one warm call, then one profiled call, of each of these versions
+NCU_VERSIONS = ("m32n32w8s5", "v1", V3.split("@")[1], V3H.split("@")[1])
 PLAN_CAP_S = 480.0          # the default plan's caps add up to at most this (tests/test_bench.py checks)
 DEVICE_CORES = 16           # the lent GPU machine's CPU cores (the build estimate scales to them)
 BUILD_TIMES = REPO / "bench" / "results" / "build_times.json"  # --time-build's measurement on this machine
@@ -253,16 +260,16 @@ def plan(out: Path, a: argparse.Namespace) -> list[Stage]:
               min_s=10),
         Stage("headline", v + ["--ctx", "185k", "--tree", "16", "--layout", "page1",
                                "--backend", "cuda@v2,cuda@v1,cuda@v0,cuda@m32n32w8s5,cuda@m32n16w8s8,cuda@m32n16w8s4,"
-                               f"{V3},{V3_WARP},{V3_ROLES},triton,triton-serial", "--json",
+                               f"{V3},{V3_WARP},{V3_ROLES},{V3H},triton,triton-serial", "--json",
                                str(out / "headline.json"), "--csv", str(out / "headline.csv")], cap_s=30, min_s=20),
         Stage("sweep", v + ["--ctx", "185k,64k,16k,4k", "--tree", "16,64,1", "--layout", "page1,paged",
-                            "--backend", f"cuda@v2,cuda@v1,cuda@m32n32w8s5,{V3}", "--json", str(out / "sweep.json"),
+                            "--backend", f"cuda@v2,cuda@v1,cuda@m32n32w8s5,{V3},{V3H}", "--json", str(out / "sweep.json"),
                             "--csv", str(out / "sweep.csv"), "--plot", str(out / "sweep.png")], cap_s=45, min_s=25),
         Stage("ncu", ["ncu", "--clock-control", "none", "--target-processes", "all", "-k",
-                      "regex:tree_verify_split", "--launch-skip", "3", "-c", "3",
+                      "regex:tree_verify_split", "--launch-skip", str(len(NCU_VERSIONS)), "-c", str(len(NCU_VERSIONS)),
                       *(a.ncu_args.split() if a.ncu_args else NCU_RAW), "--csv", "--log-file",
                       str(out / ("ncu_source.csv" if a.ncu_args and "source" in a.ncu_args else "ncu_raw.csv")),
-                      PY, "-m", "bench.ncu_probe", "--warm", "--versions", f"m32n32w8s5,v1,{V3.split('@')[1]}"],
+                      PY, "-m", "bench.ncu_probe", "--warm", "--versions", ",".join(NCU_VERSIONS)],
               cap_s=25, min_s=20, needs="ncu", kernels=("mla576_bf16_page1",)),
         # the serving engines' kernels beside ours, same process, inputs and timing (issue 42; bench/benchmark/peers.py):
         # the headline point first, then the grid; peers absent on the device give 'unsupported' rows saying why
@@ -300,7 +307,7 @@ def plan(out: Path, a: argparse.Namespace) -> list[Stage]:
     if a.knockout:   # where the tile's time goes: variants without the copies / index loads / v2's exchange
         stages.insert(2, Stage("knockout", [PY, "-m", "bench.knockout", "--ctx", "185k", "--tree", "16,64",
                                             "--variants", a.knockout, "--versions",
-                                            f"v2,v1,m32n32w8s5,{V3.split('@')[1]}",
+                                            f"v2,v1,m32n32w8s5,{V3.split('@')[1]},{V3H.split('@')[1]}",
                                             "--json", str(out / "knockout.json")], cap_s=100, min_s=40))
     if a.e2e:
         stages.append(Stage("e2e", [PY, "-m", "integration.measure.bench_e2e", "--model", "kimi-k2-tp8", "--simulate-rank",

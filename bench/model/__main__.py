@@ -311,7 +311,8 @@ def trace_lines(km, dev, p: predict.Prediction) -> list[str]:
     """The simulated hot tile of `km` on `dev`, as the prediction `p` simulated it (its warps per scheduler and
     copy bandwidth): where the tensor pipe sits idle and what warp 0 waited on. How NOTES.md's per-tile
     explanations are read."""
-    body = km.hot.instrs
+    # (warp roles: the simulated body is every role's loop, one after the other: kernels._with_producer)
+    body = km.roles_hot[0] if km.roles_hot is not None else km.hot.instrs
     res = p.tile.sim
     busy = res.pipe_busy.get("tensor", 0.0)
     return ([f"{dev.key} {km.name} ({km.layout}): {res.cycles_per_iter:.0f} cycles/tile simulated, tensor pipe "

@@ -263,7 +263,8 @@ def _simulate(instrs, dev: DeviceModel, **kw) -> sim.SimResult:
 
 def _role_of(tile, warp: int, roles: int) -> int:
     """A v3 warp's role in the body `kernels._with_producer` built: the math warps 0 (with math roles, Tile.loader 4:
-    the S warps 0, the PV warps 1), the producer warp (after the math warps) the last."""
+    the S warps 0, the PV warps 1; Hopper's v3: consumer warpgroup 0, then 1), the producer warp (after the math
+    warps) the last."""
     math = tile.warps_m * tile.warps_n
     if warp >= math:
         return roles - 1
@@ -287,6 +288,7 @@ def tile_cost(km: KernelModel, dev: DeviceModel, *, path: str, resident_ctas: in
     # with L2 prefetches the DRAM stream is the prefetches'; the copies then stream from L2
     pf = prefetch_spec(km, instrs, case, dev, sm_dram, kv_tile)
     roles = getattr(km, "roles_hot" if path == "hot" else "roles_cold", None)
+    per_iter = kernels_mod.blocks_per_iter(km)   # the simulated iteration's KV tiles (Hopper's v3: a pair)
     if roles is not None:   # warp roles (v3): scheduler 0 holds CTA warps 0, 4, 8, ..., each its role's loop
         body, spans, lanes, producer = roles
         # the producer is the warp after the math warps; a producer warpgroup's other three warps exit at once, so
@@ -295,18 +297,19 @@ def tile_cost(km: KernelModel, dev: DeviceModel, *, path: str, resident_ctas: in
         producer_warp = km.tile.warps_m * km.tile.warps_n
         sim_warps = [w for _ in range(resident_ctas) for w in range(0, producer_warp + 1, dev.schedulers)]
         per_sched = len(sim_warps)
-        sizes, _ = bulk_sizes(km, producer, case)
+        # (Hopper's v3 copies by cp.async: no bulk copies; its producer path covers the pair's two stages)
+        sizes, _ = bulk_sizes(km, producer, case) if any(i.op == "UBLKCP" for i in body) else ({}, "")
         s = _simulate(body, dev, warps=per_sched, warps_per_barrier_group=per_sched,
                       cp_bytes_per_clk=min(sm_dram, sm_l2) / dev.schedulers,
                       bank_degree=getattr(km, "bank_degree", None) or None,
                       # (a producer warpgroup's four warps sit on the four schedulers, each copying a quarter)
                       bulk=sim.Bulk(sizes=tuple(sorted(sizes.items())), lane_of=lanes,
-                                    issuing_schedulers=kernels_mod.producer_warps(km.tile)),
+                                    issuing_schedulers=kernels_mod.producer_warps(km.tile)) if sizes else None,
                       roles=sim.RoleSpec(spans, (False,) * (len(spans) - 1) + (True,),
                                          tuple(_role_of(km.tile, w, len(spans)) for w in sim_warps),
                                          named_credit=((kernels_mod.ROLES_P_EMPTY, kernels_mod.ROLES_P_BUFFERS),)
-                                         if len(spans) == 3 else (),
-                                         empty_distance=km.tile.num_stages))
+                                         if km.tile.loader == 4 else (),
+                                         empty_distance=max(1, km.tile.num_stages // per_iter)))
     else:
         s = _simulate(instrs, dev, warps=per_sched, warps_per_barrier_group=group,
                       cp_bytes_per_clk=(sm_l2 if pf else min(sm_dram, sm_l2)) / dev.schedulers,
@@ -315,14 +318,14 @@ def tile_cost(km: KernelModel, dev: DeviceModel, *, path: str, resident_ctas: in
                       **({"prefetch": pf} if pf is not None else {}))
     # throughput limits of the scheduler (for naming the bound the simulation hit)
     bulk = roles is not None or any(i.op == "UBLKCP" for i in instrs)   # a warp issues its own lanes' copies only
-    terms = {
+    terms = {k: v / per_iter for k, v in {
         "issue": per_sched * (s.issued_per_iter if bulk else reading.instructions),
         "tensor": s.pipe_busy.get("tensor", 0.0),
         "smem": s.pipe_busy.get("mio", 0.0) + s.pipe_busy.get("smem_async", 0.0),
         "mufu": s.pipe_busy.get("mufu", 0.0),
         "alu": s.pipe_busy.get("alu", 0.0),
-    }
-    sim_cycles = s.cycles_per_iter
+    }.items()}
+    sim_cycles = s.cycles_per_iter / per_iter
     # memory: the SM's share of DRAM / L2 bandwidth, for all its resident CTAs' tiles. A CTA reads
     # each KV row (and its index) of its tile once from L2; the SASS count (reading.global_bytes)
     # assumes every lane of every warp loads, which a kernel whose loader uses some threads

@@ -45,6 +45,8 @@ class KernelModel:
     # per path, (the math path's instructions then the producer's, their spans, each instruction's copying lane)
     roles_hot: Optional[tuple] = None
     roles_cold: Optional[tuple] = None
+    # KV tiles one iteration of the tile loop covers (its `sass-model: tile-loop tiles=N` marker; Hopper's v3: 2)
+    tiles_per_iter: int = 1
 
     @property
     def threads(self) -> int:
@@ -124,6 +126,15 @@ def load(arch: str, head: str, dtype: str, layout: str, knockout: int = 0) -> tu
             continue
         kfile, mk, lp = _marked_loop(f, "tile_loops")
         producer = None
+        if tile.version == 3:  # kernel v3 for Hopper: two consumer warpgroups in one tile loop, a producer warpgroup
+            try:
+                km = _hopper_v3(arch, readable, name, tile, head, dtype, layout, f, regs, lp, mk, kfile,
+                                combines.get(1, (None, 0, 1)))
+            except LookupError as e:
+                skipped.append((readable, f"kernel v3 (sm90): {e}"))
+                continue
+            out.append(km)
+            continue
         if tile.loader >= 2:  # kernel v3: the producer warp's loop, found from the SASS (bench/model/roles.py)
             from .roles import find_roles
             # the producer warp follows the math warps; a producer warpgroup's four warps each copy a quarter of the
@@ -183,6 +194,47 @@ def load(arch: str, head: str, dtype: str, layout: str, knockout: int = 0) -> tu
     return tuple(sorted(out, key=lambda k: order.get(k.tile, 99)))
 
 
+def blocks_per_iter(km) -> int:
+    """KV tiles of `tile.block_n` tokens one iteration of the simulated loop covers: the tile loop's `tiles=N` marker
+    (Hopper's v3: a pair of blocks), else 1."""
+    return getattr(km, "tiles_per_iter", 1)
+
+
+def _hopper_v3(arch, readable, name, tile, head, dtype, layout, f, regs, lp, mk, kfile, comb) -> KernelModel:
+    """The KernelModel of Hopper's v3: roles_hot / roles_cold hold warpgroup 0's part of the tile loop, warpgroup 1's,
+    and the producer warpgroup's loop, each with only what its warps reach (the tile loop branches on the warpgroup:
+    roles.reachable decides `wg == 0` per warp). Both loops run a pair of blocks an iteration (the tile loop's
+    `tiles=2` marker), so the mbarriers each names are the same in every iteration: each consumer waits for the FULL
+    arrives of its own block's halves, the producer for the releases of the half it refills."""
+    from .roles import find_roles, first_iteration_blocks, reachable, _without
+    found = [r for r in find_roles(f, 32 * tile.num_warps) if r.kind == "producer"]
+    m = tile.warps_m * tile.warps_n
+    if len(found) != 1 or found[0].warps != tuple(range(m, m + 4)):
+        raise LookupError("the producer warpgroup's loop was not found in the SASS")
+    ploop = found[0].loop
+    producer = _without(analysis.tile_path(f, ploop, mk.cold, kfile, rare=mk.rare), first_iteration_blocks(f, ploop))
+    if not any(i.op == "LDGSTS" for i in producer.instrs):
+        raise LookupError("the producer's loop issues no cp.async")
+    hot = analysis.tile_path(f, lp, mk.cold, kfile, rare=mk.rare)
+    cold = analysis.tile_path(f, lp, mk.cold, kfile, include_cold=True, hot=mk.hot, rare=mk.rare)
+    per_wg = 4  # warps of a warpgroup
+    reach = [{f.instrs[k].addr for k in reachable(f, w)} for w in range(0, m, per_wg)]
+    if len(reach) != 2 or not all(any(i.op in sass.GMMA_OPS and i.addr in r for i in hot.instrs) for r in reach):
+        raise LookupError("the two consumer warpgroups' wgmma were not told apart in the tile loop")
+
+    def part(path: analysis.TilePath, r: set) -> analysis.TilePath:
+        return replace(path, instrs=[i for i in path.instrs if i.addr in r], bulk_lane=[], bulk_sizes={})
+
+    km = KernelModel(arch, readable, name, tile, head, dtype, layout, regs.get(name, 0), vb.tile_smem(head, tile),
+                     hot, cold, analysis.read_tile(hot), analysis.read_tile(cold), *comb,
+                     {a: x.degree for a, x in banks.conflicts(f, warps=tile.num_warps).items() if x.degree > 1.0},
+                     combine_pdl=True,  # the v1 combine, launched with programmatic dependent launch (launch_shape.cuh)
+                     tiles_per_iter=mk.per_iter.get(lp.branch.line, 1))
+    km.roles_hot, km.roles_cold = (_with_producer(part(p, reach[0]), producer, part(p, reach[1]), named_ids=False)
+                                   for p in (hot, cold))
+    return km
+
+
 def producer_warps(tile: vb.Tile) -> int:
     """Kernel v3's warps that issue KV copies (traits.h kProducerWarps): one producer warp, or the four of a warpgroup."""
     return 4 if tile.loader >= 3 else 1
@@ -210,11 +262,12 @@ def _roles_named_ids(path: analysis.TilePath, s_side: bool) -> analysis.TilePath
 
 
 def _with_producer(math: analysis.TilePath, producer: analysis.TilePath,
-                   pv: Optional[analysis.TilePath] = None) -> tuple:
+                   pv: Optional[analysis.TilePath] = None, named_ids: bool = True) -> tuple:
     """(instructions, spans, copying lane per instruction, producer path) of a math path, with math roles the PV
-    warps' path, and the producer's loop, one after the other: the body sim.RoleSpec simulates (built once, so the
-    simulation's memo keys on one list)."""
-    if pv is not None:
+    warps' path (Hopper's v3: warpgroup 1's), and the producer's loop, one after the other: the body sim.RoleSpec
+    simulates (built once, so the simulation's memo keys on one list). `named_ids`: give the P handoff's
+    register-id named barriers their ids (v3 with math roles; Hopper's v3 names its barriers by immediates)."""
+    if pv is not None and named_ids:
         math, pv = _roles_named_ids(math, True), _roles_named_ids(pv, False)
     paths = [math] + ([pv] if pv is not None else []) + [producer]
     body, spans, lanes = [], [], []

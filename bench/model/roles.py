@@ -65,11 +65,20 @@ def _eval(ins: Instr, get) -> Optional[int]:
     if op in ("SHF", "USHF") and len(ops) == 4:
         if "R" in ins.mods and ops[1] in ("RZ", "URZ"):          # SHF.R.U32.HI R, RZ, s, x: x >> s
             sh, x = get(ops[2]), get(ops[3])
-            return None if sh is None or x is None else (x & 0xFFFFFFFF) >> sh
+            if sh is None or x is None:
+                return None
+            x &= 0xFFFFFFFF
+            if "S32" in ins.mods and x >> 31:                     # SHF.R.S32.HI: the sign shifted in
+                return ((x - (1 << 32)) >> sh) & 0xFFFFFFFF
+            return x >> sh
         if "L" in ins.mods and ops[3] in ("RZ", "URZ"):          # SHF.L.U32 R, x, s, RZ: x << s
             x, sh = get(ops[1]), get(ops[2])
             return None if sh is None or x is None else (x << sh) & 0xFFFFFFFF
         return None
+    if op in ("LEA", "ULEA") and "HI" in ins.mods and len(ops) == 5 and ops[3] in ("RZ", "URZ"):
+        # LEA.HI R, a, b, RZ, s: b + the high word of a << s (a signed division's rounding term, `tid / 128`)
+        a, b, sh = get(ops[1]), get(ops[2]), _imm(ops[4])
+        return None if None in (a, b, sh) else (b + ((a & 0xFFFFFFFF) >> (32 - sh))) & 0xFFFFFFFF
     if op in ("LOP3", "ULOP3") and len(ops) >= 5:
         a, b, c, lut = get(ops[1]), get(ops[2]), get(ops[3]), _imm(ops[4])
         return None if None in (a, b, c, lut) else _lut(lut, a, b, c)

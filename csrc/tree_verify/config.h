@@ -192,7 +192,7 @@ using TileMlaV3Wg = TileConfigV1<32, 16, 8, 4, 4, 2, 1, 2, 3>;
 using TileMlaV3Roles = TileConfigV1<32, 16, 16, 4, 4, 2, 1, 2, 4>;
 //  MLA v3 for Hopper (sm_90a only; sm90/tile_v3.h): 64 rows x 64-token swizzled blocks x 2 stages, a producer
 //       warpgroup + two consumer warpgroups on FlashMLA's seesaw: Q 72 KB + 2 x 72 KB + stats, mask words and
-//       mbarriers 3 KB = 224,288 B.
+//       8 mbarriers (FULL and EMPTY per stage half) 3 KB = 224,320 B.
 using TileMlaV3Sm90 = TileConfigV3<64, 64, 2>;
 template <> struct TilesFor<HeadMLA> {
   using type = TileList<TileConfigV1<32, 16, 8, 4, 4, 2>, TileConfigV1<32, 16, 8, 3, 4, 2>,

@@ -33,9 +33,11 @@ struct KernelTraitsV3 {
   static constexpr int kThreads = Tile::kThreads;      // consumer threads (256): named barriers count these
   static constexpr int kBlockThreads = 32 * Tile::kLaunchWarps;  // + the producer warpgroup: 384
   static constexpr int kProducerThreads = 128;
-  // setmaxnreg: 384 threads launch at 168 registers; the producer warpgroup returns (168 - 40) x 128, the consumers
-  // take (232 - 168) x 256 of them (40 x 128 + 232 x 256 = 63 K of the SM's 64 K)
-  static constexpr int kProducerRegs = 40, kMathRegs = 232;
+  // setmaxnreg: 384 threads launch at 168 registers; the producer warpgroup returns (168 - 48) x 128, the consumers
+  // take (232 - 168) x 256 of them (48 x 128 + 232 x 256 = the SM's 64 K). 48, not FlashMLA's 40: the producer holds
+  // both blocks' row ids of a pair (it copies the early halves of both before the late ones), and at 40 the paged
+  // layout's row offsets spilled 16 B
+  static constexpr int kProducerRegs = 48, kMathRegs = 232;
 
   static constexpr int kDimBlock = 64;                 // dims per 128-byte line
   static constexpr int kDimBlocks = DQK / kDimBlock;   // 9
@@ -49,6 +51,14 @@ struct KernelTraitsV3 {
   static constexpr int kOAccN = kODV / 2;              // 128 O accumulator floats a thread
   static constexpr int kPBlock = DV / kDimBlock;       // the RoPE dim block: P lives there (8)
   static constexpr int kMaskStage = 8;                 // tree-mask words staged per row (trees up to 256 nodes)
+  // a stage's two halves: dims 0-255 (L: dim blocks 0-3) and dims 256-575 (R: 4-7, with the RoPE block 8), or, for
+  // stage 1, R alone and L with RoPE; each half has a FULL and an EMPTY mbarrier
+  static constexpr int kHalves = 2;
+  static constexpr int kHalfBlocks = kODV / kDimBlock;   // 4 dim blocks in a 256-dim half
+  // the half of `stage` dim block b belongs to: 0 the early one (stage 0's L, stage 1's R), 1 the late (the rest)
+  static constexpr __host__ __device__ int half_of(int stage, int b) {
+    return b >= kPBlock ? 1 : ((b < kHalfBlocks) == (stage == 0) ? 0 : 1);
+  }
   // producer: 8 threads per 128-byte line (a token's dim block), 16 tokens per pass, kRowsPerThread passes
   static constexpr int kRowsPerThread = BN / (kProducerThreads / 8);  // 4
 
@@ -57,8 +67,10 @@ struct KernelTraitsV3 {
   // per-row statistics a warpgroup publishes for the other: its block's row max and row sum, (2 warpgroups, 2, BM)
   static constexpr size_t kStats = kKV + size_t(STAGES) * kStageBytes;
   static constexpr size_t kMask = kStats + size_t(2) * 2 * BM * sizeof(float);
-  static constexpr size_t kBars = kMask + size_t(BM) * kMaskStage * sizeof(uint32_t);  // FULL x STAGES, EMPTY x STAGES
-  static constexpr size_t kTotal = kBars + size_t(2) * STAGES * sizeof(uint64_t);
+  // FULL x STAGES x 2 halves, then EMPTY x STAGES x 2 halves (sm90/tree_verify_kernel_v3.cuh: a stage's early and
+  // late half, each with its own barriers, so the producer refills one while the other is still read)
+  static constexpr size_t kBars = kMask + size_t(BM) * kMaskStage * sizeof(uint32_t);
+  static constexpr size_t kTotal = kBars + size_t(2) * STAGES * kHalves * sizeof(uint64_t);
   static constexpr size_t smem_bytes() { return kTotal; }
 
   static_assert(sizeof(Elem) == 2, "v3 (sm90): 16-bit q, out and cache (e4m3 is the next step)");

@@ -3,14 +3,19 @@
 // MLA rows (Dqk 576 = 512 latent + 64 RoPE, V = the first 512 dims of the K row), q / out / cache bf16 or fp16.
 //
 // The block (TileConfigV3 in sm90/tile_v3.h, traits and layouts in sm90/traits_v3.h): 384 threads.
-//   * Warps 8-11, the producer warpgroup (setmaxnreg.dec 40): every KV copy of the CTA. Each 64-token block is
+//   * Warps 8-11, the producer warpgroup (setmaxnreg.dec 48): every KV copy of the CTA. Each 64-token block is
 //     gathered by 16-byte cp.async into one stage in the 128-byte-swizzled layout, 8 threads per 128-byte line (a
 //     token's 64-dim block): thread p copies chunk p % 8 of tokens p / 8 + 16 j (j < 4) in all 9 dim blocks, 36
-//     copies a block. The row ids come from kv_indices one block ahead (registers; 4 a thread), paged or page 1
-//     alike (row = id * stride_block + (token % page) * stride_tok). Each thread then signals the stage's FULL
-//     mbarrier with cp.async.mbarrier.arrive.noinc (128 arrivals, each when that thread's copies have landed);
-//     rows past the split's end land as zeros (zero-fill, no read). Before refilling a stage it waits on the
-//     stage's EMPTY mbarrier, which the consumers' 8 warps arrive on once every wgmma that reads the stage retired.
+//     copies a block. Its loop runs a pair of blocks an iteration; the pair's row ids come from kv_indices before
+//     its first wait (registers; 8 a thread), paged or page 1 alike (row = id * stride_block + (token % page) *
+//     stride_tok). Each stage is filled in two halves, each with its own FULL and EMPTY mbarrier (FlashMLA's split
+//     of a block's barriers): half 0, the early one, is stage 0's dims 0-255 and stage 1's dims 256-511, whose last
+//     reader (warpgroup 0's P0 V0L, warpgroup 1's P1 V1R) is done in the middle of a pair; half 1 is the rest with the
+//     RoPE block, read to the pair's end. So the producer refills both early halves for pair i + 1 while pair i still
+//     runs, then the late ones. Before refilling a half it waits on the half's EMPTY mbarrier (one lane of each warp
+//     of the warpgroup that reads it last, once its last wgmma reading it retired); after, each thread signals the
+//     half's FULL mbarrier with cp.async.mbarrier.arrive.noinc (128 arrivals, each when that thread's copies have
+//     landed). Rows past the split's end land as zeros (zero-fill, no read).
 //   * Warps 0-7, two consumer warpgroups (setmaxnreg.inc 232). KV blocks go in pairs: warpgroup 0 takes block 2i
 //     (stage 0), warpgroup 1 block 2i + 1 (stage 1); an odd count gets a phantom block past the end (zeros, every
 //     score masked). For a pair, in FlashMLA's order:
@@ -23,8 +28,11 @@
 //            publishes P1, its row max and sum in stage 1's RoPE block; bar.arrive P1;
 //            O_R = O_R a0 a1 + P1 V1[:, 256:512] + (P0 a1) V0[:, 256:512].
 //       WG0: bar.sync P1; replays WG1's update; O_L = O_L a1 + P1 V1[:, 0:256].
-//     Each warpgroup frees a stage (EMPTY) once its last wgmma reading it retired: warpgroup 0 stage 0 after
-//     P0 V0L, stage 1 at the end; warpgroup 1 stage 1 after P1 V1R, stage 0 at the end. One warpgroup's softmax
+//     Each S waits for its block's early half, issues those k steps, then waits for the late half. Each warpgroup
+//     frees a half (EMPTY) once its last wgmma reading it retired: warpgroup 0 stage 0's early half after P0 V0L,
+//     stage 1's late half at the end; warpgroup 1 stage 1's early half after P1 V1R, stage 0's late half at the
+//     end (its S, and the other warpgroup's S of the halves it frees, retired before the P hand-offs that precede
+//     those releases). One warpgroup's softmax
 //     runs while the other's S or P V wgmmas keep the tensor cores busy (FlashMLA's argument: O, 64 x 512 fp32,
 //     fills half the register file, so two O tiles for FA3's ping-pong do not fit; the two halves of one O do).
 //   * Named barriers (0 is block_sync's): 1, the consumers' 256 threads after staging Q; 2 and 3, the P0 / P1
@@ -42,10 +50,7 @@
 // treats noinc-tied copies as the barrier's own writes (visible to wgmma once the phase is awaited), so it does not
 // check that fence; it checks the one after Q. The P exchange is read back into registers (wgmma's A from
 // registers), so no generic write is ever read by the async proxy.
-// What this first step leaves out (NOTES.md, "Kernel v3 for Hopper (issue 40)"): with 2 stages of whole blocks, a
-// stage is freed only when both warpgroups are done with its block, near the end of the pair, so the copies of
-// pair i + 1 overlap little of pair i (FlashMLA splits each block's barriers into 256-dim halves and refills V_L
-// while V_R is still read); a 2-CTA cluster sharing rows is not built; e4m3 caches.
+// Not built yet (NOTES.md, "Kernel v3 for Hopper (issue 40)"): a 2-CTA cluster sharing rows; e4m3 caches.
 #pragma once
 
 #include "arch/arch.cuh"
@@ -82,20 +87,20 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
   const h::SplitRange range = work.range;
   const int kv_base = req.kv_base;
   const int npairs = (ntiles + 1) / 2;  // an odd count: a phantom block past the end (zeros, fully masked)
-  const int nblocks = 2 * npairs;
 
   const int tid = threadIdx.x;
   const int lane = arch::lane_id();
   const int warp = arch::warp_id();
   unsigned char* smem = arch::smem_dynamic<unsigned char>();
-  uint64_t* sFull = reinterpret_cast<uint64_t*>(smem + Tr::kBars);  // block t: phase t / STAGES of FULL t % STAGES
-  uint64_t* sEmpty = sFull + STAGES;                                  // its release: the same phase of EMPTY
+  // FULL (stage, half) at sFull[2 stage + half], EMPTY likewise at sEmpty: pair i is phase i of each
+  uint64_t* sFull = reinterpret_cast<uint64_t*>(smem + Tr::kBars);
+  uint64_t* sEmpty = sFull + STAGES * Tr::kHalves;
   unsigned char* sKV = smem + Tr::kKV;
 
   if (tid == 0)
-    for (int s = 0; s < STAGES; ++s) {
-      arch::mbarrier_init(sFull + s, Tr::kProducerThreads);  // every producer thread, once its copies landed
-      arch::mbarrier_init(sEmpty + s, Tr::kWarps);           // one lane of each consumer warp
+    for (int b = 0; b < STAGES * Tr::kHalves; ++b) {
+      arch::mbarrier_init(sFull + b, Tr::kProducerThreads);  // every producer thread, once its copies landed
+      arch::mbarrier_init(sEmpty + b, Tr::kWarps / 2);       // one lane of each warp of the warpgroup reading it last
     }
   arch::block_sync();  // initialised before any arrival: the CTA's only block-wide barrier
 
@@ -119,32 +124,37 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
           ids[j] = tok < range.end ? ld_index(p.kv_indices, static_cast<int64_t>(kv_base) + pos, p.kv_indices_i64) : 0;
       }
     };
-    int32_t next[RJ];
-    load_ids(0, next);
-    for (int t = 0; t < nblocks; ++t) {
-      const int stage = t % STAGES;
-      int32_t ids[RJ];
+    static_assert(STAGES == 2, "v3 (sm90): a pair of blocks in two stages, block 2i + s in stage s");
+    for (int i = 0; i < npairs; ++i) {
+      // the pair's row ids, loaded before the EMPTY waits: their latency hides under them
+      int32_t ids[STAGES][RJ];
+      load_ids(2 * i, ids[0]);
+      load_ids(2 * i + 1, ids[1]);
+      // the early halves first (stage 0's L, stage 1's R: freed in the middle of the previous pair), then the late
 #pragma unroll
-      for (int j = 0; j < RJ; ++j) ids[j] = next[j];
-      if (t + 1 < nblocks) load_ids(t + 1, next);  // one block ahead: its latency hides under this block's copies
-      // the consumers released block t - STAGES (phase t / STAGES - 1 of the stage's EMPTY barrier)
-      if (t >= STAGES) arch::mbarrier_wait(sEmpty + stage, static_cast<uint32_t>(t / STAGES + 1) & 1u);
-      unsigned char* dst0 = sKV + stage * Tr::kStageBytes;
-      if (!(kKnockout & kKoNoLoad) || t < STAGES) {
+      for (int step = 0; step < STAGES * Tr::kHalves; ++step) {
+        const int half = step / STAGES, stage = step % STAGES, t = 2 * i + stage;
+        // the warpgroup reading this half last released it in pair i - 1 (its phase i - 1)
+        if (i > 0) arch::mbarrier_wait(sEmpty + Tr::kHalves * stage + half, static_cast<uint32_t>(i - 1) & 1u);
+        unsigned char* dst0 = sKV + stage * Tr::kStageBytes;
+        if (!(kKnockout & kKoNoLoad) || i == 0) {
 #pragma unroll
-        for (int j = 0; j < RJ; ++j) {
-          const int r = r0 + 16 * j;
-          const int tok = range.begin + t * BN + r;
-          const bool valid = tok < range.end;  // past the end: zeros land (P is 0 there; 0 x NaN would not be)
-          const int off = L::kPaged ? tok - (tok / p.page_size) * p.page_size : 0;
-          const T* src = kbase + ids[j] * k_sb + off * k_st;
-          unsigned char* dst = dst0 + arch::sw128_kmajor_offset(r, sub, kAtom);
+          for (int j = 0; j < RJ; ++j) {
+            const int r = r0 + 16 * j;
+            const int tok = range.begin + t * BN + r;
+            const bool valid = tok < range.end;  // past the end: zeros land (P is 0 there; 0 x NaN would not be)
+            const int off = L::kPaged ? tok - (tok / p.page_size) * p.page_size : 0;
+            const T* src = kbase + ids[stage][j] * k_sb + off * k_st;
+            unsigned char* dst = dst0 + arch::sw128_kmajor_offset(r, sub, kAtom);
 #pragma unroll
-          for (int b = 0; b < Tr::kDimBlocks; ++b)
-            arch::cp_async_16_zfill(dst + b * kBlockBytes, src + b * Tr::kDimBlock, valid);
+            for (int b = 0; b < Tr::kDimBlocks; ++b)
+              if (Tr::half_of(stage, b) == half)
+                arch::cp_async_16_zfill(dst + b * kBlockBytes, src + b * Tr::kDimBlock, valid);
+          }
         }
+        // FULL of this half: counts this thread once its copies (all it issued so far) landed
+        arch::cp_async_mbarrier_arrive_noinc(sFull + Tr::kHalves * stage + half);
       }
-      arch::cp_async_mbarrier_arrive_noinc(sFull + stage);  // FULL: counts this thread once its copies landed
     }
     return;
   }
@@ -203,16 +213,25 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
     return reinterpret_cast<uint4*>(sKV + stage * Tr::kStageBytes + Tr::kPBlock * kBlockBytes) + tw;
   };
 
-  // S of the block in `stage` over all 576 dims (Q and K from shared memory), issued, committed and retired
-  auto s_gemm = [&](int stage) {
+  // S of the block in `stage` over all 576 dims (Q and K from shared memory): the k steps of the stage's early half
+  // once it landed, then the late half's once that landed; committed and retired
+  auto s_gemm = [&](int stage, uint32_t parity) {
     const uint64_t kd = arch::wgmma_desc_advance(k_desc0, stage * Tr::kStageBytes);
     arch::wgmma_fence_operand(sacc);
-    arch::wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < Tr::kSKSteps; ++kk) {
-      const uint32_t off = (kk / 4) * kBlockBytes + (kk % 4) * 32;  // dim block, then 16 dims (32 bytes) in its line
-      arch::wgmma_ss<T, BN, false>(sacc, arch::wgmma_desc_advance(q_desc, off), arch::wgmma_desc_advance(kd, off),
-                                   kk > 0);
+    for (int half = 0; half < Tr::kHalves; ++half) {
+      arch::mbarrier_wait(sFull + Tr::kHalves * stage + half, parity);  // FULL: this half of the block landed
+      arch::fence_proxy_async();  // ... its generic-proxy (cp.async) bytes ordered before the wgmma's reads
+      arch::wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < Tr::kSKSteps; ++kk) {
+        if (Tr::half_of(stage, kk / 4) != half) continue;
+        const uint32_t off = (kk / 4) * kBlockBytes + (kk % 4) * 32;  // dim block, then 16 dims (32 bytes) in its line
+        // (the first k step issued zeroes the accumulator: dims 0-15 for stage 0, 256-271 for stage 1)
+        const bool first = half == 0 && kk == (stage == 0 ? 0 : Tr::kHalfBlocks * 4);
+        arch::wgmma_ss<T, BN, false>(sacc, arch::wgmma_desc_advance(q_desc, off), arch::wgmma_desc_advance(kd, off),
+                                     !first);
+      }
     }
     arch::wgmma_commit();
     arch::wgmma_wait<0>();
@@ -297,21 +316,19 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) tmax[hf] = *stat_at(1 - wg, 0, hf), rsum[hf] = *stat_at(1 - wg, 1, hf);
   };
-  // this warp has no wgmma left that reads the stage: one lane frees it for the producer
-  auto release = [&](int stage) {
+  // this warp has no wgmma left that reads this half of the stage: one lane frees it for the producer
+  auto release = [&](int stage, int half) {
     arch::warp_sync();
-    if (lane == 0) arch::mbarrier_arrive(sEmpty + stage);
+    if (lane == 0) arch::mbarrier_arrive(sEmpty + Tr::kHalves * stage + half);
   };
 
   // ---- main loop: one pair of blocks an iteration (WG0: block 2i in stage 0, WG1: 2i + 1 in stage 1) ----
-  for (int i = 0; i < npairs; ++i) {  // sass-model: tile-loop
+  for (int i = 0; i < npairs; ++i) {  // sass-model: tile-loop tiles=2
     const uint32_t parity = static_cast<uint32_t>(i) & 1u;
     float s[kSAccN], tmax[2], rsum[2], a0[2], a1[2], otmax[2], orsum[2];
     uint32_t pa[kPKSteps][4], pb[kPKSteps][4];
     if (wg == 0) {
-      arch::mbarrier_wait(sFull + 0, parity);  // FULL: block 2i landed
-      arch::fence_proxy_async();               // ... its generic-proxy (cp.async) bytes ordered before S's reads
-      s_gemm(0);
+      s_gemm(0, parity);  // block 2i: stage 0's L half (dims 0-255), then its R half and RoPE
       scores(2 * i, s, tmax);
       update(tmax, a0);
       probs(s, pa, rsum);
@@ -332,20 +349,18 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
       fetch(1, pb, otmax, orsum);
       update(otmax, a1);
       add_sum(orsum, a1);
-      arch::wgmma_wait<0>();  // P0 V0L retired: O may be rescaled, stage 0 is read by this warpgroup no more
+      arch::wgmma_wait<0>();  // P0 V0L retired: O may be rescaled, stage 0's L half is read no more
       arch::wgmma_fence_operand(oacc);
-      release(0);             // (warpgroup 1 still reads its V0R and has read P0: EMPTY waits for it too)
+      release(0, 0);          // (only this warpgroup reads stage 0's L half: the producer refills it for pair i + 1)
       rescale_o(a1);
       arch::wgmma_fence();
       pv_issue(1, pb);  // O_L = O_L a1 + P1 V1L
       arch::wgmma_commit();
       arch::wgmma_wait<0>();
       arch::wgmma_fence_operand(oacc);
-      release(1);
+      release(1, 1);  // stage 1's L half and RoPE: its last reader (warpgroup 1's S1 and P1 came before P1 out)
     } else {
-      arch::mbarrier_wait(sFull + 1, parity);  // FULL: block 2i + 1 landed (the phantom one's zeros too)
-      arch::fence_proxy_async();
-      s_gemm(1);
+      s_gemm(1, parity);  // block 2i + 1 (the phantom one's zeros too): stage 1's R half, then its L half and RoPE
       scores(2 * i + 1, s, tmax);
       arch::named_barrier_sync(kV3P0Barrier, Tr::kThreads);  // WG0's P0, max and sums
       fetch(0, pb, otmax, orsum);
@@ -374,11 +389,11 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
       arch::wgmma_commit();
       pv_issue(0, pb);  // O_R += P0 V0R
       arch::wgmma_commit();
-      arch::wgmma_wait<1>();  // P1 V1R retired: stage 1 is read by this warpgroup no more
-      release(1);
+      arch::wgmma_wait<1>();  // P1 V1R retired: stage 1's R half is read no more
+      release(1, 0);
       arch::wgmma_wait<0>();
       arch::wgmma_fence_operand(oacc);
-      release(0);
+      release(0, 1);  // stage 0's R half and RoPE (P0 was fetched before, S0 retired before P0 out)
     }
   }
   arch::launch_dependents();  // the combine may start launching; it waits for this grid's writes
