@@ -1177,6 +1177,25 @@ def test_v3h_hopper_schedules_agree_bitwise(emu):
     check_against_reference(out, lse, case, *TOL[BF])
 
 
+@pytest.mark.parametrize("page", [1, 3, 16])
+def test_v3h_hopper_prefetches_the_next_pairs_rows_it_copies_later(emu, page):
+    # Hopper's v3 producer prefetches (prefetch.global.L2), between its early and late copies of pair i, the 9
+    # 128-byte lines of every row of pair i + 1 (row pt a producer thread). 300 + 7 tokens in one split and one M tile:
+    # pairs 0-2. The prefetch count is exact: 9 a row of pairs 1 and 2 (tokens 128 .. 306), none past the split's end
+    # or for the phantom block. Nearly every KV byte copied from pair 1 on comes from a line the CTA prefetched
+    # before, and none of pair 0's: a prefetch is another thread's, so a copy may overtake it (a thread already
+    # released into pair i + 1 while the prefetching thread of its row has not yet run its step; the emulator's
+    # passes allow it, the hint then simply misses), but a wrong token, page offset or line misses nearly all.
+    case = make_case(CaseSpec((300,), (7,), "bushy", dtype=BF, page_size=page, seed=51, **MLA))
+    emu.reset_stats()
+    out, lse = _run(case, cfg(1, *V3H))
+    check_against_reference(out, lse, case, *TOL[BF])
+    st = emu.prefetch_stats()
+    after, row = 307 - 2 * 64, 576 * 2
+    assert st["l2_prefetches"] == after * row // 128, st
+    assert 0.95 * after * row <= st["cp_async16_src_prefetched"] <= after * row, st
+
+
 def test_v3h_hopper_is_pinned_as_cuda_v3_and_no_default():
     from verify_attn.backends import cuda
 

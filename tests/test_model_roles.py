@@ -167,8 +167,8 @@ def test_our_split_kernels_roles(arch):
             assert [x.maxnreg for x in found] == [232, 40], vb._describe(name)[0]
         if tile.loader == 4:   # 20 warps: 112 for both math roles, 32 for the producer
             assert [x.maxnreg for x in found] == [112, 112, 32], vb._describe(name)[0]
-        if tile.version == 3:   # kernel v3 for Hopper (sm90/): all four producer warps copy; setmaxnreg 232 / 48
-            assert [x.maxnreg for x in found] == [232, 48], vb._describe(name)[0]
+        if tile.version == 3:   # kernel v3 for Hopper (sm90/): all four producer warps copy; setmaxnreg 224 / 56
+            assert [x.maxnreg for x in found] == [224, 56], vb._describe(name)[0]
         seen += tile.loader >= 2 or tile.version == 3
     # v3's three sm_120 tiles (a producer warp, a producer warpgroup, a producer warpgroup with math roles) and, on
     # sm_90a, Hopper's v3 (two consumer warpgroups and a producer warpgroup)
@@ -270,6 +270,13 @@ def test_hopper_v3_is_read_as_two_warpgroups_and_a_producer():
     # (a pair: 2 blocks x 36 16-byte copies a thread, 9 dim blocks x 4 tokens)
     assert prod == producer.instrs and sum(i.op == "LDGSTS" for i in prod) == 2 * 36
     assert not any(i.op == "LDGSTS" for i in wg0 + wg1)
+    # the L2 prefetch of the next pair: a row a producer thread, its 9 lines; read as 4 producer warps x 9 instructions
+    # x 32 lanes naming every line of the pair's 128 rows once, one pair ahead
+    assert sum(classify(i) == "l2_prefetch" for i in prod) == 9
+    case = call.Case(get_shape("kimi-k2-tp8"), 185_000, 16)
+    kv_tile = 64 * 1152 + 4 * 64
+    pf = call.prefetch_spec(km, body, case, H200, 35.0, kv_tile)
+    assert (pf.ahead, pf.share) == (1, 1.0) and pf.bytes == pytest.approx(2 * kv_tile / (4 * 9))
     offs = lambda p, kind: [roles.barrier_offset(i) for i in p if classify(i) == kind]   # noqa: E731
     full, empty = offs(prod, "mbar_arrive"), offs(prod, "mbar_wait")
     assert len(set(full)) == len(set(empty)) == 4 == len(full) == len(empty)      # 2 stages x 2 halves, once each
@@ -278,7 +285,6 @@ def test_hopper_v3_is_read_as_two_warpgroups_and_a_producer():
     r0, r1 = offs(wg0, "mbar_arrive"), offs(wg1, "mbar_arrive")
     assert len(r0) == len(r1) == 2 and set(r0) | set(r1) == set(empty) and not set(r0) & set(r1)
     assert [call._role_of(km.tile, w, 3) for w in (0, 4, 8)] == [0, 1, 2]
-    case = call.Case(get_shape("kimi-k2-tp8"), 185_000, 16)
     tc = call.tile_cost(km, H200, path="hot", resident_ctas=1, active_sms=132, dram_sharers=2.0, case=case)
     assert tc.sim.warps == 3
     assert tc.terms["simulated"] == pytest.approx(tc.sim.cycles_per_iter / 2)

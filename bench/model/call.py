@@ -228,9 +228,18 @@ def prefetch_spec(km: KernelModel, instrs, case: Case, dev: DeviceModel, sm_dram
     pf = [i for i in instrs if classify(i) == "l2_prefetch"]
     if not pf:
         return None
+    row = _row_bytes(case)
+    if km.tile.version == 3:
+        # Hopper's v3: the producer warpgroup prefetches, in the iteration that copies pair i, every line of pair
+        # i + 1's rows (a row a thread, its 128-byte lines: kernels.V3_SM90_PREFETCH_AHEAD); `instrs` is the roles body
+        per = kernels_mod.blocks_per_iter(km)
+        warps = kernels_mod.producer_warps(km.tile)
+        requests = per * km.tile.block_n * -(-row // 128)
+        return sim.Prefetch(ahead=kernels_mod.V3_SM90_PREFETCH_AHEAD, share=min(1.0, requests / (warps * len(pf) * 32)),
+                            bytes=per * kv_tile / (warps * len(pf)), dram_bytes_per_clk=sm_dram / dev.schedulers,
+                            l2_latency=dev.l2_latency_cycles.value)
     if km.tile.version != 2:
         raise ValueError(f"{km.name}: L2 prefetches in a kernel whose prefetch distance the model does not know")
-    row = _row_bytes(case)
     lines = -(-row // 128) + 1          # traits.h kLineLanes: every line a row touches, at any alignment
     requests = km.tile.block_n * (lines + 1)   # + one per token for its index
     sass_lanes = km.tile.num_warps * len(pf) * 32
@@ -286,8 +295,8 @@ def tile_cost(km: KernelModel, dev: DeviceModel, *, path: str, resident_ctas: in
     sm_l2 = dev.l2_bytes_per_clk / active_sms / max(1, resident_ctas)
     kv_tile = km.tile.block_n * _row_bytes(case) + 4 * km.tile.block_n
     # with L2 prefetches the DRAM stream is the prefetches'; the copies then stream from L2
-    pf = prefetch_spec(km, instrs, case, dev, sm_dram, kv_tile)
     roles = getattr(km, "roles_hot" if path == "hot" else "roles_cold", None)
+    pf = prefetch_spec(km, roles[0] if roles is not None else instrs, case, dev, sm_dram, kv_tile)
     per_iter = kernels_mod.blocks_per_iter(km)   # the simulated iteration's KV tiles (Hopper's v3: a pair)
     if roles is not None:   # warp roles (v3): scheduler 0 holds CTA warps 0, 4, 8, ..., each its role's loop
         body, spans, lanes, producer = roles
@@ -300,8 +309,9 @@ def tile_cost(km: KernelModel, dev: DeviceModel, *, path: str, resident_ctas: in
         # (Hopper's v3 copies by cp.async: no bulk copies; its producer path covers the pair's two stages)
         sizes, _ = bulk_sizes(km, producer, case) if any(i.op == "UBLKCP" for i in body) else ({}, "")
         s = _simulate(body, dev, warps=per_sched, warps_per_barrier_group=per_sched,
-                      cp_bytes_per_clk=min(sm_dram, sm_l2) / dev.schedulers,
+                      cp_bytes_per_clk=(sm_l2 if pf else min(sm_dram, sm_l2)) / dev.schedulers,
                       bank_degree=getattr(km, "bank_degree", None) or None,
+                      **({"prefetch": pf} if pf is not None else {}),
                       # (a producer warpgroup's four warps sit on the four schedulers, each copying a quarter)
                       bulk=sim.Bulk(sizes=tuple(sorted(sizes.items())), lane_of=lanes,
                                     issuing_schedulers=kernels_mod.producer_warps(km.tile)) if sizes else None,

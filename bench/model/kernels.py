@@ -194,6 +194,11 @@ def load(arch: str, head: str, dtype: str, layout: str, knockout: int = 0) -> tu
     return tuple(sorted(out, key=lambda k: order.get(k.tile, 99)))
 
 
+# Hopper's v3 producer prefetches into L2, in the iteration that copies pair i, the rows of pair i + 1
+# (sm90/tree_verify_kernel_v3.cuh)
+V3_SM90_PREFETCH_AHEAD = 1
+
+
 def blocks_per_iter(km) -> int:
     """KV tiles of `tile.block_n` tokens one iteration of the simulated loop covers: the tile loop's `tiles=N` marker
     (Hopper's v3: a pair of blocks), else 1."""
@@ -236,8 +241,9 @@ def _hopper_v3(arch, readable, name, tile, head, dtype, layout, f, regs, lp, mk,
 
 
 def producer_warps(tile: vb.Tile) -> int:
-    """Kernel v3's warps that issue KV copies (traits.h kProducerWarps): one producer warp, or the four of a warpgroup."""
-    return 4 if tile.loader >= 3 else 1
+    """Kernel v3's warps that issue KV copies (traits.h kProducerWarps): one producer warp, or the four of a warpgroup
+    (Tile.loader 3 and 4; Hopper's v3, sm90/traits_v3.h kProducerThreads)."""
+    return 4 if tile.loader >= 3 or tile.version == 3 else 1
 
 
 # kernel v3 with math roles: the P handoff's named barriers take their id from a register (kPFullBarrier + t % 2,

@@ -3,7 +3,7 @@
 // MLA rows (Dqk 576 = 512 latent + 64 RoPE, V = the first 512 dims of the K row), q / out / cache bf16 or fp16.
 //
 // The block (TileConfigV3 in sm90/tile_v3.h, traits and layouts in sm90/traits_v3.h): 384 threads.
-//   * Warps 8-11, the producer warpgroup (setmaxnreg.dec 48): every KV copy of the CTA. Each 64-token block is
+//   * Warps 8-11, the producer warpgroup (setmaxnreg.dec 56): every KV copy of the CTA. Each 64-token block is
 //     gathered by 16-byte cp.async into one stage in the 128-byte-swizzled layout, 8 threads per 128-byte line (a
 //     token's 64-dim block): thread p copies chunk p % 8 of tokens p / 8 + 16 j (j < 4) in all 9 dim blocks, 36
 //     copies a block. Its loop runs a pair of blocks an iteration; the pair's row ids come from kv_indices before
@@ -15,8 +15,11 @@
 //     runs, then the late ones. Before refilling a half it waits on the half's EMPTY mbarrier (one lane of each warp
 //     of the warpgroup that reads it last, once its last wgmma reading it retired); after, each thread signals the
 //     half's FULL mbarrier with cp.async.mbarrier.arrive.noinc (128 arrivals, each when that thread's copies have
-//     landed). Rows past the split's end land as zeros (zero-fill, no read).
-//   * Warps 0-7, two consumer warpgroups (setmaxnreg.inc 232). KV blocks go in pairs: warpgroup 0 takes block 2i
+//     landed). Rows past the split's end land as zeros (zero-fill, no read). Between the early and the late halves
+//     each thread prefetches into L2 (prefetch.global.L2) the 9 lines of one row of pair i + 1 (row pt: the pair's
+//     128 rows, one a thread), so the DRAM stream runs on while the stages are still read, and the next pair's
+//     copies read L2.
+//   * Warps 0-7, two consumer warpgroups (setmaxnreg.inc 224). KV blocks go in pairs: warpgroup 0 takes block 2i
 //     (stage 0), warpgroup 1 block 2i + 1 (stage 1); an odd count gets a phantom block past the end (zeros, every
 //     score masked). For a pair, in FlashMLA's order:
 //       WG0: S0 = Q K0^T (36 wgmma m64n64k16, Q and K0 from shared memory), its row max, the running max updated
@@ -125,15 +128,32 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
       }
     };
     static_assert(STAGES == 2, "v3 (sm90): a pair of blocks in two stages, block 2i + s in stage s");
+    static_assert(STAGES * BN == Tr::kProducerThreads, "the L2 prefetch: one row of the next pair a producer thread");
     for (int i = 0; i < npairs; ++i) {
       // the pair's row ids, loaded before the EMPTY waits: their latency hides under them
       int32_t ids[STAGES][RJ];
       load_ids(2 * i, ids[0]);
       load_ids(2 * i + 1, ids[1]);
+      // row pt of pair i + 1, and its id (read here: the EMPTY waits that follow hide the load)
+      const int pf_tok = range.begin + (2 * i + 2) * BN + pt;
+      const bool prefetch = i + 1 < npairs && pf_tok < range.end && !(kKnockout & kKoNoLoad);
+      const int pf_pos = L::kPaged ? pf_tok / p.page_size : pf_tok;
+      const int32_t pf_id = !prefetch || (kKnockout & kKoNoIndex)
+                                ? pf_pos
+                                : ld_index(p.kv_indices, static_cast<int64_t>(kv_base) + pf_pos, p.kv_indices_i64);
       // the early halves first (stage 0's L, stage 1's R: freed in the middle of the previous pair), then the late
 #pragma unroll
       for (int step = 0; step < STAGES * Tr::kHalves; ++step) {
         const int half = step / STAGES, stage = step % STAGES, t = 2 * i + stage;
+        if (step == STAGES && prefetch) {
+          // before the late halves' waits (freed at the end of pair i - 1): this thread's row of pair i + 1, its 9
+          // lines, into L2, so that the next pair's copies, issued once their halves are free, read L2 while DRAM
+          // streams on
+          const int off = L::kPaged ? pf_tok - pf_pos * p.page_size : 0;
+          const T* row = kbase - sub * 8 + pf_id * k_sb + off * k_st;
+#pragma unroll
+          for (int b = 0; b < Tr::kDimBlocks; ++b) arch::prefetch_l2(row + b * Tr::kDimBlock);
+        }
         // the warpgroup reading this half last released it in pair i - 1 (its phase i - 1)
         if (i > 0) arch::mbarrier_wait(sEmpty + Tr::kHalves * stage + half, static_cast<uint32_t>(i - 1) & 1u);
         unsigned char* dst0 = sKV + stage * Tr::kStageBytes;
