@@ -579,7 +579,7 @@ def test_stage_reused_without_barrier_found_with_issue_landing(emu, landing, cau
     assert (not np.array_equal(res, np.roll(src, -1, axis=1).sum(0))) == caught
 
 
-@pytest.mark.parametrize("sched", ["reverse", "random", "warp-ahead", "warp-ahead-reverse"])
+@pytest.mark.parametrize("sched", ["reverse", "random", "warp-ahead", "warp-ahead-reverse", "lagging"])
 def test_other_schedules_give_same_results(emu, sched):
     emu.schedule(sched, seed=7)
     ntiles, n = 4, 128

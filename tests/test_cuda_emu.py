@@ -58,7 +58,7 @@ V1_BULK8, V1_BULK32 = (32, 16, 8, 8), (32, 32, 8, 5)
 G128_A, G128_B = (64, 32, 4, 2), (128, 32, 8, 2)
 G128_V1 = (32, 32, 8, 4)  # GQA 128 on kernel v1 (S split 2 x 2 x 2, 4 stages)
 
-SCHEDULES = ("forward", "warp-ahead", "warp-ahead-reverse", "random", "reverse")
+SCHEDULES = ("forward", "warp-ahead", "warp-ahead-reverse", "random", "reverse", "lagging")
 
 # (spec, config or None for the backend's default)
 MATRIX: list[tuple[CaseSpec, KernelConfig | None]] = [
@@ -1249,8 +1249,10 @@ def test_v3h_hopper_int64_indices_and_prefix_only(emu):
 # Besides the strict modes, v3h runs (issue, forward) and (issue, reverse): every thread advances one collective a
 # pass, so the producer runs between a consumer's wgmma issue and the wgmma_wait that retires it, and a copy it
 # lands there too early shows as an operand overwritten before its retire (the warp-ahead schedules run a warp from
-# the issue through the wait and the release without switching).
-V3H_MODES = STRICT_MODES + (("issue", "forward"), ("issue", "reverse"))
+# the issue through the wait and the release without switching). And (issue, lagging): warpgroup 0 runs every other
+# pass only, so warpgroup 1 finishes a pair, and the producer passes the EMPTY wait that follows, while warpgroup 0's
+# last wgmma of the pair (P1 V1L, reading stage 1's late half) is still in flight.
+V3H_MODES = STRICT_MODES + (("issue", "forward"), ("issue", "reverse"), ("issue", "lagging"))
 
 
 def test_v3h_hopper_consumer_skipping_its_full_wait_is_caught(emu):
@@ -1262,11 +1264,10 @@ def test_v3h_hopper_consumer_skipping_its_full_wait_is_caught(emu):
 
 
 def test_v3h_hopper_producer_skipping_its_empty_wait_is_caught(emu):
-    # every EMPTY wait of pairs 1 and 2 but half 1 of stage 1 (calls 3 and 7): its last reader, warpgroup 0's P1 V1L,
-    # is the last wgmma of warpgroup 0's pair, and in no schedule here does the producer get past the EMPTY wait before
-    # it (half 1 of stage 0, freed at warpgroup 1's end) while that wgmma is in flight. On the GPU the wgmma reads
-    # shared memory after its issue: the wait is needed there
-    missed = _v3_missed(emu, "skip_mbarrier_wait", V3H_PRODUCER, [-1, 0, 1, 2, 4, 5, 6], tile=V3H, modes=V3H_MODES)
+    # every EMPTY wait of pairs 1 and 2. Half 1 of stage 1 (calls 3 and 7) only in (issue, lagging): its last reader,
+    # warpgroup 0's P1 V1L, is the last wgmma of warpgroup 0's pair, which in lockstep passes retires before
+    # warpgroup 1 frees stage 0's late half, the EMPTY wait before it
+    missed = _v3_missed(emu, "skip_mbarrier_wait", V3H_PRODUCER, [-1, *range(8)], tile=V3H, modes=V3H_MODES)
     assert not missed, f"producer skipping EMPTY wait(s) {missed} went unnoticed"
 
 

@@ -72,7 +72,7 @@ enum class FaultKind {
   kNone, kSkipBlockSync, kSkipCpAsyncWait, kSkipWgmmaWait, kSkipFenceProxyAsync, kSkipMbarrierWait,
   kNamedBarrierMiscount, kSkipNamedBarrier
 };
-enum class Schedule { kForward, kReverse, kRandom, kWarpAhead, kWarpAheadReverse };
+enum class Schedule { kForward, kReverse, kRandom, kWarpAhead, kWarpAheadReverse, kLagging };
 
 struct Settings {
   std::vector<Range> globals;
@@ -100,6 +100,7 @@ Settings& settings() {
       if (v == "random") d.schedule = Schedule::kRandom;
       if (v == "warp-ahead") d.schedule = Schedule::kWarpAhead;
       if (v == "warp-ahead-reverse") d.schedule = Schedule::kWarpAheadReverse;
+      if (v == "lagging") d.schedule = Schedule::kLagging;
     }
     return d;
   }();
@@ -998,6 +999,9 @@ class Worker {
 
     // forward / reverse / random: each pass resumes every runnable thread once,
     // so warps advance roughly one collective per pass, in lockstep.
+    // lagging: forward, but the first third of the warps (at least one) run every other pass only, so the
+    // others run twice as far: a warp-specialized kernel's first math warpgroup behind its other roles (a
+    // producer that skips a wait then refills a buffer under that warpgroup's last in-flight wgmma).
     // warp-ahead(-reverse): a warp runs until all its threads wait at a block
     // barrier (or exit) before the next warp moves, so the first (last) warp
     // runs as far ahead of the others as the barriers allow; a missing barrier
@@ -1008,6 +1012,9 @@ class Worker {
     std::vector<int> order(nthreads);
     for (int t = 0; t < nthreads; ++t) order[t] = rev ? nthreads - 1 - t : t;
     std::mt19937_64 rng(cfg.seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(linear));
+    const bool lag = cfg.schedule == Schedule::kLagging;
+    const int lag_warps = std::max(1, nwarps / 3);
+    long long pass = 0;
     auto resume = [&](Fiber& f) {
       tls_cur = &f.tc;
       switch_context(b.sched, f.ctx);
@@ -1015,7 +1022,7 @@ class Worker {
     };
     while (b.live > 0 && !b.abort) {
       if (cfg.schedule == Schedule::kRandom) std::shuffle(order.begin(), order.end(), rng);
-      bool progress = false;
+      bool progress = false, held_back = false;
       if (ahead) {
         for (int wi = 0; wi < nwarps && !b.abort; ++wi) {
           const Warp& w = b.warps[rev ? nwarps - 1 - wi : wi];
@@ -1033,12 +1040,17 @@ class Worker {
         for (int t : order) {
           Fiber& f = fibers_[t];
           if (f.done || f.wait != WaitKind::kNone) continue;
+          if (lag && (pass & 1) && t / 32 < lag_warps) {
+            held_back = true;  // runnable, its turn is the next pass: not a deadlock
+            continue;
+          }
           resume(f);
           progress = true;
           if (b.abort) break;
         }
       }
-      if (!progress && !b.abort) {
+      ++pass;
+      if (!progress && !held_back && !b.abort) {
         report(b, nullptr, "deadlock: " + describe_stuck(b), std::source_location());
         b.abort = true;
       }
@@ -1619,8 +1631,9 @@ void set_schedule(const char* name, uint64_t seed) {
   else if (n == "random") s.schedule = Schedule::kRandom;
   else if (n == "warp-ahead") s.schedule = Schedule::kWarpAhead;
   else if (n == "warp-ahead-reverse") s.schedule = Schedule::kWarpAheadReverse;
+  else if (n == "lagging") s.schedule = Schedule::kLagging;
   else throw std::invalid_argument("va::emu::set_schedule: unknown schedule '" + n +
-                                   "' (known: forward, reverse, random, warp-ahead, warp-ahead-reverse)");
+                                   "' (known: forward, reverse, random, warp-ahead, warp-ahead-reverse, lagging)");
   s.seed = seed;
 }
 
@@ -1650,7 +1663,7 @@ void reset_stats() {
 
 std::string describe_settings() {
   const Settings& s = settings();
-  static const char* kSched[] = {"forward", "reverse", "random", "warp-ahead", "warp-ahead-reverse"};
+  static const char* kSched[] = {"forward", "reverse", "random", "warp-ahead", "warp-ahead-reverse", "lagging"};
   static const char* kFault[] = {"none", "skip_block_sync", "skip_cp_async_wait", "skip_wgmma_wait",
                                  "skip_fence_proxy_async", "skip_mbarrier_wait", "named_barrier_miscount",
                                  "skip_named_barrier"};
