@@ -317,7 +317,32 @@ def trace_lines(km, dev, p: predict.Prediction) -> list[str]:
     busy = res.pipe_busy.get("tensor", 0.0)
     return ([f"{dev.key} {km.name} ({km.layout}): {res.cycles_per_iter:.0f} cycles/tile simulated, tensor pipe "
              f"busy {busy:.0f} ({100 * busy / res.cycles_per_iter:.0f}%)"]
-            + sim.pipe_gaps(body, res, "tensor", dev, 30) + sim.explain(body, res, 25))
+            + role_lines(km, res) + sim.pipe_gaps(body, res, "tensor", dev, 30) + sim.explain(body, res, 25))
+
+
+def role_lines(km, res) -> list[str]:
+    """A warp-specialized tile's roles as simulated: each role's warps and how long one simulated warp of it waited at
+    mbarriers and named barriers an iteration (the later half of the simulated iterations); [] without roles."""
+    if km.roles_hot is None:
+        return []
+    spans = km.roles_hot[1]
+    names = (["math", "producer"] if len(spans) == 2 else
+             ["consumer warpgroup 0", "consumer warpgroup 1", "producer"] if km.tile.version == 3 else
+             ["S warps", "PV warps", "producer"])
+    m = km.tile.warps_m * km.tile.warps_n
+    warps_of = [(0, m)] if len(spans) == 2 else [(0, m // 2), (m // 2, m)]
+    warps_of.append((m, m + kernels.producer_warps(km.tile)))
+    sim_warps = list(range(0, m + 1, 4))   # scheduler 0's warps of one CTA (call.tile_cost)
+    out = []
+    for k, name in enumerate(names):
+        xs = [x for x, w in enumerate(sim_warps) if predict._role_of(km.tile, w, len(spans)) == k and x < len(res.sync_stall)]
+        if not xs:
+            continue
+        stall = max(res.sync_stall[x] for x in xs)
+        lo, hi = warps_of[k]
+        out.append(f"  role {name} (warps {lo}-{hi - 1}, {spans[k][1] - spans[k][0]} instructions an iteration): waits "
+                   f"{stall:.0f} cycles an iteration at barriers ({100 * stall / res.cycles_per_iter:.0f}%)")
+    return out
 
 
 def _entry(km, dev, case, p: predict.Prediction) -> dict:
