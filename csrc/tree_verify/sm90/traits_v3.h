@@ -57,7 +57,7 @@ struct KernelTraitsV3 {
   static constexpr int kHalves = 2;
   static constexpr int kHalfBlocks = kODV / kDimBlock;   // 4 dim blocks in a 256-dim half
   // the half of `stage` dim block b belongs to: 0 the early one (stage 0's L, stage 1's R), 1 the late (the rest)
-  static constexpr __host__ __device__ int half_of(int stage, int b) {
+  static constexpr int half_of(int stage, int b) {
     return b >= kPBlock ? 1 : ((b < kHalfBlocks) == (stage == 0) ? 0 : 1);
   }
   // producer: 8 threads per 128-byte line (a token's dim block), 16 tokens per pass, kRowsPerThread passes
