@@ -293,7 +293,7 @@ def test_hopper_v3_is_read_as_two_warpgroups_and_a_producer():
     assert tc.sim.cycles_per_iter > tc.sim.pipe_busy["tensor"]
     # --trace names each role, its warps and its barrier waits (one simulated warp of each)
     from bench.model.__main__ import role_lines
-    lines = role_lines(km, tc.sim)
+    lines = role_lines(km, tc.sim, H200.schedulers)
     assert [ln.split(" (")[0].strip() for ln in lines] == [
         "role consumer warpgroup 0", "role consumer warpgroup 1", "role producer"]
     assert "warps 8-11" in lines[2] and all("cycles an iteration at barriers" in ln for ln in lines)

@@ -317,10 +317,10 @@ def trace_lines(km, dev, p: predict.Prediction) -> list[str]:
     busy = res.pipe_busy.get("tensor", 0.0)
     return ([f"{dev.key} {km.name} ({km.layout}): {res.cycles_per_iter:.0f} cycles/tile simulated, tensor pipe "
              f"busy {busy:.0f} ({100 * busy / res.cycles_per_iter:.0f}%)"]
-            + role_lines(km, res) + sim.pipe_gaps(body, res, "tensor", dev, 30) + sim.explain(body, res, 25))
+            + role_lines(km, res, dev.schedulers) + sim.pipe_gaps(body, res, "tensor", dev, 30) + sim.explain(body, res, 25))
 
 
-def role_lines(km, res) -> list[str]:
+def role_lines(km, res, schedulers: int) -> list[str]:
     """A warp-specialized tile's roles as simulated: each role's warps and how long one simulated warp of it waited at
     mbarriers and named barriers an iteration (the later half of the simulated iterations); [] without roles."""
     if km.roles_hot is None:
@@ -332,7 +332,7 @@ def role_lines(km, res) -> list[str]:
     m = km.tile.warps_m * km.tile.warps_n
     warps_of = [(0, m)] if len(spans) == 2 else [(0, m // 2), (m // 2, m)]
     warps_of.append((m, m + kernels.producer_warps(km.tile)))
-    sim_warps = list(range(0, m + 1, 4))   # scheduler 0's warps of one CTA (call.tile_cost)
+    sim_warps = predict.simulated_warps(km.tile, schedulers)   # the first resident CTA's
     out = []
     for k, name in enumerate(names):
         xs = [x for x, w in enumerate(sim_warps) if predict._role_of(km.tile, w, len(spans)) == k and x < len(res.sync_stall)]

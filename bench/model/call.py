@@ -270,6 +270,12 @@ def _simulate(instrs, dev: DeviceModel, **kw) -> sim.SimResult:
     return r
 
 
+def simulated_warps(tile, schedulers: int) -> list[int]:
+    """A v3 CTA's warps that scheduler 0 holds and the simulation runs: math warps 0, 4, 8, ... and the producer, the
+    warp after the math warps (a producer warpgroup's other three warps sit on the other schedulers)."""
+    return list(range(0, tile.warps_m * tile.warps_n + 1, schedulers))
+
+
 def _role_of(tile, warp: int, roles: int) -> int:
     """A v3 warp's role in the body `kernels._with_producer` built: the math warps 0 (with math roles, Tile.loader 4:
     the S warps 0, the PV warps 1; Hopper's v3: consumer warpgroup 0, then 1), the producer warp (after the math
@@ -300,11 +306,10 @@ def tile_cost(km: KernelModel, dev: DeviceModel, *, path: str, resident_ctas: in
     per_iter = kernels_mod.blocks_per_iter(km)   # the simulated iteration's KV tiles (Hopper's v3: a pair)
     if roles is not None:   # warp roles (v3): scheduler 0 holds CTA warps 0, 4, 8, ..., each its role's loop
         body, spans, lanes, producer = roles
-        # the producer is the warp after the math warps; a producer warpgroup's other three warps exit at once, so
-        # they are not simulated (until 2026-12-05 the role of the last simulated warp was keyed to the block's last
+        # the producer is the warp after the math warps; a producer warpgroup's other three warps sit on the other
+        # schedulers, each copying its quarter, so scheduler 0 simulates one (until 2026-12-05 the role of the last simulated warp was keyed to the block's last
         # warp, which a producer warpgroup's first warp is not: the 12-warp tile was read with warp 8 on the math loop)
-        producer_warp = km.tile.warps_m * km.tile.warps_n
-        sim_warps = [w for _ in range(resident_ctas) for w in range(0, producer_warp + 1, dev.schedulers)]
+        sim_warps = [w for _ in range(resident_ctas) for w in simulated_warps(km.tile, dev.schedulers)]
         per_sched = len(sim_warps)
         # (Hopper's v3 copies by cp.async: no bulk copies; its producer path covers the pair's two stages)
         sizes, _ = bulk_sizes(km, producer, case) if any(i.op == "UBLKCP" for i in body) else ({}, "")

@@ -115,17 +115,20 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
     constexpr int RJ = Tr::kRowsPerThread;
     const T* kbase = static_cast<const T*>(p.k_cache) + kvh * p.k_stride_head + sub * 8;
     const int64_t k_sb = p.k_stride_block, k_st = p.k_stride_tok;
-    // the kv_indices entries of this thread's tokens of block t (0 past the end: in bounds, never read)
+    // the kv_indices entry naming token tok's row (0 past the end: in bounds, never read), and where that row starts
+    // (host/layout.h: the layout's index position and row offset)
+    auto id_of = [&](int tok) -> int32_t {
+      const int pos = L::index_pos(tok, p.page_size);
+      if constexpr (kKnockout & kKoNoIndex)
+        return tok < range.end ? pos : 0;
+      else
+        return tok < range.end ? ld_index(p.kv_indices, static_cast<int64_t>(kv_base) + pos, p.kv_indices_i64) : 0;
+    };
+    auto row_of = [&](int32_t id, int tok) { return kbase + L::row_offset(id, tok, p.page_size, k_sb, k_st); };
+    // the ids of this thread's tokens of block t: r0 + 16 j
     auto load_ids = [&](int t, int32_t (&ids)[RJ]) {
 #pragma unroll
-      for (int j = 0; j < RJ; ++j) {
-        const int tok = range.begin + t * BN + r0 + 16 * j;
-        const int pos = L::kPaged ? tok / p.page_size : tok;
-        if constexpr (kKnockout & kKoNoIndex)
-          ids[j] = tok < range.end ? pos : 0;
-        else
-          ids[j] = tok < range.end ? ld_index(p.kv_indices, static_cast<int64_t>(kv_base) + pos, p.kv_indices_i64) : 0;
-      }
+      for (int j = 0; j < RJ; ++j) ids[j] = id_of(range.begin + t * BN + r0 + 16 * j);
     };
     static_assert(STAGES == 2, "v3 (sm90): a pair of blocks in two stages, block 2i + s in stage s");
     static_assert(STAGES * BN == Tr::kProducerThreads, "the L2 prefetch: one row of the next pair a producer thread");
@@ -137,10 +140,7 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
       // row pt of pair i + 1, and its id (read here: the EMPTY waits that follow hide the load)
       const int pf_tok = range.begin + (2 * i + 2) * BN + pt;
       const bool prefetch = i + 1 < npairs && pf_tok < range.end && !(kKnockout & kKoNoLoad);
-      const int pf_pos = L::kPaged ? pf_tok / p.page_size : pf_tok;
-      const int32_t pf_id = !prefetch || (kKnockout & kKoNoIndex)
-                                ? pf_pos
-                                : ld_index(p.kv_indices, static_cast<int64_t>(kv_base) + pf_pos, p.kv_indices_i64);
+      const int32_t pf_id = prefetch ? id_of(pf_tok) : 0;
       // the early halves first (stage 0's L, stage 1's R: freed in the middle of the previous pair), then the late
 #pragma unroll
       for (int step = 0; step < STAGES * Tr::kHalves; ++step) {
@@ -149,8 +149,7 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
           // before the late halves' waits (freed at the end of pair i - 1): this thread's row of pair i + 1, its 9
           // lines, into L2, so that the next pair's copies, issued once their halves are free, read L2 while DRAM
           // streams on
-          const int off = L::kPaged ? pf_tok - pf_pos * p.page_size : 0;
-          const T* row = kbase - sub * 8 + pf_id * k_sb + off * k_st;
+          const T* row = row_of(pf_id, pf_tok) - sub * 8;   // (the row's start: its line 0)
 #pragma unroll
           for (int b = 0; b < Tr::kDimBlocks; ++b) arch::prefetch_l2(row + b * Tr::kDimBlock);
         }
@@ -163,8 +162,7 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
             const int r = r0 + 16 * j;
             const int tok = range.begin + t * BN + r;
             const bool valid = tok < range.end;  // past the end: zeros land (P is 0 there; 0 x NaN would not be)
-            const int off = L::kPaged ? tok - (tok / p.page_size) * p.page_size : 0;
-            const T* src = kbase + ids[stage][j] * k_sb + off * k_st;
+            const T* src = row_of(ids[stage][j], tok);
             unsigned char* dst = dst0 + arch::sw128_kmajor_offset(r, sub, kAtom);
 #pragma unroll
             for (int b = 0; b < Tr::kDimBlocks; ++b)
