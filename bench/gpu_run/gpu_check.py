@@ -419,8 +419,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--ncu-args", default=None, help="the ncu stage's sections and page instead of the default "
                     "(e.g. '--section SourceCounters --page source --print-source sass': per-instruction stalls)")
     ap.add_argument("--knockout", metavar="BITS", default=None, const="0,1,2,4,7,8", nargs="?",
-                    help="also time knockout variants of v2 / v1 / v1's bulk loader / v3-sm120 (bench.knockout; "
-                         "default bits 0,1,2,4,7,8)")
+                    help="also time knockout variants of v2 / v1 / v1's bulk loader / v3-sm120 / Hopper's v3 "
+                         "(bench.knockout; default bits 0,1,2,4,7,8)")
     ap.add_argument("--tune", action="store_true", help=argparse.SUPPRESS)   # the tune stage is in the plan now
     ap.add_argument("--only", default=None, help="comma-separated stage names to run (default: all)")
     ap.add_argument("--skip", default=None, help="comma-separated stage names to leave out")
