@@ -699,6 +699,38 @@ def test_wgmma_misuse_is_reported(emu, mode, needle):
     assert err is not None and needle in err, err
 
 
+ST_SHARED, NOINC_RING = 128, 256  # k_wgmma's operand writers (api_kernels.cu)
+
+
+@pytest.mark.parametrize("writer", [ST_SHARED, NOINC_RING], ids=["st-shared", "st-shared-noinc-mbarrier"])
+@pytest.mark.parametrize("ss", [False, True], ids=["a-regs", "a-smem"])
+def test_wgmma_reads_st_shared_operands_after_proxy_fence(wgmma_dev, writer, ss):
+    """Operands written by plain st_shared stores (uint4 / uint2; with the noinc mbarrier, 4 bytes of each B chunk by
+    cp.async and 12 by uint32_t stores), then fence_proxy_async and a barrier: the wgmma reads them, product exact."""
+    err, out, want = _wgmma_case(wgmma_dev, True, 32, False, ss, mode=writer, threads=256)
+    assert err is None, err
+    _wgmma_expect(out, want)
+
+
+@pytest.mark.parametrize("landing", ["wait", "issue"])
+@pytest.mark.parametrize("writer", [ST_SHARED, NOINC_RING], ids=["st-shared", "st-shared-noinc-mbarrier"])
+@pytest.mark.parametrize("ss", [False, True], ids=["a-regs", "a-smem"])
+def test_st_shared_without_proxy_fence_is_caught(emu, writer, ss, landing):
+    """The same without fence_proxy_async: the generic-proxy stores are not visible to the wgmma's async proxy.
+    With the noinc mbarrier the arrive ties the thread's cp.asyncs to the barrier (their chunk marks cleared) but
+    must not clear the st_shared marks, whichever moment the cp.asyncs land."""
+    emu.landing(landing)
+    err, _, _ = _wgmma_case(emu, True, 32, False, ss, mode=writer | 1, threads=256)
+    assert err is not None and "written by st.shared of thread" in err and "without fence_proxy_async" in err, err
+
+
+def test_skipped_proxy_fence_after_st_shared_is_caught(emu):
+    """Fault injection reaches the new check too: skip_fence_proxy_async on the st_shared writers."""
+    emu.fault("skip_fence_proxy_async", -1)
+    err, _, _ = _wgmma_case(emu, True, 32, False, True, mode=ST_SHARED)
+    assert err is not None and "written by st.shared of thread" in err, err
+
+
 def test_wgmma_ptx_include_is_generated_from_its_script():
     """csrc/arch/wgmma_ptx.inc is what csrc/arch/gen_wgmma.py writes (rerun the script after editing it)."""
     import importlib.util

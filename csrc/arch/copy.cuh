@@ -1,5 +1,7 @@
 // Shared-memory fragment loads, asynchronous global->shared copies, global
-// loads/stores and the block's dynamic shared memory.
+// loads/stores, shared-memory stores and the block's dynamic shared memory.
+// st_shared(p, v): a plain (generic-proxy) store of 4/8/16 bytes to shared memory;
+// a wgmma reading it needs fence_proxy_async in the writer first (emulator-checked).
 #pragma once
 
 #include "defs.cuh"
@@ -286,6 +288,23 @@ template <class T>
 VA_DEVICE void st_global(T* p, const T& v) {
   static_assert(sizeof(T) <= 16, "st_global: T must be at most 16 bytes");
   *p = v;
+}
+#endif
+
+// st.shared through the generic proxy: T of 4, 8 or 16 bytes (uint32_t, uint2, uint4), p size-aligned in shared
+// memory. Bytes a wgmma (the async proxy) will read need the writing thread's fence_proxy_async before the barrier
+// that publishes them; the emulator checks that (and the address) for every st_shared.
+#if VA_EMULATION
+template <class T>
+VA_DEVICE void st_shared(void* p, const T& v, std::source_location loc = std::source_location::current()) {
+  static_assert(sizeof(T) == 4 || sizeof(T) == 8 || sizeof(T) == 16, "st_shared: T must be 4, 8 or 16 bytes");
+  ::va::emu::st_shared(p, &v, sizeof(T), loc);
+}
+#else
+template <class T>
+VA_DEVICE void st_shared(void* p, const T& v) {
+  static_assert(sizeof(T) == 4 || sizeof(T) == 8 || sizeof(T) == 16, "st_shared: T must be 4, 8 or 16 bytes");
+  *static_cast<T*>(p) = v;  // STS where the compiler sees a shared pointer, else a generic ST (both generic proxy)
 }
 #endif
 

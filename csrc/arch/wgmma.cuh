@@ -22,7 +22,7 @@
 //      was touched by other instructions (this API requires it after every wgmma_wait);
 //   2. D is not read or written, and the smem operands are not overwritten, until the wgmma_wait that
 //      retires the wgmma (a chain of wgmmas of one shape may accumulate into the same D meanwhile);
-//   3. shared memory written through the generic proxy (st.shared, cp.async) is made visible to the
+//   3. shared memory written through the generic proxy (st.shared: st_shared, cp.async) is made visible to the
 //      wgmma's async proxy by fence_proxy_async() in the writing thread, then a barrier;
 //   4. the 4 warps of a warpgroup issue the same wgmma sequence (same shapes and descriptors);
 //   5. A registers of wgmma_rs stay unchanged until the wait (the emulator reads them at issue).

@@ -51,6 +51,10 @@ inline void* smem_base() { return tls_cur->smem; }
 void ld_global(void* dst, const void* src, size_t bytes, std::source_location loc);
 void st_global(void* dst, const void* src, size_t bytes, std::source_location loc);
 
+// ---- st.shared (4, 8 or 16 bytes, size-aligned): a generic-proxy write, marked per 4-byte word with the thread and
+// its fence_proxy_async count; a wgmma reading the bytes before that thread's next fence_proxy_async is an error
+void st_shared(void* dst, const void* src, size_t bytes, std::source_location loc);
+
 // ---- cp.async: the source is read at issue, the bytes land in shared memory
 // only when a wait_group covering their commit group is executed -------------
 void cp_async(void* smem_dst, const void* gmem_src, int bytes, bool valid, std::source_location loc);

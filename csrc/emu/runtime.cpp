@@ -255,6 +255,11 @@ struct Block {
   // thread's fence_proxy_async count at the landing (a wgmma may read the chunk once the count moved on)
   std::vector<int32_t> chunk_writer;
   std::vector<long long> chunk_epoch;
+  // per 4-byte word: 1 + the thread whose st_shared (a generic-proxy write) wrote it last (0: none, or overwritten
+  // since by a cp.async or bulk copy), and that thread's fence_proxy_async count at the store. Kept apart from the
+  // cp.async marks above: cp_async_mbarrier_arrive_noinc clears those, never these
+  std::vector<int32_t> word_writer;
+  std::vector<long long> word_epoch;
   std::vector<WgLog> wg_logs;  // per warpgroup
   std::map<size_t, Mbar> mbars;  // by shared-memory offset
   NamedBar named[16];
@@ -580,6 +585,11 @@ const WarpOp kWarpSync{"warp_sync", nothing_fn};
 
 // A copy this thread's cp.async landed: the async proxy (wgmma) may read it only after this thread's
 // next fence_proxy_async (and a barrier, which the caller's data flow needs anyway).
+// An async-proxy write (a cp.async or bulk copy landing) replaces the st_shared bytes it covers: their marks go.
+void clear_generic(Block& b, size_t off, size_t bytes) {
+  for (size_t w = off / 4; w < (off + bytes + 3) / 4 && w < b.word_writer.size(); ++w) b.word_writer[w] = 0;
+}
+
 void mark_landed(Fiber* f, const unsigned char* dst, int bytes) {
   Block& b = *f->block;
   const size_t off = static_cast<size_t>(dst - b.smem);
@@ -587,6 +597,7 @@ void mark_landed(Fiber* f, const unsigned char* dst, int bytes) {
     b.chunk_writer[c] = f->tc.linear_tid + 1;
     b.chunk_epoch[c] = f->proxy_fences;
   }
+  clear_generic(b, off, static_cast<size_t>(bytes));
 }
 
 struct WgmmaArgs {
@@ -655,6 +666,17 @@ void read_core_row(Fiber* f, size_t off, float* out, WgmmaOp& op, const char* wh
       fatal(f, std::string(which) + " at shared offset " + std::to_string(off) + " was written by a cp.async of thread " +
                    std::to_string(b.chunk_writer[c] - 1) +
                    " that has not executed fence_proxy_async since it landed (the wgmma's async proxy may not see it)",
+            loc);
+    }
+  }
+  for (size_t w = 4 * c; w < 4 * c + 4; ++w) {
+    if (b.word_writer[w] == 0) continue;
+    const Fiber& gw = b.fibers[b.word_writer[w] - 1];
+    if (gw.proxy_fences <= b.word_epoch[w]) {
+      fatal(f, std::string(which) + " at shared offset " + std::to_string(off) + ": bytes " + std::to_string(4 * w) +
+                   ".." + std::to_string(4 * w + 3) + " were written by st.shared of thread " +
+                   std::to_string(b.word_writer[w] - 1) +
+                   " without fence_proxy_async since (a generic-proxy write the wgmma's async proxy may not see)",
             loc);
     }
   }
@@ -961,6 +983,8 @@ class Worker {
     std::memset(b.smem, 0xFF, st.smem_bytes + kRedZoneBytes);
     b.chunk_writer.assign(st.smem_bytes / 16 + 1, 0);
     b.chunk_epoch.assign(st.smem_bytes / 16 + 1, 0);
+    b.word_writer.assign(st.smem_bytes / 4 + 4, 0);
+    b.word_epoch.assign(st.smem_bytes / 4 + 4, 0);
     b.wg_logs.assign(static_cast<size_t>((nthreads + 127) / 128), WgLog{});
 
     while (stacks_.size() < static_cast<size_t>(nthreads)) {
@@ -1273,6 +1297,24 @@ void st_global(void* dst, const void* src, size_t bytes, std::source_location lo
   if (check_global(cur_fiber(), dst, bytes, "st_global", loc)) std::memcpy(dst, src, bytes);
 }
 
+void st_shared(void* dst, const void* src, size_t bytes, std::source_location loc) {
+  Fiber* f = cur_fiber();
+  Block& b = *f->block;
+  if (bytes != 4 && bytes != 8 && bytes != 16) {
+    report(b, f, "st_shared of " + std::to_string(bytes) + " bytes (4, 8 or 16)", loc);
+    return;
+  }
+  if (!check_smem(f, dst, bytes, "st_shared", loc)) return;
+  std::memcpy(dst, src, bytes);
+  const size_t off = static_cast<size_t>(static_cast<unsigned char*>(dst) - b.smem);
+  for (size_t w = off / 4; w < (off + bytes) / 4; ++w) {
+    b.word_writer[w] = f->tc.linear_tid + 1;
+    b.word_epoch[w] = f->proxy_fences;
+  }
+  // a whole chunk stored: no byte of an earlier cp.async is left in it (a partial store keeps that mark too)
+  if (bytes == 16) b.chunk_writer[off / 16] = 0;
+}
+
 void cp_async(void* smem_dst, const void* gmem_src, int bytes, bool valid, std::source_location loc) {
   Fiber* f = cur_fiber();
   if (bytes != 4 && bytes != 8 && bytes != 16) {
@@ -1436,6 +1478,7 @@ void land_one(Block& b, const BulkCopy& c) {
   const size_t off = static_cast<size_t>(c.dst - b.smem);
   for (size_t k = off / 16; k <= (off + c.data.size() - 1) / 16 && k < b.chunk_writer.size(); ++k)
     b.chunk_writer[k] = 0;
+  clear_generic(b, off, c.data.size());
   b.cp_bytes += static_cast<long long>(c.data.size());
 }
 
@@ -1558,7 +1601,8 @@ void cp_async_mbarrier_arrive_noinc(void* bar, std::source_location loc) {
   tie(f->open_group);
   // landing "issue": the copies already landed are tied the same way, so they count as the barrier's (async-proxy)
   // writes, as they do when they land with the phase in landing "wait": a wgmma may read them once a thread waited
-  // on the phase, without a fence in the copying thread (which could not order a copy still in flight)
+  // on the phase, without a fence in the copying thread (which could not order a copy still in flight). The thread's
+  // st_shared marks (word_writer) stay: a generic-proxy write still needs its fence_proxy_async before the arrive
   Block& blk = *f->block;
   for (const auto& [off, bytes] : f->landed_untied)
     for (size_t c = off / 16; c <= (off + bytes - 1) / 16 && c < blk.chunk_writer.size(); ++c)

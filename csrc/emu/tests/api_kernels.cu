@@ -360,11 +360,40 @@ __global__ void k_math(const float* x, const float* y, int n, float* out) {
 // or from global memory into mma.m16n8k16 A fragments (rs). out: [blockDim.x][N / 2] D fragments.
 // mode bits (each a planted misuse the emulator must report): 1 no fence_proxy_async, 2 no wgmma_fence,
 // 4 store D before the wait, 8 overwrite a B byte before the wait, 16 warp 1 passes another B descriptor,
-// 32 no wgmma_wait; 64 accumulate onto D = 0.5 in the first step.
+// 32 no wgmma_wait; 64 accumulate onto D = 0.5 in the first step. Operand writers: 128 the operands go to shared
+// memory by ld_global + st_shared (generic-proxy stores: B as uint4, A as two uint2) instead of cp.async; 256 B's
+// chunks are written 4 bytes by cp_async_4_zfill and 12 by st_shared<uint32_t>, and the block meets on an mbarrier
+// (each thread's cp_async_mbarrier_arrive_noinc, then mbarrier_wait) instead of cp_async_wait: the fence (unless
+// mode 1) goes before the arrive, which alone does not publish the st_shared bytes to the wgmma.
+constexpr size_t kWgmmaSmem = 40 * 1024;  // the last 8 bytes: mode 256's mbarrier
 template <class T, int N>
 __global__ void k_wgmma(const uint16_t* a, const uint16_t* b, int trans_b, int ss, int pad, int mode, float* out) {
   constexpr int K = 32;
   unsigned char* sm = smem_dynamic<unsigned char>();
+  uint64_t* bar = reinterpret_cast<uint64_t*>(sm + kWgmmaSmem - 8);
+  if (mode & 256) {
+    if (threadIdx.x == 0) mbarrier_init(bar, blockDim.x);
+    block_sync();
+  }
+  // one 16-byte chunk of 8 elements from global to shared memory, by the writer the mode says
+  auto put = [&](unsigned char* dst, const uint16_t* src, bool is_b) {
+    if (!(mode & (128 | 256))) {
+      cp_async_16(dst, src);
+      return;
+    }
+    const uint4 v = ld_global(reinterpret_cast<const uint4*>(src));
+    if ((mode & 256) && is_b) {
+      cp_async_4_zfill(dst, src, true);
+      st_shared(dst + 4, v.y);
+      st_shared(dst + 8, v.z);
+      st_shared(dst + 12, v.w);
+    } else if (is_b) {
+      st_shared(dst, v);
+    } else {
+      st_shared(dst, uint2{v.x, v.y});
+      st_shared(dst + 8, uint2{v.z, v.w});
+    }
+  };
   // B: K-major, (n, k) at (n % 8) 16 + (n / 8) sbo + (k / 8) lbo; MN-major, (n, k) at (k % 8) 16 + (n / 8) sbo + (k / 8) lbo
   const int b_lbo = trans_b ? (N / 8) * (128 + pad) + pad : 128 + pad;
   const int b_sbo = trans_b ? 128 + pad : (K / 8) * (128 + pad) + pad;
@@ -383,17 +412,23 @@ __global__ void k_wgmma(const uint16_t* a, const uint16_t* b, int trans_b, int s
       off = (k % 8) * 16 + nc * b_sbo + (k / 8) * b_lbo;
       src = k * N + 8 * nc;
     }
-    cp_async_16(sm + off, b + src);
+    put(sm + off, b + src, true);
   }
   if (ss) {
     for (int c = threadIdx.x; c < 64 * K / 8; c += blockDim.x) {
       const int m = c / (K / 8), kc = c % (K / 8);
-      cp_async_16(sa + (m % 8) * 16 + (m / 8) * a_sbo + kc * a_lbo, a + m * K + 8 * kc);
+      put(sa + (m % 8) * 16 + (m / 8) * a_sbo + kc * a_lbo, a + m * K + 8 * kc, false);
     }
   }
-  cp_async_commit();
-  cp_async_wait<0>();
-  if (!(mode & 1)) fence_proxy_async();
+  if (mode & 256) {
+    if (!(mode & 1)) fence_proxy_async();
+    cp_async_mbarrier_arrive_noinc(bar);
+    mbarrier_wait(bar, 0);
+  } else {
+    cp_async_commit();
+    cp_async_wait<0>();
+    if (!(mode & 1)) fence_proxy_async();
+  }
   block_sync();
 
   const int q = (threadIdx.x / 32) % 4, l = lane_id(), g = l >> 2, t = l & 3;
@@ -629,7 +664,7 @@ VA_TEST_API const char* va_test_atomic(int blocks, int n, int* counter, int* old
 VA_TEST_API const char* va_test_wgmma(int bf16, int n, const uint16_t* a, const uint16_t* b, int trans_b, int ss,
                                       int pad, int mode, int threads, float* out) {
   return guarded([&] {
-    const size_t smem = 40 * 1024;
+    const size_t smem = kWgmmaSmem;
     if (n == 32 && bf16) launch(k_wgmma<__nv_bfloat16, 32>, dim3(1), dim3(threads), smem, nullptr, a, b, trans_b, ss, pad, mode, out);
     else if (n == 32) launch(k_wgmma<__half, 32>, dim3(1), dim3(threads), smem, nullptr, a, b, trans_b, ss, pad, mode, out);
     else if (n == 256 && bf16) launch(k_wgmma<__nv_bfloat16, 256>, dim3(1), dim3(threads), smem, nullptr, a, b, trans_b, ss, pad, mode, out);
