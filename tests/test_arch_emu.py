@@ -579,7 +579,8 @@ def test_stage_reused_without_barrier_found_with_issue_landing(emu, landing, cau
     assert (not np.array_equal(res, np.roll(src, -1, axis=1).sum(0))) == caught
 
 
-@pytest.mark.parametrize("sched", ["reverse", "random", "warp-ahead", "warp-ahead-reverse", "lagging"])
+@pytest.mark.parametrize("sched", ["reverse", "random", "warp-ahead", "warp-ahead-reverse", "lagging", "lagging-mid",
+                                   "lagging-tail", "starve-last"])
 def test_other_schedules_give_same_results(emu, sched):
     emu.schedule(sched, seed=7)
     ntiles, n = 4, 128
@@ -721,7 +722,15 @@ def test_st_shared_without_proxy_fence_is_caught(emu, writer, ss, landing):
     must not clear the st_shared marks, whichever moment the cp.asyncs land."""
     emu.landing(landing)
     err, _, _ = _wgmma_case(emu, True, 32, False, ss, mode=writer | 1, threads=256)
-    assert err is not None and "written by st.shared of thread" in err and "without fence_proxy_async" in err, err
+    assert err is not None and "written by st.shared of thread" in err and "fence_proxy_async" in err, err
+
+
+@pytest.mark.parametrize("writer", [ST_SHARED, NOINC_RING], ids=["st-shared", "st-shared-noinc-mbarrier"])
+def test_st_shared_fenced_only_after_the_barrier_is_caught(emu, writer):
+    """The fence must come before the release (block_sync, an mbarrier arrive) that publishes the stores: a reader
+    acquiring through it may run its wgmma before a later fence. The writers fence only after the barrier here."""
+    err, _, _ = _wgmma_case(emu, True, 32, False, True, mode=writer | 1 | 512, threads=256)
+    assert err is not None and "published by a barrier or mbarrier arrive before its fence_proxy_async" in err, err
 
 
 def test_skipped_proxy_fence_after_st_shared_is_caught(emu):

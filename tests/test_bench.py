@@ -425,14 +425,14 @@ def test_gpu_check_builds_only_what_its_stages_run():
     a = gpu_check._parser().parse_args([])
     stages = {s.name: s for s in gpu_check.plan(Path("/tmp/o"), a)}
     assert gpu_check.verify_stems(stages["sweep"].argv) == ("mla576_bf16_page1", "mla576_bf16_paged")
-    assert gpu_check.verify_stems(stages["fp8"].argv) == ("mla576e4m3_bf16_page1",)
+    assert gpu_check.verify_stems(stages["fp8"].argv) == ("mla576e4m3_bf16_page1", "mla576e4m3_bf16_paged")
     assert gpu_check.verify_stems(stages["fp8_656"].argv) == ("mla576x656_bf16_page1",)
     assert gpu_check.verify_stems(stages["gqa"].argv) == ("gqa128_bf16_page1",)
     assert gpu_check.verify_stems(["-m", "bench.verify", "--backend", "triton"]) == ()
     benches = [stages[n] for n in ("headline", "sweep", "peers", "fp8", "fp8_656", "gqa", "ncu", "tune")]
     assert gpu_check.jit_set_of(benches) == sorted(
-        ["mla576_bf16_page1", "mla576_bf16_paged", "mla576e4m3_bf16_page1", "mla576x656_bf16_page1",
-         "gqa128_bf16_page1"])
+        ["mla576_bf16_page1", "mla576_bf16_paged", "mla576e4m3_bf16_page1", "mla576e4m3_bf16_paged",
+         "mla576x656_bf16_page1", "gqa128_bf16_page1"])
     assert gpu_check.jit_set_of(list(stages.values())) == sorted(f.stem for f in vb.instantiation_files())
     for stem in gpu_check.jit_set_of(benches):   # every stem names a real file, and splits back into its parts
         head, dtype, layout = gpu_check._split_stem(stem)

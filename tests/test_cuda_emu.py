@@ -1204,14 +1204,17 @@ def test_v3h_hopper_is_pinned_as_cuda_v3_and_no_default():
     assert (t.block_m, t.block_n, t.num_warps, t.num_stages) == V3H
     assert vb.tile_smem("mla576", t) <= vb.SMEM_LIMIT["sm_90a"]
     assert all(vb.default_tile("mla576", a) != t for a in ("sm_90a", "sm_120a"))
-    # only the 16-bit MLA head has it (e4m3 is the next step)
-    assert {h for h, ts in vb.TILES.items() if any(x.version == 3 for x in ts)} == {"mla576"}
-    p = make_case(CaseSpec((97,), (16,), "bushy", dtype=BF, seed=414, **MLA)).problem()
-    for name in ("v3", "m64n64w12s2"):  # the CPU reads the H200's arch
-        c = cuda.version_config(p, name)
-        assert (c.block_m, c.block_n, c.num_warps, c.num_stages) == V3H and c.num_splits >= 1, name
-    d = cuda.default_config(p)
-    assert (d.block_m, d.block_n, d.num_warps, d.num_stages) != V3H
+    # the MLA heads with 16-bit and e4m3 caches have it (not the 656-byte rows, nor GQA)
+    assert {h for h, ts in vb.TILES.items() if any(x.version == 3 for x in ts)} == {"mla576", "mla576e4m3"}
+    assert vb.tile_smem("mla576e4m3", t) <= vb.SMEM_LIMIT["sm_90a"]
+    assert all(vb.default_tile("mla576e4m3", a) != t for a in ("sm_90a", "sm_120a"))
+    for kv in (None, "fp8_e4m3"):
+        p = make_case(CaseSpec((97,), (16,), "bushy", dtype=BF, kv_dtype=kv, seed=414, **MLA)).problem()
+        for name in ("v3", "m64n64w12s2"):  # the CPU reads the H200's arch
+            c = cuda.version_config(p, name)
+            assert (c.block_m, c.block_n, c.num_warps, c.num_stages) == V3H and c.num_splits >= 1, (kv, name)
+        d = cuda.default_config(p)
+        assert (d.block_m, d.block_n, d.num_warps, d.num_stages) != V3H
     # "v3-sm120" still pins sm_120's kernel, never this one
     c = cuda.version_config(p, "v3-sm120")
     assert (c.block_m, c.block_n, c.num_warps, c.num_stages) != V3H
@@ -1251,8 +1254,12 @@ def test_v3h_hopper_int64_indices_and_prefix_only(emu):
 # lands there too early shows as an operand overwritten before its retire (the warp-ahead schedules run a warp from
 # the issue through the wait and the release without switching). And (issue, lagging): warpgroup 0 runs every other
 # pass only, so warpgroup 1 finishes a pair, and the producer passes the EMPTY wait that follows, while warpgroup 0's
-# last wgmma of the pair (P1 V1L, reading stage 1's late half) is still in flight.
-V3H_MODES = STRICT_MODES + (("issue", "forward"), ("issue", "reverse"), ("issue", "lagging"))
+# last wgmma of the pair (P1 V1L, reading stage 1's late half) is still in flight. (issue, lagging-mid) holds warpgroup 1
+# back the same way (the e4m3 kernel's producer then copies over a stage whose S warpgroup 1 still runs), and (issue,
+# starve-last) the producer warpgroup, which then also yields after each mbarrier arrive (the e4m3 kernel's consumers
+# reach a V^T half before it is written).
+V3H_MODES = STRICT_MODES + (("issue", "forward"), ("issue", "reverse"), ("issue", "lagging"), ("issue", "lagging-mid"),
+                            ("issue", "starve-last"))
 
 
 def test_v3h_hopper_consumer_skipping_its_full_wait_is_caught(emu):
@@ -1292,3 +1299,126 @@ def test_v3h_hopper_missing_proxy_fence_or_wgmma_wait_is_caught(emu):
     assert not _v3_missed(emu, "skip_fence_proxy_async", V3H_MATH, [-1, 0], tile=V3H), "the Q proxy fence"
     missed = _v3_missed(emu, "skip_wgmma_wait", V3H_MATH, [-1, *range(6)], tile=V3H, modes=V3H_MODES)
     assert not missed, f"wgmma wait(s) {missed} skipped went unnoticed"
+
+
+# ---- Hopper's v3 on e4m3 caches (issue 40): wgmma .e4m3 for S and P V, the same seesaw ----
+# Q quantized per row into the core-matrix layout; each block's rows land (16-byte cp.async) in a 36 KB stage, whose
+# FULL / EMPTY mbarriers cover the rows (EMPTY: the warpgroup whose S reads them, and the 4 producer warps once they
+# transposed the block's V); the producer writes V^T (K-major, st.shared, fence.proxy.async) into a V^T buffer per
+# stage, in halves with their own VFULL / VEMPTY (the 16-bit kernel's half rule: stage 0's dims 0-255 and stage 1's
+# 256-511 are the early halves); P goes between the warpgroups as e4m3 A fragments in a buffer of its own. The
+# e4m3-MMA tolerance (Q and P rounded to e4m3 like v2's). Each test name carries "v3h" and "e4m3".
+V3H_E4M3_CASES = [
+    (CaseSpec((54,), (5,), "bushy", dtype=BF, kv_dtype="fp8_e4m3", seed=420, **MLA), 1, "forward", "wait"),
+    (CaseSpec((97, 3), (7, 2), "chain", dtype=FP, kv_dtype="fp8_e4m3", page_size=5, seed=421, **MLA), 3,
+     "warp-ahead", "issue"),
+    (CaseSpec((0, 200, 1), (1, 16, 4), "bushy", dtype=BF, kv_dtype="fp8_e4m3", page_size=16, seed=422, **MLA), 4,
+     "random", "wait"),
+    (CaseSpec((20,), (37,), "deep", dtype=FP, kv_dtype="fp8_e4m3", seed=423, **MLA), 2, "warp-ahead-reverse", "issue"),
+    (CaseSpec((333,), (9,), "star", dtype=BF, kv_dtype="fp8_e4m3", page_size=3, seed=424, **MLA), 1, "lagging",
+     "issue"),
+    (CaseSpec((500,), (16,), "bushy", dtype=BF, kv_dtype="fp8_e4m3", page_size=64, seed=425, **MLA), 8, "forward",
+     "issue"),
+    (CaseSpec((45, 7), (8, 2), "deep", dtype=FP, kv_dtype="fp8_e4m3", page_size=7, seed=426, **MLA), 300, "random",
+     "issue"),
+]
+
+
+@pytest.mark.parametrize("i", range(len(V3H_E4M3_CASES)),
+                         ids=[f"{s.id}-{n}s-{sch}-{land}" for s, n, sch, land in V3H_E4M3_CASES])
+def test_v3h_hopper_e4m3_matches_reference(emu, i):
+    case, out, lse = _run_v3_case(emu, i, V3H_E4M3_CASES[i], V3H)
+    rel, lse_err = fp8_errors(case, out, lse)
+    print(f"{case.spec.id} v3h e4m3: max|err|/max|ref| {rel:.4f}, max|lse err| {lse_err:.2e}")
+    assert rel <= FP8_MMA_REL_TOL and lse_err <= FP8_MMA_LSE_ATOL, (case.spec.id, rel, lse_err)
+
+
+@pytest.mark.parametrize("page", [1, 3, 16])
+def test_v3h_hopper_e4m3_prefetches_the_pair_after_next(emu, page):
+    # with e4m3 caches the producer copies pair i + 1 at the end of iteration i (once pair i's S and transposition
+    # freed the stages), so it prefetches the rows of pair i + 2 there: 373 + 7 tokens in one split are pairs 0-2, and
+    # only iteration 0 prefetches (pair 2: tokens 256 .. 379). A 576-byte row spans 5 or 6 128-byte lines: its bytes
+    # 0, 128 .. 512 and 575, 6 prefetches a row. A row's first and last lines hold bytes of the rows beside it in the
+    # cache, so a few bytes of other copies count as prefetched too (up to 10% more here)
+    case = make_case(CaseSpec((373,), (7,), "bushy", dtype=BF, kv_dtype="fp8_e4m3", page_size=page, seed=52, **MLA))
+    emu.reset_stats()
+    out, lse = _run(case, cfg(1, *V3H))
+    rel, lse_err = fp8_errors(case, out, lse)
+    assert rel <= FP8_MMA_REL_TOL and lse_err <= FP8_MMA_LSE_ATOL, (rel, lse_err)
+    st = emu.prefetch_stats()
+    after, row = 380 - 4 * 64, 576
+    assert st["l2_prefetches"] == after * 6, st
+    assert 0.95 * after * row <= st["cp_async16_src_prefetched"] <= 1.1 * after * row, st
+
+
+# The planted bugs on Hopper's v3 with e4m3 caches (373 + 7 tokens in one split: 6 blocks, 3 pairs; no phantom block,
+# whose zero P would hide a wrong V^T). The producer transposes warpgroup 0's V^T halves (dims 0-255: stage 0's early
+# half, stage 1's late one), warpgroup 1 its own (dims 256-511) right after its S. Calls, per thread:
+# - mbarrier_wait: warpgroup 0 (threads 0-127) 3i its FULL wait of pair i (stage 0's rows), 3i + 1 and 3i + 2 its
+#   VFULL waits before P0 V0L and P1 V1L; warpgroup 1 (128-255) 2i its FULL wait of stage 1 (its S), 2i + 1 of stage
+#   0 (before transposing its dims of block 2i). A producer thread, iteration i (transposing pair i, copying pair
+#   i + 1 into each stage once freed): i = 0: FULL 0 (0), EMPTY 0 (1), FULL 1 (2), EMPTY 1 (3); i = 1: FULL 0 (4),
+#   VEMPTY (0, early) (5), EMPTY 0 (6), FULL 1 (7), VEMPTY (1, late) (8), EMPTY 1 (9); i = 2: 10-13, no EMPTY waits.
+# - fence_proxy_async: a producer thread's 2i and 2i + 1 follow its V^T stores of pair i; a consumer's 0 follows its
+#   quantized Q (st_shared); then warpgroup 0's one a pair after its FULL wait (the conservative reading, not
+#   modelled for noinc-tied copies), warpgroup 1's 3i + 1 likewise, 3i + 2 and 3i + 3 after its two V^T halves.
+# - named barriers: 0 Q staged; warpgroup 0 2i + 1 bar.arrive P0, 2i + 2 bar.sync P1; warpgroup 1 2i + 1 bar.sync
+#   P0, 2i + 2 bar.arrive P1.
+# Some waits are implied, in every iteration but the last, by a later wait of the same thread, so that removing one
+# alone there changes nothing a schedule can show (the tests name them): a producer's FULL wait of stage 1 and its
+# VEMPTY wait of stage 1's late half follow its EMPTY wait of stage 0, which needs warpgroup 1 past its S of stage 1
+# (its own FULL wait) and warpgroup 0 past its S of the next pair (its last P V retired); the consumers' wgmma wait
+# at the end of pair 0 is implied by their next S's wait, which retires the same wgmmas before anything rewrites their
+# operands (the producer's next refill of a V^T half waits, through EMPTY, for that S). In the last iteration each is
+# caught, and so is the end-of-pair wait of pair 1, whose V^T half the producer's last iteration refills without an
+# EMPTY wait.
+V3H_E4M3_MODES = V3H_MODES + (("wait", "starve-last"),)
+V3H_E4M3_FAULT_CASE = CaseSpec((373,), (7,), "bushy", dtype=BF, kv_dtype="fp8_e4m3", seed=427, **MLA)
+
+
+def _v3h_e4m3_missed(emu, fault, threads, calls, modes=V3H_E4M3_MODES):
+    return _v3_missed(emu, fault, threads, calls, spec=V3H_E4M3_FAULT_CASE, tile=V3H, caught=_caught_e4m3, modes=modes)
+
+
+def _v3h_e4m3_calls(n: int, implied=()):
+    return [-1, *(c for c in range(n) if c not in implied)]
+
+
+def test_v3h_hopper_e4m3_consumer_skipping_a_full_or_vfull_wait_is_caught(emu):
+    missed = _v3h_e4m3_missed(emu, "skip_mbarrier_wait", V3H_MATH, [-1, *range(6)])
+    assert not missed, f"consumers skipping FULL / VFULL wait(s) {missed} went unnoticed"
+    # one warpgroup alone. Warpgroup 1's FULL waits of stage 0 (2i + 1) are implied by its FULL wait of stage 1 just
+    # before: each producer thread copies a pair's stage 0 before its stage 1, and its noinc arrive on stage 1's FULL
+    # counts once every copy it issued landed (the PTX rule the emulator keeps)
+    for role, implied in ((V3H_WG0, ()), (V3H_WG1, (1, 3, 5))):
+        missed = _v3h_e4m3_missed(emu, "skip_mbarrier_wait", role, _v3h_e4m3_calls(6, implied))
+        assert not missed, f"warpgroup {role} skipping FULL / VFULL wait(s) {missed} went unnoticed"
+
+
+def test_v3h_hopper_e4m3_producer_skipping_a_wait_is_caught(emu):
+    # its FULL waits (transposing rows not yet landed), VEMPTY waits (V^T overwritten under a P V), EMPTY waits (rows
+    # overwritten under an S or a transposition)
+    missed = _v3h_e4m3_missed(emu, "skip_mbarrier_wait", V3H_PRODUCER, _v3h_e4m3_calls(14, implied=(2, 7, 8)))
+    assert not missed, f"producer skipping wait(s) {missed} went unnoticed"
+
+
+def test_v3h_hopper_e4m3_missing_proxy_fence_or_wgmma_wait_is_caught(emu):
+    missed = _v3h_e4m3_missed(emu, "skip_fence_proxy_async", V3H_PRODUCER, [-1, *range(6)], modes=STRICT_MODES)
+    assert not missed, f"the producer's V^T fence(s) {missed} skipped went unnoticed"
+    assert not _v3h_e4m3_missed(emu, "skip_fence_proxy_async", V3H_MATH, [-1, 0], modes=STRICT_MODES), \
+        "the fence after the quantized Q went unnoticed"
+    missed = _v3h_e4m3_missed(emu, "skip_fence_proxy_async", V3H_WG1, [2, 3, 5, 6], modes=STRICT_MODES)
+    assert not missed, f"warpgroup 1's V^T fence(s) {missed} skipped went unnoticed"
+    # per pair: S (3i), the middle P V wait (3i + 1), the pair's last (3i + 2; pair 0's implied)
+    missed = _v3h_e4m3_missed(emu, "skip_wgmma_wait", V3H_MATH, _v3h_e4m3_calls(9, implied=(2,)))
+    assert not missed, f"wgmma wait(s) {missed} skipped went unnoticed"
+
+
+def test_v3h_hopper_e4m3_every_named_barrier_removed_is_caught(emu):
+    assert not _v3h_e4m3_missed(emu, "skip_named_barrier", V3H_MATH, [0], modes=STRICT_MODES), "the Q barrier removed"
+    missed = _v3h_e4m3_missed(emu, "skip_named_barrier", V3H_WG0, [2, 4], modes=STRICT_MODES)
+    assert not missed, f"warpgroup 0's bar.sync call(s) {missed} removed went unnoticed"
+    missed = _v3h_e4m3_missed(emu, "skip_named_barrier", V3H_WG1, [1, 3], modes=STRICT_MODES)
+    assert not missed, f"warpgroup 1's bar.sync call(s) {missed} removed went unnoticed"
+    missed = _v3h_e4m3_missed(emu, "named_barrier_miscount", V3H_MATH, [-1, 0, 1, 2, 3], modes=STRICT_MODES)
+    assert not missed, f"named barrier call(s) {missed} with a wrong count went unnoticed"

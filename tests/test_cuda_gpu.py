@@ -217,6 +217,21 @@ def test_kernel_v3_fp8_matches_reference(version, kv_dtype, monkeypatch):
     _check_e4m3_mma(spec, cfg)
 
 
+def test_hopper_v3_e4m3_matches_reference():
+    """Hopper's v3 on e4m3 caches (wgmma .e4m3; the producer and warpgroup 1 transpose V into V^T buffers), page 64 at
+    20k and page 1 at 3k, the e4m3-MMA tolerance. sm_90a only."""
+    from verify_attn.backends import cuda
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("kernel v3 for Hopper is sm_90a's")
+    for spec in (_spec("kimi-mla", prefix_lens=(20_000, 333), tree_sizes=(16, 5), page_size=64, seed=24,
+                       kv_dtype="fp8_e4m3"),
+                 _spec("kimi-mla", prefix_lens=(3_000,), tree_sizes=(37,), seed=25, kv_dtype="fp8_e4m3")):
+        cfg = cuda.version_config(make_case(spec, device="cuda").problem(), "v3")
+        assert (cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages) == (64, 64, 12, 2)
+        _check_e4m3_mma(spec, cfg)
+
+
 def test_int64_indices_prefix_only_and_too_wide_tree():
     """The serving API on the device: int64 index tensors read in place, a prefix-only call
     (tree_mask=None), and a tree wider than its mask rows (value checks off) comes back as

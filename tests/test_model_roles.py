@@ -299,3 +299,46 @@ def test_hopper_v3_is_read_as_two_warpgroups_and_a_producer():
     assert "warps 8-11" in lines[2] and all("cycles an iteration at barriers" in ln for ln in lines)
     p = call.predict(km, H200, case)
     assert p.combine_us > 0 and 0 < p.total_us < 1000
+
+
+def test_barrier_offset_reads_a_register_plus_urz_plus_immediate():
+    """`[R2+URZ+0x2fd00]` (a register base, the zero uniform register, an immediate: how ptxas addresses Hopper v3's
+    e4m3 consumers' mbarriers) names the barrier at 0x2fd00 like `[UR10+0x2fd00]`; a computed address does not."""
+    ins = lambda op: sass.Instr(0, "SYNCS.PHASECHK.TRANS64.TRYWAIT", ["P0", op, "R19"], None, None, None)  # noqa: E731
+    assert roles.barrier_offset(ins("[R2+URZ+0x2fd00]")) == 0x2fd00 == roles.barrier_offset(ins("[UR10+0x2fd00]"))
+    assert roles.barrier_offset(ins("[R171+URZ]")) is None
+
+
+def test_hopper_v3_e4m3_is_read_with_its_barriers_and_an_arrive_ahead_producer():
+    """Hopper's v3 on e4m3 caches: warpgroup 0 waits on its stage's FULL and two VFULL halves the producer transposes,
+    warpgroup 1 on the two stages' FULL only (it transposes its own V^T halves: 2 x 2 k32 steps x 4 chunks of LDS /
+    PRMT / STS a warp), and the producer copies pair i + 1 in iteration i: its noinc FULL arrives carry the loop's
+    `arrive-ahead` marker, so the simulation counts them for the consumers' next iteration. Every consumer wait
+    names a barrier the producer arrives on, every producer wait one a consumer (or the producer itself) arrives on."""
+    from bench.model import call, kernels
+    from bench.model.analysis import classify
+    from verify_attn.shapes import get_shape
+    try:
+        ks = kernels.load("sm_90a", "mla576e4m3", "bf16", "page1")
+    except RuntimeError as e:
+        pytest.skip(str(e))
+    km = next(k for k in ks if k.tile.version == 3)
+    body, spans, _, _ = km.roles_hot
+    wg0, wg1, prod = (body[lo:hi] for lo, hi in spans)
+    qgmma = lambda p, n: sum(i.op in sass.GMMA_OPS and f"x{n}x" in i.opcode for i in p)   # noqa: E731
+    assert (qgmma(wg0, 64), qgmma(wg0, 256), qgmma(wg1, 64), qgmma(wg1, 256)) == (18, 4, 18, 4)
+    assert sum(i.op == "PRMT" for i in wg1) == sum(i.op == "PRMT" for i in prod) == 128 and not any(
+        i.op == "PRMT" for i in wg0)
+    offs = lambda p, kind: [roles.barrier_offset(i) for i in p if classify(i) == kind]   # noqa: E731
+    assert None not in offs(body, "mbar_wait") + offs(body, "mbar_arrive")
+    noinc = [i for i in prod if i.opcode.startswith("ARRIVES")]
+    assert len(noinc) == 2 and {i.line for i in noinc} <= km.arrive_ahead
+    arrived = set(offs(prod, "mbar_arrive"))
+    assert set(offs(wg0, "mbar_wait")) <= arrived and set(offs(wg1, "mbar_wait")) <= arrived
+    assert len(offs(wg0, "mbar_wait")) == 3 and len(offs(wg1, "mbar_wait")) == 2
+    assert set(offs(prod, "mbar_wait")) <= arrived | set(offs(wg0 + wg1, "mbar_arrive"))
+    case = call.Case(get_shape("kimi-k2-tp8"), 185_000, 16, kv_dtype="fp8_e4m3")
+    tc = call.tile_cost(km, H200, path="hot", resident_ctas=1, active_sms=132, dram_sharers=2.0, case=case)
+    # the copies of pair i + 1 land under pair i: the consumers' FULL waits are a fraction of the pair (they were
+    # 3,400 cycles of 6,800 with the arrives counted for the iteration that issued them)
+    assert tc.sim.cycles_per_iter < 5500

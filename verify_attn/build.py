@@ -168,8 +168,9 @@ TILES: dict[str, list[Tile]] = {
     # The e4m3-MMA tile is sm_120's (4 stages, two barriers per tile: two tiles in flight in 91 KB): on sm_90
     # nvcc lowers its MMAs to f16 HMMAs (no e4m3 rate there). The f16 tile keeps Q and P exact (any arch); the H200's
     # default is kernel v2 on wgmma .e4m3 (DEFAULT_TILE).
+    # Hopper's v3 (V3_SM90_TILE) too, on wgmma .e4m3: its producer transposes each block's V into V^T buffers
     "mla576e4m3": [Tile(32, 32, 4, 2, 4, version=1, sn=2, archs=("sm_120a",)), _FP8_F16_TILE,  # f16: the exact one
-                   _V2_FP8_TILE, V3_FP8_TILE, V3_WG_FP8_TILE, V3_ROLES_FP8_TILE],
+                   _V2_FP8_TILE, V3_FP8_TILE, V3_WG_FP8_TILE, V3_ROLES_FP8_TILE, V3_SM90_TILE],
     # 656-byte rows: sm_120's tile on e4m3 MMAs (per-block scales on S's block sums and on P, RoPE in q's type;
     # 4 stages, two tiles in flight, 100,864 B); the f16 tile is the H200's and the exact one
     "mla576x656": [Tile(32, 32, 4, 2, 4, version=1, sn=2, archs=("sm_120a",)), _FP8_F16_TILE, _V3_656_TILE,
@@ -260,9 +261,15 @@ def smem_bytes(tile: Tile, dqk: int, dv: int, shared_kv: bool, kv_bytes: int = 2
     """Dynamic shared memory of the split kernel (SharedMemoryPlan / SharedMemoryPlanV1 in traits.h);
     kv_bytes 1: the e4m3-cache kernels (K / V one byte per element; P too on e4m3 MMAs, f16 otherwise)."""
     pad, elem = 8, 2
-    if tile.version == 3:  # KernelTraitsV3: Q + STAGES x BN rows (swizzled, no pad) + row stats + 8 mask words + mbarriers
-        return ((tile.block_m + tile.num_stages * tile.block_n) * dqk * kv_bytes + 2 * 2 * tile.block_m * 4
-                + tile.block_m * 8 * 4 + 2 * tile.num_stages * 2 * 8)   # FULL and EMPTY per stage half
+    if tile.version == 3:  # KernelTraitsV3: Q + STAGES x BN rows (no pad) + row stats + 8 mask words + mbarriers
+        base = ((tile.block_m + tile.num_stages * tile.block_n) * dqk * kv_bytes + 2 * 2 * tile.block_m * 4
+                + tile.block_m * 8 * 4)
+        if kv_bytes == 1:  # e4m3: + V^T per stage (k32 steps x Dv / 8 x 288), e4m3 P per stage, Q's row scales, and
+            #                FULL / EMPTY per stage + VFULL / VEMPTY per stage half
+            return (base + tile.num_stages * (tile.block_n // 32) * (dv // 8) * 288
+                    + tile.num_stages * tile.block_m * tile.block_n + tile.block_m * 4
+                    + (2 * tile.num_stages + 2 * tile.num_stages * 2) * 8)
+        return base + 2 * tile.num_stages * 2 * 8   # FULL and EMPTY per stage half
     if tile.version == 2:  # KernelTraitsV2: Q (BM rows) + STAGES x BN KV rows (core-matrix layout, no pad)
         fp8 = (2 * (dv // 8) * 288 + tile.block_m * 4) if kv_bytes == 1 else 0  # e4m3: 2 V^T buffers, Q scales
         slots = 1 << (tile.num_stages - 2 + V2_PREFETCH - 1).bit_length()  # kIdxSlots: a power of two
@@ -475,9 +482,9 @@ def tile_of_mangled(mangled: str) -> Tile:
 
 
 def is_fp8_mangled(mangled: str) -> bool:
-    """A split kernel built for e4m3 caches: KernelTraitsV1<..., TileConfigV1<...>, true> or
-    KernelTraitsV2<..., TileConfigV2<...>, true>."""
-    return re.search(r"TileConfigV[12]I(?:Li\d+E)+EELb1E", mangled) is not None
+    """A split kernel built for e4m3 caches: KernelTraitsV1<..., TileConfigV1<...>, true>, KernelTraitsV2<...,
+    TileConfigV2<...>, true> or KernelTraitsV3<..., TileConfigV3<...>, true>."""
+    return re.search(r"TileConfigV[123]I(?:Li\d+E)+EELb1E", mangled) is not None
 
 
 def is_656_mangled(mangled: str) -> bool:

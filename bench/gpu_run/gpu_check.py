@@ -280,9 +280,10 @@ def plan(out: Path, a: argparse.Namespace) -> list[Stage]:
                                   "--json", str(out / "peers_sweep.json"), "--csv", str(out / "peers_sweep.csv"),
                                   "--plot", str(out / "peers_sweep.png")], cap_s=35, min_s=20),
         # e4m3 caches (issue 17): the e4m3 kernels and Triton's dequantizing one, against the fp8 floors; the arch's
-        # default (the H200's: kernel v2 on wgmma .e4m3) next to the f16 tile it replaced there (m32 n32 w8 s3)
-        Stage("fp8", v + ["--ctx", "16k,185k", "--tree", "16", "--layout", "page1", "--kv-dtype", "fp8_e4m3",
-                          "--backend", f"cuda,cuda@m32n32w8s3,{V3},triton", "--json", str(out / "fp8.json")],
+        # default (the H200's: kernel v2 on wgmma .e4m3) next to the f16 tile it replaced there (m32 n32 w8 s3), and
+        # Hopper's v3 on wgmma .e4m3 (issue 40), page 1 and paged
+        Stage("fp8", v + ["--ctx", "16k,185k", "--tree", "16", "--layout", "page1,paged", "--kv-dtype", "fp8_e4m3",
+                          "--backend", f"cuda,cuda@m32n32w8s3,{V3},{V3H},triton", "--json", str(out / "fp8.json")],
               cap_s=25),
         Stage("fp8_656", v + ["--ctx", "185k", "--tree", "16", "--layout", "page1", "--kv-dtype", "fp8_mla656",
                               "--backend", "cuda,triton", "--json", str(out / "fp8_656.json")], cap_s=15),

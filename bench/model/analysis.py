@@ -47,6 +47,9 @@ class Markers:
     hot: tuple[tuple[int, int], ...] = ()    # blocks only unmasked tiles run (the masked path leaves them out)
     rare: tuple[tuple[int, int], ...] = ()   # blocks neither path runs (e.g. trees wider than the staged mask)
     pv_loops: tuple[int, ...] = ()           # kernel v3 with math roles: the PV warps' tile loop (`pv-loop`)
+    # lines whose mbarrier arrive signals the next loop iteration's buffer (`arrive-ahead`: a producer that copies
+    # iteration i + 1's rows in iteration i, Hopper's v3 on e4m3 caches)
+    arrive_ahead: tuple[int, ...] = ()
 
     @property
     def tile_loop(self) -> Optional[int]:
@@ -74,7 +77,7 @@ def read_markers(path: str) -> Markers:
     """Marker comments of one source file (1-based lines). `// sass-model: split-loop splits=4`
     says one iteration of that loop covers 4 splits (`tiles=N` likewise for a tile loop)."""
     lines = Path(path).read_text().splitlines()
-    tiles, splits, cold, hot, rare, pv, per = [], [], [], [], [], [], {}
+    tiles, splits, cold, hot, rare, pv, ahead, per = [], [], [], [], [], [], [], {}
     for i, text in enumerate(lines, start=1):
         if MARKER not in text:
             continue
@@ -89,6 +92,8 @@ def read_markers(path: str) -> Markers:
             splits.append(i)
         elif what == "pv-loop":
             pv.append(i)
+        elif what == "arrive-ahead":
+            ahead.append(i)
         elif what == "cold":  # the block's body: the `if` line itself (its branch) runs on every tile
             cold.append((i + 1, _block_end(lines, i)))
         elif what == "hot":  # e.g. `} else {  // sass-model: hot` after a cold block: its alternative
@@ -97,7 +102,7 @@ def read_markers(path: str) -> Markers:
             rare.append((i + 1, _block_end(lines, i)))
         else:
             raise ValueError(f"{path}:{i}: unknown sass-model marker {what!r}")
-    return Markers(tuple(tiles), tuple(splits), tuple(cold), per, tuple(hot), tuple(rare), tuple(pv))
+    return Markers(tuple(tiles), tuple(splits), tuple(cold), per, tuple(hot), tuple(rare), tuple(pv), tuple(ahead))
 
 
 def _block_end(lines: list[str], start: int) -> int:

@@ -324,7 +324,8 @@ def tile_cost(km: KernelModel, dev: DeviceModel, *, path: str, resident_ctas: in
                                          tuple(_role_of(km.tile, w, len(spans)) for w in sim_warps),
                                          named_credit=((kernels_mod.ROLES_P_EMPTY, kernels_mod.ROLES_P_BUFFERS),)
                                          if km.tile.loader == 4 else (),
-                                         empty_distance=max(1, km.tile.num_stages // per_iter)))
+                                         empty_distance=max(1, km.tile.num_stages // per_iter),
+                                         arrive_ahead=getattr(km, "arrive_ahead", frozenset())))
     else:
         s = _simulate(instrs, dev, warps=per_sched, warps_per_barrier_group=group,
                       cp_bytes_per_clk=(sm_l2 if pf else min(sm_dram, sm_l2)) / dev.schedulers,

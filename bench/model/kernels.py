@@ -47,6 +47,8 @@ class KernelModel:
     roles_cold: Optional[tuple] = None
     # KV tiles one iteration of the tile loop covers (its `sass-model: tile-loop tiles=N` marker; Hopper's v3: 2)
     tiles_per_iter: int = 1
+    # source lines of the producer's arrives that signal the next iteration's buffer (`sass-model: arrive-ahead`)
+    arrive_ahead: frozenset = frozenset()
 
     @property
     def threads(self) -> int:
@@ -234,7 +236,7 @@ def _hopper_v3(arch, readable, name, tile, head, dtype, layout, f, regs, lp, mk,
                      hot, cold, analysis.read_tile(hot), analysis.read_tile(cold), *comb,
                      {a: x.degree for a, x in banks.conflicts(f, warps=tile.num_warps).items() if x.degree > 1.0},
                      combine_pdl=True,  # the v1 combine, launched with programmatic dependent launch (launch_shape.cuh)
-                     tiles_per_iter=mk.per_iter.get(lp.branch.line, 1))
+                     tiles_per_iter=mk.per_iter.get(lp.branch.line, 1), arrive_ahead=frozenset(mk.arrive_ahead))
     km.roles_hot, km.roles_cold = (_with_producer(part(p, reach[0]), producer, part(p, reach[1]), named_ids=False)
                                    for p in (hot, cold))
     return km

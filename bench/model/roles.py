@@ -334,11 +334,14 @@ def barrier_offset(ins: Instr) -> Optional[int]:
     """The immediate offset of an mbarrier operand `[URx+0xOFF]` (`[URx]`: 0) of a SYNCS or ARRIVES: which barrier of
     the kernel's shared-memory plan an arrive or wait names. This takes every mbarrier as addressed from one base,
     as a CUTLASS-style shared-storage struct is (FlashMLA's `plan`); None where the address is not register +
-    immediate."""
+    immediate (`[Rx+URZ+0xOFF]`, the zero uniform register between them, counts as register + immediate)."""
     for o in ins.operands:
         m = re.match(r"^\[\s*U?R\d+\s*(?:\+\s*(0x[0-9a-f]+|\d+)\s*)?\]$", o.strip())
         if m:
             return int(m.group(1), 0) if m.group(1) else 0
+        m = re.match(r"^\[\s*R\d+\s*\+\s*URZ\s*\+\s*(0x[0-9a-f]+|\d+)\s*\]$", o.strip())
+        if m:
+            return int(m.group(1), 0)
     return None
 
 

@@ -237,6 +237,11 @@ class RoleSpec:
     producer: tuple[bool, ...]
     warp_role: tuple[int, ...]
     empty_distance: int = 1
+    # source lines of arrives that signal the next iteration's buffer (`sass-model: arrive-ahead`: Hopper's v3 on e4m3
+    # caches copies pair i + 1 in iteration i). Their arrives of iteration j count for the waits of iteration j + 1,
+    # every role's wait on such a barrier holds for the arrives of its own iteration (distance 0), and the waits of
+    # iteration 0 pass (the prologue's copies, issued before the loop, taken as landed)
+    arrive_ahead: frozenset = frozenset()
     # (named barrier id, d): the warps that wait on it (BAR.SYNC) pass their first d generations without the warps
     # that only arrive (BAR.ARV): the buffers a kernel fills before it first waits for one to be freed (v3 with math
     # roles: the S warps write P(0) and P(1) before they wait on P_EMPTY)
@@ -404,6 +409,8 @@ def simulate(body: list[Instr], dev: DeviceModel, *, warps: int, warps_per_barri
                     named_members[named[k][0]].append(w)
         for (w, off) in arrives_per_iter:
             arrivers.setdefault(off, []).append(w)
+    ahead = [roles is not None and is_arrive[k] and body[k].line in roles.arrive_ahead for k in range(len(body))]
+    ahead_bars = {bar_off[k] for k in range(len(body)) if ahead[k] and bar_off[k] is not None}
     arrive_t: dict[tuple[int, int, int], list[float]] = {}   # (warp, iteration, barrier) -> its arrives' times
     arrive_any: dict[tuple[int, int], list[float]] = {}      # (warp, iteration) -> all its arrives' times
     producers = [w for w in range(warps) if roles is not None and roles.producer[roles.warp_role[w]]]
@@ -458,6 +465,8 @@ def simulate(body: list[Instr], dev: DeviceModel, *, warps: int, warps_per_barri
         if bulk_wait[i] and roles is not None and bar_off[i] in arrivers:
             # a barrier warps here arrive on: their arrives of iteration j (full) or j - empty_distance (empty)
             k = pc[w] // seq_len[w] - (roles.empty_distance if roles.producer[roles.warp_role[w]] else 0)
+            if bar_off[i] in ahead_bars:
+                k = pc[w] // seq_len[w] if pc[w] // seq_len[w] >= 1 else -1
             if k >= 0:
                 for x in arrivers[bar_off[i]]:
                     got = arrive_t.get((x, k, bar_off[i]), [])
@@ -591,7 +600,7 @@ def simulate(body: list[Instr], dev: DeviceModel, *, warps: int, warps_per_barri
             done = max(t, cp_last[w], bulk_land[w][it]) if roles.producer[roles.warp_role[w]] else t
             arrive_any.setdefault((w, it), []).append(done)
             if bar_off[i] is not None:
-                arrive_t.setdefault((w, it, bar_off[i]), []).append(done)
+                arrive_t.setdefault((w, it + 1 if ahead[i] else it, bar_off[i]), []).append(done)
         if (bulk_wait[i] or named[i] is not None or is_bar[i]) and it >= iters // 2:
             sync_stall[w] += t - last_issue[w] - 1
         last_issue[w] = t

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <limits>
 #include <atomic>
 #include <cinttypes>
 #include <cstdio>
@@ -72,7 +73,7 @@ enum class FaultKind {
   kNone, kSkipBlockSync, kSkipCpAsyncWait, kSkipWgmmaWait, kSkipFenceProxyAsync, kSkipMbarrierWait,
   kNamedBarrierMiscount, kSkipNamedBarrier
 };
-enum class Schedule { kForward, kReverse, kRandom, kWarpAhead, kWarpAheadReverse, kLagging };
+enum class Schedule { kForward, kReverse, kRandom, kWarpAhead, kWarpAheadReverse, kLagging, kLaggingMid, kLaggingTail, kStarveLast };
 
 struct Settings {
   std::vector<Range> globals;
@@ -101,6 +102,9 @@ Settings& settings() {
       if (v == "warp-ahead") d.schedule = Schedule::kWarpAhead;
       if (v == "warp-ahead-reverse") d.schedule = Schedule::kWarpAheadReverse;
       if (v == "lagging") d.schedule = Schedule::kLagging;
+      if (v == "lagging-mid") d.schedule = Schedule::kLaggingMid;
+      if (v == "lagging-tail") d.schedule = Schedule::kLaggingTail;
+      if (v == "starve-last") d.schedule = Schedule::kStarveLast;
     }
     return d;
   }();
@@ -159,6 +163,9 @@ struct Fiber {
   int mbarrier_wait_calls = 0;
   int named_barrier_calls = 0;
   long long proxy_fences = 0;  // fence_proxy_async calls so far
+  // shared-memory words this thread wrote by st_shared since its last fence_proxy_async: a barrier or mbarrier
+  // arrive that publishes them first marks them never visible to the async proxy (publish_generic)
+  std::vector<size_t> unfenced_words;
   size_t wait_mbar = 0;        // kMbarrier: the barrier's shared-memory offset and the phase parity awaited
   unsigned wait_parity = 0;
   int wait_named = 0;          // kNamed: the named barrier's id
@@ -239,6 +246,9 @@ struct Warp {
   long long wg_issued = 0;
 };
 
+// word_epoch of st_shared bytes whose writer released them (a barrier, an mbarrier arrive) before fencing them
+constexpr long long kUnfencedAtRelease = std::numeric_limits<long long>::max();
+
 struct Block {
   uint3 idx{};
   int nthreads = 0;
@@ -259,7 +269,7 @@ struct Block {
   // since by a cp.async or bulk copy), and that thread's fence_proxy_async count at the store. Kept apart from the
   // cp.async marks above: cp_async_mbarrier_arrive_noinc clears those, never these
   std::vector<int32_t> word_writer;
-  std::vector<long long> word_epoch;
+  std::vector<long long> word_epoch;   // kUnfencedAtRelease: published by a release before the writer's fence
   std::vector<WgLog> wg_logs;  // per warpgroup
   std::map<size_t, Mbar> mbars;  // by shared-memory offset
   NamedBar named[16];
@@ -673,10 +683,13 @@ void read_core_row(Fiber* f, size_t off, float* out, WgmmaOp& op, const char* wh
     if (b.word_writer[w] == 0) continue;
     const Fiber& gw = b.fibers[b.word_writer[w] - 1];
     if (gw.proxy_fences <= b.word_epoch[w]) {
+      const bool released = b.word_epoch[w] == kUnfencedAtRelease;
       fatal(f, std::string(which) + " at shared offset " + std::to_string(off) + ": bytes " + std::to_string(4 * w) +
                    ".." + std::to_string(4 * w + 3) + " were written by st.shared of thread " +
                    std::to_string(b.word_writer[w] - 1) +
-                   " without fence_proxy_async since (a generic-proxy write the wgmma's async proxy may not see)",
+                   (released ? " and published by a barrier or mbarrier arrive before its fence_proxy_async"
+                             : " without fence_proxy_async since") +
+                   " (a generic-proxy write the wgmma's async proxy may not see)",
             loc);
     }
   }
@@ -1026,6 +1039,11 @@ class Worker {
     // lagging: forward, but the first third of the warps (at least one) run every other pass only, so the
     // others run twice as far: a warp-specialized kernel's first math warpgroup behind its other roles (a
     // producer that skips a wait then refills a buffer under that warpgroup's last in-flight wgmma).
+    // lagging-mid: the same with the middle third held back (a 12-warp kernel's second math warpgroup).
+    // lagging-tail: the same with the last warp of every 4 held back: the other warps of a warpgroup run ahead of
+    // one of theirs (a warp rewriting a buffer that warp's wgmma of the warpgroup still reads).
+    // starve-last: the last third of the warps (a 12-warp kernel's producer warpgroup) run only in passes where no
+    // other thread can: a consumer that skips a wait then reads a buffer its producer has not written yet.
     // warp-ahead(-reverse): a warp runs until all its threads wait at a block
     // barrier (or exit) before the next warp moves, so the first (last) warp
     // runs as far ahead of the others as the barriers allow; a missing barrier
@@ -1036,7 +1054,10 @@ class Worker {
     std::vector<int> order(nthreads);
     for (int t = 0; t < nthreads; ++t) order[t] = rev ? nthreads - 1 - t : t;
     std::mt19937_64 rng(cfg.seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(linear));
-    const bool lag = cfg.schedule == Schedule::kLagging;
+    const bool lag = cfg.schedule == Schedule::kLagging || cfg.schedule == Schedule::kLaggingMid;
+    const bool lag_tail = cfg.schedule == Schedule::kLaggingTail;
+    const int lag_first = cfg.schedule == Schedule::kLaggingMid ? std::max(1, nwarps / 3) : 0;
+    const bool starve_last = cfg.schedule == Schedule::kStarveLast;
     const int lag_warps = std::max(1, nwarps / 3);
     long long pass = 0;
     auto resume = [&](Fiber& f) {
@@ -1061,16 +1082,21 @@ class Worker {
           }
         }
       } else {
-        for (int t : order) {
-          Fiber& f = fibers_[t];
-          if (f.done || f.wait != WaitKind::kNone) continue;
-          if (lag && (pass & 1) && t / 32 < lag_warps) {
-            held_back = true;  // runnable, its turn is the next pass: not a deadlock
-            continue;
+        // starve-last: the others first; the last warps only when none of the others could run
+        for (int round = 0; round < (starve_last ? 2 : 1) && !progress && !b.abort; ++round) {
+          for (int t : order) {
+            Fiber& f = fibers_[t];
+            if (f.done || f.wait != WaitKind::kNone) continue;
+            if ((pass & 1) && ((lag && t / 32 >= lag_first && t / 32 < lag_first + lag_warps) ||
+                               (lag_tail && t / 32 % 4 == 3))) {
+              held_back = true;  // runnable, its turn is the next pass: not a deadlock
+              continue;
+            }
+            if (starve_last && (t / 32 >= nwarps - lag_warps) != (round == 1)) continue;
+            resume(f);
+            progress = true;
+            if (b.abort) break;
           }
-          resume(f);
-          progress = true;
-          if (b.abort) break;
         }
       }
       ++pass;
@@ -1191,10 +1217,21 @@ static bool skipped_by_fault(FaultKind kind, int& calls) {
   return false;
 }
 
+// A release (block_sync, a named barrier, an mbarrier arrive) by a thread whose st_shared bytes it has not fenced yet:
+// the fence must come before the release that publishes them (a reader acquiring through it may run its wgmma before
+// any later fence), so those bytes stay invisible to the async proxy until written again (kUnfencedAtRelease)
+void publish_generic(Fiber* f) {
+  Block& b = *f->block;
+  for (const size_t w : f->unfenced_words)
+    if (b.word_writer[w] == f->tc.linear_tid + 1 && b.word_epoch[w] == f->proxy_fences) b.word_epoch[w] = kUnfencedAtRelease;
+  f->unfenced_words.clear();
+}
+
 void block_sync(std::source_location loc) {
   Fiber* f = cur_fiber();
   Block& b = *f->block;
   if (skipped_by_fault(FaultKind::kSkipBlockSync, f->block_sync_calls)) return;
+  publish_generic(f);
   if (b.barrier_arrived == 0) {
     b.barrier_loc = loc;
   } else if (b.barrier_loc.line() != loc.line() ||
@@ -1229,6 +1266,7 @@ void named_barrier(int id, int count, bool wait, std::source_location loc) {
                      std::to_string(b.nthreads), loc);
     return;
   }
+  publish_generic(f);
   NamedBar& nb = b.named[id];
   if (nb.arrived == 0) {
     nb.count = count;
@@ -1310,6 +1348,7 @@ void st_shared(void* dst, const void* src, size_t bytes, std::source_location lo
   for (size_t w = off / 4; w < (off + bytes) / 4; ++w) {
     b.word_writer[w] = f->tc.linear_tid + 1;
     b.word_epoch[w] = f->proxy_fences;
+    f->unfenced_words.push_back(w);
   }
   // a whole chunk stored: no byte of an earlier cp.async is left in it (a partial store keeps that mark too)
   if (bytes == 16) b.chunk_writer[off / 16] = 0;
@@ -1441,6 +1480,7 @@ void fence_proxy_async() {
   Fiber* f = cur_fiber();
   if (skipped_by_fault(FaultKind::kSkipFenceProxyAsync, f->fence_proxy_calls)) return;
   ++f->proxy_fences;
+  f->unfenced_words.clear();
 }
 
 // ---- mbarrier and bulk copies (cp.async.bulk) --------------------------------------------------------
@@ -1510,12 +1550,18 @@ void mbar_try_complete(Block& b, Mbar& m) {
 
 void mbar_arrive_n(Fiber* f, Mbar& m, std::source_location loc) {
   Block& b = *f->block;
+  publish_generic(f);
   if (m.pending <= 0) {
     report(b, f, "mbarrier_arrive: more arrivals than the barrier's count (" + std::to_string(m.count) + ")", loc);
     return;
   }
   --m.pending;
   mbar_try_complete(b, m);
+  // starve-last: a starved warp (the producer) hands the SM back after each arrive, so the consumers it releases run
+  // before it produces the next buffer (a consumer that skipped that buffer's wait reads it unwritten)
+  const int nwarps = (b.nthreads + 31) / 32;
+  if (settings().schedule == Schedule::kStarveLast && f->tc.linear_tid / 32 >= nwarps - std::max(1, nwarps / 3))
+    yield(f);
 }
 
 }  // namespace
@@ -1585,6 +1631,7 @@ void cp_async_mbarrier_arrive_noinc(void* bar, std::source_location loc) {
   Fiber* f = cur_fiber();
   Mbar* m = mbar_at(f, bar, "cp_async_mbarrier_arrive_noinc", loc);
   if (m == nullptr) return;
+  publish_generic(f);
   // the thread's cp.asyncs so far complete with the barrier's phase (their commit groups no longer matter); they
   // write shared memory as the bulk copies do (a wgmma may read them once the phase is waited for)
   auto tie = [&](std::vector<PendingCopy>& group) {
@@ -1676,8 +1723,11 @@ void set_schedule(const char* name, uint64_t seed) {
   else if (n == "warp-ahead") s.schedule = Schedule::kWarpAhead;
   else if (n == "warp-ahead-reverse") s.schedule = Schedule::kWarpAheadReverse;
   else if (n == "lagging") s.schedule = Schedule::kLagging;
+  else if (n == "lagging-mid") s.schedule = Schedule::kLaggingMid;
+  else if (n == "lagging-tail") s.schedule = Schedule::kLaggingTail;
+  else if (n == "starve-last") s.schedule = Schedule::kStarveLast;
   else throw std::invalid_argument("va::emu::set_schedule: unknown schedule '" + n +
-                                   "' (known: forward, reverse, random, warp-ahead, warp-ahead-reverse, lagging)");
+                                   "' (known: forward, reverse, random, warp-ahead, warp-ahead-reverse, lagging, lagging-mid, lagging-tail, starve-last)");
   s.seed = seed;
 }
 
@@ -1707,7 +1757,8 @@ void reset_stats() {
 
 std::string describe_settings() {
   const Settings& s = settings();
-  static const char* kSched[] = {"forward", "reverse", "random", "warp-ahead", "warp-ahead-reverse", "lagging"};
+  static const char* kSched[] = {"forward", "reverse", "random", "warp-ahead", "warp-ahead-reverse", "lagging",
+                                 "lagging-mid", "lagging-tail", "starve-last"};
   static const char* kFault[] = {"none", "skip_block_sync", "skip_cp_async_wait", "skip_wgmma_wait",
                                  "skip_fence_proxy_async", "skip_mbarrier_wait", "named_barrier_miscount",
                                  "skip_named_barrier"};

@@ -33,7 +33,7 @@ std::tuple<int, int> rc(RowCol x) { return {x.row, x.col}; }
 template <class Head, class Tile, int kFmt = 0>
 py::dict tile_dict(const char* head) {
   using Tr = std::conditional_t<
-      Tile::kVersion == 3, va::tv::KernelTraitsV3<uint16_t, Head, Page1Layout, Tile>,
+      Tile::kVersion == 3, va::tv::KernelTraitsV3<uint16_t, Head, Page1Layout, Tile, kFmt == 1>,
       std::conditional_t<
       Tile::kVersion == 2, va::tv::KernelTraitsV2<uint16_t, Head, Page1Layout, Tile, kFmt == 1>,
       std::conditional_t<Tile::kVersion == 1,

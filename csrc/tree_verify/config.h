@@ -223,9 +223,12 @@ using TileMlaV3WgFp8 = TileConfigV1<32, 32, 8, 4, 2, 2, 1, 2, 3>;
 //  registers of e4m3 codes; over both m tiles, Q 72, ptxas spilled at 112), the softmax; 8 PV warps, 64 Dv columns each:
 //  89,664 B + a second P and alpha buffer = 91,328 B.
 using TileMlaV3RolesFp8 = TileConfigV1<32, 32, 16, 4, 2, 2, 1, 2, 4>;
+//  ... and Hopper's v3 (TileMlaV3Sm90, sm_90a only) on wgmma .e4m3: Q 36 KB + 2 stages of 36 KB (core-matrix layout) +
+//  stats and mask words 3 KB + 2 V^T buffers of 36 KB (the producer transposes each block's V) + 2 e4m3 P buffers of
+//  4 KB + Q's row scales + 12 mbarriers = 195,936 B.
 template <> struct TilesForFp8<HeadMLA> {
   using type = TileList<TileConfigV1<32, 32, 8, 4, 2, 2>, TileFp8F16, TileConfigV2<64, 32, 2, 4>, TileMlaV3Fp8,
-                        TileMlaV3WgFp8, TileMlaV3RolesFp8>;
+                        TileMlaV3WgFp8, TileMlaV3RolesFp8, TileMlaV3Sm90>;
 };
 // GQA d128 with e4m3 caches: kernel v1's f16 tile (K / V codes to f16 in registers, Q and P in f16), V rows
 // apart from K's: 32 rows x 32 tokens, S split 2 (dims: 64 = 2 steps of 32) x 2 (tokens) x 2 (M), every warp 16

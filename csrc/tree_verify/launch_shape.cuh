@@ -48,9 +48,9 @@ struct KernelOf<T, Head, Layout, Tile, kFmt, 2> {
 };
 
 template <class T, class Head, class Layout, class Tile, int kFmt>
-struct KernelOf<T, Head, Layout, Tile, kFmt, 3> {  // kernel v3 for Hopper (sm90/): 16-bit caches
-  static_assert(kFmt == 0, "kernel v3 (sm90): 16-bit caches (e4m3 is the next step)");
-  using Tr = KernelTraitsV3<T, Head, Layout, Tile>;
+struct KernelOf<T, Head, Layout, Tile, kFmt, 3> {  // kernel v3 for Hopper (sm90/): 16-bit or e4m3 caches
+  static_assert(kFmt != 2, "kernel v3 (sm90): 16-bit or e4m3 caches (the 656-byte rows take v1)");
+  using Tr = KernelTraitsV3<T, Head, Layout, Tile, kFmt == 1>;
   static constexpr auto kernel = tree_verify_split_kernel_v3<Tr>;
 };
 

@@ -122,6 +122,110 @@ VA_DEVICE void store_m64_rows(const Params& p, int num_splits, int split, int ro
   }
 }
 
+// e4m3 caches on wgmma (kernel v2 and Hopper's v3): Q quantized per row (scale amax / 448, like v1's e4m3 tiles; a
+// NaN in the row gives a NaN scale) into the no-swizzle core-matrix layout of a KV stage, row r's 16-byte chunk c
+// (16 dims) at (r / 8) kGroupBytes + 128 c + 16 (r % 8), and each row's scale into sQScale. Warp w of kWarps takes
+// rows w, w + kWarps, ...; lane l the chunks l, l + 32. Generic-proxy stores: the callers fence them
+// (fence_proxy_async) before the barrier that hands Q to the S wgmmas.
+template <class T, int BM, int kWarps, int kChunks, int kGroupBytes>
+VA_DEVICE void stage_q_e4m3(const Params& p, const T* q, int row0, int nrows, int group, int qo_begin, int kvh,
+                            int warp, int lane, unsigned char* sQ, float* sQScale) {
+  namespace arch = va::arch;
+  namespace h = va::host;
+  constexpr int kLaneChunks = (kChunks + 31) / 32;
+  for (int r = warp; r < BM; r += kWarps) {
+    const int grow = row0 + r;
+    const bool valid = grow < nrows;  // rows past T_b * group: zeros (never written out)
+    const T* src = valid ? q + (qo_begin + grow / group) * p.q_stride_tok + (kvh * group + grow % group) * p.q_stride_head
+                         : q;
+    float x[kLaneChunks][16];
+    float amax = 0.f;
+#pragma unroll
+    for (int j = 0; j < kLaneChunks; ++j) {
+      const int c = lane + 32 * j;
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        uint4 w = make_uint4(0, 0, 0, 0);
+        if (valid && c < kChunks) w = arch::ld_global(reinterpret_cast<const uint4*>(src + 16 * c + 8 * hh));
+        const uint32_t ws[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+        for (int u = 0; u < 4; ++u) arch::unpack2<T>(ws[u], x[j][8 * hh + 2 * u], x[j][8 * hh + 2 * u + 1]);
+      }
+#pragma unroll
+      for (int e = 0; e < 16; ++e) amax = arch::max_nan(amax, fabsf(x[j][e]));
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) amax = arch::max_nan(amax, arch::shfl_xor(amax, o));
+    const float scale = h::e4m3_row_scale(amax);
+    const float inv = 1.f / scale;
+    if (lane == 0) sQScale[r] = scale;
+#pragma unroll
+    for (int j = 0; j < kLaneChunks; ++j) {
+      const int c = lane + 32 * j;
+      if (c >= kChunks) continue;
+      uint32_t w[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u)
+        w[u] = arch::cvt_e4m3x4(x[j][4 * u] * inv, x[j][4 * u + 1] * inv, x[j][4 * u + 2] * inv, x[j][4 * u + 3] * inv);
+      arch::st_shared(sQ + (r >> 3) * kGroupBytes + c * 128 + (r & 7) * 16, make_uint4(w[0], w[1], w[2], w[3]));
+    }
+  }
+}
+
+// e4m3 caches on wgmma: V (the first Dv dims of 32 landed KV rows in the core-matrix layout above) transposed into a
+// V^T buffer, the P V wgmma's K-major B operand: dim d, k position kappa at (d / 8) kVtSbo + (kappa / 16) kVtLbo +
+// 16 (d % 8) + kappa % 16, where k position kappa holds token fp8_pv_token_of_k(kappa) (csrc/host/fp8.h: where the S
+// accumulator, hence P's A fragment, has it). Lane (w = lane % 4, qp = lane / 4 % 4, x = lane / 16) of warp wp takes,
+// for each 16-dim chunk c = wp + kWarps i of V, dims 16 c + 4 w .. + 3 and the k word 4 qp of k half x, i.e. tokens
+// 16 x + 2 qp + {0, 1, 8, 9}: 4 loads of 4 bytes, read in the order {0, 1, 8, 9} (x = 0) or {1, 0, 9, 8} (x = 1) so
+// that the 32 lanes of each load hit 32 banks (token % 8 and w), byte permutes undoing the order, 4 stores of 4
+// bytes (banks 16 (w % 2) + 8 (w / 2) + 4 x + qp: all 32 by kVtLbo 144 / kVtSbo 288). The thread's byte offsets are
+// loop-invariant, so every access is a base plus an immediate. Generic-proxy stores: the callers fence them before
+// the barrier that publishes the buffer to the wgmma.
+template <int kWarps, int kGroupBytes, int kVtLbo, int kVtSbo>
+struct VtTransposer {
+  int ld0, ld1, st;   // loads u = 0, 2 (token parity x) from ld0, u = 1, 3 from ld1 (+ kGroupBytes: 8 tokens on)
+  uint32_t lo, hi;    // the permute selectors of lane half x
+  VA_DEVICE VtTransposer(int lane, int warp) {
+    const int w = lane & 3, qp = (lane >> 2) & 3, x = lane >> 4;
+    lo = x ? 0x1504u : 0x5140u, hi = x ? 0x3726u : 0x7362u;
+    ld0 = 2 * x * kGroupBytes + 32 * qp + 16 * x + 4 * w + 128 * warp;
+    ld1 = ld0 + 16 - 32 * x;
+    st = x * kVtLbo + 4 * qp + (w >> 1) * kVtSbo + (w & 1) * 64 + 2 * warp * kVtSbo;
+  }
+  // kIters chunks c = c0 + warp + kWarps i of the 32 tokens at `src` (a stage's token 32 kk: + 4 kk kGroupBytes,
+  // chunk c0: + 128 c0) into `dst` (the V^T of that k32 step; chunk c0: + 2 c0 kVtSbo)
+  template <int kIters>
+  VA_DEVICE void run(const unsigned char* src, unsigned char* dst) const {
+    namespace arch = va::arch;
+    const unsigned char* src0 = src + ld0;
+    const unsigned char* src1 = src + ld1;
+    unsigned char* d = dst + st;
+    // every load first: the stores below may alias them as far as the compiler knows, so loads interleaved with them
+    // would wait out each store's round trip (a chain of kIters shared-memory latencies)
+    uint32_t rr[kIters][4];
+#pragma unroll
+    for (int i = 0; i < kIters; ++i) {
+      const int c_off = i * kWarps * 128;
+      rr[i][0] = *reinterpret_cast<const uint32_t*>(src0 + c_off);
+      rr[i][1] = *reinterpret_cast<const uint32_t*>(src1 + c_off);
+      rr[i][2] = *reinterpret_cast<const uint32_t*>(src0 + c_off + kGroupBytes);
+      rr[i][3] = *reinterpret_cast<const uint32_t*>(src1 + c_off + kGroupBytes);
+    }
+#pragma unroll
+    for (int i = 0; i < kIters; ++i) {
+      const uint32_t(&r)[4] = rr[i];
+      const uint32_t lo01 = arch::prmt(r[0], r[1], lo), hi01 = arch::prmt(r[0], r[1], hi);
+      const uint32_t lo23 = arch::prmt(r[2], r[3], lo), hi23 = arch::prmt(r[2], r[3], hi);
+      const uint32_t o[4] = {arch::prmt(lo01, lo23, 0x5410u), arch::prmt(lo01, lo23, 0x7632u),
+                             arch::prmt(hi01, hi23, 0x5410u), arch::prmt(hi01, hi23, 0x7632u)};
+#pragma unroll
+      for (int b = 0; b < 4; ++b)  // dim 16 c + 4 w + b
+        arch::st_shared(d + 2 * kWarps * i * kVtSbo + 16 * b, o[b]);
+    }
+  }
+};
+
 template <class Tr>
 __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel(const Params p, const int num_splits) {
   using T = typename Tr::Elem;

@@ -206,87 +206,19 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v2(c
   // ---- e4m3: Q quantized per row (scale amax / 448, like v1's e4m3 tiles) into the core-matrix layout, while
   // the first KV copies fly: warp w takes rows w, w + 8, ...; lane l the 16-dim chunks l, l + 32 ----
   [[maybe_unused]] float* sQScale = reinterpret_cast<float*>(smem + Tr::kQScale);
-  if constexpr (Tr::kFp8) {
-    constexpr int kLaneChunks = (Tr::kChunks + 31) / 32;
-    for (int r = warp; r < BM; r += Tr::kWarps) {
-      const int grow = row0 + r;
-      const bool valid = grow < nrows;  // rows past T_b * group: zeros (never written out)
-      const T* src = valid ? q + (qo_begin + grow / group) * p.q_stride_tok + (kvh * group + grow % group) * p.q_stride_head
-                           : q;
-      float x[kLaneChunks][16];
-      float amax = 0.f;
-#pragma unroll
-      for (int j = 0; j < kLaneChunks; ++j) {
-        const int c = lane + 32 * j;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          uint4 w = make_uint4(0, 0, 0, 0);
-          if (valid && c < Tr::kChunks) w = arch::ld_global(reinterpret_cast<const uint4*>(src + 16 * c + 8 * h));
-          const uint32_t ws[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-          for (int u = 0; u < 4; ++u) arch::unpack2<T>(ws[u], x[j][8 * h + 2 * u], x[j][8 * h + 2 * u + 1]);
-        }
-#pragma unroll
-        for (int e = 0; e < 16; ++e) amax = arch::max_nan(amax, fabsf(x[j][e]));  // a NaN in the row: NaN scale
-      }
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) amax = arch::max_nan(amax, arch::shfl_xor(amax, o));
-      const float scale = h::e4m3_row_scale(amax);
-      const float inv = 1.f / scale;
-      if (lane == 0) sQScale[r] = scale;
-#pragma unroll
-      for (int j = 0; j < kLaneChunks; ++j) {
-        const int c = lane + 32 * j;
-        if (c >= Tr::kChunks) continue;
-        uint32_t w[4];
-#pragma unroll
-        for (int u = 0; u < 4; ++u)
-          w[u] = arch::cvt_e4m3x4(x[j][4 * u] * inv, x[j][4 * u + 1] * inv, x[j][4 * u + 2] * inv,
-                                  x[j][4 * u + 3] * inv);
-        *reinterpret_cast<uint4*>(sQ + (r >> 3) * Tr::kGroupBytes + c * 128 + (r & 7) * 16) =
-            make_uint4(w[0], w[1], w[2], w[3]);
-      }
-    }
-  }
+  if constexpr (Tr::kFp8)
+    stage_q_e4m3<T, BM, Tr::kWarps, Tr::kChunks, Tr::kGroupBytes>(p, q, row0, nrows, group, qo_begin, kvh, warp, lane,
+                                                                   sQ, sQScale);
 
-  // ---- e4m3: V^T of a landed stage into a V^T buffer. Lane (w = lane % 4, qp = lane / 4 % 4, x = lane / 16) of
-  // warp wp takes, for each 16-dim chunk c = wp + 8 i of V, dims 16 c + 4 w .. + 3 and the k word 4 qp of k half x,
-  // i.e. tokens 16 x + 2 qp + {0, 1, 8, 9} (fp8_pv_token_of_k): 4 loads of 4 bytes, read in the order {0, 1, 8, 9}
-  // (x = 0) or {1, 0, 9, 8} (x = 1) so that the 32 lanes of each load hit 32 banks (token % 8 and w), byte permutes
-  // undoing the order, 4 stores of 4 bytes (banks 16 (w % 2) + 8 (w / 2) + 4 x + qp: all 32 by kVtLbo / kVtSbo) ----
-  [[maybe_unused]] const int vt_w = lane & 3, vt_q = (lane >> 2) & 3, vt_x = lane >> 4;
-  [[maybe_unused]] const uint32_t vt_lo = vt_x ? 0x1504u : 0x5140u, vt_hi = vt_x ? 0x3726u : 0x7362u;
-  // the thread's byte offsets, loop-invariant, so that every access of a tile is a base plus an immediate: loads
-  // u = 0, 2 (token parity x) from vt_ld0, u = 1, 3 (parity 1 - x) from vt_ld1, + (u / 2) kGroupBytes (8 tokens
-  // on), + 1024 i (chunk c = warp + 8 i); stores from vt_st + 16 b + 16 i kVtSbo (dim 16 c + 4 w + b)
-  [[maybe_unused]] const int vt_ld0 = 2 * vt_x * Tr::kGroupBytes + 32 * vt_q + 16 * vt_x + 4 * vt_w + 128 * warp;
-  [[maybe_unused]] const int vt_ld1 = vt_ld0 + 16 - 32 * vt_x;
-  [[maybe_unused]] const int vt_st =
-      vt_x * Tr::kVtLbo + 4 * vt_q + (vt_w >> 1) * Tr::kVtSbo + (vt_w & 1) * 64 + 2 * warp * Tr::kVtSbo;
+  // ---- e4m3: V^T of a landed stage into a V^T buffer (VtTransposer, tree_verify_kernel.cuh): warp w takes the 16-dim
+  // chunks w, w + 8, ... of the tile's 32 tokens ----
+  [[maybe_unused]] const VtTransposer<Tr::kWarps, Tr::kGroupBytes, Tr::kVtLbo, Tr::kVtSbo> vt(lane, warp);
   auto v_transpose = [&](int stage, int buf) {
-    if constexpr (Tr::kFp8) {
-      const unsigned char* src = smem + Tr::kKV + stage * Tr::kStageBytes;
-      const unsigned char* src0 = src + vt_ld0;
-      const unsigned char* src1 = src + vt_ld1;
-      unsigned char* dst = smem + Tr::kVt + buf * Tr::kVtBytes + vt_st;
-#pragma unroll
-      for (int i = 0; i < Tr::DV / 16 / Tr::kWarps; ++i) {
-        const int c_off = i * Tr::kWarps * 128;
-        const uint32_t r[4] = {*reinterpret_cast<const uint32_t*>(src0 + c_off),
-                               *reinterpret_cast<const uint32_t*>(src1 + c_off),
-                               *reinterpret_cast<const uint32_t*>(src0 + c_off + Tr::kGroupBytes),
-                               *reinterpret_cast<const uint32_t*>(src1 + c_off + Tr::kGroupBytes)};
-        const uint32_t lo01 = arch::prmt(r[0], r[1], vt_lo), hi01 = arch::prmt(r[0], r[1], vt_hi);
-        const uint32_t lo23 = arch::prmt(r[2], r[3], vt_lo), hi23 = arch::prmt(r[2], r[3], vt_hi);
-        const uint32_t o[4] = {arch::prmt(lo01, lo23, 0x5410u), arch::prmt(lo01, lo23, 0x7632u),
-                               arch::prmt(hi01, hi23, 0x5410u), arch::prmt(hi01, hi23, 0x7632u)};
-#pragma unroll
-        for (int b = 0; b < 4; ++b)  // dim 16 c + 4 w + b
-          *reinterpret_cast<uint32_t*>(dst + 2 * Tr::kWarps * i * Tr::kVtSbo + 16 * b) = o[b];
-      }
-    } else {
+    if constexpr (Tr::kFp8)
+      vt.template run<Tr::DV / 16 / Tr::kWarps>(smem + Tr::kKV + stage * Tr::kStageBytes,
+                                                 smem + Tr::kVt + buf * Tr::kVtBytes);
+    else
       (void)stage, (void)buf;
-    }
   };
 
   // ---- descriptors: K-major for S (k steps 128 B apart, 8-token groups kGroupBytes), MN-major for P V

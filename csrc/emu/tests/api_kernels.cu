@@ -430,6 +430,7 @@ __global__ void k_wgmma(const uint16_t* a, const uint16_t* b, int trans_b, int s
     if (!(mode & 1)) fence_proxy_async();
   }
   block_sync();
+  if (mode & 512) fence_proxy_async();  // (a fence after the barrier that published the stores: too late)
 
   const int q = (threadIdx.x / 32) % 4, l = lane_id(), g = l >> 2, t = l & 3;
   uint32_t fa[2][4];

@@ -22,10 +22,11 @@
 
 namespace va::tv {
 
-template <class Elem_, class Head, class Layout_, class Tile>
+template <class Elem_, class Head, class Layout_, class Tile, bool kFp8_ = false>
 struct KernelTraitsV3 {
-  using Elem = Elem_;       // q, out and the cache: bf16 or fp16
-  using KvElem = Elem_;
+  using Elem = Elem_;       // q and out: bf16 or fp16; the cache too, unless kFp8
+  static constexpr bool kFp8 = kFp8_;  // e4m3 cache codes (per-tensor scales): both products on wgmma .e4m3 (below)
+  using KvElem = std::conditional_t<kFp8, uint8_t, Elem_>;
   using Layout = Layout_;
   static constexpr int DQK = Head::DQK, DV = Head::DV;
   static constexpr int BM = Tile::BM, BN = Tile::BN, STAGES = Tile::STAGES;
@@ -44,41 +45,71 @@ struct KernelTraitsV3 {
   static constexpr int kDimBlocks = DQK / kDimBlock;   // 9
   static constexpr int kBlockBytes = BN * 128;         // one dim block of a 64-row operand: 8 KB
   static constexpr int kAtomBytes = 1024;              // 8 rows x 128 bytes: the swizzle atom, SBO
-  static constexpr size_t kStageBytes = size_t(kDimBlocks) * kBlockBytes;  // 72 KB
-  static constexpr int kSKSteps = DQK / 16;            // 36 k16 wgmma steps of S
   static constexpr int kODV = DV / 2;                  // Dv columns per consumer warpgroup: 256 (the P V wgmma's N)
-  static constexpr int kPKSteps = BN / 16;             // 4 k16 steps of P V
   static constexpr int kSAccN = BN / 2;                // 32 S accumulator floats a thread
   static constexpr int kOAccN = kODV / 2;              // 128 O accumulator floats a thread
-  static constexpr int kPBlock = DV / kDimBlock;       // the RoPE dim block: P lives there (8)
+  static constexpr int kPBlock = DV / kDimBlock;       // the RoPE dim block: P lives there (8; 16-bit caches)
   static constexpr int kMaskStage = 8;                 // tree-mask words staged per row (trees up to 256 nodes)
+  static constexpr int kKStep = kFp8 ? 32 : 16;        // k of one wgmma (e4m3: 32, at twice the 16-bit rate)
+  static constexpr int kSKSteps = DQK / kKStep;        // 36 k16 (18 k32) wgmma steps of S
+  static constexpr int kPKSteps = BN / kKStep;         // 4 k16 (2 k32) steps of P V
   // a stage's two halves: dims 0-255 (L: dim blocks 0-3) and dims 256-575 (R: 4-7, with the RoPE block 8), or, for
-  // stage 1, R alone and L with RoPE; each half has a FULL and an EMPTY mbarrier
+  // stage 1, R alone and L with RoPE; each half has a FULL and an EMPTY mbarrier (e4m3: the V^T buffers' halves,
+  // below)
   static constexpr int kHalves = 2;
   static constexpr int kHalfBlocks = kODV / kDimBlock;   // 4 dim blocks in a 256-dim half
   // the half of `stage` dim block b belongs to: 0 the early one (stage 0's L, stage 1's R), 1 the late (the rest)
   static constexpr int half_of(int stage, int b) {
     return b >= kPBlock ? 1 : ((b < kHalfBlocks) == (stage == 0) ? 0 : 1);
   }
+  // the Dv half (0: dims 0-255, 1: 256-511) that is `stage`'s half h (e4m3's V^T halves follow the same rule)
+  static constexpr int dv_half_of(int stage, int h) { return (stage == 0) == (h == 0) ? 0 : 1; }
   // producer: 8 threads per 128-byte line (a token's dim block), 16 tokens per pass, kRowsPerThread passes
-  static constexpr int kRowsPerThread = BN / (kProducerThreads / 8);  // 4
+  // (e4m3: 8 tokens x 4 consecutive 16-byte chunks a warp instruction, 2 tokens a thread, below)
+  static constexpr int kRowsPerThread = kFp8 ? 2 : BN / (kProducerThreads / 8);  // 4 (e4m3: 2)
 
+  // ---- e4m3 (kFp8): wgmma .e4m3 takes K-major operands only, and a 576-byte row is 4.5 128-byte lines, so the rows
+  // sit in v2's no-swizzle core-matrix layout (traits.h, KernelTraitsV2): token t's 16-byte chunk c (16 dims) at
+  // (t / 8) kGroupBytes + 128 c + 16 (t % 8). S = Q K^T reads Q and a stage K-major (LBO 128, SBO kGroupBytes, a k32
+  // step +256). The producer transposes each block's V (dims 0-511) into a V^T buffer, K-major for P V: per k32 step
+  // (32 tokens), dim d, k position kappa (the tokens in fp8_pv_token_of_k order, where P's A fragment has them) at
+  // (d / 8) kVtSbo + (kappa / 16) kVtLbo + 16 (d % 8) + kappa % 16 (v2's strides, conflict-free both ways). P is
+  // exchanged through a buffer of its own (e4m3, A-fragment order), Q's row scales beside it.
+  static constexpr int kChunks = DQK * int(sizeof(KvElem)) / 16;        // 16-byte chunks a KV row: 36 (e4m3)
+  static constexpr int kGroupBytes = kChunks * 128;                     // 8 tokens x a row's chunks (e4m3)
+  static constexpr int kVtLbo = 144, kVtSbo = 288;                      // e4m3: V^T's core-matrix strides
+  static constexpr size_t kVtStepBytes = size_t(DV / 8) * kVtSbo;       // V^T of one k32 step (32 tokens), all Dv
+  static constexpr size_t kVtBytes = kFp8 ? kPKSteps * kVtStepBytes : 0;  // one block's V^T (e4m3): 36 KB
+  static constexpr size_t kPBytes = kFp8 ? size_t(BM) * BN : 0;         // one block's P, e4m3 (e4m3: 4 KB)
+  // P stored as the A fragments of the k32 steps of P V, scaled by kPScale (the exact max: P <= 1; v2's choice)
+  static constexpr float kPScale = 256.f;
+
+  static constexpr size_t kOperandBytes = kFp8 ? size_t(BM / 8) * kGroupBytes : size_t(kDimBlocks) * kBlockBytes;
+  static constexpr size_t kStageBytes = kOperandBytes;  // a stage: one 64-token block (72 KB; e4m3 36 KB)
   static constexpr size_t kQ = 0;
-  static constexpr size_t kKV = size_t(kDimBlocks) * (BM / 8) * kAtomBytes;  // Q: 72 KB
+  static constexpr size_t kKV = kOperandBytes;          // Q: 72 KB (e4m3: 36 KB)
   // per-row statistics a warpgroup publishes for the other: its block's row max and row sum, (2 warpgroups, 2, BM)
   static constexpr size_t kStats = kKV + size_t(STAGES) * kStageBytes;
   static constexpr size_t kMask = kStats + size_t(2) * 2 * BM * sizeof(float);
-  // FULL x STAGES x 2 halves, then EMPTY x STAGES x 2 halves (sm90/tree_verify_kernel_v3.cuh: a stage's early and
-  // late half, each with its own barriers, so the producer refills one while the other is still read)
-  static constexpr size_t kBars = kMask + size_t(BM) * kMaskStage * sizeof(uint32_t);
-  static constexpr size_t kTotal = kBars + size_t(2) * STAGES * kHalves * sizeof(uint64_t);
+  static constexpr size_t kVt = kMask + size_t(BM) * kMaskStage * sizeof(uint32_t);  // e4m3: STAGES V^T buffers
+  static constexpr size_t kP = kVt + size_t(STAGES) * kVtBytes;                       // e4m3: STAGES P buffers
+  static constexpr size_t kQScale = kP + size_t(STAGES) * kPBytes;                    // e4m3: Q's row scales
+  // 16-bit: FULL x STAGES x 2 halves, then EMPTY x STAGES x 2 halves (a stage's early and late half, each with its
+  // own barriers, so the producer refills one while the other is still read). e4m3: FULL / EMPTY per stage (the
+  // rows: S's and the transposition's), then VFULL / VEMPTY per stage and V^T half (the P V wgmmas')
+  static constexpr size_t kBars = kQScale + (kFp8 ? size_t(BM) * sizeof(float) : 0);
+  static constexpr int kNumBars = kFp8 ? 2 * STAGES + 2 * STAGES * kHalves : 2 * STAGES * kHalves;
+  static constexpr size_t kTotal = kBars + size_t(kNumBars) * sizeof(uint64_t);
   static constexpr size_t smem_bytes() { return kTotal; }
 
-  static_assert(sizeof(Elem) == 2, "v3 (sm90): 16-bit q, out and cache (e4m3 is the next step)");
+  static_assert(sizeof(Elem) == 2, "v3 (sm90): 16-bit q and out");
   static_assert(Head::kSharedKV && DQK == 576 && DV == 512, "v3 (sm90): MLA rows, V = K[..., :512], RoPE 64");
   static_assert(DQK - DV == kDimBlock, "P takes the RoPE dim block: exactly one 64-dim block past Dv");
   static_assert(size_t(BM) * BN * 2 <= size_t(kBlockBytes), "P (BM x BN, 16-bit) fits the RoPE dim block");
-  static_assert(kKV % 1024 == 0 && kStageBytes % 1024 == 0, "swizzled operands start on 1024-byte atoms");
+  static_assert(kKV % 1024 == 0 && kStageBytes % 512 == 0, "operands start on 512-byte (swizzled: 1024) boundaries");
+  static_assert(kFp8 || kStageBytes % 1024 == 0, "swizzled operands start on 1024-byte atoms");
+  static_assert(!kFp8 || (kVt % 16 == 0 && kP % 16 == 0 && kVtBytes % 16 == 0), "e4m3 buffers: 16-byte aligned");
+  static_assert(kBars % 8 == 0, "mbarriers: 8-byte aligned");
   static_assert(kBlockThreads == 384 && (kProducerRegs * 128 + kMathRegs * 256) <= 65536, "setmaxnreg budget");
   static_assert(kTotal <= 227 * 1024, "shared memory must fit sm_90a's 227 KB per block");
 };

@@ -53,7 +53,21 @@
 // treats noinc-tied copies as the barrier's own writes (visible to wgmma once the phase is awaited), so it does not
 // check that fence; it checks the one after Q. The P exchange is read back into registers (wgmma's A from
 // registers), so no generic write is ever read by the async proxy.
-// Not built yet (NOTES.md, "Kernel v3 for Hopper (issue 40)"): a 2-CTA cluster sharing rows; e4m3 caches.
+// e4m3 caches (Tr::kFp8, per-tensor scales; traits_v3.h): both products on wgmma .e4m3 (k32), the same seesaw.
+//   * Q quantized per row (v2's scale amax / 448, stage_q_e4m3) and the stages in v2's no-swizzle core-matrix layout
+//     (a 576-byte row is 4.5 lines of 128 bytes); S: 18 k32 wgmma m64n64k32 a block.
+//   * The producer copies a block's rows (8 tokens x 4 consecutive 16-byte chunks a warp instruction) into a 36 KB
+//     stage with FULL / EMPTY mbarriers per stage. e4m3 operands are K-major only, so each block's V (dims 0-511) is
+//     transposed into a V^T buffer per stage (VtTransposer, tree_verify_kernel.cuh; k position kappa holds token
+//     fp8_pv_token_of_k(kappa), where P's A fragment has it): the producer transposes warpgroup 0's dims (0-255;
+//     VFULL / VEMPTY per stage half as in the 16-bit rule), warpgroup 1 its own (256-511) right after its S, while
+//     warpgroup 0 runs its softmax. A stage's EMPTY counts every warp that read its rows (the S warpgroup, the
+//     producer, and for stage 0 warpgroup 1's transposition), so the producer refills it with pair i + 1 in
+//     iteration i (the loop's `arrive-ahead` marker tells bench.model) and prefetches pair i + 2's rows into L2.
+//   * P V: 2 k32 wgmma m64n256k32 a block, P from registers as e4m3 (x 2^8: the exact max, P <= 1), exchanged through
+//     a 4 KB buffer of its own; the epilogue scales by v_scale / 2^8.
+// Not built yet (NOTES.md, "Kernel v3 for Hopper (issue 40)"): a 2-CTA cluster sharing rows; TMA boxes for paged
+// caches.
 #pragma once
 
 #include "arch/arch.cuh"
@@ -61,6 +75,7 @@
 #include "../params.h"
 #include "../request.cuh"
 #include "../tree_verify_kernel.cuh"
+#include "../tree_verify_kernel_v1.cuh"  // TokenCursor
 #include "traits_v3.h"
 
 namespace va::tv {
@@ -69,9 +84,22 @@ namespace va::tv {
 // barrier before P0 overwrites the RoPE dims its S read
 inline constexpr int kV3QBarrier = 1, kV3P0Barrier = 2, kV3P1Barrier = 3, kV3WgBarrier = 4;
 
+// e4m3: dims [256 dv, 256 dv + 256) of the block in `stage` (landed rows) into the stage's V^T buffer, both k32 steps
+// (VtTransposer of the warpgroup doing it: its warp w takes the 16-dim chunks w, w + 4, ...)
+template <class Tr, class Vt>
+VA_DEVICE void transpose_vt_half(const Vt& vt, const unsigned char* sKV, unsigned char* sVt, int stage, int dv) {
+  constexpr int kHalfChunks = Tr::kODV / 16;  // 16 chunks of 16 dims in a V^T half
+  const int c0 = dv * kHalfChunks;
+#pragma unroll
+  for (int kk = 0; kk < Tr::kPKSteps; ++kk)
+    vt.template run<kHalfChunks / 4>(sKV + stage * Tr::kStageBytes + 4 * kk * Tr::kGroupBytes + 128 * c0,
+                                     sVt + stage * Tr::kVtBytes + kk * Tr::kVtStepBytes + 2 * c0 * Tr::kVtSbo);
+}
+
 template <class Tr>
 __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel_v3(const Params p, const int num_splits) {
   using T = typename Tr::Elem;
+  using KvT = typename Tr::KvElem;  // the cache's element: T, or e4m3 codes (uint8_t), also the wgmma operand type
   using L = typename Tr::Layout;
   namespace arch = va::arch;
   namespace h = va::host;
@@ -95,83 +123,194 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
   const int lane = arch::lane_id();
   const int warp = arch::warp_id();
   unsigned char* smem = arch::smem_dynamic<unsigned char>();
-  // FULL (stage, half) at sFull[2 stage + half], EMPTY likewise at sEmpty: pair i is phase i of each
+  // 16-bit: FULL (stage, half) at sFull[2 stage + half], EMPTY likewise at sEmpty. e4m3: FULL / EMPTY per stage (the
+  // rows), VFULL / VEMPTY (stage, V^T half) at [2 stage + half]. Pair i is phase i of each
+  constexpr int kRowBars = Tr::kFp8 ? STAGES : STAGES * Tr::kHalves;
   uint64_t* sFull = reinterpret_cast<uint64_t*>(smem + Tr::kBars);
-  uint64_t* sEmpty = sFull + STAGES * Tr::kHalves;
+  uint64_t* sEmpty = sFull + kRowBars;
+  [[maybe_unused]] uint64_t* sVFull = sEmpty + kRowBars;
+  [[maybe_unused]] uint64_t* sVEmpty = sVFull + STAGES * Tr::kHalves;
   unsigned char* sKV = smem + Tr::kKV;
 
-  if (tid == 0)
-    for (int b = 0; b < STAGES * Tr::kHalves; ++b) {
+  if (tid == 0) {
+    for (int b = 0; b < kRowBars; ++b) {
       arch::mbarrier_init(sFull + b, Tr::kProducerThreads);  // every producer thread, once its copies landed
-      arch::mbarrier_init(sEmpty + b, Tr::kWarps / 2);       // one lane of each warp of the warpgroup reading it last
+      // 16-bit: one lane of each warp of the warpgroup reading it last. e4m3: of each warp that read the stage's
+      // rows: the warpgroup whose S reads them, each producer warp once it transposed warpgroup 0's dims, and, for
+      // stage 0, each warp of warpgroup 1 once it transposed its own (stage 1's: its S and its transposition, one
+      // arrival)
+      arch::mbarrier_init(sEmpty + b, Tr::kFp8 ? (b == 0 ? 3 : 2) * (Tr::kWarps / 2) : Tr::kWarps / 2);
     }
+    if constexpr (Tr::kFp8)
+      for (int b = 0; b < STAGES * Tr::kHalves; ++b) {
+        arch::mbarrier_init(sVFull + b, Tr::kProducerThreads);  // every producer thread, its V^T stores fenced
+        arch::mbarrier_init(sVEmpty + b, Tr::kWarps / 2);       // one lane of each warp of the warpgroup reading it
+      }
+  }
   arch::block_sync();  // initialised before any arrival: the CTA's only block-wide barrier
 
   // ======================= producer warpgroup: every KV copy =======================
   if (warp >= Tr::kWarps) {
     arch::setmaxnreg_dec<Tr::kProducerRegs>();
     const int pt = tid - Tr::kThreads;      // 0 .. 127
-    const int sub = pt & 7, r0 = pt >> 3;   // chunk of a 128-byte line; first token (then + 16 j)
-    constexpr int RJ = Tr::kRowsPerThread;
-    const T* kbase = static_cast<const T*>(p.k_cache) + kvh * p.k_stride_head + sub * 8;
+    using KV = typename Tr::KvElem;
+    const KV* kv_head = static_cast<const KV*>(p.k_cache) + kvh * p.k_stride_head;
     const int64_t k_sb = p.k_stride_block, k_st = p.k_stride_tok;
     // the kv_indices entry naming token tok's row (0 past the end: in bounds, never read), and where that row starts
     // (host/layout.h: the layout's index position and row offset)
-    auto id_of = [&](int tok) -> int32_t {
-      const int pos = L::index_pos(tok, p.page_size);
+    auto id_at = [&](int pos, int tok) -> int32_t {  // (pos: the token's index position)
       if constexpr (kKnockout & kKoNoIndex)
         return tok < range.end ? pos : 0;
       else
         return tok < range.end ? ld_index(p.kv_indices, static_cast<int64_t>(kv_base) + pos, p.kv_indices_i64) : 0;
     };
-    auto row_of = [&](int32_t id, int tok) { return kbase + L::row_offset(id, tok, p.page_size, k_sb, k_st); };
-    // the ids of this thread's tokens of block t: r0 + 16 j
-    auto load_ids = [&](int t, int32_t (&ids)[RJ]) {
+    auto id_of = [&](int tok) -> int32_t { return id_at(L::index_pos(tok, p.page_size), tok); };
+    // (a base per role of the thread's chunk, + the row's offset: folding the chunk into the base keeps the copies'
+    // addresses one add each; the 16-bit producer ran 619 instructions a pair instead of 343 with the chunk added after)
+    auto row_at = [&](const KV* base, int32_t id, int tok) { return base + L::row_offset(id, tok, p.page_size, k_sb, k_st); };
+    if constexpr (!Tr::kFp8) {
+      const int sub = pt & 7, r0 = pt >> 3;   // chunk of a 128-byte line; first token (then + 16 j)
+      constexpr int RJ = Tr::kRowsPerThread;
+      const KV* kbase = kv_head + sub * 8;
+      // the ids of this thread's tokens of block t: r0 + 16 j
+      auto load_ids = [&](int t, int32_t (&ids)[RJ]) {
 #pragma unroll
-      for (int j = 0; j < RJ; ++j) ids[j] = id_of(range.begin + t * BN + r0 + 16 * j);
-    };
-    static_assert(STAGES == 2, "v3 (sm90): a pair of blocks in two stages, block 2i + s in stage s");
-    static_assert(STAGES * BN == Tr::kProducerThreads, "the L2 prefetch: one row of the next pair a producer thread");
-    for (int i = 0; i < npairs; ++i) {
-      // the pair's row ids, loaded before the EMPTY waits: their latency hides under them
-      int32_t ids[STAGES][RJ];
-      load_ids(2 * i, ids[0]);
-      load_ids(2 * i + 1, ids[1]);
-      // row pt of pair i + 1, and its id (read here: the EMPTY waits that follow hide the load)
-      const int pf_tok = range.begin + (2 * i + 2) * BN + pt;
-      const bool prefetch = i + 1 < npairs && pf_tok < range.end && !(kKnockout & kKoNoLoad);
-      const int32_t pf_id = prefetch ? id_of(pf_tok) : 0;
-      // the early halves first (stage 0's L, stage 1's R: freed in the middle of the previous pair), then the late
+        for (int j = 0; j < RJ; ++j) ids[j] = id_of(range.begin + t * BN + r0 + 16 * j);
+      };
+      static_assert(STAGES == 2, "v3 (sm90): a pair of blocks in two stages, block 2i + s in stage s");
+      static_assert(STAGES * BN == Tr::kProducerThreads, "the L2 prefetch: one row of the next pair a producer thread");
+      for (int i = 0; i < npairs; ++i) {
+        // the pair's row ids, loaded before the EMPTY waits: their latency hides under them
+        int32_t ids[STAGES][RJ];
+        load_ids(2 * i, ids[0]);
+        load_ids(2 * i + 1, ids[1]);
+        // row pt of pair i + 1, and its id (read here: the EMPTY waits that follow hide the load)
+        const int pf_tok = range.begin + (2 * i + 2) * BN + pt;
+        const bool prefetch = i + 1 < npairs && pf_tok < range.end && !(kKnockout & kKoNoLoad);
+        const int32_t pf_id = prefetch ? id_of(pf_tok) : 0;
+        // the early halves first (stage 0's L, stage 1's R: freed in the middle of the previous pair), then the late
 #pragma unroll
-      for (int step = 0; step < STAGES * Tr::kHalves; ++step) {
-        const int half = step / STAGES, stage = step % STAGES, t = 2 * i + stage;
-        if (step == STAGES && prefetch) {
-          // before the late halves' waits (freed at the end of pair i - 1): this thread's row of pair i + 1, its 9
-          // lines, into L2, so that the next pair's copies, issued once their halves are free, read L2 while DRAM
-          // streams on
-          const T* row = row_of(pf_id, pf_tok) - sub * 8;   // (the row's start: its line 0)
+        for (int step = 0; step < STAGES * Tr::kHalves; ++step) {
+          const int half = step / STAGES, stage = step % STAGES, t = 2 * i + stage;
+          if (step == STAGES && prefetch) {
+            // before the late halves' waits (freed at the end of pair i - 1): this thread's row of pair i + 1, its 9
+            // lines, into L2, so that the next pair's copies, issued once their halves are free, read L2 while DRAM
+            // streams on
+            const KV* row = row_at(kbase, pf_id, pf_tok) - sub * 8;   // (the row's start: its line 0)
 #pragma unroll
-          for (int b = 0; b < Tr::kDimBlocks; ++b) arch::prefetch_l2(row + b * Tr::kDimBlock);
+            for (int b = 0; b < Tr::kDimBlocks; ++b) arch::prefetch_l2(row + b * Tr::kDimBlock);
+          }
+          // the warpgroup reading this half last released it in pair i - 1 (its phase i - 1)
+          if (i > 0) arch::mbarrier_wait(sEmpty + Tr::kHalves * stage + half, static_cast<uint32_t>(i - 1) & 1u);
+          unsigned char* dst0 = sKV + stage * Tr::kStageBytes;
+          if (!(kKnockout & kKoNoLoad) || i == 0) {
+#pragma unroll
+            for (int j = 0; j < RJ; ++j) {
+              const int r = r0 + 16 * j;
+              const int tok = range.begin + t * BN + r;
+              const bool valid = tok < range.end;  // past the end: zeros land (P is 0 there; 0 x NaN would not be)
+              const KV* src = row_at(kbase, ids[stage][j], tok);
+              unsigned char* dst = dst0 + arch::sw128_kmajor_offset(r, sub, kAtom);
+#pragma unroll
+              for (int b = 0; b < Tr::kDimBlocks; ++b)
+                if (Tr::half_of(stage, b) == half)
+                  arch::cp_async_16_zfill(dst + b * kBlockBytes, src + b * Tr::kDimBlock, valid);
+            }
+          }
+          // FULL of this half: counts this thread once its copies (all it issued so far) landed
+          arch::cp_async_mbarrier_arrive_noinc(sFull + Tr::kHalves * stage + half);
         }
-        // the warpgroup reading this half last released it in pair i - 1 (its phase i - 1)
-        if (i > 0) arch::mbarrier_wait(sEmpty + Tr::kHalves * stage + half, static_cast<uint32_t>(i - 1) & 1u);
-        unsigned char* dst0 = sKV + stage * Tr::kStageBytes;
-        if (!(kKnockout & kKoNoLoad) || i == 0) {
+      }
+    } else {
+      // e4m3: warp pw's lane (tok8 = lane % 8, cl = lane / 8) copies chunks 4 m + cl (m < 9: a row's 36) of tokens
+      // 16 pw + 8 j + tok8 (j < 2): one warp instruction is 8 tokens x 4 consecutive chunks (64 bytes of each row:
+      // whole sectors), landing as 4 whole 128-byte core-matrix rows (no bank conflict)
+      const int pw = warp - Tr::kWarps, tok8 = lane & 7, cl = lane >> 3;
+      const KV* kbase = kv_head + cl * 16;
+      constexpr int RJ = Tr::kRowsPerThread, kRowChunkIters = Tr::kChunks / 4;
+      static_assert(Tr::kChunks % 4 == 0 && RJ * 8 * 4 == BN, "e4m3 producer: 4 warps x 2 x 8 tokens, 4 chunk lanes");
+      auto tok_of = [&](int t, int j) { return range.begin + t * BN + 16 * pw + 8 * j + tok8; };
+      // each token's index position and row in its page, a pair (2 BN tokens) on per use with additions only
+      // (TokenCursor: a paged layout's division once, at construction; 4 a row and pair would cost ~200 instructions)
+      static_assert(STAGES == 2 && RJ == 2, "e4m3 producer: 2 x 2 token cursors");
+      auto cursor = [&](int tok) { return TokenCursor<L>(tok, STAGES * BN, p.page_size); };
+      TokenCursor<L> cur[STAGES][RJ] = {{cursor(tok_of(0, 0)), cursor(tok_of(0, 1))},
+                                        {cursor(tok_of(1, 0)), cursor(tok_of(1, 1))}};
+      const int32_t k_sb32 = static_cast<int32_t>(k_sb), k_st32 = static_cast<int32_t>(k_st);  // (checked at launch)
+      // block t's row ids (its stage's cursors name its tokens)
+      auto load_ids = [&](int t, int32_t (&ids)[RJ]) {
+#pragma unroll
+        for (int j = 0; j < RJ; ++j) ids[j] = id_at(cur[t % STAGES][j].pos, tok_of(t, j));
+      };
+      // block t's rows into `stage`, then this thread's arrival on the stage's FULL once they landed; the stage's
+      // cursors move on to the next pair
+      auto copy_block = [&](int t, int stage, const int32_t (&ids)[RJ]) {
+        if (!(kKnockout & kKoNoLoad) || t < STAGES) {
 #pragma unroll
           for (int j = 0; j < RJ; ++j) {
-            const int r = r0 + 16 * j;
-            const int tok = range.begin + t * BN + r;
+            const int tok = tok_of(t, j);
             const bool valid = tok < range.end;  // past the end: zeros land (P is 0 there; 0 x NaN would not be)
-            const T* src = row_of(ids[stage][j], tok);
-            unsigned char* dst = dst0 + arch::sw128_kmajor_offset(r, sub, kAtom);
+            const KV* src = kbase + cur[stage][j].row_offset(ids[j], k_sb32, k_st32);
+            unsigned char* dst = sKV + stage * Tr::kStageBytes + (2 * pw + j) * Tr::kGroupBytes + cl * 128 + tok8 * 16;
 #pragma unroll
-            for (int b = 0; b < Tr::kDimBlocks; ++b)
-              if (Tr::half_of(stage, b) == half)
-                arch::cp_async_16_zfill(dst + b * kBlockBytes, src + b * Tr::kDimBlock, valid);
+            for (int m = 0; m < kRowChunkIters; ++m) arch::cp_async_16_zfill(dst + m * 512, src + m * 64, valid);
           }
         }
-        // FULL of this half: counts this thread once its copies (all it issued so far) landed
-        arch::cp_async_mbarrier_arrive_noinc(sFull + Tr::kHalves * stage + half);
+#pragma unroll
+        for (int j = 0; j < RJ; ++j) cur[stage][j].advance();
+        arch::cp_async_mbarrier_arrive_noinc(sFull + stage);
+      };
+      // warpgroup 0's V^T halves (dims 0-255: stage 0's early half, stage 1's late one); warpgroup 1 transposes its
+      // own. Warp pw takes the 16-dim chunks pw, pw + 4, ... of a half, both k32 steps
+      const VtTransposer<4, Tr::kGroupBytes, Tr::kVtLbo, Tr::kVtSbo> vt(lane, pw);
+      unsigned char* sVt = smem + Tr::kVt;
+      static_assert(Tr::dv_half_of(0, 0) == 0 && Tr::dv_half_of(1, 1) == 0, "dims 0-255: stage s's half s");
+      // the pair's rows: pair 0's before the loop, pair i + 1's in iteration i once their stage is free
+      {
+        int32_t ids[STAGES][RJ];
+#pragma unroll
+        for (int st = 0; st < STAGES; ++st) load_ids(st, ids[st]);
+#pragma unroll
+        for (int st = 0; st < STAGES; ++st) copy_block(st, st, ids[st]);
+      }
+      TokenCursor<L> pf_cur = cursor(range.begin + 2 * STAGES * BN + pt);  // row pt of pair i + 2 (iteration i)
+      for (int i = 0; i < npairs; ++i) {
+        const uint32_t parity = static_cast<uint32_t>(i) & 1u;
+        // pair i + 1's row ids (copied at the end of this iteration: the transposition below hides the loads)
+        int32_t ids[STAGES][RJ];
+        if (i + 1 < npairs) {
+#pragma unroll
+          for (int st = 0; st < STAGES; ++st) load_ids(2 * i + 2 + st, ids[st]);
+        }
+        // row pt of pair i + 2 (prefetched below, so that pair i + 2's copies, issued in iteration i + 1, read L2)
+        const int pf_tok = range.begin + (2 * i + 4) * BN + pt;
+        const bool prefetch = i + 2 < npairs && pf_tok < range.end && !(kKnockout & kKoNoLoad);
+        const int32_t pf_id = prefetch ? id_at(pf_cur.pos, pf_tok) : 0;
+        // pair i's V^T of warpgroup 0's dims: stage 0's (its early half, freed in the middle of pair i - 1), then
+        // stage 1's (late); then the stage's rows are read no more by this warp, and pair i + 1's go there as soon as
+        // its S retired and every warp that transposes from it is done
+#pragma unroll
+        for (int stage = 0; stage < STAGES; ++stage) {
+          const int half = stage;
+          if (stage == 1 && prefetch) {  // a 576-byte row spans 5 or 6 128-byte lines: its bytes 0, 128 .. 512, 575
+            const KV* row = kv_head + pf_cur.row_offset(pf_id, k_sb32, k_st32);
+#pragma unroll
+            for (int b = 0; b < 6; ++b) arch::prefetch_l2(row + (b < 5 ? 128 * b : Tr::kChunks * 16 - 1));
+          }
+          arch::mbarrier_wait(sFull + stage, parity);  // the block's rows landed (every thread's)
+          // warpgroup 0 released this V^T half in pair i - 1
+          if (i > 0) arch::mbarrier_wait(sVEmpty + Tr::kHalves * stage + half, parity ^ 1u);
+          transpose_vt_half<Tr>(vt, sKV, sVt, stage, 0);
+          arch::fence_proxy_async();  // this thread's V^T stores, ordered before the wgmma's (async-proxy) reads
+          arch::mbarrier_arrive(sVFull + Tr::kHalves * stage + half);
+          arch::warp_sync();
+          if (lane == 0) arch::mbarrier_arrive(sEmpty + stage);
+          if (i + 1 < npairs) {  // pair i + 1's block into the stage (EMPTY phase i)
+            arch::mbarrier_wait(sEmpty + stage, parity);
+            copy_block(2 * i + 2 + stage, stage, ids[stage]);  // sass-model: arrive-ahead (FULL: pair i + 1's)
+          }
+        }
+        pf_cur.advance();
       }
     }
     return;
@@ -185,15 +324,22 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
   const int qg = lane >> 2, qt = lane & 3;   // fragment row group and column pair
   const T* q = static_cast<const T*>(p.q);
 
-  // ---- Q (64 rows x 576) into the swizzled layout, and the first 8 tree-mask words of each row ----
-  constexpr int kQChunks = Tr::DQK / 8;  // 72 16-byte chunks a row
-  for (int i = tid; i < BM * kQChunks; i += Tr::kThreads) {
-    const int r = i / kQChunks, c = i % kQChunks;
-    const int grow = row0 + r;
-    bool valid;  // (rows past T_b * group: zeros, never written out)
-    const T* src = q_chunk_src(p, q, grow, nrows, group, qo_begin, kvh, c, valid);
-    arch::cp_async_16_zfill(smem + Tr::kQ + (c / 8) * kBlockBytes + arch::sw128_kmajor_offset(r, c % 8, kAtom), src,
-                            valid);
+  // ---- Q (64 rows x 576) into the swizzled layout (e4m3: quantized per row into the core-matrix layout), and the
+  // first 8 tree-mask words of each row ----
+  [[maybe_unused]] float* sQScale = reinterpret_cast<float*>(smem + Tr::kQScale);
+  if constexpr (Tr::kFp8) {
+    stage_q_e4m3<T, BM, Tr::kWarps, Tr::kChunks, Tr::kGroupBytes>(p, q, row0, nrows, group, qo_begin, kvh, warp, lane,
+                                                                   smem + Tr::kQ, sQScale);
+  } else {
+    constexpr int kQChunks = Tr::DQK / 8;  // 72 16-byte chunks a row
+    for (int i = tid; i < BM * kQChunks; i += Tr::kThreads) {
+      const int r = i / kQChunks, c = i % kQChunks;
+      const int grow = row0 + r;
+      bool valid;  // (rows past T_b * group: zeros, never written out)
+      const T* src = q_chunk_src(p, q, grow, nrows, group, qo_begin, kvh, c, valid);
+      arch::cp_async_16_zfill(smem + Tr::kQ + (c / 8) * kBlockBytes + arch::sw128_kmajor_offset(r, c % 8, kAtom), src,
+                              valid);
+    }
   }
   uint32_t* sMask = reinterpret_cast<uint32_t*>(smem + Tr::kMask);
   constexpr int kMaskStage = Tr::kMaskStage;
@@ -203,13 +349,25 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
   arch::fence_proxy_async();                                 // Q visible to the wgmma's async proxy
   arch::named_barrier_sync(kV3QBarrier, Tr::kThreads);       // ... everyone's (and the mask words)
 
-  // ---- descriptors (sm90/traits_v3.h): K-major for S (Q and K), MN-major for P V (this warpgroup's 256 dims) ----
-  const uint64_t q_desc = arch::wgmma_desc_sw128(smem + Tr::kQ, 16, kAtom);
-  const uint64_t k_desc0 = arch::wgmma_desc_sw128(sKV, 16, kAtom);
-  const uint64_t v_desc0 = arch::wgmma_desc_sw128(sKV + wg * (Tr::kODV / Tr::kDimBlock) * kBlockBytes, kBlockBytes, kAtom);
+  // ---- descriptors (sm90/traits_v3.h): K-major for S (Q and K), MN-major for P V (this warpgroup's 256 dims); e4m3:
+  // the core-matrix layout for S (LBO 128, SBO kGroupBytes), and the V^T buffers' (K-major) for P V ----
+  const uint64_t q_desc = Tr::kFp8 ? arch::wgmma_desc(smem + Tr::kQ, 128, Tr::kGroupBytes)
+                                   : arch::wgmma_desc_sw128(smem + Tr::kQ, 16, kAtom);
+  const uint64_t k_desc0 = Tr::kFp8 ? arch::wgmma_desc(sKV, 128, Tr::kGroupBytes) : arch::wgmma_desc_sw128(sKV, 16, kAtom);
+  const uint64_t v_desc0 =
+      Tr::kFp8 ? arch::wgmma_desc(smem + Tr::kVt + wg * (Tr::kODV / 8) * Tr::kVtSbo, Tr::kVtLbo, Tr::kVtSbo)
+               : arch::wgmma_desc_sw128(sKV + wg * (Tr::kODV / Tr::kDimBlock) * kBlockBytes, kBlockBytes, kAtom);
+
+  // e4m3: warpgroup 1's transposer of its own V^T halves (warp wq takes the chunks wq, wq + 4, ...)
+  [[maybe_unused]] const VtTransposer<4, Tr::kGroupBytes, Tr::kVtLbo, Tr::kVtSbo> vt_wg(lane, wq);
 
   // ---- softmax state: rows qg and qg + 8 of the warp's 16, the same in both warpgroups ----
-  const float scale_log2 = p.sm_scale * h::kLog2e;
+  // (e4m3: x K's scale and the Q row's)
+  float scale_log2[2] = {p.sm_scale * h::kLog2e, p.sm_scale * h::kLog2e};
+  if constexpr (Tr::kFp8) {
+    const float ks = p.sm_scale * h::kLog2e * kv_scale(p.k_scale_ptr, p.k_scale);
+    scale_log2[0] = ks * sQScale[wq * 16 + qg], scale_log2[1] = ks * sQScale[wq * 16 + qg + 8];
+  }
   int smask_row[2];
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
@@ -226,46 +384,84 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
   // per-row statistics a warpgroup publishes: (warpgroup, {row max, row sum}, row)
   float* sStat = reinterpret_cast<float*>(smem + Tr::kStats);
   auto stat_at = [&](int g, int kind, int hf) { return sStat + (g * 2 + kind) * BM + wq * 16 + qg + 8 * hf; };
-  // P of the block in `stage`, in A-fragment order: k step kk, thread tw's 4 registers as one 16-byte word
+  // P of the block in `stage`, in A-fragment order: k step kk, thread tw's 4 registers as one 16-byte word (16-bit:
+  // in the stage's RoPE dim block; e4m3: in the stage's P buffer)
   auto p_at = [&](int stage) {
-    return reinterpret_cast<uint4*>(sKV + stage * Tr::kStageBytes + Tr::kPBlock * kBlockBytes) + tw;
+    unsigned char* base = Tr::kFp8 ? smem + Tr::kP + stage * Tr::kPBytes
+                                   : sKV + stage * Tr::kStageBytes + Tr::kPBlock * kBlockBytes;
+    return reinterpret_cast<uint4*>(base) + tw;
   };
 
   // S of the block in `stage` over all 576 dims (Q and K from shared memory): the k steps of the stage's early half
-  // once it landed, then the late half's once that landed; committed and retired
-  auto s_gemm = [&](int stage, uint32_t parity) {
+  // once it landed, then the late half's once that landed; committed and retired. e4m3: the 18 k32 steps once the
+  // block landed; release_rows: this warp's arrival on the stage's EMPTY (warpgroup 0's; warpgroup 1 arrives once it
+  // also transposed its dims of the block)
+  auto s_gemm = [&](int stage, uint32_t parity, bool release_rows) {
     const uint64_t kd = arch::wgmma_desc_advance(k_desc0, stage * Tr::kStageBytes);
     arch::wgmma_fence_operand(sacc);
-#pragma unroll
-    for (int half = 0; half < Tr::kHalves; ++half) {
-      arch::mbarrier_wait(sFull + Tr::kHalves * stage + half, parity);  // FULL: this half of the block landed
+    if constexpr (Tr::kFp8) {
+      arch::mbarrier_wait(sFull + stage, parity);  // FULL: the block landed
       arch::fence_proxy_async();  // ... its generic-proxy (cp.async) bytes ordered before the wgmma's reads
       arch::wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < Tr::kSKSteps; ++kk) {
-        if (Tr::half_of(stage, kk / 4) != half) continue;
-        const uint32_t off = (kk / 4) * kBlockBytes + (kk % 4) * 32;  // dim block, then 16 dims (32 bytes) in its line
-        // (the first k step issued zeroes the accumulator: dims 0-15 for stage 0, 256-271 for stage 1)
-        const bool first = half == 0 && kk == (stage == 0 ? 0 : Tr::kHalfBlocks * 4);
-        arch::wgmma_ss<T, BN, false>(sacc, arch::wgmma_desc_advance(q_desc, off), arch::wgmma_desc_advance(kd, off),
-                                     !first);
+      for (int kk = 0; kk < Tr::kSKSteps; ++kk)  // a k32 step: 2 chunks of 128 bytes apart
+        arch::wgmma_ss<KvT, BN, false>(sacc, arch::wgmma_desc_advance(q_desc, kk * 256),
+                                       arch::wgmma_desc_advance(kd, kk * 256), kk > 0);
+    } else {
+#pragma unroll
+      for (int half = 0; half < Tr::kHalves; ++half) {
+        arch::mbarrier_wait(sFull + Tr::kHalves * stage + half, parity);  // FULL: this half of the block landed
+        arch::fence_proxy_async();  // ... its generic-proxy (cp.async) bytes ordered before the wgmma's reads
+        arch::wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < Tr::kSKSteps; ++kk) {
+          if (Tr::half_of(stage, kk / 4) != half) continue;
+          const uint32_t off = (kk / 4) * kBlockBytes + (kk % 4) * 32;  // dim block, then 16 dims (32 bytes) in its line
+          // (the first k step issued zeroes the accumulator: dims 0-15 for stage 0, 256-271 for stage 1)
+          const bool first = half == 0 && kk == (stage == 0 ? 0 : Tr::kHalfBlocks * 4);
+          arch::wgmma_ss<T, BN, false>(sacc, arch::wgmma_desc_advance(q_desc, off), arch::wgmma_desc_advance(kd, off),
+                                       !first);
+        }
       }
     }
     arch::wgmma_commit();
     arch::wgmma_wait<0>();
     arch::wgmma_fence_operand(sacc);
+    if constexpr (Tr::kFp8) {
+      if (release_rows) {  // (warpgroup 1 frees its block's rows once it also transposed its dims of them)
+        arch::warp_sync();
+        if (lane == 0) arch::mbarrier_arrive(sEmpty + stage);
+      }
+    } else {
+      (void)release_rows;
+    }
   };
-  // O += P V over this warpgroup's 256 dims of the block in `stage` (A = P from registers), issued, not committed
-  auto pv_issue = [&](int stage, const uint32_t (&pa)[kPKSteps][4]) {
-    const uint64_t vd = arch::wgmma_desc_advance(v_desc0, stage * Tr::kStageBytes);
+  // O += P V over this warpgroup's 256 dims of the block in `stage` (A = P from registers), issued, not committed.
+  // e4m3: from the stage's V^T buffer once the producer published this warpgroup's half of it (VFULL)
+  // fence: a wgmma_fence first (the first P V after register writes; e4m3: after the VFULL wait). half: the stage's
+  // half (0 early, 1 late) holding this warpgroup's dims (a constant at each call, so the barrier's address is too);
+  // e4m3: -1, no VFULL wait (warpgroup 1 transposed its halves itself)
+  auto pv_issue = [&](int stage, const uint32_t (&pa)[kPKSteps][4], uint32_t parity, bool fence, int half) {
+    if constexpr (Tr::kFp8) {
+      if (half >= 0) arch::mbarrier_wait(sVFull + Tr::kHalves * stage + half, parity);
+      if (fence || half >= 0) arch::wgmma_fence();
+      const uint64_t vd = arch::wgmma_desc_advance(v_desc0, stage * Tr::kVtBytes);
 #pragma unroll
-    for (int kk = 0; kk < kPKSteps; ++kk)
-      arch::wgmma_rs<T, Tr::kODV, true>(oacc, pa[kk], arch::wgmma_desc_advance(vd, kk * 2 * kAtom), true);
+      for (int kk = 0; kk < kPKSteps; ++kk)
+        arch::wgmma_rs<KvT, Tr::kODV, false>(oacc, pa[kk], arch::wgmma_desc_advance(vd, kk * Tr::kVtStepBytes), true);
+    } else {
+      (void)parity, (void)half;
+      if (fence) arch::wgmma_fence();
+      const uint64_t vd = arch::wgmma_desc_advance(v_desc0, stage * Tr::kStageBytes);
+#pragma unroll
+      for (int kk = 0; kk < kPKSteps; ++kk)
+        arch::wgmma_rs<T, Tr::kODV, true>(oacc, pa[kk], arch::wgmma_desc_advance(vd, kk * 2 * kAtom), true);
+    }
   };
   // the scores of block `blk` (from sacc) in log2 units, masked; and their row maxima over the quad
   auto scores = [&](int blk, float (&s)[kSAccN], float (&tmax)[2]) {
 #pragma unroll
-    for (int e = 0; e < kSAccN; ++e) s[e] = sacc[e] * scale_log2;
+    for (int e = 0; e < kSAccN; ++e) s[e] = sacc[e] * scale_log2[(e % 4) >> 1];
     const int tok0 = range.begin + blk * BN;
     if (h::tile_needs_mask(tok0, BN, prefix, range.end)) {  // sass-model: cold
       mask_m64_scores<kSAccN, kMaskStage>(p, s, tok0, qt, prefix, range.end, smask_row, my_mask);
@@ -295,22 +491,37 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
       rsum[hf] += arch::shfl_xor(rsum[hf], 1);
       rsum[hf] += arch::shfl_xor(rsum[hf], 2);
     }
+    // e4m3 (k32 steps): a[r] of step kk holds row half r % 2, k 4 qt + 16 (r / 2) .. + 3, i.e. tokens 32 kk + 16 (r / 2)
+    // + 2 qt + {0, 1, 8, 9} (fp8_pv_token_of_k, where V^T has them): the scores e = 16 kk + 8 (r / 2) + 2 (r % 2) + {0,
+    // 1, 4, 5}, x kPScale (P <= 1 by the exact max)
 #pragma unroll
     for (int kk = 0; kk < kPKSteps; ++kk)
 #pragma unroll
-      for (int r = 0; r < 4; ++r) pa[kk][r] = arch::pack2<T>(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
+      for (int r = 0; r < 4; ++r) {
+        if constexpr (Tr::kFp8) {
+          const int e = 16 * kk + 8 * (r >> 1) + 2 * (r & 1);
+          constexpr float ps = Tr::kPScale;
+          pa[kk][r] = arch::cvt_e4m3x4(s[e] * ps, s[e + 1] * ps, s[e + 4] * ps, s[e + 5] * ps);
+        } else {
+          pa[kk][r] = arch::pack2<T>(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
+        }
+      }
   };
-  // one block's step of the running max and sum (both warpgroups run the same steps in the same order)
+  // one block's step of the running max and sum (both warpgroups run the same steps in the same order). 16-bit P:
+  // the lazy max (P <= 2^8); e4m3: the exact max (P <= 1, stored x kPScale; v2's choice)
   auto update = [&](const float (&tmax)[2], float (&alpha)[2]) {
+    constexpr float kSlack = Tr::kFp8 ? 0.f : 8.f;
 #pragma unroll
-    for (int hf = 0; hf < 2; ++hf) alpha[hf] = h::lazy_softmax_update(m_run[hf], tmax[hf], 8.f, Exp2Fast{});
+    for (int hf = 0; hf < 2; ++hf) alpha[hf] = h::lazy_softmax_update(m_run[hf], tmax[hf], kSlack, Exp2Fast{});
   };
   auto add_sum = [&](const float (&rsum)[2], const float (&alpha)[2]) {
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) l_run[hf] = l_run[hf] * alpha[hf] + rsum[hf];
   };
   auto rescale_o = [&](const float (&alpha)[2]) {
-    if (arch::any(alpha[0] != 1.f || alpha[1] != 1.f)) {  // sass-model: cold (the lazy max: almost never)
+    // sass-model: cold (16-bit, the lazy max: almost never; e4m3, the exact max: when a block raises a row's max, ~ln n
+    // times in n blocks of i.i.d. scores)
+    if (arch::any(alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll
       for (int i = 0; i < kOAccN; ++i) oacc[i] *= alpha[(i % 4) >> 1];
     }
@@ -334,10 +545,12 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) tmax[hf] = *stat_at(1 - wg, 0, hf), rsum[hf] = *stat_at(1 - wg, 1, hf);
   };
-  // this warp has no wgmma left that reads this half of the stage: one lane frees it for the producer
+  // this warp has no wgmma left that reads this half of the stage (e4m3: of the stage's V^T): one lane frees it for
+  // the producer
+  uint64_t* const sHalfEmpty = Tr::kFp8 ? sVEmpty : sEmpty;
   auto release = [&](int stage, int half) {
     arch::warp_sync();
-    if (lane == 0) arch::mbarrier_arrive(sEmpty + Tr::kHalves * stage + half);
+    if (lane == 0) arch::mbarrier_arrive(sHalfEmpty + Tr::kHalves * stage + half);
   };
 
   // ---- main loop: one pair of blocks an iteration (WG0: block 2i in stage 0, WG1: 2i + 1 in stage 1) ----
@@ -346,21 +559,20 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
     float s[kSAccN], tmax[2], rsum[2], a0[2], a1[2], otmax[2], orsum[2];
     uint32_t pa[kPKSteps][4], pb[kPKSteps][4];
     if (wg == 0) {
-      s_gemm(0, parity);  // block 2i: stage 0's L half (dims 0-255), then its R half and RoPE
+      s_gemm(0, parity, true);  // block 2i: stage 0's L half (dims 0-255), then its R half and RoPE
       scores(2 * i, s, tmax);
       update(tmax, a0);
       probs(s, pa, rsum);
       add_sum(rsum, a0);
       // every warp of this warpgroup has retired its S, which read the RoPE dims P0 is about to overwrite (a warp's
       // wgmma wait covers its own part of the warpgroup's wgmma only). Warpgroup 1 needs no such barrier: its bar.sync
-      // on P0 below already waits for all of its warps, each past its S.
-      arch::named_barrier_sync(kV3WgBarrier, 128);
+      // on P0 below already waits for all of its warps, each past its S. (e4m3: P has a buffer of its own)
+      if constexpr (!Tr::kFp8) arch::named_barrier_sync(kV3WgBarrier, 128);
       publish(0, pa, tmax, rsum);
       arch::named_barrier_arrive(kV3P0Barrier, Tr::kThreads);  // P0, its max and sums out for WG1
       rescale_o(a0);
       arch::wgmma_fence_operand(oacc);
-      arch::wgmma_fence();
-      pv_issue(0, pa);  // O_L = O_L a0 + P0 V0L
+      pv_issue(0, pa, parity, true, 0);  // O_L = O_L a0 + P0 V0L (stage 0's early half)
       arch::wgmma_commit();
       arch::wgmma_fence_operand(oacc);
       arch::named_barrier_sync(kV3P1Barrier, Tr::kThreads);  // WG1's P1, max and sums
@@ -371,15 +583,32 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
       arch::wgmma_fence_operand(oacc);
       release(0, 0);          // (only this warpgroup reads stage 0's L half: the producer refills it for pair i + 1)
       rescale_o(a1);
-      arch::wgmma_fence();
-      pv_issue(1, pb);  // O_L = O_L a1 + P1 V1L
+      pv_issue(1, pb, parity, true, 1);  // O_L = O_L a1 + P1 V1L (stage 1's late half)
       arch::wgmma_commit();
       arch::wgmma_wait<0>();
       arch::wgmma_fence_operand(oacc);
       release(1, 1);  // stage 1's L half and RoPE: its last reader (warpgroup 1's S1 and P1 came before P1 out)
     } else {
-      s_gemm(1, parity);  // block 2i + 1 (the phantom one's zeros too): stage 1's R half, then its L half and RoPE
+      s_gemm(1, parity, false);  // block 2i + 1 (the phantom one's zeros too): stage 1's R half, then its L half and RoPE
       scores(2 * i + 1, s, tmax);
+      if constexpr (Tr::kFp8) {
+        // its own V^T halves (dims 256-511 of both blocks) while warpgroup 0 runs its softmax. No barrier first: this
+        // warp's S1 completed, so every warp of the warpgroup issued it (a warpgroup-collective wgmma), each after
+        // retiring its last P V of pair i - 1, which read these halves (the emulator holds wgmma to the same rule;
+        // its lagging-tail schedule, one warp of four behind, found no overlap without a barrier). Fenced before the
+        // arrivals that free the rows and before bar.sync P0, which orders the stores before every warp's P V
+        transpose_vt_half<Tr>(vt_wg, sKV, smem + Tr::kVt, 1, 1);
+        arch::fence_proxy_async();
+        arch::warp_sync();
+        if (lane == 0) arch::mbarrier_arrive(sEmpty + 1);  // stage 1's rows: its S and this transposition done
+        // stage 0's rows landed (implied by the FULL wait of stage 1 in its S: each producer thread copies a pair's
+        // stage 0 before its stage 1, and its noinc arrive counts once all its copies landed; kept explicit)
+        arch::mbarrier_wait(sFull + 0, parity);
+        transpose_vt_half<Tr>(vt_wg, sKV, smem + Tr::kVt, 0, 1);
+        arch::fence_proxy_async();
+        arch::warp_sync();
+        if (lane == 0) arch::mbarrier_arrive(sEmpty + 0);
+      }
       arch::named_barrier_sync(kV3P0Barrier, Tr::kThreads);  // WG0's P0, max and sums
       fetch(0, pb, otmax, orsum);
       update(otmax, a0);  // WG0's step, replayed
@@ -395,30 +624,38 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
 #pragma unroll
         for (int kk = 0; kk < kPKSteps; ++kk)
 #pragma unroll
-          for (int r = 0; r < 4; ++r) {
-            float lo, hi;
-            arch::unpack2<T>(pb[kk][r], lo, hi);
-            pb[kk][r] = arch::pack2<T>(lo * a1[r & 1], hi * a1[r & 1]);  // A register r: row half r % 2
+          for (int r = 0; r < 4; ++r) {  // A register r: row half r % 2
+            if constexpr (Tr::kFp8) {  // 4 e4m3 codes (exact in f16), scaled, re-quantized
+              float x[4];
+              arch::unpack2<__half>(arch::e4m3x2_to_f16x2(pb[kk][r] & 0xFFFFu), x[0], x[1]);
+              arch::unpack2<__half>(arch::e4m3x2_to_f16x2(pb[kk][r] >> 16), x[2], x[3]);
+              pb[kk][r] = arch::cvt_e4m3x4(x[0] * a1[r & 1], x[1] * a1[r & 1], x[2] * a1[r & 1], x[3] * a1[r & 1]);
+            } else {
+              float lo, hi;
+              arch::unpack2<T>(pb[kk][r], lo, hi);
+              pb[kk][r] = arch::pack2<T>(lo * a1[r & 1], hi * a1[r & 1]);
+            }
           }
       }
       arch::wgmma_fence_operand(oacc);
-      arch::wgmma_fence();
-      pv_issue(1, pa);  // O_R += P1 V1R
+      pv_issue(1, pa, parity, true, -1);  // O_R += P1 V1R (stage 1's early half)
       arch::wgmma_commit();
-      pv_issue(0, pb);  // O_R += P0 V0R
+      pv_issue(0, pb, parity, false, -1);  // O_R += P0 V0R (stage 0's late half)
       arch::wgmma_commit();
       arch::wgmma_wait<1>();  // P1 V1R retired: stage 1's R half is read no more
-      release(1, 0);
+      if constexpr (!Tr::kFp8) release(1, 0);  // (e4m3: its own V^T half, rewritten only by this warpgroup)
       arch::wgmma_wait<0>();
       arch::wgmma_fence_operand(oacc);
-      release(0, 1);  // stage 0's R half and RoPE (P0 was fetched before, S0 retired before P0 out)
+      if constexpr (!Tr::kFp8) release(0, 1);  // stage 0's R half and RoPE (P0 fetched before, S0 retired before P0 out)
     }
   }
   arch::launch_dependents();  // the combine may start launching; it waits for this grid's writes
 
-  // ---- epilogue: this thread's rows, its warpgroup's columns 8j + 2 qt, +1 ----
+  // ---- epilogue: this thread's rows, its warpgroup's columns 8j + 2 qt, +1 (e4m3: O was summed from P x kPScale on V's
+  // codes) ----
   store_m64_rows<T, kOAccN>(p, num_splits, split, row0, nrows, qo_begin, kvh, wq, qg, wg * Tr::kODV + 2 * qt,
-                            wg == 0 && qt == 0, oacc, m_run, l_run, 1.f);
+                            wg == 0 && qt == 0, oacc, m_run, l_run,
+                            Tr::kFp8 ? kv_scale(p.v_scale_ptr, p.v_scale) / Tr::kPScale : 1.f);
 }
 
 }  // namespace va::tv
