@@ -34,12 +34,13 @@ struct KernelTraitsV3 {
   static constexpr int kThreads = Tile::kThreads;      // consumer threads (256): named barriers count these
   static constexpr int kBlockThreads = 32 * Tile::kLaunchWarps;  // + the producer warpgroup: 384
   static constexpr int kProducerThreads = 128;
-  // setmaxnreg: 384 threads launch at 168 registers; the producer warpgroup returns (168 - 56) x 128, the consumers
-  // take (224 - 168) x 256 of them (56 x 128 + 224 x 256 = 63 K of the SM's 64 K). 56, not FlashMLA's 40: the
-  // producer holds both blocks' row ids of a pair (it copies the early halves of both before the late ones) and
-  // the next pair's row id for its L2 prefetch; at 48 the paged layout's row offsets spilled 8 B. The consumers fit
-  // 224 with no spill
-  static constexpr int kProducerRegs = 56, kMathRegs = 224;
+  // setmaxnreg: 384 threads launch at 168 registers; the producer warpgroup returns (168 - 64) x 128, the consumers
+  // take (216 - 168) x 256 of them (64 x 128 + 216 x 256 = 62 K of the SM's 64 K). 64, not FlashMLA's 40: the
+  // producer holds both blocks' row ids of a pair (it copies the early halves of both before the late ones), the next
+  // pair's row id for its L2 prefetch, and its token cursors (a paged layout's positions without a division a row);
+  // at 56 the 16-bit paged producer spilled 16 B with them (at 48, 8 B without them). The consumers fit 216 with no
+  // spill, 16-bit and e4m3
+  static constexpr int kProducerRegs = 64, kMathRegs = 216;
 
   static constexpr int kDimBlock = 64;                 // dims per 128-byte line
   static constexpr int kDimBlocks = DQK / kDimBlock;   // 9

@@ -155,27 +155,41 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
     const int pt = tid - Tr::kThreads;      // 0 .. 127
     using KV = typename Tr::KvElem;
     const KV* kv_head = static_cast<const KV*>(p.k_cache) + kvh * p.k_stride_head;
-    const int64_t k_sb = p.k_stride_block, k_st = p.k_stride_tok;
-    // the kv_indices entry naming token tok's row (0 past the end: in bounds, never read), and where that row starts
-    // (host/layout.h: the layout's index position and row offset)
-    auto id_at = [&](int pos, int tok) -> int32_t {  // (pos: the token's index position)
+    // row strides as 32-bit (launch_one refuses larger ones for every kernel version >= 1)
+    const int32_t k_sb32 = static_cast<int32_t>(p.k_stride_block), k_st32 = static_cast<int32_t>(p.k_stride_tok);
+    // a token's kv_indices position and row in its page, moved a pair (2 BN tokens) on at a time with additions only
+    // (TokenCursor: a paged layout's division once, at construction; a division a row and pair cost the paged
+    // producers ~200 instructions a pair)
+    auto cursor = [&](int tok) { return TokenCursor<L>(tok, STAGES * BN, p.page_size); };
+    // the kv_indices entry at index position pos naming token tok's row (0 past the end: in bounds, never read)
+    auto id_at = [&](int pos, int tok) -> int32_t {
       if constexpr (kKnockout & kKoNoIndex)
         return tok < range.end ? pos : 0;
       else
         return tok < range.end ? ld_index(p.kv_indices, static_cast<int64_t>(kv_base) + pos, p.kv_indices_i64) : 0;
     };
-    auto id_of = [&](int tok) -> int32_t { return id_at(L::index_pos(tok, p.page_size), tok); };
-    // (a base per role of the thread's chunk, + the row's offset: folding the chunk into the base keeps the copies'
-    // addresses one add each; the 16-bit producer ran 619 instructions a pair instead of 343 with the chunk added after)
-    auto row_at = [&](const KV* base, int32_t id, int tok) { return base + L::row_offset(id, tok, p.page_size, k_sb, k_st); };
+    // (each role's base holds the thread's chunk: the copies' addresses are then one add each; with the chunk added
+    // after the row, the 16-bit producer ran 619 instructions a pair instead of 343)
     if constexpr (!Tr::kFp8) {
       const int sub = pt & 7, r0 = pt >> 3;   // chunk of a 128-byte line; first token (then + 16 j)
       constexpr int RJ = Tr::kRowsPerThread;
       const KV* kbase = kv_head + sub * 8;
+      // its tokens' cursors: block 2i + s's first (token r0) at cur[s]; its tokens r0 + 16 j from it, 16 tokens a step
+      // (a cursor a token spilled at 56 registers)
+      auto tok_of = [&](int t, int j) { return range.begin + t * BN + r0 + 16 * j; };
+      TokenCursor<L> cur[2] = {cursor(tok_of(0, 0)), cursor(tok_of(1, 0))};
+      const TokenCursor<L> by16(0, 16, p.page_size);
+      auto rows_of = [&](const TokenCursor<L>& c) {
+        TokenCursor<L> r = c;
+        r.step_pos = by16.step_pos, r.step_off = by16.step_off;
+        return r;
+      };
+      TokenCursor<L> pf_cur = cursor(range.begin + 2 * BN + pt);  // row pt of pair i + 1 (iteration i)
       // the ids of this thread's tokens of block t: r0 + 16 j
       auto load_ids = [&](int t, int32_t (&ids)[RJ]) {
+        TokenCursor<L> c = rows_of(cur[t % 2]);
 #pragma unroll
-        for (int j = 0; j < RJ; ++j) ids[j] = id_of(range.begin + t * BN + r0 + 16 * j);
+        for (int j = 0; j < RJ; ++j, c.advance()) ids[j] = id_at(c.pos, tok_of(t, j));
       };
       static_assert(STAGES == 2, "v3 (sm90): a pair of blocks in two stages, block 2i + s in stage s");
       static_assert(STAGES * BN == Tr::kProducerThreads, "the L2 prefetch: one row of the next pair a producer thread");
@@ -187,7 +201,7 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
         // row pt of pair i + 1, and its id (read here: the EMPTY waits that follow hide the load)
         const int pf_tok = range.begin + (2 * i + 2) * BN + pt;
         const bool prefetch = i + 1 < npairs && pf_tok < range.end && !(kKnockout & kKoNoLoad);
-        const int32_t pf_id = prefetch ? id_of(pf_tok) : 0;
+        const int32_t pf_id = prefetch ? id_at(pf_cur.pos, pf_tok) : 0;
         // the early halves first (stage 0's L, stage 1's R: freed in the middle of the previous pair), then the late
 #pragma unroll
         for (int step = 0; step < STAGES * Tr::kHalves; ++step) {
@@ -196,7 +210,7 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
             // before the late halves' waits (freed at the end of pair i - 1): this thread's row of pair i + 1, its 9
             // lines, into L2, so that the next pair's copies, issued once their halves are free, read L2 while DRAM
             // streams on
-            const KV* row = row_at(kbase, pf_id, pf_tok) - sub * 8;   // (the row's start: its line 0)
+            const KV* row = kv_head + pf_cur.row_offset(pf_id, k_sb32, k_st32);   // (the row's start: its line 0)
 #pragma unroll
             for (int b = 0; b < Tr::kDimBlocks; ++b) arch::prefetch_l2(row + b * Tr::kDimBlock);
           }
@@ -204,12 +218,13 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
           if (i > 0) arch::mbarrier_wait(sEmpty + Tr::kHalves * stage + half, static_cast<uint32_t>(i - 1) & 1u);
           unsigned char* dst0 = sKV + stage * Tr::kStageBytes;
           if (!(kKnockout & kKoNoLoad) || i == 0) {
+            TokenCursor<L> c = rows_of(cur[stage]);
 #pragma unroll
-            for (int j = 0; j < RJ; ++j) {
+            for (int j = 0; j < RJ; ++j, c.advance()) {
               const int r = r0 + 16 * j;
               const int tok = range.begin + t * BN + r;
               const bool valid = tok < range.end;  // past the end: zeros land (P is 0 there; 0 x NaN would not be)
-              const KV* src = row_at(kbase, ids[stage][j], tok);
+              const KV* src = kbase + c.row_offset(ids[stage][j], k_sb32, k_st32);
               unsigned char* dst = dst0 + arch::sw128_kmajor_offset(r, sub, kAtom);
 #pragma unroll
               for (int b = 0; b < Tr::kDimBlocks; ++b)
@@ -220,6 +235,7 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
           // FULL of this half: counts this thread once its copies (all it issued so far) landed
           arch::cp_async_mbarrier_arrive_noinc(sFull + Tr::kHalves * stage + half);
         }
+        cur[0].advance(), cur[1].advance(), pf_cur.advance();
       }
     } else {
       // e4m3: warp pw's lane (tok8 = lane % 8, cl = lane / 8) copies chunks 4 m + cl (m < 9: a row's 36) of tokens
@@ -230,13 +246,10 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
       constexpr int RJ = Tr::kRowsPerThread, kRowChunkIters = Tr::kChunks / 4;
       static_assert(Tr::kChunks % 4 == 0 && RJ * 8 * 4 == BN, "e4m3 producer: 4 warps x 2 x 8 tokens, 4 chunk lanes");
       auto tok_of = [&](int t, int j) { return range.begin + t * BN + 16 * pw + 8 * j + tok8; };
-      // each token's index position and row in its page, a pair (2 BN tokens) on per use with additions only
-      // (TokenCursor: a paged layout's division once, at construction; 4 a row and pair would cost ~200 instructions)
+      // its tokens' cursors: block 2i + 2 + s (copied in iteration i), token 16 pw + 8 j + tok8 at cur[s][j]
       static_assert(STAGES == 2 && RJ == 2, "e4m3 producer: 2 x 2 token cursors");
-      auto cursor = [&](int tok) { return TokenCursor<L>(tok, STAGES * BN, p.page_size); };
       TokenCursor<L> cur[STAGES][RJ] = {{cursor(tok_of(0, 0)), cursor(tok_of(0, 1))},
                                         {cursor(tok_of(1, 0)), cursor(tok_of(1, 1))}};
-      const int32_t k_sb32 = static_cast<int32_t>(k_sb), k_st32 = static_cast<int32_t>(k_st);  // (checked at launch)
       // block t's row ids (its stage's cursors name its tokens)
       auto load_ids = [&](int t, int32_t (&ids)[RJ]) {
 #pragma unroll
