@@ -1159,14 +1159,19 @@ def test_v3h_hopper_matches_reference(emu, i):
     check_against_reference(out, lse, case, *TOL[case.spec.dtype])
 
 
-def test_v3h_hopper_wide_tree(emu):
+@pytest.mark.parametrize("kv_dtype", ["", "fp8_e4m3"], ids=["bf16", "e4m3"])
+def test_v3h_hopper_wide_tree(emu, kv_dtype):
     # 256 nodes: 8 mask words, all staged in shared memory (kMaskStage 8); 2048 rows = 32 M tiles of 64
-    spec = CaseSpec((40,), (256,), "bushy", dtype=BF, page_size=3, seed=412, **MLA)
+    spec = CaseSpec((40,), (256,), "bushy", dtype=BF, kv_dtype=kv_dtype, page_size=3, seed=412, **MLA)
     case = make_case(spec)
     emu.set_schedule("warp-ahead")
     emu.set_cp_async_landing("issue")
     out, lse = _run(case, cfg(2, *V3H))
-    check_against_reference(out, lse, case, *TOL[spec.dtype])
+    if kv_dtype:
+        rel, lse_err = fp8_errors(case, out, lse)
+        assert rel <= FP8_MMA_REL_TOL and lse_err <= FP8_MMA_LSE_ATOL, (rel, lse_err)
+    else:
+        check_against_reference(out, lse, case, *TOL[spec.dtype])
 
 
 def test_v3h_hopper_schedules_agree_bitwise(emu):
