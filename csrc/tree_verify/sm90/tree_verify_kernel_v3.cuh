@@ -3,7 +3,7 @@
 // MLA rows (Dqk 576 = 512 latent + 64 RoPE, V = the first 512 dims of the K row), q / out / cache bf16 or fp16.
 //
 // The block (TileConfigV3 in sm90/tile_v3.h, traits and layouts in sm90/traits_v3.h): 384 threads.
-//   * Warps 8-11, the producer warpgroup (setmaxnreg.dec 56): every KV copy of the CTA. Each 64-token block is
+//   * Warps 8-11, the producer warpgroup (setmaxnreg.dec 64): every KV copy of the CTA. Each 64-token block is
 //     gathered by 16-byte cp.async into one stage in the 128-byte-swizzled layout, 8 threads per 128-byte line (a
 //     token's 64-dim block): thread p copies chunk p % 8 of tokens p / 8 + 16 j (j < 4) in all 9 dim blocks, 36
 //     copies a block. Its loop runs a pair of blocks an iteration; the pair's row ids come from kv_indices before
@@ -19,7 +19,7 @@
 //     each thread prefetches into L2 (prefetch.global.L2) the 9 lines of one row of pair i + 1 (row pt: the pair's
 //     128 rows, one a thread), so the DRAM stream runs on while the stages are still read, and the next pair's
 //     copies read L2.
-//   * Warps 0-7, two consumer warpgroups (setmaxnreg.inc 224). KV blocks go in pairs: warpgroup 0 takes block 2i
+//   * Warps 0-7, two consumer warpgroups (setmaxnreg.inc 216). KV blocks go in pairs: warpgroup 0 takes block 2i
 //     (stage 0), warpgroup 1 block 2i + 1 (stage 1); an odd count gets a phantom block past the end (zeros, every
 //     score masked). For a pair, in FlashMLA's order:
 //       WG0: S0 = Q K0^T (36 wgmma m64n64k16, Q and K0 from shared memory), its row max, the running max updated
