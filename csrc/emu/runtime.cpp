@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <iterator>
 #include <limits>
 #include <atomic>
 #include <cinttypes>
@@ -25,6 +26,7 @@
 #include <cstring>
 #include <deque>
 #include <exception>
+#include <iterator>
 #include <limits>
 #include <map>
 #include <memory>
@@ -74,6 +76,19 @@ enum class FaultKind {
   kNamedBarrierMiscount, kSkipNamedBarrier
 };
 enum class Schedule { kForward, kReverse, kRandom, kWarpAhead, kWarpAheadReverse, kLagging, kLaggingMid, kLaggingTail, kStarveLast };
+// the schedules' names, in the enum's order (set_schedule, VA_EMU_SCHEDULE, describe_settings)
+constexpr const char* kScheduleNames[] = {"forward", "reverse", "random", "warp-ahead", "warp-ahead-reverse", "lagging",
+                                          "lagging-mid", "lagging-tail", "starve-last"};
+bool schedule_named(const std::string& name, Schedule& out) {
+  for (size_t i = 0; i < std::size(kScheduleNames); ++i)
+    if (name == kScheduleNames[i]) {
+      out = static_cast<Schedule>(i);
+      return true;
+    }
+  return false;
+}
+// the warps the lagging and starve-last schedules hold back: a third of the block's, at least one
+int held_warps(int nwarps) { return std::max(1, nwarps / 3); }
 
 struct Settings {
   std::vector<Range> globals;
@@ -96,15 +111,8 @@ Settings& settings() {
     if (const char* k = std::getenv("VA_EMU_STACK_KB")) d.stack_bytes = size_t(std::atoi(k)) * 1024;
     if (const char* cp = std::getenv("VA_EMU_CP_ASYNC")) d.cp_async_at_issue = std::string(cp) == "issue";
     if (const char* sch = std::getenv("VA_EMU_SCHEDULE")) {
-      const std::string v = sch;
-      if (v == "reverse") d.schedule = Schedule::kReverse;
-      if (v == "random") d.schedule = Schedule::kRandom;
-      if (v == "warp-ahead") d.schedule = Schedule::kWarpAhead;
-      if (v == "warp-ahead-reverse") d.schedule = Schedule::kWarpAheadReverse;
-      if (v == "lagging") d.schedule = Schedule::kLagging;
-      if (v == "lagging-mid") d.schedule = Schedule::kLaggingMid;
-      if (v == "lagging-tail") d.schedule = Schedule::kLaggingTail;
-      if (v == "starve-last") d.schedule = Schedule::kStarveLast;
+      Schedule named;
+      if (schedule_named(sch, named)) d.schedule = named;
     }
     return d;
   }();
@@ -1056,9 +1064,9 @@ class Worker {
     std::mt19937_64 rng(cfg.seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(linear));
     const bool lag = cfg.schedule == Schedule::kLagging || cfg.schedule == Schedule::kLaggingMid;
     const bool lag_tail = cfg.schedule == Schedule::kLaggingTail;
-    const int lag_first = cfg.schedule == Schedule::kLaggingMid ? std::max(1, nwarps / 3) : 0;
+    const int lag_warps = held_warps(nwarps);
+    const int lag_first = cfg.schedule == Schedule::kLaggingMid ? lag_warps : 0;
     const bool starve_last = cfg.schedule == Schedule::kStarveLast;
-    const int lag_warps = std::max(1, nwarps / 3);
     long long pass = 0;
     auto resume = [&](Fiber& f) {
       tls_cur = &f.tc;
@@ -1560,7 +1568,7 @@ void mbar_arrive_n(Fiber* f, Mbar& m, std::source_location loc) {
   // starve-last: a starved warp (the producer) hands the SM back after each arrive, so the consumers it releases run
   // before it produces the next buffer (a consumer that skipped that buffer's wait reads it unwritten)
   const int nwarps = (b.nthreads + 31) / 32;
-  if (settings().schedule == Schedule::kStarveLast && f->tc.linear_tid / 32 >= nwarps - std::max(1, nwarps / 3))
+  if (settings().schedule == Schedule::kStarveLast && f->tc.linear_tid / 32 >= nwarps - held_warps(nwarps))
     yield(f);
 }
 
@@ -1717,17 +1725,11 @@ long long fault_hits() { return g_fault_hits.load(); }
 void set_schedule(const char* name, uint64_t seed) {
   const std::string n = name ? name : "";
   Settings& s = settings();
-  if (n == "forward") s.schedule = Schedule::kForward;
-  else if (n == "reverse") s.schedule = Schedule::kReverse;
-  else if (n == "random") s.schedule = Schedule::kRandom;
-  else if (n == "warp-ahead") s.schedule = Schedule::kWarpAhead;
-  else if (n == "warp-ahead-reverse") s.schedule = Schedule::kWarpAheadReverse;
-  else if (n == "lagging") s.schedule = Schedule::kLagging;
-  else if (n == "lagging-mid") s.schedule = Schedule::kLaggingMid;
-  else if (n == "lagging-tail") s.schedule = Schedule::kLaggingTail;
-  else if (n == "starve-last") s.schedule = Schedule::kStarveLast;
-  else throw std::invalid_argument("va::emu::set_schedule: unknown schedule '" + n +
-                                   "' (known: forward, reverse, random, warp-ahead, warp-ahead-reverse, lagging, lagging-mid, lagging-tail, starve-last)");
+  if (!schedule_named(n, s.schedule)) {
+    std::string known;
+    for (const char* k : kScheduleNames) known += (known.empty() ? "" : ", ") + std::string(k);
+    throw std::invalid_argument("va::emu::set_schedule: unknown schedule '" + n + "' (known: " + known + ")");
+  }
   s.seed = seed;
 }
 
@@ -1757,12 +1759,10 @@ void reset_stats() {
 
 std::string describe_settings() {
   const Settings& s = settings();
-  static const char* kSched[] = {"forward", "reverse", "random", "warp-ahead", "warp-ahead-reverse", "lagging",
-                                 "lagging-mid", "lagging-tail", "starve-last"};
   static const char* kFault[] = {"none", "skip_block_sync", "skip_cp_async_wait", "skip_wgmma_wait",
                                  "skip_fence_proxy_async", "skip_mbarrier_wait", "named_barrier_miscount",
                                  "skip_named_barrier"};
-  return std::string("schedule=") + kSched[static_cast<int>(s.schedule)] + " seed=" + std::to_string(s.seed) +
+  return std::string("schedule=") + kScheduleNames[static_cast<int>(s.schedule)] + " seed=" + std::to_string(s.seed) +
          " workers=" + std::to_string(s.workers) + " smem_limit=" + std::to_string(s.smem_limit) +
          " cp_async=" + (s.cp_async_at_issue ? "issue" : "wait") + " fault=" + kFault[static_cast<int>(s.fault)] + " nth=" + std::to_string(s.fault_nth) +
          " globals=" + std::to_string(s.globals.size());

@@ -92,6 +92,12 @@ struct TokenCursor {
       step_off = 0;
     }
   }
+  // this cursor's token, advancing by `by`'s step instead (a block's cursor walking that block's rows)
+  VA_DEVICE TokenCursor stepping_as(const TokenCursor& by) const {
+    TokenCursor r = *this;
+    r.step_pos = by.step_pos, r.step_off = by.step_off;
+    return r;
+  }
   VA_DEVICE void advance() {
     pos += step_pos;
     if constexpr (L::kPaged) {

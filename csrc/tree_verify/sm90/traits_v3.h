@@ -77,6 +77,10 @@ struct KernelTraitsV3 {
   // (d / 8) kVtSbo + (kappa / 16) kVtLbo + 16 (d % 8) + kappa % 16 (v2's strides, conflict-free both ways). P is
   // exchanged through a buffer of its own (e4m3, A-fragment order), Q's row scales beside it.
   static constexpr int kChunks = DQK * int(sizeof(KvElem)) / 16;        // 16-byte chunks a KV row: 36 (e4m3)
+  static constexpr int kRowBytes = DQK * int(sizeof(KvElem));
+  // e4m3's L2 prefetch of a row: every 128-byte line it touches at any alignment (traits.h kLineLanes' rule): its
+  // bytes 0, 128, ... and its last, 6 lines for 576 bytes
+  static constexpr int kRowLines = (kRowBytes + 127) / 128 + 1;
   static constexpr int kGroupBytes = kChunks * 128;                     // 8 tokens x a row's chunks (e4m3)
   static constexpr int kVtLbo = 144, kVtSbo = 288;                      // e4m3: V^T's core-matrix strides
   static constexpr size_t kVtStepBytes = size_t(DV / 8) * kVtSbo;       // V^T of one k32 step (32 tokens), all Dv

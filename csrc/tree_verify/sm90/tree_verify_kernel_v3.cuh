@@ -179,15 +179,10 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
       auto tok_of = [&](int t, int j) { return range.begin + t * BN + r0 + 16 * j; };
       TokenCursor<L> cur[2] = {cursor(tok_of(0, 0)), cursor(tok_of(1, 0))};
       const TokenCursor<L> by16(0, 16, p.page_size);
-      auto rows_of = [&](const TokenCursor<L>& c) {
-        TokenCursor<L> r = c;
-        r.step_pos = by16.step_pos, r.step_off = by16.step_off;
-        return r;
-      };
       TokenCursor<L> pf_cur = cursor(range.begin + 2 * BN + pt);  // row pt of pair i + 1 (iteration i)
       // the ids of this thread's tokens of block t: r0 + 16 j
       auto load_ids = [&](int t, int32_t (&ids)[RJ]) {
-        TokenCursor<L> c = rows_of(cur[t % 2]);
+        TokenCursor<L> c = cur[t % 2].stepping_as(by16);
 #pragma unroll
         for (int j = 0; j < RJ; ++j, c.advance()) ids[j] = id_at(c.pos, tok_of(t, j));
       };
@@ -218,7 +213,7 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
           if (i > 0) arch::mbarrier_wait(sEmpty + Tr::kHalves * stage + half, static_cast<uint32_t>(i - 1) & 1u);
           unsigned char* dst0 = sKV + stage * Tr::kStageBytes;
           if (!(kKnockout & kKoNoLoad) || i == 0) {
-            TokenCursor<L> c = rows_of(cur[stage]);
+            TokenCursor<L> c = cur[stage].stepping_as(by16);
 #pragma unroll
             for (int j = 0; j < RJ; ++j, c.advance()) {
               const int r = r0 + 16 * j;
@@ -246,31 +241,32 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
       constexpr int RJ = Tr::kRowsPerThread, kRowChunkIters = Tr::kChunks / 4;
       static_assert(Tr::kChunks % 4 == 0 && RJ * 8 * 4 == BN, "e4m3 producer: 4 warps x 2 x 8 tokens, 4 chunk lanes");
       auto tok_of = [&](int t, int j) { return range.begin + t * BN + 16 * pw + 8 * j + tok8; };
-      // its tokens' cursors: block 2i + 2 + s (copied in iteration i), token 16 pw + 8 j + tok8 at cur[s][j]
-      static_assert(STAGES == 2 && RJ == 2, "e4m3 producer: 2 x 2 token cursors");
-      TokenCursor<L> cur[STAGES][RJ] = {{cursor(tok_of(0, 0)), cursor(tok_of(0, 1))},
-                                        {cursor(tok_of(1, 0)), cursor(tok_of(1, 1))}};
-      // block t's row ids (its stage's cursors name its tokens)
+      // its tokens' cursors, as the 16-bit producer's: the first (token 16 pw + tok8) of the block stage s copies next
+      // at cur[s], its tokens 8 apart from it
+      TokenCursor<L> cur[STAGES] = {cursor(tok_of(0, 0)), cursor(tok_of(1, 0))};
+      const TokenCursor<L> by8(0, 8, p.page_size);
+      // block t's row ids (its stage's cursor names its tokens)
       auto load_ids = [&](int t, int32_t (&ids)[RJ]) {
+        TokenCursor<L> c = cur[t % STAGES].stepping_as(by8);
 #pragma unroll
-        for (int j = 0; j < RJ; ++j) ids[j] = id_at(cur[t % STAGES][j].pos, tok_of(t, j));
+        for (int j = 0; j < RJ; ++j, c.advance()) ids[j] = id_at(c.pos, tok_of(t, j));
       };
       // block t's rows into `stage`, then this thread's arrival on the stage's FULL once they landed; the stage's
       // cursors move on to the next pair
       auto copy_block = [&](int t, int stage, const int32_t (&ids)[RJ]) {
         if (!(kKnockout & kKoNoLoad) || t < STAGES) {
+          TokenCursor<L> c = cur[stage].stepping_as(by8);
 #pragma unroll
-          for (int j = 0; j < RJ; ++j) {
+          for (int j = 0; j < RJ; ++j, c.advance()) {
             const int tok = tok_of(t, j);
             const bool valid = tok < range.end;  // past the end: zeros land (P is 0 there; 0 x NaN would not be)
-            const KV* src = kbase + cur[stage][j].row_offset(ids[j], k_sb32, k_st32);
+            const KV* src = kbase + c.row_offset(ids[j], k_sb32, k_st32);
             unsigned char* dst = sKV + stage * Tr::kStageBytes + (2 * pw + j) * Tr::kGroupBytes + cl * 128 + tok8 * 16;
 #pragma unroll
             for (int m = 0; m < kRowChunkIters; ++m) arch::cp_async_16_zfill(dst + m * 512, src + m * 64, valid);
           }
         }
-#pragma unroll
-        for (int j = 0; j < RJ; ++j) cur[stage][j].advance();
+        cur[stage].advance();
         arch::cp_async_mbarrier_arrive_noinc(sFull + stage);
       };
       // warpgroup 0's V^T halves (dims 0-255: stage 0's early half, stage 1's late one); warpgroup 1 transposes its
@@ -305,10 +301,11 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
 #pragma unroll
         for (int stage = 0; stage < STAGES; ++stage) {
           const int half = stage;
-          if (stage == 1 && prefetch) {  // a 576-byte row spans 5 or 6 128-byte lines: its bytes 0, 128 .. 512, 575
+          if (stage == 1 && prefetch) {  // the row's lines (a 576-byte row spans 5 or 6)
             const KV* row = kv_head + pf_cur.row_offset(pf_id, k_sb32, k_st32);
 #pragma unroll
-            for (int b = 0; b < 6; ++b) arch::prefetch_l2(row + (b < 5 ? 128 * b : Tr::kChunks * 16 - 1));
+            for (int b = 0; b < Tr::kRowLines; ++b)
+              arch::prefetch_l2(row + (128 * b < Tr::kRowBytes ? 128 * b : Tr::kRowBytes - 1));
           }
           arch::mbarrier_wait(sFull + stage, parity);  // the block's rows landed (every thread's)
           // warpgroup 0 released this V^T half in pair i - 1
