@@ -310,7 +310,9 @@ def test_split_heuristic_fills_whole_waves():
     for m in (1, 3, 4, 7, 16, 33, 64):
         s = h(m)
         assert (s * m) % 188 == 0 or (s * m) % 188 > 188 // 2 or s * m < 188, (m, s)  # no nearly empty wave
-    assert h(4, ctx=2_000) == 2_000 // 256  # short contexts: the per-split token floor still caps it
+    assert h(4, ctx=200) == 200 // (2 * 16)  # short contexts: the floor of two KV tiles a split caps it
+    assert h(4, ctx=2_000) == 47             # ... but not a 2k context (the 256-token floor gave 7 splits)
+    assert h(1, ctx=16_000) == 94            # one node: half a wave, the combine's split loop weighs the whole one
     with pytest.raises(ValueError):
         heuristic_num_splits(batch=1, num_kv_heads=1, m_tiles=4, avg_kv_len=100, num_sms=188, max_waves=0)
 
@@ -325,6 +327,20 @@ def test_split_heuristic_choice_is_the_models_faster_one():
     one_wave = predict("rtx-pro-6000", ctx=185_000, tree_nodes=64, num_splits=11, band=False)
     assert auto and one_wave and auto["num_splits"] == 35, auto
     assert auto["us"] < one_wave["us"], (auto, one_wave)
+
+
+def test_split_heuristic_short_context_choice_is_the_models_faster_one():
+    """At 4k / 16 nodes the heuristic fills a wave (two KV tiles a split or more) instead of stopping at the old
+    256-token floor (15 splits: 30-60 CTAs on 132 SMs, each running 5-9 tiles in a row); the SASS model reads the
+    heuristic's pick faster on both devices."""
+    _tools_or_skip()
+    from bench.model import predict
+
+    for dev in ("h200", "rtx-pro-6000"):
+        auto = predict(dev, ctx=4_000, tree_nodes=16, band=False)
+        floor256 = predict(dev, ctx=4_000, tree_nodes=16, num_splits=4_000 // 256, band=False)
+        assert auto and floor256 and auto["num_splits"] > floor256["num_splits"], (auto, floor256)
+        assert auto["us"] < floor256["us"], (auto, floor256)
 
 
 def test_cli_trace_reads_the_simulated_tile(capsys):

@@ -16,7 +16,7 @@ from typing import Any, Mapping
 
 # Upper bounds on every config field. A split count sizes the fp32 workspace
 # (splits x rows x Dv x 4 bytes) and the grid; 1024 is 4x the most a 185k call on
-# a 188-SM GPU wants (MIN_TOKENS_PER_SPLIT 256 -> ~720) and keeps a bad tuned file
+# a 188-SM GPU wants (256 tokens a split -> ~720) and keeps a bad tuned file
 # (num_splits 10**9) from asking for terabytes. Tiles: the largest any backend
 # compiles is 256 tokens x 512 rows; CUDA allows 32 warps per block.
 MAX_SPLITS = 1024
@@ -98,8 +98,13 @@ def heuristic_kv_len(*, index_capacity: int, page_size: int, batch: int, max_kv_
     return max(1, index_capacity * page_size // max(1, batch))
 
 
-# Minimum KV tokens a split should own: below this the fixed cost of a split
-# (Q tile load, partial write, combine read) outweighs the KV it streams.
+# Minimum KV tiles a split should own: a one-tile split pays the prologue (index -> row round trips, the Q tile)
+# and the partial write for one tile of KV. The heuristic's cost (below) weighs the rest. Until the sixteenth
+# session the floor was 256 tokens, which capped a 4k call at 15 splits: 30-60 CTAs on 132-188 SMs, each running
+# 5-16 tiles in a row (the SASS model read 24.4 us for v1 at 4k / 16 nodes on the H200, measured 23.6; 15.8 us at
+# 33 splits; NOTES.md, "Short contexts: the split heuristic").
+MIN_TILES_PER_SPLIT = 2
+# kept for the autotuner's grid floor (autotune/splits.py: >= 64 tokens a split when the context allows)
 MIN_TOKENS_PER_SPLIT = 256
 
 
@@ -107,8 +112,15 @@ MIN_TOKENS_PER_SPLIT = 256
 # row round trips, the Q tile), the masked tree tiles and the partial write (the SASS model reads
 # ~7 tiles of prologue and ~1 of masked-tile excess on the RTX PRO 6000 at 185k; NOTES.md, v1).
 WAVE_OVERHEAD_TILES = 8
-# full-wave split counts the heuristic compares (1 .. MAX_WAVES waves)
+# full-wave split counts the heuristic compares (1 .. MAX_WAVES waves), and the part waves below one
 MAX_WAVES = 4
+PART_WAVES = (0.25, 0.5)
+# The combine's cost per split, in KV tokens of one CTA's tile loop: the v1 combine streams a row's splits 8 at a
+# time (kUnroll, tree_verify_combine.cuh), one L2 round trip plus 8 weighted sums a group (~600-800 cycles), about
+# what a CTA spends on 8 KV tokens (the model's tiles: ~1,500 cycles per 16 tokens on the RTX PRO 6000's v3 tile,
+# ~3,000 per 64 on the H200's). A call with few rows (one node: 8 of them) and many splits is bound by it.
+COMBINE_SPLITS_PER_GROUP = 8
+COMBINE_TOKENS_PER_GROUP = 8
 
 
 def heuristic_num_splits(
@@ -120,36 +132,42 @@ def heuristic_num_splits(
     num_sms: int,
     block_n: int = 32,
     waves: float = 1.0,
-    min_tokens_per_split: int = MIN_TOKENS_PER_SPLIT,
+    min_tiles_per_split: int = MIN_TILES_PER_SPLIT,
     max_splits: int = MAX_SPLITS,
     max_waves: int = MAX_WAVES,
 ) -> int:
-    """Split count that fills whole waves of the GPU from static shapes only.
+    """Split count that fills whole waves (or a part of one) of the GPU from static shapes only.
 
     The grid is (splits, m_tiles * num_kv_heads, batch). CTAs that share a KV
     split across M tiles read the same KV (L2 hits), so they count as CTAs but
-    not as extra DRAM traffic. Fewer, longer splits keep the fp32 partials small
-    (DESIGN.md section 4). The candidates are the split counts that fill k x
-    `waves` waves (rounded down: a grid one CTA over a wave runs a second, nearly
-    empty wave as long as the first) for k = 1 .. max_waves; the one with the
-    least CTA time wins, counted as waves x (KV tiles per CTA + WAVE_OVERHEAD_TILES).
+    not as extra DRAM traffic. Fewer, longer splits keep the fp32 partials and the
+    combine's split loop short (DESIGN.md section 4). The candidates are the split
+    counts that fill k x `waves` waves (rounded down: a grid one CTA over a wave
+    runs a second, nearly empty wave as long as the first) for k = 1/4, 1/2, 1 ..
+    max_waves, each split owning at least `min_tiles_per_split` KV tiles; the one
+    with the least time wins, counted in KV tiles of one CTA as waves x (tiles per
+    CTA + WAVE_OVERHEAD_TILES) plus the combine's groups of
+    COMBINE_SPLITS_PER_GROUP splits at COMBINE_TOKENS_PER_GROUP tokens each.
     One wave wins unless it leaves many SMs idle: a 64-node MLA tree (16 M tiles)
     on 188 SMs is 11 splits x 16 = 176 CTAs (12 SMs idle) in one wave, but 35 x
-    16 = 560 CTAs in three (4 idle slots), 6% less by the SASS model. The autotuner
-    refines it. No device data is read: CUDA-graph safe.
+    16 = 560 CTAs in three (4 idle slots), 6% less by the SASS model. A one-node
+    call at 16k on 188 SMs (one M tile) takes 94 splits, half a wave: a whole one
+    (188) halves each CTA's tiles but doubles the combine's split loop. The
+    autotuner refines it. No device data is read: CUDA-graph safe.
     """
-    if min(batch, num_kv_heads, m_tiles, num_sms, block_n, max_waves) < 1:
-        raise ValueError("heuristic_num_splits: batch, num_kv_heads, m_tiles, num_sms, block_n, max_waves "
-                         "must be >= 1")
+    if min(batch, num_kv_heads, m_tiles, num_sms, block_n, max_waves, min_tiles_per_split) < 1:
+        raise ValueError("heuristic_num_splits: batch, num_kv_heads, m_tiles, num_sms, block_n, max_waves, "
+                         "min_tiles_per_split must be >= 1")
     ctas_per_split = batch * num_kv_heads * m_tiles
-    by_len = max(1, avg_kv_len // max(min_tokens_per_split, block_n))
+    by_len = max(1, avg_kv_len // (min_tiles_per_split * block_n))
     cap = max(1, min(by_len, max_splits))
     best, best_cost = 1, None
-    for k in range(1, max_waves + 1):
+    for k in (*PART_WAVES, *range(1, max_waves + 1)):
         s = min(cap, max(1, int(k * waves * num_sms) // ctas_per_split))
         n_waves = -(-s * ctas_per_split // num_sms)
         tiles = -(-max(1, avg_kv_len) // (s * block_n))
-        cost = n_waves * (tiles + WAVE_OVERHEAD_TILES)
+        combine = -(-s // COMBINE_SPLITS_PER_GROUP) * COMBINE_TOKENS_PER_GROUP / block_n
+        cost = n_waves * (tiles + WAVE_OVERHEAD_TILES) + combine
         if best_cost is None or cost < best_cost:
             best, best_cost = s, cost
     return int(best)
