@@ -1132,7 +1132,7 @@ def test_v3_schedules_agree_bitwise(emu, tile):
 V3H = (64, 64, 12, 2)
 V3H_MATH, V3H_WG0, V3H_WG1, V3H_PRODUCER = (0, 256), (0, 128), (128, 256), (256, 384)
 
-# (spec, splits, schedule, landing): bf16 and fp16; pages 1 / 3 / 5 / 7 / 16 / 64; trees of 1, 3, 4, 5, 7, 9, 16 and 37
+# (spec, splits, schedule, landing): bf16 and fp16; pages 1 / 3 / 5 / 7 / 16 / 64 / 128; trees of 1, 3, 4, 5, 7, 9, 16 and 37
 # nodes (37 x 8 heads = 296 rows: 5 M tiles, the last one ragged); prefixes 0 .. 333 (odd lengths, single-token
 # requests); 1 to 16 splits and 300 (more splits than blocks: most CTAs exit before the roles split); every schedule and
 # both landing modes. The cache's unused slots are NaN and `out` starts NaN (cases.py). 333 + 16 tokens in one split
@@ -1149,6 +1149,8 @@ V3H_CASES = [
     (CaseSpec((199,), (9,), "bushy", dtype=BF, page_size=7, seed=409, **MLA), 300, "random", "issue"),
     (CaseSpec((259,), (37,), "bushy", dtype=FP, page_size=7, seed=410, **MLA), 1, "warp-ahead", "wait"),
     (CaseSpec((187,), (4,), "chain", dtype=FP, page_size=5, seed=411, **MLA), 1, "warp-ahead-reverse", "issue"),
+    # pages of 128 tokens: two blocks a page, the second at row 64 (the producer's whole-page rows; page 64 above too)
+    (CaseSpec((300, 77), (16, 5), "bushy", dtype=BF, page_size=128, seed=413, **MLA), 3, "random", "issue"),
 ]
 
 

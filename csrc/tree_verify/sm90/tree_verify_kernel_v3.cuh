@@ -161,12 +161,28 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
     // (TokenCursor: a paged layout's division once, at construction; a division a row and pair cost the paged
     // producers ~200 instructions a pair)
     auto cursor = [&](int tok) { return TokenCursor<L>(tok, STAGES * BN, p.page_size); };
+    // Pages that hold whole blocks (page_size a multiple of BN: FlashMLA's 64, 128, ...): a block's rows share one
+    // kv_indices entry and a thread's rows of it follow each other in that page, so it reads one id a block and adds
+    // rows (at page 64 the 16-bit producer ran 469 instructions a pair against page 1's 348, mostly the cursor walk and
+    // an id a row). Pages that split a block walk the cursor row by row (`row_walk`); page 1 reads an id a row.
+    const bool row_walk = L::kPaged && p.page_size % BN != 0;
     // the kv_indices entry at index position pos naming token tok's row (0 past the end: in bounds, never read)
     auto id_at = [&](int pos, int tok) -> int32_t {
       if constexpr (kKnockout & kKoNoIndex)
         return tok < range.end ? pos : 0;
       else
         return tok < range.end ? ld_index(p.kv_indices, static_cast<int64_t>(kv_base) + pos, p.kv_indices_i64) : 0;
+    };
+    // ... and the entry at pos, or for a position past the range's last token that token's (an in-bounds row whose
+    // copy zero-fills): no branch around the load, so the ids of a block load straight-line (the producers' copies
+    // read these; the prefetch's one id a pair keeps id_at)
+    const int last_pos = L::kPaged ? (range.end - 1) / p.page_size : range.end - 1;
+    auto id_clamped = [&](int pos) -> int32_t {
+      if constexpr (kKnockout & kKoNoIndex)
+        return pos < last_pos ? pos : last_pos;
+      else
+        return ld_index(p.kv_indices, static_cast<int64_t>(kv_base) + (pos < last_pos ? pos : last_pos),
+                        p.kv_indices_i64);
     };
     // (each role's base holds the thread's chunk: the copies' addresses are then one add each; with the chunk added
     // after the row, the 16-bit producer ran 619 instructions a pair instead of 343)
@@ -179,12 +195,19 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
       auto tok_of = [&](int t, int j) { return range.begin + t * BN + r0 + 16 * j; };
       TokenCursor<L> cur[2] = {cursor(tok_of(0, 0)), cursor(tok_of(1, 0))};
       const TokenCursor<L> by16(0, 16, p.page_size);
+      const int64_t rows16 = 16 * static_cast<int64_t>(k_st32);  // 16 rows of a page (whole pages)
       TokenCursor<L> pf_cur = cursor(range.begin + 2 * BN + pt);  // row pt of pair i + 1 (iteration i)
       // the ids of this thread's tokens of block t: r0 + 16 j
       auto load_ids = [&](int t, int32_t (&ids)[RJ]) {
-        TokenCursor<L> c = cur[t % 2].stepping_as(by16);
+        if (row_walk) {  // sass-model: rare (pages that split a block; the model's paged readings are at page 64)
+          TokenCursor<L> c = cur[t % 2].stepping_as(by16);
 #pragma unroll
-        for (int j = 0; j < RJ; ++j, c.advance()) ids[j] = id_at(c.pos, tok_of(t, j));
+          for (int j = 0; j < RJ; ++j, c.advance()) ids[j] = id_clamped(c.pos);
+        } else {  // page 1: an id a row; whole pages: the block's one id (ids[0]; the others unread, set to 0 so that
+                  // no copy of the load's register waits for it here)
+#pragma unroll
+          for (int j = 0; j < RJ; ++j) ids[j] = L::kPaged && j > 0 ? 0 : id_clamped(cur[t % 2].pos + 16 * j);
+        }
       };
       static_assert(STAGES == 2, "v3 (sm90): a pair of blocks in two stages, block 2i + s in stage s");
       static_assert(STAGES * BN == Tr::kProducerThreads, "the L2 prefetch: one row of the next pair a producer thread");
@@ -213,18 +236,25 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
           if (i > 0) arch::mbarrier_wait(sEmpty + Tr::kHalves * stage + half, static_cast<uint32_t>(i - 1) & 1u);
           unsigned char* dst0 = sKV + stage * Tr::kStageBytes;
           if (!(kKnockout & kKoNoLoad) || i == 0) {
-            TokenCursor<L> c = cur[stage].stepping_as(by16);
-#pragma unroll
-            for (int j = 0; j < RJ; ++j, c.advance()) {
+            // row r0 + 16 j of the block from `src`: this half's dim blocks
+            auto copy_row = [&](int j, const KV* src) {
               const int r = r0 + 16 * j;
-              const int tok = range.begin + t * BN + r;
-              const bool valid = tok < range.end;  // past the end: zeros land (P is 0 there; 0 x NaN would not be)
-              const KV* src = kbase + c.row_offset(ids[stage][j], k_sb32, k_st32);
+              const bool valid = range.begin + t * BN + r < range.end;  // past the end: zeros land (P is 0 there)
               unsigned char* dst = dst0 + arch::sw128_kmajor_offset(r, sub, kAtom);
 #pragma unroll
               for (int b = 0; b < Tr::kDimBlocks; ++b)
                 if (Tr::half_of(stage, b) == half)
                   arch::cp_async_16_zfill(dst + b * kBlockBytes, src + b * Tr::kDimBlock, valid);
+            };
+            if (row_walk) {  // sass-model: rare (pages that split a block; the model's paged readings are at page 64)
+              TokenCursor<L> c = cur[stage].stepping_as(by16);
+#pragma unroll
+              for (int j = 0; j < RJ; ++j, c.advance()) copy_row(j, kbase + c.row_offset(ids[stage][j], k_sb32, k_st32));
+            } else {  // page 1: a row an id; whole pages: row 0 of the block's page, then 16 rows apart
+              const KV* src0 = kbase + cur[stage].row_offset(ids[stage][0], k_sb32, k_st32);
+#pragma unroll
+              for (int j = 0; j < RJ; ++j)
+                copy_row(j, L::kPaged ? src0 + j * rows16 : kbase + cur[stage].row_offset(ids[stage][j], k_sb32, k_st32));
             }
           }
           // FULL of this half: counts this thread once its copies (all it issued so far) landed
@@ -245,11 +275,14 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
       // at cur[s], its tokens 8 apart from it
       TokenCursor<L> cur[STAGES] = {cursor(tok_of(0, 0)), cursor(tok_of(1, 0))};
       const TokenCursor<L> by8(0, 8, p.page_size);
-      // block t's row ids (its stage's cursor names its tokens)
+      // block t's row ids (its stage's cursor names its tokens; a row past the end reads the last token's entry). Not
+      // the 16-bit producer's whole-page shortcut: here the model read it 65.8 -> 75.8 us, its linear walk of the
+      // shortcut's branch and the row walk's giving the id loads a false register dependency (two rows a block, so
+      // the shortcut saves one id load a block)
       auto load_ids = [&](int t, int32_t (&ids)[RJ]) {
         TokenCursor<L> c = cur[t % STAGES].stepping_as(by8);
 #pragma unroll
-        for (int j = 0; j < RJ; ++j, c.advance()) ids[j] = id_at(c.pos, tok_of(t, j));
+        for (int j = 0; j < RJ; ++j, c.advance()) ids[j] = id_clamped(c.pos);
       };
       // block t's rows into `stage`, then this thread's arrival on the stage's FULL once they landed; the stage's
       // cursors move on to the next pair
@@ -258,8 +291,7 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
           TokenCursor<L> c = cur[stage].stepping_as(by8);
 #pragma unroll
           for (int j = 0; j < RJ; ++j, c.advance()) {
-            const int tok = tok_of(t, j);
-            const bool valid = tok < range.end;  // past the end: zeros land (P is 0 there; 0 x NaN would not be)
+            const bool valid = tok_of(t, j) < range.end;  // past the end: zeros land (P is 0 there; 0 x NaN would not be)
             const KV* src = kbase + c.row_offset(ids[j], k_sb32, k_st32);
             unsigned char* dst = sKV + stage * Tr::kStageBytes + (2 * pw + j) * Tr::kGroupBytes + cl * 128 + tok8 * 16;
 #pragma unroll
