@@ -116,9 +116,10 @@ WAVE_OVERHEAD_TILES = 8
 MAX_WAVES = 4
 PART_WAVES = (0.25, 0.5)
 # The combine's cost per split, in KV tokens of one CTA's tile loop: the v1 combine streams a row's splits 8 at a
-# time (kUnroll, tree_verify_combine.cuh), one L2 round trip plus 8 weighted sums a group (~600-800 cycles), about
-# what a CTA spends on 8 KV tokens (the model's tiles: ~1,500 cycles per 16 tokens on the RTX PRO 6000's v3 tile,
-# ~3,000 per 64 on the H200's). A call with few rows (one node: 8 of them) and many splits is bound by it.
+# time (kUnroll, tree_verify_combine.cuh), one L2 round trip plus 8 weighted sums a group (an estimate, ~600-800
+# cycles: not measured), about what a CTA spends on 8 KV tokens (the model's tiles: ~1,500 cycles per 16 tokens on
+# the RTX PRO 6000's v3 tile, ~3,000 per 64 on the H200's). A call with few rows (one node: 8 of them) and many
+# splits is bound by it; one split runs no combine.
 COMBINE_SPLITS_PER_GROUP = 8
 COMBINE_TOKENS_PER_GROUP = 8
 
@@ -166,7 +167,7 @@ def heuristic_num_splits(
         s = min(cap, max(1, int(k * waves * num_sms) // ctas_per_split))
         n_waves = -(-s * ctas_per_split // num_sms)
         tiles = -(-max(1, avg_kv_len) // (s * block_n))
-        combine = -(-s // COMBINE_SPLITS_PER_GROUP) * COMBINE_TOKENS_PER_GROUP / block_n
+        combine = -(-s // COMBINE_SPLITS_PER_GROUP) * COMBINE_TOKENS_PER_GROUP / block_n if s > 1 else 0.0
         cost = n_waves * (tiles + WAVE_OVERHEAD_TILES) + combine
         if best_cost is None or cost < best_cost:
             best, best_cost = s, cost
