@@ -398,7 +398,7 @@ def test_gpu_check_dry_run(capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("OUT", str(tmp_path / "o"))
     assert gpu_check.main(["--dry-run", "--e2e", "--sanitize"]) == 0
     text = capsys.readouterr().out
-    for stage in ("build", "tests", "ceilings", "headline", "sweep", "ncu", "peers", "fp8", "gqa", "tune",
+    for stage in ("build", "tests", "ceilings", "headline", "sweep", "splits", "ncu", "peers", "fp8", "gqa", "tune",
                   "tests_rest", "model", "e2e", "sanitize"):
         assert f"  {stage} " in text
     assert str(tmp_path / "o") in text and not (tmp_path / "o").exists()   # nothing run, nothing written
@@ -425,6 +425,7 @@ def test_gpu_check_builds_only_what_its_stages_run():
     a = gpu_check._parser().parse_args([])
     stages = {s.name: s for s in gpu_check.plan(Path("/tmp/o"), a)}
     assert gpu_check.verify_stems(stages["sweep"].argv) == ("mla576_bf16_page1", "mla576_bf16_paged")
+    assert gpu_check.verify_stems(stages["splits"].argv) == ("mla576_bf16_page1",)
     assert gpu_check.verify_stems(stages["fp8"].argv) == ("mla576e4m3_bf16_page1", "mla576e4m3_bf16_paged")
     assert gpu_check.verify_stems(stages["fp8_656"].argv) == ("mla576x656_bf16_page1",)
     assert gpu_check.verify_stems(stages["gqa"].argv) == ("gqa128_bf16_page1",)

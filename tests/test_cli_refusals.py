@@ -26,6 +26,8 @@ def _one_line_error(capsys, main, argv, prog, msg):
     (["--batch", "70000"], "--batch 70000: at most 65,535 requests per call"),
     (["--ctx", "3000m"], "--ctx 3,000,000,000: a request's KV length must stay below 2^31 tokens"),
     (["--budget-s", "0"], "--budget-s must be > 0, got 0.0"),
+    (["--backend", "cuda@v3:0"], "--backend: kernel version 'v3:0': the split count after ':' must be an integer"),
+    (["--backend", "cuda@v9:3"], "--backend: unknown cuda@v9:3"),
     (["--cpu-ctx-cap", "x"], "--cpu-ctx-cap: not a token count: 'x'"),
     (["--serial-max-ctx", "-1k"], "--serial-max-ctx: not a token count: '-1k'"),
     (["--ctx", "500m", "--cpu-ctx-cap", "500m"], "--ctx 500,000,000 --tree 16 --batch 1 (page1) would allocate ~"),

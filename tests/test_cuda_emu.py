@@ -1227,6 +1227,25 @@ def test_v3h_hopper_is_pinned_as_cuda_v3_and_no_default():
     assert (c.block_m, c.block_n, c.num_warps, c.num_stages) != V3H
 
 
+def test_v3h_pinned_version_with_a_split_count(emu):
+    """`cuda@v3:N` (any pinned name or tile, then ':' and N): the same tile with N splits, what gpu_check's `splits`
+    stage times beside the heuristic's count; it runs (3 splits through the emulator) and malformed counts are refused."""
+    from verify_attn.backends import cuda
+
+    case = make_case(CaseSpec((197,), (5,), "bushy", dtype=BF, page_size=64, seed=415, **MLA))
+    p = case.problem()
+    for name in ("v3", "m64n64w12s2", "v1", "v3-sm120"):
+        plain, fixed = cuda.version_config(p, name), cuda.version_config(p, f"{name}:3")
+        assert fixed == plain.replace(num_splits=3), (name, plain, fixed)
+    assert cuda.split_pin("v3") == ("v3", None) and cuda.split_pin("m64n64w12s2:15") == ("m64n64w12s2", 15)
+    for bad in ("v3:0", "v3:", "v3:x", "v3:-2", "v3:1025"):
+        with pytest.raises(ValueError, match="split count"):
+            cuda.version_config(p, bad)
+    emu.set_schedule("forward")
+    out, lse = _run(case, cuda.version_config(p, "v3:3"))
+    check_against_reference(out, lse, case, *TOL[BF])
+
+
 def test_v3h_hopper_int64_indices_and_prefix_only(emu):
     # int64 index tensors read through their low words, and a prefix-only call (tree_mask None: every row sees all
     # kv_lens[b] entries, no mask words staged), against the reference backend

@@ -84,7 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "fragmented (shuffled runs); recorded in every row")
     ap.add_argument("--backend", default=None, help="comma-separated backends; cuda@v0 / cuda@v1 / cuda@v2 pin the CUDA "
                     "kernel version, cuda@m32n16w8s8 one compiled tile (block_m, block_n, warps, stages; "
-                    "`python -m verify_attn.build` lists them) (default: all available; "
+                    "`python -m verify_attn.build` lists them), either with ':N' a fixed split count (cuda@v3:15 beside "
+                    "cuda@v3: the split heuristic's A/B) (default: all available; "
                     "on GPU the reference and cuda-emu are not timed; sglang-extend joins when SGLang is installed, "
                     "flashinfer-mla when FlashInfer is (chains only: its MLA wrapper takes no tree mask), fa3-mla (FA3 along "
                     "SGLang's Hopper tree-verify path) and flashmla (its dense decode over the prefix + a torch tree "
@@ -124,11 +125,18 @@ def _known_backends_only(names: list[str], outside: dict) -> list[str]:
     """`names` if every one is a verify_attn backend or an outside baseline, else ValueError naming --backend
     (checked with or without a GPU: a typo must not be silently ignored)."""
     from verify_attn import known_backends
-    from verify_attn.backends.cuda import PINNED_NAMES, PINNED_TILE_RE
+    from verify_attn.backends.cuda import PINNED_NAMES, PINNED_TILE_RE, split_pin
     known = known_backends() + sorted(set(outside) | set(OUTSIDE_BASELINES))
-    pinned = [f"cuda@{v}" for v in PINNED_NAMES]  # the cuda backend with one kernel version pinned
-    unknown = [b for b in names if b not in known and b not in pinned
-               and not (b.startswith("cuda@") and PINNED_TILE_RE.fullmatch(b[5:]))]  # or one tile: cuda@m32n16w8s8
+
+    def pinned(b: str) -> bool:  # cuda@v1 (a kernel version), cuda@m32n16w8s8 (one tile), either + ":N" (N splits)
+        if not b.startswith("cuda@"):
+            return False
+        try:
+            name, _ = split_pin(b[5:])
+        except ValueError as e:   # a malformed split count
+            raise ValueError(f"--backend: {e}") from None
+        return name in PINNED_NAMES or PINNED_TILE_RE.fullmatch(name) is not None
+    unknown = [b for b in names if b not in known and not pinned(b)]
     if unknown:
         raise ValueError(f"--backend: unknown {', '.join(unknown)}; known: {', '.join(known)}")
     return names

@@ -20,6 +20,8 @@ the budget is skipped and said so. Stages, in order of value:
              the H200 proxy (cuda@v3-sm120, m32n16w9s4, m32n16w20s4), Hopper's v3 (cuda@v3), triton, triton-serial
   sweep      bench.verify 185k..4k x trees 16, 64, 1 x page1 / paged: cuda v2, v1, v1 bulk (m32n32w8s5),
              v3-sm120, Hopper's v3
+  splits     the split heuristic's A/B at 4k (1 and 16 nodes): v1, Hopper's v3 and the sm_120 roles tile, each at
+             the old rule's 15 splits (cuda@v3:15) beside the heuristic's
   ncu        Nsight Compute on v1's bulk-loader and cp.async split kernels and both v3 kernels at 185k / 16 nodes
              (speed of light, shared-memory wavefronts and bank conflicts, warp stalls), if ncu is there
   peers      the serving engines' kernels beside ours at 185k / 16 nodes (issue 42): FA3 along SGLang's
@@ -265,6 +267,11 @@ def plan(out: Path, a: argparse.Namespace) -> list[Stage]:
         Stage("sweep", v + ["--ctx", "185k,64k,16k,4k", "--tree", "16,64,1", "--layout", "page1,paged",
                             "--backend", f"cuda@v2,cuda@v1,cuda@m32n32w8s5,{V3},{V3H}", "--json", str(out / "sweep.json"),
                             "--csv", str(out / "sweep.csv"), "--plot", str(out / "sweep.png")], cap_s=45, min_s=25),
+        # the split heuristic's A/B at 4k: each kernel at the old rule's 15 splits (256 tokens a split) beside the
+        # heuristic's (NOTES.md, "Short contexts: the split heuristic", holds the predictions)
+        Stage("splits", v + ["--ctx", "4k", "--tree", "1,16", "--layout", "page1", "--backend",
+                             f"cuda@v1:15,cuda@v1,{V3H}:15,{V3H},{V3_ROLES}:15,{V3_ROLES}",
+                             "--json", str(out / "splits.json")], cap_s=10, min_s=8),
         Stage("ncu", ["ncu", "--clock-control", "none", "--target-processes", "all", "-k",
                       "regex:tree_verify_split", "--launch-skip", str(len(NCU_VERSIONS)), "-c", str(len(NCU_VERSIONS)),
                       *(a.ncu_args.split() if a.ncu_args else NCU_RAW), "--csv", "--log-file",
@@ -299,10 +306,10 @@ def plan(out: Path, a: argparse.Namespace) -> list[Stage]:
         Stage("tests_rest", pytest + ["--deselect", "tests/test_autotune.py::test_gpu_tune_export_and_lookup_through"
                                       "_tree_verify", "tests", "--ignore", "tests/test_arch_emu.py",
                                       "--ignore", "tests/test_cuda_gpu.py"],
-              cap_s=50, needs="pytest", kernels=("*",)),   # 75 before the peers stages took 25 s of it
+              cap_s=40, needs="pytest", kernels=("*",)),   # 75 before the peers stages took 25 s, the splits A/B 10
         # predicted vs measured for every timed cuda row (the SASS model; a CPU job that --collect repeats)
         Stage("model", [PY, "-m", "bench.model", "--calibrate", *(str(out / f) for f in
-                        ("headline.json", "sweep.json", "fp8.json", "fp8_656.json", "peers.json")),
+                        ("headline.json", "sweep.json", "splits.json", "fp8.json", "fp8_656.json", "peers.json")),
                         "--calibrate-json", str(out / "calibration.json")], cap_s=20, min_s=15),
     ]
     if a.knockout:   # where the tile's time goes: variants without the copies / index loads / v2's exchange

@@ -28,7 +28,7 @@ import torch
 
 from .. import build as vb
 from .. import device as vdevice
-from ..config import KernelConfig, heuristic_num_splits
+from ..config import MAX_SPLITS, KernelConfig, heuristic_num_splits
 from ..shapes import HeadShape
 from . import Backend, Problem, register
 
@@ -126,7 +126,27 @@ PINNED_NAMES = (*KERNEL_VERSIONS, V3_SM120)
 PINNED_TILE_RE = re.compile(r"m(\d+)n(\d+)w(\d+)s(\d+)")
 
 
+def split_pin(version: str) -> tuple[str, Optional[int]]:
+    """("v3", 15) for "v3:15": a pinned name or tile, then ":" and a fixed split count (an A/B of the split
+    heuristic: `bench.verify --backend cuda@v3:15,cuda@v3`); (version, None) without one."""
+    name, sep, n = version.partition(":")
+    if not sep:
+        return version, None
+    if not n.isdigit() or not 1 <= int(n) <= MAX_SPLITS:
+        raise ValueError(f"kernel version {version!r}: the split count after ':' must be an integer in "
+                         f"[1, {MAX_SPLITS}], got {n!r}")
+    return name, int(n)
+
+
 def version_config(p: Problem, version: str) -> KernelConfig:
+    """The config of `version` (see `_version_config`), with its split count fixed when the name carries one
+    (`v3:15`, `split_pin`)."""
+    name, splits = split_pin(version)
+    cfg = _version_config(p, name)
+    return cfg if splits is None else cfg.replace(num_splits=splits)
+
+
+def _version_config(p: Problem, version: str) -> KernelConfig:
     """The config a call uses with kernel `version` ("v0", "v1" or "v2") pinned: that version's default tile
     for the device's arch (build.default_tile when it is that version, else the version's first tile the arch
     runs; v2 is sm_90a's wgmma kernel), the split heuristic. How the benchmark times the versions side by side
