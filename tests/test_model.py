@@ -312,6 +312,9 @@ def test_split_heuristic_fills_whole_waves():
         assert (s * m) % 188 == 0 or (s * m) % 188 > 188 // 2 or s * m < 188, (m, s)  # no nearly empty wave
     assert h(4, ctx=200) == 200 // (2 * 16)  # short contexts: the floor of two KV tiles a split caps it
     assert h(4, ctx=2_000) == 47             # ... but not a 2k context (the 256-token floor gave 7 splits)
+    from bench.model.split_study import old_rule   # the rule before, as the split study reads it beside this one
+    assert old_rule(batch=1, num_kv_heads=1, m_tiles=4, avg_kv_len=2_000, num_sms=188, block_n=16) == 2_000 // 256
+    assert old_rule(batch=1, num_kv_heads=1, m_tiles=4, avg_kv_len=185_000, num_sms=188, block_n=16) == 47
     assert h(1, ctx=16_000) == 94            # one node: half a wave, the combine's split loop weighs the whole one
     with pytest.raises(ValueError):
         heuristic_num_splits(batch=1, num_kv_heads=1, m_tiles=4, avg_kv_len=100, num_sms=188, max_waves=0)

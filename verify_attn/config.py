@@ -136,6 +136,8 @@ def heuristic_num_splits(
     min_tiles_per_split: int = MIN_TILES_PER_SPLIT,
     max_splits: int = MAX_SPLITS,
     max_waves: int = MAX_WAVES,
+    part_waves: tuple[float, ...] = PART_WAVES,
+    combine_tokens_per_group: int = COMBINE_TOKENS_PER_GROUP,
 ) -> int:
     """Split count that fills whole waves (or a part of one) of the GPU from static shapes only.
 
@@ -154,7 +156,9 @@ def heuristic_num_splits(
     16 = 560 CTAs in three (4 idle slots), 6% less by the SASS model. A one-node
     call at 16k on 188 SMs (one M tile) takes 94 splits, half a wave: a whole one
     (188) halves each CTA's tiles but doubles the combine's split loop. The
-    autotuner refines it. No device data is read: CUDA-graph safe.
+    autotuner refines it. No device data is read: CUDA-graph safe. (`part_waves=()`,
+    `combine_tokens_per_group=0` and `min_tiles_per_split=256 // block_n` give the rule
+    before the sixteenth session: bench/model/split_study.py reads the two side by side.)
     """
     if min(batch, num_kv_heads, m_tiles, num_sms, block_n, max_waves, min_tiles_per_split) < 1:
         raise ValueError("heuristic_num_splits: batch, num_kv_heads, m_tiles, num_sms, block_n, max_waves, "
@@ -163,11 +167,11 @@ def heuristic_num_splits(
     by_len = max(1, avg_kv_len // (min_tiles_per_split * block_n))
     cap = max(1, min(by_len, max_splits))
     best, best_cost = 1, None
-    for k in (*PART_WAVES, *range(1, max_waves + 1)):
+    for k in (*part_waves, *range(1, max_waves + 1)):
         s = min(cap, max(1, int(k * waves * num_sms) // ctas_per_split))
         n_waves = -(-s * ctas_per_split // num_sms)
         tiles = -(-max(1, avg_kv_len) // (s * block_n))
-        combine = -(-s // COMBINE_SPLITS_PER_GROUP) * COMBINE_TOKENS_PER_GROUP / block_n if s > 1 else 0.0
+        combine = -(-s // COMBINE_SPLITS_PER_GROUP) * combine_tokens_per_group / block_n if s > 1 else 0.0
         cost = n_waves * (tiles + WAVE_OVERHEAD_TILES) + combine
         if best_cost is None or cost < best_cost:
             best, best_cost = s, cost
