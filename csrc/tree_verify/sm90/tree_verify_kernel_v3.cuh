@@ -166,16 +166,8 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
     // rows (at page 64 the 16-bit producer ran 469 instructions a pair against page 1's 348, mostly the cursor walk and
     // an id a row). Pages that split a block walk the cursor row by row (`row_walk`); page 1 reads an id a row.
     const bool row_walk = L::kPaged && p.page_size % BN != 0;
-    // the kv_indices entry at index position pos naming token tok's row (0 past the end: in bounds, never read)
-    auto id_at = [&](int pos, int tok) -> int32_t {
-      if constexpr (kKnockout & kKoNoIndex)
-        return tok < range.end ? pos : 0;
-      else
-        return tok < range.end ? ld_index(p.kv_indices, static_cast<int64_t>(kv_base) + pos, p.kv_indices_i64) : 0;
-    };
-    // ... and the entry at pos, or for a position past the range's last token that token's (an in-bounds row whose
-    // copy zero-fills): no branch around the load, so the ids of a block load straight-line (the producers' copies
-    // read these; the prefetch's one id a pair keeps id_at)
+    // the kv_indices entry at index position pos, or for a position past the range's last token that token's (an
+    // in-bounds row whose copy zero-fills): no branch around the load, so the ids of a block load straight-line
     const int last_pos = L::kPaged ? (range.end - 1) / p.page_size : range.end - 1;
     auto id_clamped = [&](int pos) -> int32_t {
       if constexpr (kKnockout & kKoNoIndex)
@@ -219,7 +211,7 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
         // row pt of pair i + 1, and its id (read here: the EMPTY waits that follow hide the load)
         const int pf_tok = range.begin + (2 * i + 2) * BN + pt;
         const bool prefetch = i + 1 < npairs && pf_tok < range.end && !(kKnockout & kKoNoLoad);
-        const int32_t pf_id = prefetch ? id_at(pf_cur.pos, pf_tok) : 0;
+        const int32_t pf_id = prefetch ? id_clamped(pf_cur.pos) : 0;  // (pf_tok < range.end: never clamped)
         // the early halves first (stage 0's L, stage 1's R: freed in the middle of the previous pair), then the late
 #pragma unroll
         for (int step = 0; step < STAGES * Tr::kHalves; ++step) {
@@ -326,7 +318,7 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
         // row pt of pair i + 2 (prefetched below, so that pair i + 2's copies, issued in iteration i + 1, read L2)
         const int pf_tok = range.begin + (2 * i + 4) * BN + pt;
         const bool prefetch = i + 2 < npairs && pf_tok < range.end && !(kKnockout & kKoNoLoad);
-        const int32_t pf_id = prefetch ? id_at(pf_cur.pos, pf_tok) : 0;
+        const int32_t pf_id = prefetch ? id_clamped(pf_cur.pos) : 0;  // (pf_tok < range.end: never clamped)
         // pair i's V^T of warpgroup 0's dims: stage 0's (its early half, freed in the middle of pair i - 1), then
         // stage 1's (late); then the stage's rows are read no more by this warp, and pair i + 1's go there as soon as
         // its S retired and every warp that transposes from it is done
