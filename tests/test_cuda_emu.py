@@ -699,7 +699,7 @@ MLA656_MATRIX = [
 
 def _check_656(case, out, lse, tile) -> tuple[float, float]:
     rel, lse_err = fp8_errors(case, out, lse)
-    if tile == MLA656_E4M3_TILE:
+    if tile != FP8_F16_TILE:  # the e4m3-MMA tiles (v1's, and v3's with math roles: V3R_FP8 below)
         assert rel <= FP8_MMA_REL_TOL and lse_err <= FP8_MMA_LSE_ATOL, (case.spec.id, rel, lse_err)
     else:
         check_against_reference(out, lse, case)  # tolerances.FP8_TOL: exact codes x power-of-two scales, f16 MMAs
@@ -748,7 +748,8 @@ def _656_rows(case):
     return rows[..., 512:528].view(torch.float32), rows[..., 528:656].view(torch.bfloat16)  # 4 scales, RoPE
 
 
-@pytest.mark.parametrize("tile", [MLA656_E4M3_TILE, FP8_F16_TILE], ids=["e4m3-mma", "f16-mma"])
+# (and v3's math-roles tile, whose PV warps keep their block's reference and scale P themselves: V3R_FP8 below)
+@pytest.mark.parametrize("tile", [MLA656_E4M3_TILE, FP8_F16_TILE, (32, 32, 20, 4)], ids=["e4m3-mma", "f16-mma", "roles"])
 def test_fp8_mla656_scales_and_rope_are_read(emu, tile):
     """Every block's scale doubled and the RoPE negated in the rows: the kernel follows the reference on
     the modified cache, which is far from the unmodified one (a kernel that ignored the scales or read the
@@ -765,7 +766,8 @@ def test_fp8_mla656_scales_and_rope_are_read(emu, tile):
     _check_656(case, out, lse, tile)                  # the reference reads the same modified rows
 
 
-@pytest.mark.parametrize("tile", [MLA656_E4M3_TILE, FP8_F16_TILE], ids=["e4m3-mma", "f16-mma"])
+# (and v3's math-roles tile, whose PV warps keep their block's reference and scale P themselves: V3R_FP8 below)
+@pytest.mark.parametrize("tile", [MLA656_E4M3_TILE, FP8_F16_TILE, (32, 32, 20, 4)], ids=["e4m3-mma", "f16-mma", "roles"])
 def test_fp8_mla656_block_references_move_and_zero_blocks(emu, tile):
     """Both 656 tiles' P carries each token's block scale over the block's running largest |scale|. Each block's
     codes are divided by a factor and its scale multiplied by it (the values stay, up to the codes' rounding;
@@ -1067,6 +1069,30 @@ def test_v3_roles_e4m3_matches_reference(emu, i):
     assert rel <= FP8_MMA_REL_TOL and lse_err <= FP8_MMA_LSE_ATOL, (case.spec.id, rel, lse_err)
 
 
+# ... and on 656-byte rows: the S warps hand over one unscaled f16 P; each PV warp reads its block's scales from the
+# stage, keeps the block's reference and scales its P fragments (traits.h, k656Roles)
+V3_656_CASES = [i for i, c in enumerate(V3_FP8_CASES) if c[0].kv_dtype == "fp8_mla656"]
+
+
+@pytest.mark.parametrize("i", V3_656_CASES, ids=[f"{V3_FP8_CASES[i][0].id}-{V3_FP8_CASES[i][1]}s" for i in V3_656_CASES])
+def test_v3_roles_mla656_matches_reference(emu, i):
+    case, out, lse = _run_v3_case(emu, i, V3_FP8_CASES[i], V3R_FP8)
+    _check_656(case, out, lse, V3R_FP8)
+
+
+def test_v3_roles_mla656_wide_tree_300_splits_and_bitwise(emu):
+    case = make_case(CaseSpec((40,), (256,), "bushy", dtype=BF, kv_dtype="fp8_mla656", page_size=3, seed=335, **MLA))
+    emu.set_schedule("warp-ahead")
+    emu.set_cp_async_landing("issue")
+    assert not _caught_e4m3(emu, case, cfg(2, *V3R_FP8))
+    case = make_case(CaseSpec((199,), (9,), "bushy", dtype=BF, kv_dtype="fp8_mla656", page_size=7, seed=336, **MLA))
+    assert not _caught_e4m3(emu, case, cfg(300, *V3R_FP8))
+    case = make_case(CaseSpec((290, 7), (9, 4), "bushy", dtype=BF, kv_dtype="fp8_mla656", page_size=3, seed=337,
+                              **MLA))
+    out, lse = _same_bits_under_every_schedule(emu, case, cfg(3, *V3R_FP8), seed=8)
+    _check_656(case, out, lse, V3R_FP8)
+
+
 def test_v3_roles_e4m3_wide_tree_and_bitwise(emu):
     case = make_case(CaseSpec((40,), (256,), "bushy", dtype=BF, kv_dtype="fp8_e4m3", page_size=3, seed=329, **MLA))
     emu.set_schedule("warp-ahead")
@@ -1078,11 +1104,12 @@ def test_v3_roles_e4m3_wide_tree_and_bitwise(emu):
     assert rel <= FP8_MMA_REL_TOL and lse_err <= FP8_MMA_LSE_ATOL, (rel, lse_err)
 
 
-def test_v3_roles_e4m3_planted_bugs_are_caught(emu):
+@pytest.mark.parametrize("kv_dtype", ["fp8_e4m3", "fp8_mla656"])
+def test_v3_roles_fp8_planted_bugs_are_caught(emu, kv_dtype):
     # S threads' named barrier calls: 0 Q landed, 1 the Q row scales, 2 the Q stages free, then tile 0's S barrier and
     # P_FULL (3, 4), tile 1's three (5-7), tile 2's S barrier, P_EMPTY, P_FULL (8-10); PV threads: 0-2, then P_FULL
     # and P_EMPTY per tile (3, 4 tile 0's)
-    case = CaseSpec((300,), (7,), "bushy", dtype=BF, kv_dtype="fp8_e4m3", seed=334, **MLA)
+    case = CaseSpec((300,), (7,), "bushy", dtype=BF, kv_dtype=kv_dtype, seed=334, **MLA)
     miss = functools.partial(_v3_missed, emu, spec=case, tile=V3R_FP8, caught=_caught_e4m3)
     assert not miss("skip_mbarrier_wait", (0, 256), [-1, 0, 1, 4, 5]), "S threads reading before FULL went unnoticed"
     assert not miss("skip_mbarrier_wait", (512, 640), [-1, 0, 1, 2, 3]), "the producer skipping EMPTY went unnoticed"

@@ -206,6 +206,30 @@ def test_kernel_v3_is_read_with_its_roles(arch, dev, loader, math_warps):
     assert call.predict(km, devices.get_device(dev), case).total_us > 0
 
 
+def test_656_rows_on_the_roles_tile_are_read_with_their_roles():
+    """The 656-byte rows on the math-roles tile (traits.h k656Roles): the S warps' loop, the PV warps' loop, which now
+    does its block's scale work (the tile's largest |scale| by shuffles, P's f16 values to e4m3 fragments), and the
+    producer. The model reads it faster than the producer-warpgroup tile that ran these rows before (185k / 16 nodes on
+    the RTX PRO 6000: a prediction, as every reading here)."""
+    from bench.model import call, kernels
+    from verify_attn.shapes import get_shape
+    try:
+        ks = kernels.load("sm_120a", "mla576x656", "bf16", "page1")
+    except RuntimeError as e:
+        pytest.skip(str(e))
+    roles_km = next(k for k in ks if k.tile.loader == 4)
+    wg_km = next(k for k in ks if k.tile.loader == 3)
+    body, spans, _, producer = roles_km.roles_hot
+    assert len(spans) == 3
+    s_path, pv_path = (body[a:b] for a, b in spans[:2])
+    assert any(i.op == "SHFL" for i in pv_path) and any(i.op == "F2FP" for i in pv_path)   # the block work, on PV
+    assert any(i.op == "QMMA" for i in s_path) and any(i.op == "QMMA" for i in pv_path)
+    assert sum(i.op == "UBLKCP" for i in producer.instrs) == 32 // kernels.producer_warps(roles_km.tile)
+    case = call.Case(get_shape("kimi-k2-tp8"), 185_000, 16, kv_dtype="fp8_mla656")
+    dev = devices.get_device("rtx-pro-6000")
+    assert call.predict(roles_km, dev, case).total_us < call.predict(wg_km, dev, case).total_us
+
+
 def test_kernel_v3_knockout_variants_are_read_with_their_roles():
     """bench.knockout's variants of kernel v3 (its producer honours kKoNoLoad and kKoNoIndex: bits 1 and 2) build, and
     the model still finds both v3 tiles' producer loops in them; without the index ring the producer issues no

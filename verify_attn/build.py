@@ -136,9 +136,10 @@ _V3_656_TILE = Tile(32, 32, 4, 2, 4, version=1, sn=2, bars=2, loader=2, archs=("
 V3_WG_TILE = Tile(32, 16, 2, 4, 4, version=1, sn=2, bars=2, loader=3)
 V3_WG_FP8_TILE = Tile(32, 32, 4, 2, 4, version=1, sn=2, bars=2, loader=3)
 # ... and with math roles on e4m3 rows (TileMlaV3RolesFp8): S warps 2 (dims) x 2 (tokens) x 2 (M), 8 PV warps:
-# 91,328 B; backend "cuda@m32n32w20s4" (not the 656-byte rows: their block references live in the softmax threads).
-# sm_120a's alone: at 112 registers sm_90a's f16 lowering of the e4m3 MMAs spills 72 B (the H200 runs it under
-# VERIFY_ATTN_ANY_TILE_ARCH=1, for correctness)
+# 91,328 B; backend "cuda@m32n32w20s4". sm_120a's alone: at 112 registers sm_90a's f16 lowering of the e4m3 MMAs
+# spills 72 B (the H200 runs it under VERIFY_ATTN_ANY_TILE_ARCH=1, for correctness). The same tile on 656-byte rows
+# (100,544 B): the S warps hand over one unscaled f16 P, each PV warp scales it by its own block's scales
+# (traits.h, k656Roles)
 V3_ROLES_FP8_TILE = Tile(32, 32, 8, 2, 4, version=1, sn=2, bars=2, loader=4, archs=("sm_120a",))
 # (656-byte rows: sm_120a's, as v1's e4m3-MMA 656 tile is; at 232 registers sm_90a's f16 lowering spills 12 B)
 _V3_WG_656_TILE = Tile(32, 32, 4, 2, 4, version=1, sn=2, bars=2, loader=3, archs=("sm_120a",))
@@ -174,7 +175,7 @@ TILES: dict[str, list[Tile]] = {
     # 656-byte rows: sm_120's tile on e4m3 MMAs (per-block scales on S's block sums and on P, RoPE in q's type;
     # 4 stages, two tiles in flight, 100,864 B); the f16 tile is the H200's and the exact one
     "mla576x656": [Tile(32, 32, 4, 2, 4, version=1, sn=2, archs=("sm_120a",)), _FP8_F16_TILE, _V3_656_TILE,
-                   _V3_WG_656_TILE],
+                   _V3_WG_656_TILE, V3_ROLES_FP8_TILE],
     # GQA: the f16 tile with deeper rings than MLA's (a GQA stage is 4.6-17 KB): 6 stages at d128, 4 at d256 (5
     # would pass sm_120's 99 KB), the 3-stage tile kept; d64 on 4 warps (8 would leave each 8 Dv columns, under
     # the n16 pair of ldmatrix .trans: TileFp8F16W4)
@@ -278,17 +279,18 @@ def smem_bytes(tile: Tile, dqk: int, dv: int, shared_kv: bool, kv_bytes: int = 2
                 + 2 * tile.warps_n * 128 * (tile.block_n // 2) * 4 + tile.block_m * 4 * 4 + fp8 + ring)  # + mask words
     if tile.version == 1:
         kpad = 16 // kv_bytes
-        pb = 1 if kv_bytes == 1 and tile.fp8_mma else 2  # P element bytes
+        roles656 = bool(kv_row) and tile.loader == 4  # 656-byte rows on the math-roles tile: one f16 P, no pad
+        pb = 1 if kv_bytes == 1 and tile.fp8_mma and not roles656 else 2  # P element bytes
         krow = kv_row if kv_row else dqk + kpad   # kv_row: 656-byte rows, unpadded (41 16-byte units, odd)
         stage = tile.block_n * krow + (0 if shared_kv else tile.block_n * (dv + kpad))
         parts = 2 if tile.bars == 1 else 1  # one barrier per tile: two sets of partial scores
         producer = tile.loader >= 2  # kernel v3: 8 staged mask words, FULL + EMPTY mbarriers, no index ring
         spitch = tile.block_n + (4 if parts == 2 else 8)
         part = tile.ksplit * tile.block_m * spitch * 4 * parts
-        blocks = bool(kv_row)  # 656-byte rows: P once per 128-column block, 4 side by side
-        # P: parts buffers; the 4-block rows (128 bytes) swizzled instead of padded
+        blocks = bool(kv_row) and not roles656  # 656-byte rows: P once per 128-column block, 4 side by side
+        # P: parts buffers; the 4-block rows (128 bytes) and the roles tile's 64-byte f16 rows swizzled, not padded
         pbufs = 2 if parts == 2 or tile.loader == 4 else 1  # P / alpha buffers (v3's math roles: P double-buffered)
-        p = pbufs * tile.block_m * ((4 * tile.block_n) if blocks else (tile.block_n + 16 // pb)) * pb
+        p = pbufs * tile.block_m * ((4 * tile.block_n) if blocks else tile.block_n + (0 if roles656 else 16 // pb)) * pb
         stats = (pbufs + 2 + (1 if kv_bytes == 1 else 0)) * tile.block_m * 4  # alpha x buffers, 1/l, lse2 (+ Q scale)
         stats += 4 * tile.block_n * 4 if blocks else 0  # the tile's block scales per token
         slots = tile.num_stages - 2  # kv_indices ring slots (kIdxSlots)

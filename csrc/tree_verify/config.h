@@ -254,8 +254,12 @@ template <class Head> struct TilesFor656 { using type = TileList<>; };
 // Kernel v3 on 656-byte rows: the same producer-warp tile (one 656-byte bulk copy per row, 16-byte multiples): 4 x
 // 20,992 B of KV + partial scores 10,240 + P (4 blocks) 4,096 + stats, Q and block scales 1,024 + mask words 1,024 +
 // mbarriers 64 + index ring 512 = 100,928 B, under sm_120's 101,376 by 448.
+// With math roles (TileMlaV3RolesFp8): the S warps hand the PV warps one unscaled f16 P (2 KB, double-buffered: 4 KB);
+// each PV warp keeps its own 128-column block's reference and scales its P fragments by the stage's scales itself.
+// 4 x 20,992 B of KV + partial scores 10,240 + 2 x P 2,048 + stats and Q scales 640 + mask words 1,024 + mbarriers 64 +
+// index ring 512 = 100,544 B.
 template <> struct TilesFor656<HeadMLA> {
-  using type = TileList<TileConfigV1<32, 32, 8, 4, 2, 2>, TileFp8F16, TileMlaV3Fp8, TileMlaV3WgFp8>;
+  using type = TileList<TileConfigV1<32, 32, 8, 4, 2, 2>, TileFp8F16, TileMlaV3Fp8, TileMlaV3WgFp8, TileMlaV3RolesFp8>;
 };
 template <> struct TilesFor<HeadG128> {
   using type = TileList<TileConfig<64, 32, 4, 1, 2>, TileConfig<128, 32, 8, 1, 2>, TileConfigV1<32, 32, 8, 4, 2, 2>>;

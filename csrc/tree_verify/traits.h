@@ -103,12 +103,14 @@ struct KernelTraits {
 // buffer), 1/l and lse2. Q is staged once in the last pipeline stages before their tiles
 // are issued and then lives in registers.
 template <int BM, int BN, int STAGES, int KSPLIT, int DQK, int DV, bool kSharedKV, int KVB = 2, int PB = KVB,
-          int KROW = DQK, int KPADB = 16, int PARTS = 1, int PGROUPS = 1, int MASKW = 4, int PBUFS = PARTS>
+          int KROW = DQK, int KPADB = 16, int PARTS = 1, int PGROUPS = 1, int MASKW = 4, int PBUFS = PARTS,
+          bool PSWZ64 = false>
 struct SharedMemoryPlanV1 {
   // KROW: K row elements in the cache (DQK; 656 bytes for the 656-byte MLA rows), KPADB: its pad in bytes
   // KVB: bytes per K / V element (2: the 16-bit type of q; 1: e4m3); PB: per P element. Q is staged 16-bit.
   // PGROUPS: P copies side by side in a row (4: the 656-byte rows, P times each 128-column block's per-token
-  // scale).
+  // scale). PSWZ64: P rows of 64 bytes with no pad (the 656-byte rows on the math-roles tile: one f16 P of 32
+  // tokens, its k positions XORed with 20 on rows with bit 1 set; tree_verify_kernel_v1.cuh's p_at).
   static constexpr int kQElem = 2;
   static constexpr int kKvElem = KVB;
   static constexpr int kPad = 16 / KVB;                            // elements per K/V/P row (16 B): conflict-free ldmatrix
@@ -125,7 +127,8 @@ struct SharedMemoryPlanV1 {
   // elements per P row: a 16-byte pad puts the 8 rows an ldmatrix reads on distinct banks; the 4-block rows
   // (128 bytes) instead swizzle their 16-byte chunks (chunk ^ row % 8, kPSwizzle)
   static constexpr bool kPSwizzle = PGROUPS > 1;
-  static constexpr int kPPitch = PGROUPS * BN + (kPSwizzle ? 0 : 16 / PB);
+  static constexpr int kPPitch = PGROUPS * BN + (kPSwizzle || PSWZ64 ? 0 : 16 / PB);
+  static_assert(!PSWZ64 || (PGROUPS == 1 && BN * PB == 64), "the 64-byte P rows: one 32-token f16 P");
   static constexpr int kQStages = int((size_t(BM) * kQPitch * kQElem + kStageBytes - 1) / kStageBytes);  // stages Q borrows
 
   static constexpr size_t kK = 0;
@@ -186,7 +189,15 @@ struct KernelTraitsV1 {
   static constexpr bool k656E4m3 = kMla656 && kE4m3Mma;
   static constexpr int k656Block = 128;  // values per scale of a 656-byte row
   using KvElem = std::conditional_t<kFp8, uint8_t, Elem>;  // K / V storage
-  static constexpr int kPBytes = kE4m3Mma ? 1 : 2;          // P storage: e4m3, or 16-bit (T; f16 when kFp8Deq)
+  // Tile::LOADER 4 (v3 with math roles): warps 0 .. kSWarps - 1 compute S and the softmax, warps kSWarps .. kWarps - 1
+  // P V; every other tile's warps do both
+  static constexpr bool kRoles = Tile::LOADER == 4;
+  // 656-byte rows on the math-roles tile: the S warps hand over one unscaled P in f16 (its e4m3 k positions); each PV
+  // warp keeps its own block's reference and scales its P fragments itself (its Dv columns lie in one block), so no
+  // block work and no 4-block P pass between the roles
+  static constexpr bool k656Roles = kRoles && kMla656;
+  // P storage: e4m3, or 16-bit (T; f16 when kFp8Deq or k656Roles)
+  static constexpr int kPBytes = kE4m3Mma && !k656Roles ? 1 : 2;
   static constexpr int kKStep = kFp8 ? 32 : 16;             // K elements per S step (one 32-byte ldmatrix pair)
   static constexpr int kMmaPerStep = kFp8Deq ? 2 : 1;       // k16 MMAs per S step
   static constexpr int kKvPerChunk = 16 / int(sizeof(KvElem));  // K / V elements per 16-byte copy
@@ -200,9 +211,6 @@ struct KernelTraitsV1 {
   static constexpr int kThreads = Tile::kThreads;
 
   static constexpr int MS = BM / 16;                 // m16 tiles of the CTA
-  // Tile::LOADER 4 (v3 with math roles): warps 0 .. kSWarps - 1 compute S and the softmax, warps kSWarps .. kWarps - 1
-  // P V; every other tile's warps do both
-  static constexpr bool kRoles = Tile::LOADER == 4;
   static constexpr int kSWarps = kRoles ? kWarps / 2 : kWarps;   // S (and softmax) warps
   static constexpr int kPVWarps = kRoles ? kWarps / 2 : kWarps;  // P V warps
   static constexpr int kSWM = kSWarps / (KSPLIT * SN);  // S warps along M
@@ -286,8 +294,8 @@ struct KernelTraitsV1 {
 
   // 656-byte rows: no pad, the 656-byte pitch is already an odd number (41) of 16-byte units (conflict-free ldmatrix)
   using Smem = SharedMemoryPlanV1<BM, BN, STAGES, KSPLIT, DQK, DV, kSharedKV, int(sizeof(KvElem)), kPBytes, kRowElems,
-                                  kMla656 ? 0 : 16, Tile::BARS == 1 ? 2 : 1, kMla656 ? 4 : 1, kProducer ? 8 : 4,
-                                  (Tile::BARS == 1 || kRoles) ? 2 : 1>;
+                                  kMla656 ? 0 : 16, Tile::BARS == 1 ? 2 : 1, kMla656 && !k656Roles ? 4 : 1,
+                                  kProducer ? 8 : 4, (Tile::BARS == 1 || kRoles) ? 2 : 1, k656Roles>;
   static constexpr int kQStages = Smem::kQStages;
   // the mbarriers (8 bytes each) after the plan's regions: the bulk loader's one per stage; the producer warp's
   // FULL per stage, then EMPTY per stage
@@ -318,8 +326,7 @@ struct KernelTraitsV1 {
   static_assert(DQK % (kKStep * KSPLIT) == 0, "each S warp's head dims must be whole MMA k steps");
   static_assert(!kFp8 || (BN == 32 && (kSharedKV || kFp8Deq)),
                 "e4m3 tiles: 32 tokens (one e4m3 k step, one .trans load); MLA rows, or V rows apart on the f16 tile");
-  static_assert(!kRoles || !kMla656, "v3 with math roles: 16-bit and e4m3 rows (the 656-byte rows' block references "
-                                     "live in the softmax threads, which the PV warps are not)");
+  static_assert(!k656Roles || kE4m3Mma, "656-byte rows on the math-roles tile: the PV warps make e4m3 P fragments");
   static_assert(!kMla656 || (kFp8 && DQK == 576 && DV == 512 && KSPLIT == 2),
                 "656-byte rows: MLA 576/512, S split in two halves of 288 dims (9 steps of 32)");
   static_assert(!kMla656 || (Tile::BARS == 2 && k656Block % kODV == 0 && kSKSteps == 9),

@@ -158,7 +158,8 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
   using KV = typename Tr::KvElem;  // K / V storage: T, or e4m3 codes (Tr::kFp8)
   // 16-bit MMA operand type: T, or f16 when e4m3 K / V are converted in registers (Tr::kFp8Deq)
   using M16 = std::conditional_t<Tr::kFp8Deq, __half, T>;
-  using PE = std::conditional_t<Tr::kE4m3Mma, uint8_t, M16>;  // P storage
+  // P storage: e4m3 codes; 16-bit (M16); or, for the 656-byte rows on the math-roles tile, f16 (the PV warps scale it)
+  using PE = std::conditional_t<Tr::k656Roles, __half, std::conditional_t<Tr::kE4m3Mma, uint8_t, M16>>;
   using L = typename Tr::Layout;
   using Smem = typename Tr::Smem;
   namespace arch = va::arch;
@@ -208,7 +209,11 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
   auto pbuf = [](int tile) { return Smem::kPBufs == 2 ? (tile & 1) : 0; };
   PE* sP = reinterpret_cast<PE*>(smem + Smem::kP);                // (kPBufs, BM, kPPitch) probabilities
   // element offset of P's (row, column) in a buffer: 16-byte chunks swizzled by the row on 128-byte rows
+  // (64-byte f16 rows of the 656-byte rows' math-roles tile: k position col XORed with 20 on rows with bit 1 set, so
+  // the softmax's 4-byte stores (k positions {0, 1, 4, 5, 8, 9, 12, 13} (mod 16) of 4 rows, or the other 8) and the
+  // PV warps' 8-byte loads (k positions 0-15 or 16-31 of 4 rows) each fall on 32 distinct banks)
   auto p_at = [](int row, int col) {
+    if constexpr (Tr::k656Roles) return row * Smem::kPPitch + (col ^ (((row >> 1) & 1) * 20));
     if constexpr (Smem::kPSwizzle) {
       constexpr int kChunk = 16 / int(sizeof(PE));
       return row * Smem::kPPitch + (((col / kChunk) ^ (row & 7)) * kChunk) + col % kChunk;
@@ -669,8 +674,9 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
       const KV* sc = sKs + (ws_n * Tr::kSTok + j * 8 + 2 * (lane & 3)) * Smem::kKPitch + 512 + 8 * ws_k;
       const float2 t0 = *reinterpret_cast<const float2*>(sc);
       const float2 t1 = *reinterpret_cast<const float2*>(sc + Smem::kKPitch);
-      // ... and for the softmax, block-major (the 8 lanes of a column pair hold the same: lanes 0-3 store)
-      if (lane < 4) {
+      // ... and for the softmax, block-major (the 8 lanes of a column pair hold the same: lanes 0-3 store; the
+      // math-roles tile's softmax needs none: its PV warps read their block's scales from the stage)
+      if (!Tr::k656Roles && lane < 4) {
         float* st = sScl + 2 * ws_k * BN + ws_n * Tr::kSTok + j * 8 + 2 * lane;
         *reinterpret_cast<float2*>(st) = make_float2(t0.x, t1.x);
         *reinterpret_cast<float2*>(st + BN) = make_float2(t0.y, t1.y);
@@ -824,7 +830,10 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
   };
   // the reference of this warp's own block (a select: pv_blk is warp-uniform, and an indexed register array would
   // go to local memory)
+  // (656-byte rows on the math-roles tile: the PV warp's own reference of its block, and its P factor kPBlk / it)
+  [[maybe_unused]] float own_ref = 0.f, own_inv = 0.f;
   [[maybe_unused]] auto pv_ref = [&]() {
+    if constexpr (Tr::k656Roles) return own_ref;
     return pv_blk == 0 ? blk_ref[0] : pv_blk == 1 ? blk_ref[1] : pv_blk == 2 ? blk_ref[2] : blk_ref[3];
   };
   auto softmax = [&](int tile, auto masked_tag) {
@@ -874,7 +883,12 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
 #pragma unroll
     for (int x = 1; x < Tr::kLanesPerRow; x <<= 1) rsum += arch::shfl_xor(rsum, x);
     l_run = l_run * alpha + rsum;
-    if constexpr (Tr::kMla656) {  // P of every block, times the lane's tokens' factors (blk_prep)
+    if constexpr (Tr::k656Roles) {  // one unscaled f16 P at the e4m3 MMA's k positions (the PV warps scale it)
+#pragma unroll
+      for (int e = 0; e < TPL; e += 2)
+        *reinterpret_cast<uint32_t*>(sP + pbuf(tile) * BM * Smem::kPPitch + p_at(srow, h::fp8_pv_k_of_token(scol + e))) =
+            arch::pack2<__half>(s[e], s[e + 1]);
+    } else if constexpr (Tr::kMla656) {  // P of every block, times the lane's tokens' factors (blk_prep)
       blk_prep();  // (after rescale_o(tile - 1), which reads pv_ratio of tile - 1)
       PE* pt = sP + pbuf(tile) * BM * Smem::kPPitch;
 #pragma unroll
@@ -965,11 +979,51 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
     // (656-byte rows: the copy of P for this warp's 128-column block)
     const PE* sPt = sP + pbuf(tile) * BM * Smem::kPPitch;
     const int pcol0 = Tr::kMla656 ? pv_blk * BN : 0;
+    if constexpr (Tr::k656Roles) {
+      // 656-byte rows on the math-roles tile: this warp's block work (blk_prep's, for one block). Lane l reads token
+      // l's scale of the block from the stage (each row carries its scales), the warp takes the tile's largest |scale|,
+      // and the block's reference moves when the tile passes it (pv_ratio: O's rescale in rescale_o(tile)).
+      const KV* sKs = sK + (tile % STAGES) * Smem::kStageElems;
+      const float sc = *reinterpret_cast<const float*>(sKs + lane * Smem::kKPitch + 512 + 4 * pv_blk);
+      float tmx = fabsf(sc);
 #pragma unroll
-    for (int kk = 0; kk < Tr::kPKSteps; ++kk)
+      for (int x = 1; x < 32; x <<= 1) tmx = arch::max_f(tmx, arch::shfl_xor(tmx, x));
+      pv_ratio = 1.f;
+      if (tmx > own_ref) {  // sass-model: cold (the block's scales pass its reference: the first tiles)
+        pv_ratio = own_ref / tmx;
+        own_ref = tmx;
+        own_inv = kPBlk / tmx;  // (> 0: a block whose scales are all 0 keeps factor 0)
+      }
+      const float w = sc * own_inv;  // token `lane`'s P factor: its scale x 2^8 / the reference
+      // A register r of m tile i: row 16 i + lane / 4 + 8 (r & 1), k positions 16 (r >> 1) + 4c .. + 3 (c = lane % 4),
+      // which hold tokens fp8_pv_token_of_k(k) = 16 (r >> 1) + 2c + (e & 1) + 8 (e >> 1), e = 0 .. 3
+      // (P x factor in f16x2 products ran 54 fewer instructions a tile, but ptxas then spilled the S warps' loop at 112
+      // registers; the model read 91.4 against 92.9 us, within its uncertainty)
+      const int c = lane & 3;
+      float wk[2][4];
+#pragma unroll
+      for (int hk = 0; hk < 2; ++hk)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) wk[hk][e] = arch::shfl(w, 16 * hk + 2 * c + (e & 1) + 8 * (e >> 1));
 #pragma unroll
       for (int i = 0; i < Tr::MS; ++i)
-        arch::ldmatrix_x4(pa[kk][i], sPt + p_at(i * 16 + a_addr.row, pcol0 + kk * kPStep + kPCol * a_addr.col));
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const uint2 v =
+              *reinterpret_cast<const uint2*>(sPt + p_at(i * 16 + (lane >> 2) + 8 * (r & 1), 16 * (r >> 1) + 4 * c));
+          float x0, x1, x2, x3;
+          arch::unpack2<__half>(v.x, x0, x1);
+          arch::unpack2<__half>(v.y, x2, x3);
+          const float* f = wk[r >> 1];
+          pa[0][i][r] = arch::cvt_e4m3x4(x0 * f[0], x1 * f[1], x2 * f[2], x3 * f[3]);
+        }
+    } else {
+#pragma unroll
+      for (int kk = 0; kk < Tr::kPKSteps; ++kk)
+#pragma unroll
+        for (int i = 0; i < Tr::MS; ++i)
+          arch::ldmatrix_x4(pa[kk][i], sPt + p_at(i * 16 + a_addr.row, pcol0 + kk * kPStep + kPCol * a_addr.col));
+    }
     if constexpr (Tr::kFp8) {
       // one .trans load per 16-dim chunk covers the 32-token tile (lane l gives the row of token l):
       // register m holds tokens 8m + 2c, +1 of the lane's dim pair (c = lane % 4)
