@@ -144,10 +144,10 @@ V3_ROLES_FP8_TILE = Tile(32, 32, 8, 2, 4, version=1, sn=2, bars=2, loader=4, arc
 # (656-byte rows: sm_120a's, as v1's e4m3-MMA 656 tile is; at 232 registers sm_90a's f16 lowering spills 12 B)
 _V3_WG_656_TILE = Tile(32, 32, 4, 2, 4, version=1, sn=2, bars=2, loader=3, archs=("sm_120a",))
 # kernel v3 with math roles (TileMlaV3Roles, 20 warps; setmaxnreg: the launch's 96 registers to 32 for the producer
-# warpgroup, 112 for the math warps): 8 S warps (S split 4 x 2 over both m tiles, and the softmax) and 8 PV warps (64 Dv
-# columns each), P double-buffered between them on named barriers, so the softmax of a tile runs under P V's MMAs of
-# the one before. 92,224 B. Backend "cuda@m32n16w20s4"
-V3_ROLES_TILE = Tile(32, 16, 4, 4, 4, version=1, sn=2, bars=2, loader=4)
+# warpgroup, 112 for the math warps): 8 S warps (S split 2 (dims) x 2 (tokens) x 2 (M), and the softmax) and 8 PV warps
+# (64 Dv columns each), P double-buffered between them on named barriers, so the softmax of a tile runs under P V's MMAs
+# of the one before. 86,080 B. Backend "cuda@m32n16w20s4"
+V3_ROLES_TILE = Tile(32, 16, 8, 2, 4, version=1, sn=2, bars=2, loader=4)
 # kernel v3 for Hopper (issue 40; TileMlaV3Sm90 = TileConfigV3<64, 64, 2>, csrc/tree_verify/sm90/): a producer warpgroup
 # gathers 64-token blocks into 128-byte-swizzled stages (16-byte cp.async, FULL / EMPTY mbarriers), two consumer
 # warpgroups run FlashMLA's seesaw (S of one block each over all 576 dims, O's 512 columns split between them), 64 rows,

@@ -185,11 +185,13 @@ using TileMlaV3 = TileConfigV1<32, 16, 8, 4, 4, 1, 1, 2, 2>;
 //       words per row 1,024 + 64 B of mbarriers + the producer's index ring 512 = 90,560 B.
 using TileMlaV3Wg = TileConfigV1<32, 16, 8, 4, 4, 2, 1, 2, 3>;
 //  MLA v3 with math roles (LOADER 4, 20 warps: the launch gives 96 registers a thread, setmaxnreg moves them to 32 for
-//       the producer warpgroup and 112 for the math warps): 8 S warps, S split 4 (dims) x 2 (tokens) over both m tiles
-//       (Q 72 registers) and the softmax; 8 PV warps, each 64 Dv columns of O (64). KV 4 x 18,688 B + partial scores
-//       12,288 + 2 x P 3,072 + 2 x alpha, 1/l, lse2 512 + 8 mask words per row 1,024 + 64 B of mbarriers + the
-//       producer's index ring 512 = 92,224 B.
-using TileMlaV3Roles = TileConfigV1<32, 16, 16, 4, 4, 2, 1, 2, 4>;
+//       the producer warpgroup and 112 for the math warps): 8 S warps, S split 2 (dims) x 2 (tokens) x 2 (M) (Q 72
+//       registers: 288 dims of one m tile) and the softmax; 8 PV warps, each 64 Dv columns of O (64). KV 4 x 18,688 B +
+//       partial scores 6,144 + 2 x P 3,072 + 2 x alpha, 1/l, lse2 512 + 8 mask words per row 1,024 + 64 B of mbarriers +
+//       the producer's index ring 512 = 86,080 B. (The split 4 (dims) x 2 (tokens) over both m tiles, the same Q
+//       registers, exchanged twice the partial scores: the model read the RTX PRO 6000 at 1,501 cycles a tile against
+//       1,271 with this one; NOTES.md.)
+using TileMlaV3Roles = TileConfigV1<32, 16, 16, 4, 2, 2, 1, 2, 4>;
 //  MLA v3 for Hopper (sm_90a only; sm90/tile_v3.h): 64 rows x 64-token swizzled blocks x 2 stages, a producer
 //       warpgroup + two consumer warpgroups on FlashMLA's seesaw: Q 72 KB + 2 x 72 KB + stats, mask words and
 //       8 mbarriers (FULL and EMPTY per stage half) 3 KB = 224,320 B.
