@@ -1080,25 +1080,18 @@ def test_v3_roles_mla656_matches_reference(emu, i):
     _check_656(case, out, lse, V3R_FP8)
 
 
-def test_v3_roles_mla656_wide_tree_300_splits_and_bitwise(emu):
-    case = make_case(CaseSpec((40,), (256,), "bushy", dtype=BF, kv_dtype="fp8_mla656", page_size=3, seed=335, **MLA))
+# a 256-node tree (the 8 staged mask words, 64 M tiles), 300 splits over 7 tiles (most CTAs exit before the roles
+# split) and the same bits under every schedule; seeds: (wide tree, 300 splits, bitwise)
+@pytest.mark.parametrize("kv_dtype,seeds", [("fp8_e4m3", (329, 336, 333)), ("fp8_mla656", (335, 336, 337))])
+def test_v3_roles_fp8_wide_tree_300_splits_and_bitwise(emu, kv_dtype, seeds):
+    case = make_case(CaseSpec((40,), (256,), "bushy", dtype=BF, kv_dtype=kv_dtype, page_size=3, seed=seeds[0], **MLA))
     emu.set_schedule("warp-ahead")
     emu.set_cp_async_landing("issue")
     assert not _caught_e4m3(emu, case, cfg(2, *V3R_FP8))
-    case = make_case(CaseSpec((199,), (9,), "bushy", dtype=BF, kv_dtype="fp8_mla656", page_size=7, seed=336, **MLA))
+    case = make_case(CaseSpec((199,), (9,), "bushy", dtype=BF, kv_dtype=kv_dtype, page_size=7, seed=seeds[1], **MLA))
     assert not _caught_e4m3(emu, case, cfg(300, *V3R_FP8))
-    case = make_case(CaseSpec((290, 7), (9, 4), "bushy", dtype=BF, kv_dtype="fp8_mla656", page_size=3, seed=337,
+    case = make_case(CaseSpec((290, 7), (9, 4), "bushy", dtype=BF, kv_dtype=kv_dtype, page_size=3, seed=seeds[2],
                               **MLA))
-    out, lse = _same_bits_under_every_schedule(emu, case, cfg(3, *V3R_FP8), seed=8)
-    _check_656(case, out, lse, V3R_FP8)
-
-
-def test_v3_roles_e4m3_wide_tree_and_bitwise(emu):
-    case = make_case(CaseSpec((40,), (256,), "bushy", dtype=BF, kv_dtype="fp8_e4m3", page_size=3, seed=329, **MLA))
-    emu.set_schedule("warp-ahead")
-    emu.set_cp_async_landing("issue")
-    assert not _caught_e4m3(emu, case, cfg(2, *V3R_FP8))
-    case = make_case(CaseSpec((290, 7), (9, 4), "bushy", dtype=BF, kv_dtype="fp8_e4m3", page_size=3, seed=333, **MLA))
     out, lse = _same_bits_under_every_schedule(emu, case, cfg(3, *V3R_FP8), seed=7)
     rel, lse_err = fp8_errors(case, out, lse)
     assert rel <= FP8_MMA_REL_TOL and lse_err <= FP8_MMA_LSE_ATOL, (rel, lse_err)
