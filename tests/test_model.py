@@ -310,7 +310,12 @@ def test_split_heuristic_fills_whole_waves():
     for m in (1, 3, 4, 7, 16, 33, 64):
         s = h(m)
         assert (s * m) % 188 == 0 or (s * m) % 188 > 188 // 2 or s * m < 188, (m, s)  # no nearly empty wave
-    assert h(4, ctx=200) == 200 // (2 * 16)  # short contexts: the floor of two KV tiles a split caps it
+    # short contexts: two KV tiles a split cap it, ceil(len / 2 tiles) splits (each but the last owns two tiles once
+    # its share is rounded up to whole tiles: 7 splits of 32 tokens and one of 8 at 200)
+    assert h(4, ctx=200) == -(-200 // (2 * 16))
+    # Hopper's v3 at 4k (64-token blocks in pairs, 2 M tiles, 132 SMs): 32 splits own one pair each; the floor's 31
+    # owned 192 tokens, three blocks, run as two pairs
+    assert h(2, sms=132, ctx=4_016, bn=64) == 32
     assert h(4, ctx=2_000) == 47             # ... but not a 2k context (the 256-token floor gave 7 splits)
     from bench.model.split_study import old_rule   # the rule before, as the split study reads it beside this one
     assert old_rule(batch=1, num_kv_heads=1, m_tiles=4, avg_kv_len=2_000, num_sms=188, block_n=16) == 2_000 // 256

@@ -138,6 +138,7 @@ def heuristic_num_splits(
     max_waves: int = MAX_WAVES,
     part_waves: tuple[float, ...] = PART_WAVES,
     combine_tokens_per_group: int = COMBINE_TOKENS_PER_GROUP,
+    cap_ceil: bool = True,
 ) -> int:
     """Split count that fills whole waves (or a part of one) of the GPU from static shapes only.
 
@@ -157,14 +158,18 @@ def heuristic_num_splits(
     call at 16k on 188 SMs (one M tile) takes 94 splits, half a wave: a whole one
     (188) halves each CTA's tiles but doubles the combine's split loop. The
     autotuner refines it. No device data is read: CUDA-graph safe. (`part_waves=()`,
-    `combine_tokens_per_group=0` and `min_tiles_per_split=256 // block_n` give the rule
-    before the sixteenth session: bench/model/split_study.py reads the two side by side.)
+    `combine_tokens_per_group=0`, `min_tiles_per_split=256 // block_n` and `cap_ceil=False` give
+    the rule before the sixteenth session: bench/model/split_study.py reads the two side by side.)
     """
     if min(batch, num_kv_heads, m_tiles, num_sms, block_n, max_waves, min_tiles_per_split) < 1:
         raise ValueError("heuristic_num_splits: batch, num_kv_heads, m_tiles, num_sms, block_n, max_waves, "
                          "min_tiles_per_split must be >= 1")
     ctas_per_split = batch * num_kv_heads * m_tiles
-    by_len = max(1, avg_kv_len // (min_tiles_per_split * block_n))
+    # at most ceil(len / (min tiles)) splits: each split but the last still owns min_tiles_per_split tiles once its
+    # share is rounded up to whole tiles (a floor left Hopper's v3 at 4k with 31 splits of 3 blocks, two pairs, where
+    # 32 splits own one pair each)
+    per_split = min_tiles_per_split * block_n
+    by_len = max(1, -(-avg_kv_len // per_split) if cap_ceil else avg_kv_len // per_split)
     cap = max(1, min(by_len, max_splits))
     best, best_cost = 1, None
     for k in (*part_waves, *range(1, max_waves + 1)):

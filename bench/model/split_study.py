@@ -29,10 +29,11 @@ DEFAULT_KERNELS = {"sm_90a": ("v1 m32 n32 w8 s4 k4 sn2 b1", "v2 m64 n32 w8 s3", 
 
 
 def old_rule(*, batch: int, num_kv_heads: int, m_tiles: int, avg_kv_len: int, num_sms: int, block_n: int) -> int:
-    """The split heuristic before the sixteenth session: >= 256 tokens a split, 1-4 whole waves, waves x (tiles + 8)."""
+    """The split heuristic before the sixteenth session: >= 256 tokens a split (at most floor(len / 256) splits), 1-4
+    whole waves, waves x (tiles + 8)."""
     return vc.heuristic_num_splits(batch=batch, num_kv_heads=num_kv_heads, m_tiles=m_tiles, avg_kv_len=avg_kv_len,
                                    num_sms=num_sms, block_n=block_n, min_tiles_per_split=max(1, 256 // block_n),
-                                   part_waves=(), combine_tokens_per_group=0)
+                                   part_waves=(), combine_tokens_per_group=0, cap_ceil=False)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
