@@ -325,6 +325,29 @@ def test_split_heuristic_fills_whole_waves():
         heuristic_num_splits(batch=1, num_kv_heads=1, m_tiles=4, avg_kv_len=100, num_sms=188, max_waves=0)
 
 
+def test_hopper_v3_splits_and_the_model_count_whole_pairs():
+    """Hopper's v3 runs its 64-token blocks in pairs (an odd count runs a phantom block): the heuristic takes the pair
+    as its tile (at least one a split: the same 128 tokens as two blocks), and the model rounds a split's blocks up to
+    whole pairs (at 10k / 16 nodes, 66 splits own three blocks each: two pairs)."""
+    from verify_attn import build as vb
+    from verify_attn.config import tile_split_args
+    assert vb.V3_SM90_TILE.blocks_per_iter == 2 and vb.V3_ROLES_TILE.blocks_per_iter == 1
+    assert tile_split_args(64, 2) == {"block_n": 128, "min_tiles_per_split": 1}
+    assert tile_split_args(32, 1) == {"block_n": 32, "min_tiles_per_split": 2}
+    with pytest.raises(ValueError, match="blocks_per_iter"):
+        tile_split_args(64, 0)
+    from bench.model import call, kernels
+    from verify_attn.shapes import get_shape
+    try:
+        ks = kernels.load("sm_90a", "mla576", "bf16", "page1")
+    except RuntimeError as e:
+        pytest.skip(str(e))
+    v3 = next(k for k in ks if k.tile.version == 3)
+    dev = devices.get_device("h200")
+    p = call.predict(v3, dev, call.Case(get_shape("kimi-k2-tp8"), 10_000, 16))
+    assert p.num_splits == 66 and p.tiles_per_cta == 4, (p.num_splits, p.tiles_per_cta)
+
+
 def test_split_heuristic_choice_is_the_models_faster_one():
     """The 64-node choice (35 splits, 3 waves) against one wave (11): the SASS model predicts the
     heuristic's pick faster on the RTX PRO 6000 (wave quantization: 176 of 188 SMs busy in one wave)."""

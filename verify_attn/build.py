@@ -94,6 +94,12 @@ class Tile:
     def ksplit(self) -> int:
         return self.warps_n if self.version >= 1 else 1
 
+    @property
+    def blocks_per_iter(self) -> int:
+        """KV tiles one iteration of the split kernel's loop runs: Hopper's v3 runs its 64-token blocks in pairs (block
+        2i + s in stage s; an odd count runs a phantom block), every other kernel one tile."""
+        return self.num_stages if self.version == 3 else 1
+
     def label(self) -> str:
         base = f"m{self.block_m} n{self.block_n} w{self.num_warps} s{self.num_stages}"
         if self.version == 2:

@@ -181,3 +181,13 @@ def heuristic_num_splits(
         if best_cost is None or cost < best_cost:
             best, best_cost = s, cost
     return int(best)
+
+
+def tile_split_args(block_n: int, blocks_per_iter: int = 1) -> dict:
+    """heuristic_num_splits' tile arguments for a kernel whose loop runs `blocks_per_iter` tiles of `block_n` tokens
+    an iteration (Hopper's v3: a pair): its tile is the iteration (an odd block count costs a whole one), at least
+    MIN_TILES_PER_SPLIT tiles' tokens a split as for every kernel."""
+    if min(block_n, blocks_per_iter) < 1:
+        raise ValueError("tile_split_args: block_n and blocks_per_iter must be >= 1")
+    per_iter = block_n * blocks_per_iter
+    return {"block_n": per_iter, "min_tiles_per_split": max(1, -(-MIN_TILES_PER_SPLIT * block_n // per_iter))}

@@ -23,7 +23,7 @@ from typing import Optional
 from bench.core import roofline as rl
 from bench.core.inputs import make_trees
 from verify_attn import device as vdevice
-from verify_attn.config import heuristic_num_splits
+from verify_attn.config import heuristic_num_splits, tile_split_args
 from verify_attn.shapes import HeadShape
 
 from . import kernels as kernels_mod, sass, sim
@@ -148,7 +148,8 @@ def m_tiles(case: Case, km: KernelModel) -> int:
 def default_splits(case: Case, km: KernelModel, dev: DeviceModel) -> int:
     """The split count the backend's heuristic picks for this call on this device."""
     return heuristic_num_splits(batch=case.batch, num_kv_heads=case.shape.num_kv_heads, m_tiles=m_tiles(case, km),
-                                avg_kv_len=case.kv_len, num_sms=int(dev.sms.value), block_n=km.tile.block_n)
+                                avg_kv_len=case.kv_len, num_sms=int(dev.sms.value),
+                                **tile_split_args(km.tile.block_n, km.tile.blocks_per_iter))
 
 
 def _row_bytes(case: Case, elem: int = 2) -> int:
@@ -413,6 +414,9 @@ def predict(km: KernelModel, dev: DeviceModel, case: Case, num_splits: Optional[
     kv_len = case.kv_len
     chunk = math.ceil(max(kv_len, 1) / S / km.tile.block_n) * km.tile.block_n
     tiles = -(-min(chunk, kv_len) // km.tile.block_n)
+    # a loop iteration's tiles run whole (Hopper's v3: an odd block count runs a phantom block)
+    per_iter = kernels_mod.blocks_per_iter(km)
+    tiles = -(-tiles // per_iter) * per_iter
     masked = min(tiles, -(-case.tree_nodes // km.tile.block_n) + 1)
     # The M tiles of one split are launched S CTAs apart (grid x = split, fastest): the ones in the same
     # wave share each KV tile through L2; a split whose M tiles span several waves re-reads its KV from

@@ -60,7 +60,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                     case = predict.Case(shape, ctx, n, 1, "page1", 1, kv_dtype="bf16")
                     kw = dict(batch=1, num_kv_heads=shape.num_kv_heads, m_tiles=predict.m_tiles(case, km),
                               avg_kv_len=ctx, num_sms=int(dev.sms.value), block_n=km.tile.block_n)
-                    so, sn = old_rule(**kw), vc.heuristic_num_splits(**kw)
+                    # the rule now: what the backends pick (a Hopper v3 tile counts its pairs: tile_split_args)
+                    so, sn = old_rule(**kw), predict.default_splits(case, km, dev)
                     po, pn = predict.predict(km, dev, case, so), predict.predict(km, dev, case, sn)
                     old_t.append(po.total_us)
                     new_t.append(pn.total_us)

@@ -28,7 +28,7 @@ import torch
 
 from .. import build as vb
 from .. import device as vdevice
-from ..config import MAX_SPLITS, KernelConfig, heuristic_num_splits
+from ..config import MAX_SPLITS, KernelConfig, heuristic_num_splits, tile_split_args
 from ..shapes import HeadShape
 from . import Backend, Problem, register
 
@@ -187,7 +187,8 @@ def m_tiles(p: Problem, block_m: int) -> int:
 
 def _splits_for(p: Problem, t: vb.Tile) -> int:
     return heuristic_num_splits(batch=p.batch, num_kv_heads=p.num_kv_heads, m_tiles=m_tiles(p, t.block_m),
-                                avg_kv_len=p.avg_kv_len, num_sms=_problem_sms(p), block_n=t.block_n)
+                                avg_kv_len=p.avg_kv_len, num_sms=_problem_sms(p),
+                                **tile_split_args(t.block_n, t.blocks_per_iter))
 
 
 def resolve_config(p: Problem, config: Optional[KernelConfig], arch: Optional[str] = None) -> KernelConfig:
