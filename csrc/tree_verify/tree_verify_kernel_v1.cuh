@@ -980,6 +980,7 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
     const PE* sPt = sP + pbuf(tile) * BM * Smem::kPPitch;
     const int pcol0 = Tr::kMla656 ? pv_blk * BN : 0;
     if constexpr (Tr::k656Roles) {
+      static_assert(Tr::kPKSteps == 1, "656-byte rows: a 32-token tile is one e4m3 k step of P V");
       // 656-byte rows on the math-roles tile: this warp's block work (blk_prep's, for one block). Lane l reads token
       // l's scale of the block from the stage (each row carries its scales), the warp takes the tile's largest |scale|,
       // and the block's reference moves when the tile passes it (pv_ratio: O's rescale in rescale_o(tile)).
