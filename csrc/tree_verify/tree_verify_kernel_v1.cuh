@@ -974,11 +974,7 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
   // gives the row of token l), joined by byte permutes: register pair {0, 1} for the chunk's even dims
   // (n8 accumulator 2c), {2, 3} for its odd dims (2c + 1), tokens in fp8_pv_token_of_k order.
   auto pv_load = [&](int tile) {
-    // P's A fragments, every path alike: an e4m3 P step is 32 tokens, 16 codes per 16-byte column
-    constexpr int kPStep = Tr::kE4m3Mma ? 32 : 16, kPCol = Tr::kE4m3Mma ? 2 : 1;
-    // (656-byte rows: the copy of P for this warp's 128-column block)
     const PE* sPt = sP + pbuf(tile) * BM * Smem::kPPitch;
-    const int pcol0 = Tr::kMla656 ? pv_blk * BN : 0;
     if constexpr (Tr::k656Roles) {
       static_assert(Tr::kPKSteps == 1, "656-byte rows: a 32-token tile is one e4m3 k step of P V");
       // 656-byte rows on the math-roles tile: this warp's block work (blk_prep's, for one block). Lane l reads token
@@ -1019,6 +1015,10 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
           pa[0][i][r] = arch::cvt_e4m3x4(x0 * f[0], x1 * f[1], x2 * f[2], x3 * f[3]);
         }
     } else {
+      // P's A fragments, every other path alike: an e4m3 P step is 32 tokens, 16 codes per 16-byte column
+      constexpr int kPStep = Tr::kE4m3Mma ? 32 : 16, kPCol = Tr::kE4m3Mma ? 2 : 1;
+      // (656-byte rows: the copy of P for this warp's 128-column block)
+      const int pcol0 = Tr::kMla656 ? pv_blk * BN : 0;
 #pragma unroll
       for (int kk = 0; kk < Tr::kPKSteps; ++kk)
 #pragma unroll
