@@ -366,3 +366,36 @@ def test_hopper_v3_e4m3_is_read_with_its_barriers_and_an_arrive_ahead_producer()
     # the copies of pair i + 1 land under pair i: the consumers' FULL waits are a fraction of the pair (they were
     # 3,400 cycles of 6,800 with the arrives counted for the iteration that issued them)
     assert tc.sim.cycles_per_iter < 5500
+
+
+def test_the_trace_counts_each_roles_shared_memory():
+    """`--trace` prints the simulated iteration's shared-memory cycles by kind and by role (sim.SimResult.smem_by_warp):
+    the same cycles the tile's "smem" bound adds up. On the bf16 math-roles tile an S warp's ldmatrix of K alone is its
+    8 tokens x 288 dims x 2 bytes at the scheduler's quarter of 128 B/clk (144 cycles), a PV warp's is its V slice and
+    P (2 KB + 1 KB: 96); the producer's cp.async requests and L2 prefetches are LSU requests, not shared-memory time
+    (Hopper's v3: its producer's share is the copies landing, 72 KB a block)."""
+    from bench.model import call, kernels
+    from bench.model.__main__ import role_lines, smem_line
+    from verify_attn.shapes import get_shape
+    try:
+        ks = kernels.load("sm_90a", "mla576", "bf16", "page1")
+    except RuntimeError as e:
+        pytest.skip(str(e))
+    case = call.Case(get_shape("kimi-k2-tp8"), 185_000, 16)
+    km = next(k for k in ks if k.tile.loader == 4)
+    tc = call.tile_cost(km, H200, path="hot", resident_ctas=1, active_sms=132, dram_sharers=4.0, case=case)
+    s = tc.sim
+    issued = sum(d["issued"] for d in s.smem_by_warp)
+    landed = sum(d["copies"] + d["operands"] for d in s.smem_by_warp)
+    assert issued == pytest.approx(s.pipe_busy["mio"]) and landed == pytest.approx(s.pipe_busy["smem_async"])
+    assert tc.terms["smem"] == pytest.approx(issued + landed)
+    assert smem_line(s).startswith(f"  shared memory busy {issued + landed:.0f} cycles an iteration")
+    sw, pvw, prod = s.smem_by_warp[0], s.smem_by_warp[2], s.smem_by_warp[-1]   # warps 0 (S), 8 (PV), 16 (producer)
+    assert sw["issued"] >= 8 * 288 * 2 / 32 and pvw["issued"] >= (2048 + 1024) / 32
+    assert sw["copies"] == pvw["copies"] == 0 and prod["copies"] > 0
+    assert all("its warps' shared memory" in ln for ln in role_lines(km, s, H200.schedulers))
+    v3 = next(k for k in ks if k.tile.version == 3 and k.tile.block_m == 64)
+    s3 = call.tile_cost(v3, H200, path="hot", resident_ctas=1, active_sms=132, dram_sharers=2.0, case=case).sim
+    prod3 = s3.smem_by_warp[-1]
+    assert prod3["issued"] == 0 and prod3["copies"] == pytest.approx(2 * 64 * 1152 / 4 / 32)
+    assert s3.pipe_busy["lsu"] > 0 and all(d["operands"] > 0 for d in s3.smem_by_warp[:2])

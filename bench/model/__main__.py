@@ -316,8 +316,18 @@ def trace_lines(km, dev, p: predict.Prediction) -> list[str]:
     res = p.tile.sim
     busy = res.pipe_busy.get("tensor", 0.0)
     return ([f"{dev.key} {km.name} ({km.layout}): {res.cycles_per_iter:.0f} cycles/tile simulated, tensor pipe "
-             f"busy {busy:.0f} ({100 * busy / res.cycles_per_iter:.0f}%)"]
+             f"busy {busy:.0f} ({100 * busy / res.cycles_per_iter:.0f}%)", smem_line(res)]
             + role_lines(km, res, dev.schedulers) + sim.pipe_gaps(body, res, "tensor", dev, 30) + sim.explain(body, res, 25))
+
+
+def smem_line(res) -> str:
+    """The simulated iteration's shared-memory cycles (the scheduler's share of the SM's bandwidth) by kind: what
+    the tile's "smem" bound adds up. A tile near it is bound by shared memory whatever its latencies."""
+    kinds = {k: sum(d[k] for d in res.smem_by_warp) for k in ("issued", "copies", "operands")}
+    total = sum(kinds.values())
+    return (f"  shared memory busy {total:.0f} cycles an iteration ({100 * total / res.cycles_per_iter:.0f}%): loads, "
+            f"stores and ldmatrix {kinds['issued']:.0f}, copies landing {kinds['copies']:.0f}, wgmma operands "
+            f"{kinds['operands']:.0f}")
 
 
 def role_lines(km, res, schedulers: int) -> list[str]:
@@ -339,9 +349,11 @@ def role_lines(km, res, schedulers: int) -> list[str]:
         if not xs:
             continue
         stall = max(res.sync_stall[x] for x in xs)
+        smem = sum(sum(res.smem_by_warp[x].values()) for x in xs)   # the role's warps on this scheduler
         lo, hi = warps_of[k]
         out.append(f"  role {name} (warps {lo}-{hi - 1}, {spans[k][1] - spans[k][0]} instructions an iteration): waits "
-                   f"{stall:.0f} cycles an iteration at barriers ({100 * stall / res.cycles_per_iter:.0f}%)")
+                   f"{stall:.0f} cycles an iteration at barriers ({100 * stall / res.cycles_per_iter:.0f}%); its "
+                   f"warps' shared memory {smem:.0f} cycles")
     return out
 
 

@@ -143,9 +143,10 @@ def instr_timing(ins: Instr, dev: DeviceModel, ldg_latency: float) -> Timing:
 
 
 def producer_timing(t: Timing, ins: Instr) -> Timing:
-    """A producer role's instruction: its cp.async requests take the LSU (`lsu`), apart from the shared-memory pipe
-    (`mio`) the math warps' LDS / LDSM use (RoleSpec)."""
-    return replace(t, pipe="lsu") if ins.op == "LDGSTS" else t
+    """A producer role's instruction: its global requests (cp.async, L2 prefetches, loads) take the LSU (`lsu`), apart
+    from the shared-memory pipe (`mio`) the math warps' LDS / LDSM use (RoleSpec). (Until 2026-12-06 only the
+    cp.asyncs did: Hopper v3's prefetches and row-id loads, 453 cycles a pair, were counted as shared-memory time.)"""
+    return replace(t, pipe="lsu") if ins.op == "LDGSTS" or classify(ins) in ("l2_prefetch", "ldg") else t
 
 
 def cp_async_wait_depth(ins: Instr):
@@ -263,6 +264,11 @@ class SimResult:
     full_trace: list[tuple[float, int, int]] = field(default_factory=list)
     # per warp, cycles per iteration it waited at mbarrier waits and named barriers (the later half of the iterations)
     sync_stall: list[float] = field(default_factory=list)
+    # per warp, the shared-memory cycles per iteration its instructions took at the scheduler's share of the SM's
+    # bandwidth: "issued" (LDS / STS / LDSM and a math warp's cp.async requests: the `mio` pipe), "copies" (cp.async
+    # and bulk-copy bytes landing) and "operands" (wgmma operands). Summed over the warps: the `mio` and `smem_async`
+    # of pipe_busy, which call.tile_cost's "smem" bound adds up.
+    smem_by_warp: list[dict] = field(default_factory=list)
 
     def utilization(self, pipe: str) -> float:
         return self.pipe_busy.get(pipe, 0.0) / self.cycles_per_iter if self.cycles_per_iter else 0.0
@@ -436,6 +442,7 @@ def simulate(body: list[Instr], dev: DeviceModel, *, warps: int, warps_per_barri
     bar_arrivals: dict[tuple[int, int], list[float]] = {}
     pipe_free: dict[str, float] = {}
     pipe_busy: dict[str, float] = {}
+    smem_warp = [{"issued": 0.0, "copies": 0.0, "operands": 0.0} for _ in range(warps)]
     finish = [[0.0] * iters for _ in range(warps)]
     totals = [q * iters for q in seq_len]
     t = 0.0
@@ -537,13 +544,17 @@ def simulate(body: list[Instr], dev: DeviceModel, *, warps: int, warps_per_barri
         it = pc[w] // seq_len[w]
         tm = tim[i]
         pipe_busy[tm.pipe] = pipe_busy.get(tm.pipe, 0.0) + tm.interval
+        if tm.pipe == "mio":
+            smem_warp[w]["issued"] += tm.interval
         if tm.async_smem:
             pipe_busy["smem_async"] = pipe_busy.get("smem_async", 0.0) + tm.async_smem
+            smem_warp[w]["copies"] += tm.async_smem
         if tm.wgmma:
             # queued: operands stream through shared memory while the pipe computes; done when both are
             s0 = max(t, smem_stream_free)
             smem_stream_free = s0 + tm.operand_smem
             pipe_busy["smem_async"] = pipe_busy.get("smem_async", 0.0) + tm.operand_smem
+            smem_warp[w]["operands"] += tm.operand_smem
             end = max(max(t, pipe_free.get(tm.pipe, 0.0)) + tm.interval, smem_stream_free)
             pipe_free[tm.pipe] = end
             open_done[w] = max(open_done[w], end + tm.latency)
@@ -656,7 +667,7 @@ def simulate(body: list[Instr], dev: DeviceModel, *, warps: int, warps_per_barri
     busy = {p: v / iters for p, v in pipe_busy.items()}
     half = iters - max(1, iters // 2)
     return SimResult(per_iter, sum(seq_len) / warps, busy, warps, iters, ends[-1], finish, trace, full_trace,
-                     [x / half for x in sync_stall])
+                     [x / half for x in sync_stall], [{k: v / iters for k, v in d.items()} for d in smem_warp])
 
 
 def pipe_gaps(body: list[Instr], res: SimResult, pipe: str, dev: DeviceModel, min_gap: float = 40.0) -> list[str]:
