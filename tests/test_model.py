@@ -434,3 +434,27 @@ def test_the_model_reads_the_combine_each_launch_uses():
     assert d64 and all(k.combine is not None and not k.combine_pdl for k in d64), [k.name for k in d64]
     mla = [k for k in kernels.load("sm_120a", "mla576", "bf16", "page1") if k.tile.version == 1]
     assert mla and all(k.combine is not None and k.combine_pdl for k in mla)
+
+
+def test_the_v1_combine_shares_a_rows_splits_over_four_warps(tmp_path):
+    """The v1 combine gives each (row, 128 columns) a CTA of 4 warps, each streaming its share of the splits 8 at a
+    time (`sass-model: split-loop splits=8 warps=4`): the model reads the marker and charges each warp's share, not
+    the row's, plus the barrier where the warps' sums meet. v0's combine keeps one warp a row. An unknown marker
+    field is refused."""
+    _tools_or_skip()
+    from dataclasses import replace
+    from bench.model import call, kernels
+    from verify_attn.shapes import get_shape
+    mla = [k for k in kernels.load("sm_90a", "mla576", "bf16", "page1") if k.tile.version == 1]
+    assert mla and all((k.combine_split_warps, k.combine_splits_per_iter) == (4, 8) for k in mla)
+    d64 = kernels.load("sm_120a", "gqa64e4m3", "bf16", "page1")
+    assert all(k.combine_split_warps == 1 for k in d64)
+    km, dev = mla[0], devices.get_device("h200")
+    case = call.Case(get_shape("kimi-k2-tp8"), 185_000, 16)
+    four, one = call.combine_us(km, dev, case, 66), call.combine_us(replace(km, combine_split_warps=1), dev, case, 66)
+    assert four < 0.75 * one   # 3 groups a warp, not 9
+    assert call.combine_us(km, dev, case, 1) == 0.0
+    src = tmp_path / "k.cuh"
+    src.write_text("for (;;) {  // sass-model: split-loop splits=8 lanes=4\n}\n")
+    with pytest.raises(ValueError, match="unknown sass-model marker field 'lanes'"):
+        analysis.read_markers(str(src))

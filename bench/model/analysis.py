@@ -50,6 +50,8 @@ class Markers:
     # lines whose mbarrier arrive signals the next loop iteration's buffer (`arrive-ahead`: a producer that copies
     # iteration i + 1's rows in iteration i, Hopper's v3 on e4m3 caches)
     arrive_ahead: tuple[int, ...] = ()
+    # split loop line -> warps that share a row's splits (`warps=N`: the v1 combine's CTA), each its own share
+    split_warps: dict = field(default_factory=dict)
 
     @property
     def tile_loop(self) -> Optional[int]:
@@ -75,9 +77,10 @@ def this_checkout(path: str) -> str:
 @lru_cache(maxsize=None)
 def read_markers(path: str) -> Markers:
     """Marker comments of one source file (1-based lines). `// sass-model: split-loop splits=4`
-    says one iteration of that loop covers 4 splits (`tiles=N` likewise for a tile loop)."""
+    says one iteration of that loop covers 4 splits (`tiles=N` likewise for a tile loop); `warps=N` on a split loop,
+    that N warps share a row's splits, each running the loop over its own."""
     lines = Path(path).read_text().splitlines()
-    tiles, splits, cold, hot, rare, pv, ahead, per = [], [], [], [], [], [], [], {}
+    tiles, splits, cold, hot, rare, pv, ahead, per, warps = [], [], [], [], [], [], [], {}, {}
     for i, text in enumerate(lines, start=1):
         if MARKER not in text:
             continue
@@ -85,7 +88,13 @@ def read_markers(path: str) -> Markers:
         what = words[0]
         for w in words[1:]:
             if "=" in w:
-                per[i] = int(w.split("=", 1)[1])
+                key, val = w.split("=", 1)
+                if key in ("splits", "tiles"):
+                    per[i] = int(val)
+                elif key == "warps":
+                    warps[i] = int(val)
+                else:
+                    raise ValueError(f"{path}:{i}: unknown sass-model marker field {key!r}")
         if what == "tile-loop":
             tiles.append(i)
         elif what == "split-loop":
@@ -102,7 +111,8 @@ def read_markers(path: str) -> Markers:
             rare.append((i + 1, _block_end(lines, i)))
         else:
             raise ValueError(f"{path}:{i}: unknown sass-model marker {what!r}")
-    return Markers(tuple(tiles), tuple(splits), tuple(cold), per, tuple(hot), tuple(rare), tuple(pv), tuple(ahead))
+    return Markers(tuple(tiles), tuple(splits), tuple(cold), per, tuple(hot), tuple(rare), tuple(pv), tuple(ahead),
+                   warps)
 
 
 def _block_end(lines: list[str], start: int) -> int:

@@ -384,15 +384,19 @@ def combine_us(km: KernelModel, dev: DeviceModel, case: Case, splits: int) -> fl
         return 0.0
     pairs = case.tree_nodes * case.batch * case.shape.num_q_heads
     combine_warps_per_cta = 4
-    # combine v1 gives each 128 columns of a row their own warp (tree_verify_combine.cuh), v0 one warp a row
-    warps = pairs * (case.shape.head_dim_v // 128 if km.tile.version >= 1 else 1)
+    # combine v1 gives each 128 columns of a row a CTA whose `combine_split_warps` warps share the row's splits
+    # (tree_verify_combine.cuh; until 2026-12-06 a warp each, 4 to a CTA), v0 one warp a row
+    sw = km.combine_split_warps
+    warps = pairs * (case.shape.head_dim_v // 128 if km.tile.version >= 1 else 1) * sw
     ctas = -(-warps // combine_warps_per_cta)
     per_sm = -(-ctas // int(dev.sms.value))
     per_sched = max(1, per_sm * combine_warps_per_cta // dev.schedulers)
     s = sim.simulate(km.combine.instrs, dev, warps=per_sched, warps_per_barrier_group=1,
                      ldg_latency=dev.l2_latency_cycles.value)
-    iters = -(-splits // km.combine_splits_per_iter)
-    chain = (iters * s.cycles_per_iter + 4 * dev.l2_latency_cycles.value) / dev.clock_hz * 1e6
+    iters = -(-(-(-splits // sw)) // km.combine_splits_per_iter)   # each warp's share of the splits, in groups
+    # the warps' sums meet in shared memory: a CTA barrier and a store and load round trip
+    meet = (dev.bar_latency.value + 2 * dev.smem_latency.value) if sw > 1 else 0.0
+    chain = (iters * s.cycles_per_iter + 4 * dev.l2_latency_cycles.value + meet) / dev.clock_hz * 1e6
     partial_bytes = splits * pairs * (case.shape.head_dim_v + 1) * 4
     bw = partial_bytes / (dev.l2_gbs.value * 1e9) * 1e6
     return max(chain, bw)

@@ -49,6 +49,8 @@ class KernelModel:
     tiles_per_iter: int = 1
     # source lines of the producer's arrives that signal the next iteration's buffer (`sass-model: arrive-ahead`)
     arrive_ahead: frozenset = frozenset()
+    # warps that share one row's splits, each looping over its own (the v1 combine's CTA: `warps=N` on its split loop)
+    combine_split_warps: int = 1
 
     @property
     def threads(self) -> int:
@@ -116,7 +118,8 @@ def load(arch: str, head: str, dtype: str, layout: str, knockout: int = 0) -> tu
             continue
         cfile, mk, lp = _marked_loop(f, "split_loops")
         combines[1 if "combine_kernel_v1" in n else 0] = (analysis.tile_path(f, lp, mk.cold, cfile),
-                                                           regs.get(n, 0), mk.per_iter.get(lp.branch.line, 1))
+                                                           regs.get(n, 0), mk.per_iter.get(lp.branch.line, 1),
+                                                           mk.split_warps.get(lp.branch.line, 1))
     dqk, dv, shared = vb.HEADS[head]
     out, skipped = [], []
     for name, f in funcs.items():
@@ -131,7 +134,7 @@ def load(arch: str, head: str, dtype: str, layout: str, knockout: int = 0) -> tu
         if tile.version == 3:  # kernel v3 for Hopper: two consumer warpgroups in one tile loop, a producer warpgroup
             try:
                 km = _hopper_v3(arch, readable, name, tile, head, dtype, layout, f, regs, lp, mk, kfile,
-                                combines.get(1, (None, 0, 1)))
+                                combines.get(1, (None, 0, 1, 1)))
             except LookupError as e:
                 skipped.append((readable, f"kernel v3 (sm90): {e}"))
                 continue
@@ -169,7 +172,7 @@ def load(arch: str, head: str, dtype: str, layout: str, knockout: int = 0) -> tu
         # v1 / v2 launch the v1 combine (128 columns per warp), except for a Dv under 128 (GQA 64 with e4m3 caches),
         # which takes v0's (csrc/tree_verify/launch_shape.cuh)
         comb_v = 1 if tile.version >= 1 and dv % 128 == 0 else 0
-        comb_path, comb_regs, comb_per = combines.get(comb_v, (None, 0, 1))
+        comb_path, comb_regs, comb_per, comb_warps = combines.get(comb_v, (None, 0, 1, 1))
         acc = banks.conflicts(f, warps=tile.num_warps)
         hot_addrs = {i.addr for i in hot.instrs}
         km = KernelModel(arch, readable, name, tile, head, dtype, layout, regs.get(name, 0),
@@ -178,7 +181,7 @@ def load(arch: str, head: str, dtype: str, layout: str, knockout: int = 0) -> tu
                          analysis.read_tile(cold), comb_path, comb_regs, comb_per,
                          {a: x.degree for a, x in acc.items() if x.degree > 1.0},
                          sum(1 for a, x in acc.items() if a in hot_addrs and not x.resolved),
-                         comb_v == 1)
+                         comb_v == 1, combine_split_warps=comb_warps)
         if producer is not None:
             pv = None
             if tile.loader == 4:  # math roles: the PV warps' own loop (`sass-model: pv-loop`) between S's and the producer's
@@ -233,9 +236,10 @@ def _hopper_v3(arch, readable, name, tile, head, dtype, layout, f, regs, lp, mk,
         return replace(path, instrs=[i for i in path.instrs if i.addr in r], bulk_lane=[], bulk_sizes={})
 
     km = KernelModel(arch, readable, name, tile, head, dtype, layout, regs.get(name, 0), vb.tile_smem(head, tile),
-                     hot, cold, analysis.read_tile(hot), analysis.read_tile(cold), *comb,
+                     hot, cold, analysis.read_tile(hot), analysis.read_tile(cold), *comb[:3],
                      {a: x.degree for a, x in banks.conflicts(f, warps=tile.num_warps).items() if x.degree > 1.0},
                      combine_pdl=True,  # the v1 combine, launched with programmatic dependent launch (launch_shape.cuh)
+                     combine_split_warps=comb[3],
                      tiles_per_iter=mk.per_iter.get(lp.branch.line, 1), arrive_ahead=frozenset(mk.arrive_ahead))
     km.roles_hot, km.roles_cold = (_with_producer(part(p, reach[0]), producer, part(p, reach[1]), named_ids=False)
                                    for p in (hot, cold))

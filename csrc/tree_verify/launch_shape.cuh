@@ -82,9 +82,8 @@ void launch_one(const Params& p, const LaunchConfig& cfg, cudaStream_t stream) {
     // than that (GQA 64 with e4m3 caches) takes the v0 combine, which reads the same workspace
     if constexpr (Tile::kVersion >= 1 && Head::DV % kCombineV1Cols == 0) {
       va::arch::launch_dependent(tree_verify_combine_kernel_v1<T, Head::DV>,
-                                 dim3(va::host::ceil_div(pairs * kCombineV1WarpsPerRow<Head::DV>, kCombineV1Warps)),
-                                 dim3(32 * kCombineV1Warps), 0,
-                                 stream, p, cfg.num_splits, Tile::BN);
+                                 dim3(pairs * kCombineV1CtasPerRow<Head::DV>), dim3(32 * kCombineV1Warps),
+                                 kCombineV1Smem, stream, p, cfg.num_splits, Tile::BN);
     } else {
       va::arch::launch(tree_verify_combine_kernel<T, Head::DV>, dim3(va::host::ceil_div(pairs, kCombineWarps)),
                        dim3(32 * kCombineWarps), 0, stream, p, cfg.num_splits, Tile::BN);

@@ -89,20 +89,24 @@ __global__ void __launch_bounds__(32 * kCombineWarps) tree_verify_combine_kernel
 
 // Combine v1: the LSEs first, then every split's O loads independently.
 // v0 reads each split's lse, then (depending on it) its O: two dependent L2 round
-// trips per split, ~2 x splits round trips per row. Here a warp owns 128 columns of
-// one (row, head): it first takes the max of the row's lse2 over all splits (lanes
-// stride the splits), then streams the splits kUnroll at a time: each lane recomputes
-// the split's weight from the same (cached) lse2 word while its O loads are already in
-// flight, so a row costs about two round trips plus splits / kUnroll more. Splitting
-// the columns over DV / 128 warps gives the grid 4x the warps of one warp per row (a
-// 16-node MLA tree is 128 rows: 32 CTAs would leave most SMs idle) and halves each
-// warp's registers of loads in flight, which buys the deeper unroll. Launched with
-// programmatic dependent launch: grid_dependency_wait() before the first read of the
-// split kernel's workspace.
-inline constexpr int kCombineV1Warps = 4;
-inline constexpr int kCombineV1Cols = 128;  // columns per warp: 4 per lane
+// trips per split, ~2 x splits round trips per row. Here a CTA of kCombineV1Warps warps
+// owns 128 columns of one (row, head). Each warp first takes the max of the row's lse2
+// over all splits (lanes stride the splits), then streams its own share of the splits
+// (warp w: w, w + kCombineV1Warps, ...) kUnroll at a time: each lane recomputes the
+// split's weight from the same (cached) lse2 word while its O loads are already in
+// flight. The warps' sums meet in shared memory and warp 0 adds them in warp order (the
+// result does not depend on timing). A row costs about two round trips plus
+// splits / (kCombineV1Warps x kUnroll) more: 66 splits are 3 groups a warp, not 9 (the
+// chain bench.model charged the combine with). Splitting the columns over DV / 128 CTAs
+// and the splits over the CTA's warps gives a 16-node MLA tree (128 rows) 2,048 warps,
+// not the 128 of one warp per row. Launched with programmatic dependent launch:
+// grid_dependency_wait() before the first read of the split kernel's workspace.
+inline constexpr int kCombineV1Warps = 4;   // warps of a CTA, each a share of the splits
+inline constexpr int kCombineV1Cols = 128;  // columns per CTA: 4 per lane
 template <int DV>
-inline constexpr int kCombineV1WarpsPerRow = DV / kCombineV1Cols;
+inline constexpr int kCombineV1CtasPerRow = DV / kCombineV1Cols;
+// dynamic shared memory of the v1 combine: each warp's 4 sums a lane, then its weight sums
+inline constexpr size_t kCombineV1Smem = (kCombineV1Warps * 32 * 4 + kCombineV1Warps) * sizeof(float);
 
 template <class T, int DV>
 __global__ void __launch_bounds__(32 * kCombineV1Warps, 1) tree_verify_combine_kernel_v1(const Params p,
@@ -110,25 +114,25 @@ __global__ void __launch_bounds__(32 * kCombineV1Warps, 1) tree_verify_combine_k
                                                                                       const int block_n) {
   namespace arch = va::arch;
   namespace h = va::host;
-  static_assert(DV % kCombineV1Cols == 0, "combine v1: each warp owns 128 columns, 4 per lane");
-  constexpr int kWpr = kCombineV1WarpsPerRow<DV>;
-  constexpr int kUnroll = 8;  // splits whose O loads are in flight together
+  static_assert(DV % kCombineV1Cols == 0, "combine v1: each CTA owns 128 columns, 4 per lane");
+  constexpr int kCpr = kCombineV1CtasPerRow<DV>;
+  constexpr int kUnroll = 8;  // splits whose O loads are in flight together in one warp
 
-  const int gw = blockIdx.x * kCombineV1Warps + arch::warp_id();
-  const int pair = gw / kWpr;  // (q row, head)
-  const int chunk = gw - pair * kWpr;
-  const int col0 = chunk * kCombineV1Cols + 4 * arch::lane_id();
+  const int pair = blockIdx.x / kCpr;  // (q row, head): the CTA's, so every exit below is the whole CTA's
+  const int chunk = blockIdx.x - pair * kCpr;
+  const int warp = arch::warp_id();
+  const int lane = arch::lane_id();
+  const int col0 = chunk * kCombineV1Cols + 4 * lane;
   const bool active = pair < p.total_q * p.num_q_heads;
   const int qrow = active ? pair / p.num_q_heads : 0;
   const int head = active ? pair % p.num_q_heads : 0;
-  const int lane = arch::lane_id();
   const int b = request_of_row(p, qrow);
   const bool too_wide = request_too_wide(p, b);
   const int ns = h::num_nonempty_splits(arch::ld_global(p.kv_lens + b), num_splits, block_n);
   arch::grid_dependency_wait();  // the split kernel's partials are complete and visible
   if (!active) return;
   if (too_wide) {
-    if (chunk == 0) combine_poison<T>(p, qrow, head, lane);  // one warp of the row poisons it
+    if (chunk == 0 && warp == 0) combine_poison<T>(p, qrow, head, lane);  // one warp of the row poisons it
     return;
   }
 
@@ -136,25 +140,27 @@ __global__ void __launch_bounds__(32 * kCombineV1Warps, 1) tree_verify_combine_k
   const float* ws_lse = ws_partial_lse(p, num_splits);
   auto prow = [&](int s) { return (static_cast<int64_t>(s) * p.total_q + qrow) * p.num_q_heads + head; };
 
-  // pass 1: max lse2 over the splits (lanes stride them; -inf where a split saw nothing)
+  // pass 1: max lse2 over the splits (lanes stride them; -inf where a split saw nothing), in every warp
   float m = h::neg_inf();
   for (int s = lane; s < ns; s += 32) m = arch::max_f(m, arch::ld_global(ws_lse + prow(s)));
 #pragma unroll
   for (int x = 16; x > 0; x >>= 1) m = arch::max_f(m, arch::shfl_xor(m, x));
   const float mref = h::softmax_ref_max(m);
 
-  // pass 2: sum_s w_s O_s with w_s = exp2(lse2_s - m); O loads do not wait on the weights
+  // pass 2: this warp's splits, sum_s w_s O_s with w_s = exp2(lse2_s - m); O loads do not wait on the weights
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
   float l = 0.f;
-  for (int s0 = 0; s0 < ns; s0 += kUnroll) {  // sass-model: split-loop splits=8
+  constexpr int kStep = kCombineV1Warps * kUnroll;  // splits of one group of every warp
+  for (int s0 = warp; s0 < ns; s0 += kStep) {  // sass-model: split-loop splits=8 warps=4
     float4 o[kUnroll];
     float w[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      const int s = s0 + u < ns ? s0 + u : s0;  // a tail slot re-reads split s0 with weight 0
+      const int su = s0 + u * kCombineV1Warps;
+      const int s = su < ns ? su : s0;  // a tail slot re-reads split s0 with weight 0
       o[u] = arch::ld_global(reinterpret_cast<const float4*>(ws_o + prow(s) * DV + col0));
       const float lse2 = arch::ld_global(ws_lse + prow(s));
-      w[u] = s0 + u < ns && lse2 != h::neg_inf() ? arch::exp2_approx(lse2 - mref) : 0.f;
+      w[u] = su < ns && lse2 != h::neg_inf() ? arch::exp2_approx(lse2 - mref) : 0.f;
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
@@ -167,6 +173,22 @@ __global__ void __launch_bounds__(32 * kCombineV1Warps, 1) tree_verify_combine_k
       acc[2] += w[u] * (use ? o[u].z : 0.f);
       acc[3] += w[u] * (use ? o[u].w : 0.f);
     }
+  }
+
+  // the warps' sums meet: warps 1 .. store theirs, warp 0 adds them in warp order
+  float* sm = arch::smem_dynamic<float>();
+  float* sl = sm + kCombineV1Warps * 32 * 4;
+  if (warp > 0) {
+    *reinterpret_cast<float4*>(sm + (warp * 32 + lane) * 4) = make_float4(acc[0], acc[1], acc[2], acc[3]);
+    if (lane == 0) sl[warp] = l;
+  }
+  arch::block_sync();
+  if (warp > 0) return;
+#pragma unroll
+  for (int w = 1; w < kCombineV1Warps; ++w) {
+    const float4 a = *reinterpret_cast<const float4*>(sm + (w * 32 + lane) * 4);
+    acc[0] += a.x, acc[1] += a.y, acc[2] += a.z, acc[3] += a.w;
+    l += sl[w];
   }
   const float inv = h::row_inv_l(l);
   T* out = static_cast<T*>(p.out) + qrow * p.o_stride_tok + head * p.o_stride_head;
