@@ -119,7 +119,10 @@ PART_WAVES = (0.25, 0.5)
 # time (kUnroll, tree_verify_combine.cuh), one L2 round trip plus 8 weighted sums a group (an estimate, ~600-800
 # cycles: not measured), about what a CTA spends on 8 KV tokens (the model's tiles: ~1,500 cycles per 16 tokens on
 # the RTX PRO 6000's v3 tile, ~3,000 per 64 on the H200's). A call with few rows (one node: 8 of them) and many
-# splits is bound by it; one split runs no combine.
+# splits is bound by it; one split runs no combine. (Since the eighteenth session the v1 combine shares a row's
+# splits over a CTA's 4 warps, 32 a group; charging 32 here moved 10 of split_study's 126 rows, all one-node calls,
+# by -13% to +9% and left its geometric mean flat, so the term stays at 8: NOTES.md, "The combine's splits over
+# four warps".)
 COMBINE_SPLITS_PER_GROUP = 8
 COMBINE_TOKENS_PER_GROUP = 8
 
