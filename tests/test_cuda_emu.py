@@ -507,7 +507,7 @@ FP8_MATRIX = [
 
 # GQA with e4m3 caches (kernel v1's f16 tile, V rows apart from K's, deeper rings than MLA's): d128 at 6 stages
 # (groups 1, 4, 8, 16, page sizes 1, 3, 16, 64, odd lengths, mixed batches, empty splits), d256 at 4, d64 at 6 on
-# 4 warps (whose splits merge in the v0 combine: Dv 64 is under the v1 combine's 128 columns per warp); the
+# 4 warps (whose splits merge in the v0 combine: Dv 64 is under the v1 combine's 128 columns a CTA); the
 # 3-stage tile stays compiled for d128 and d256 (FP8_F16_TILE cases)
 GQA_FP8_TILE = {128: (32, 32, 8, 6), 256: (32, 32, 8, 4), 64: (32, 32, 4, 6)}
 _E = dict(kv_dtype="fp8_e4m3")

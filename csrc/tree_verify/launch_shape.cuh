@@ -78,8 +78,9 @@ void launch_one(const Params& p, const LaunchConfig& cfg, cudaStream_t stream) {
   va::arch::launch(K::kernel, grid, dim3(Tr::kBlockThreads), Tr::smem_bytes(), stream, p, cfg.num_splits);
   if (cfg.num_splits > 1) {
     const int pairs = p.total_q * p.num_q_heads;
-    // v1 / v2 tiles: the v1 combine (128 columns per warp, programmatic dependent launch); a head narrower
-    // than that (GQA 64 with e4m3 caches) takes the v0 combine, which reads the same workspace
+    // v1 / v2 / v3 tiles: the v1 combine (a CTA of 4 warps per 128 columns of a row, programmatic dependent
+    // launch); a head narrower than that (GQA 64 with e4m3 caches) takes the v0 combine, which reads the same
+    // workspace
     if constexpr (Tile::kVersion >= 1 && Head::DV % kCombineV1Cols == 0) {
       va::arch::launch_dependent(tree_verify_combine_kernel_v1<T, Head::DV>,
                                  dim3(pairs * kCombineV1CtasPerRow<Head::DV>), dim3(32 * kCombineV1Warps),

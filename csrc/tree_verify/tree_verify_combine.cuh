@@ -99,7 +99,7 @@ __global__ void __launch_bounds__(32 * kCombineWarps) tree_verify_combine_kernel
 // splits / (kCombineV1Warps x kUnroll) more: 66 splits are 3 groups a warp, not 9 (the
 // chain bench.model charged the combine with). Splitting the columns over DV / 128 CTAs
 // and the splits over the CTA's warps gives a 16-node MLA tree (128 rows) 2,048 warps,
-// not the 128 of one warp per row. Launched with programmatic dependent launch:
+// 4x the 512 of one warp per (row, 128 columns) before. Launched with programmatic dependent launch:
 // grid_dependency_wait() before the first read of the split kernel's workspace.
 inline constexpr int kCombineV1Warps = 4;   // warps of a CTA, each a share of the splits
 inline constexpr int kCombineV1Cols = 128;  // columns per CTA: 4 per lane
