@@ -282,6 +282,9 @@ def test_hopper_v3_is_read_as_two_warpgroups_and_a_producer():
         pytest.skip(str(e))
     km = next(k for k in ks if k.tile.version == 3)
     assert km.tiles_per_iter == 2 and kernels.blocks_per_iter(km) == 2
+    # the build's Tile (what the backend's split heuristic counts) and the loop's marker (what the model simulates)
+    # say the same of every kernel
+    assert all(k.tile.blocks_per_iter == kernels.blocks_per_iter(k) for k in ks)
     body, spans, lanes, producer = km.roles_hot
     assert len(spans) == 3 and spans[-1][1] == len(body) and not any(x >= 0 for x in lanes)
     wg0, wg1, prod = (body[lo:hi] for lo, hi in spans)

@@ -393,7 +393,8 @@ def combine_us(km: KernelModel, dev: DeviceModel, case: Case, splits: int) -> fl
     per_sched = max(1, per_sm * combine_warps_per_cta // dev.schedulers)
     s = sim.simulate(km.combine.instrs, dev, warps=per_sched, warps_per_barrier_group=1,
                      ldg_latency=dev.l2_latency_cycles.value)
-    iters = -(-(-(-splits // sw)) // km.combine_splits_per_iter)   # each warp's share of the splits, in groups
+    per_warp = -(-splits // sw)                                   # each warp's share of the splits
+    iters = -(-per_warp // km.combine_splits_per_iter)             # ... in groups of the loop's splits
     # the warps' sums meet in shared memory: a CTA barrier and a store and load round trip
     meet = (dev.bar_latency.value + 2 * dev.smem_latency.value) if sw > 1 else 0.0
     chain = (iters * s.cycles_per_iter + 4 * dev.l2_latency_cycles.value + meet) / dev.clock_hz * 1e6
