@@ -965,9 +965,9 @@ def test_v3_math_warp_skipping_its_full_wait_is_caught(emu, tile):
 def test_v3_roles_named_barrier_removed_is_caught(emu):
     # (4) v3 with math roles: each named barrier call of the S / PV handoff, removed alone (the thread neither arrives
     # nor waits). Per-thread call order, S threads (0-255): 0 Q landed, 1 the Q stages free (bar.arrive), then per tile
-    # t: the S barrier before S(t)'s partial scores are stored (t >= 1), the one after (t < 2; from tile 2 on
-    # P_EMPTY(t % 2), bar.sync, publishes them), and P_FULL(t % 2) (bar.arrive): calls 2, 3 are tile 0's, 4-6 tile
-    # 1's, 7-9 tile 2's, 10 tile 3's first. PV threads
+    # t: the barrier that publishes the partial scores of t and frees the other set for S(t + 1)'s (the S barrier for
+    # t < 2, from tile 2 on P_EMPTY(t % 2), bar.sync), and P_FULL(t % 2) (bar.arrive): calls 2, 3 are tile 0's, 4, 5
+    # tile 1's, 6, 7 tile 2's, 8, 9 tile 3's, 10 tile 4's first. PV threads
     # (256-511): 0, 1, then per tile P_FULL (bar.sync) and P_EMPTY (bar.arrive, t + 2 < tiles): calls 2, 3 are tile
     # 0's, 4, 5 tile 1's.
     s_calls = [2, 3, 4, 5, 6, 7, 8, 9, 10]

@@ -289,7 +289,9 @@ def smem_bytes(tile: Tile, dqk: int, dv: int, shared_kv: bool, kv_bytes: int = 2
         pb = 1 if kv_bytes == 1 and tile.fp8_mma and not roles656 else 2  # P element bytes
         krow = kv_row if kv_row else dqk + kpad   # kv_row: 656-byte rows, unpadded (41 16-byte units, odd)
         stage = tile.block_n * krow + (0 if shared_kv else tile.block_n * (dv + kpad))
-        parts = 2 if tile.bars == 1 else 1  # one barrier per tile: two sets of partial scores
+        # two sets of partial scores: one barrier per tile, or the math-roles tile's S warps storing S(i + 1)'s
+        # after the softmax of i read i's (kSAhead; not with the 656-byte rows)
+        parts = 2 if tile.bars == 1 or (tile.loader == 4 and not kv_row) else 1
         producer = tile.loader >= 2  # kernel v3: 8 staged mask words, FULL + EMPTY mbarriers, no index ring
         spitch = tile.block_n + (4 if parts == 2 else 8)
         part = tile.ksplit * tile.block_m * spitch * 4 * parts

@@ -97,7 +97,8 @@ struct KernelTraits {
 
 // Shared memory of the v1 kernel: STAGES x (K rows [+ V rows]), the KSPLIT fp32
 // partial score tiles (PARTS sets: 2 with one barrier per tile, tile i+1's read while
-// i+2's are written), P and alpha (PARTS buffers: with one barrier per tile PV(i) reads
+// i+2's are written; 2 on the math-roles tile, whose S warps store tile i+1's after the
+// softmax of i read tile i's), P and alpha (PARTS buffers: with one barrier per tile PV(i) reads
 // tile i's while the softmax of i+1 writes; with two, PV(i) loads P(i) and alpha(i) into
 // registers before the second barrier and the softmax of i+1 writes after it, so one
 // buffer), 1/l and lse2. Q is staged once in the last pipeline stages before their tiles
@@ -135,6 +136,7 @@ struct SharedMemoryPlanV1 {
   static constexpr size_t kV = size_t(BN) * kKPitch * KVB;         // V rows of a stage follow its K rows (GQA)
   static constexpr size_t kPart = size_t(STAGES) * kStageBytes;
   static constexpr int kPartFloats = KSPLIT * BM * kSPitch;  // one set of partial scores
+  static constexpr int kParts = PARTS;
   static constexpr size_t kP = kPart + size_t(PARTS) * kPartFloats * sizeof(float);
   static constexpr size_t kStats = kP + size_t(kPBufs) * BM * kPPitch * PB;
   // kPBufs x alpha, 1/l, lse2 per row; with e4m3 operands also each Q row's quantization scale
@@ -278,6 +280,10 @@ struct KernelTraitsV1 {
   static constexpr int kChunksK = (kRowChunks + kThreadsPerRow - 1) / kThreadsPerRow;  // cp.async per loader thread
   static constexpr bool kChunksTail = kRowChunks % kThreadsPerRow != 0;  // the last chunk of some threads is past the row
   static constexpr int kChunksV = kSharedKV ? 0 : DV / kKvPerChunk / kThreadsPerRow;
+  // the math-roles tile's S warps issue S(i + 1) before the softmax of i, and store its partial scores after it in a
+  // second set. Not with the 656-byte rows: four 20,992-byte stages leave no room for a second 8 KB set in sm_120's
+  // 99 KB, and their S warps spill with S(i + 1)'s accumulators held over the softmax (16 B on sm_120a)
+  static constexpr bool kSAhead = kRoles && !kMla656;
   // the softmax runs on the S warps, at most 8 (v1's split of a tile's scores: P stored in pairs, the 656-byte rows'
   // 4 tokens of a block per lane); with math roles the PV warps have none
   static constexpr int kSoftThreads = kSWarps * 32 < 256 ? kSWarps * 32 : 256;
@@ -294,7 +300,7 @@ struct KernelTraitsV1 {
 
   // 656-byte rows: no pad, the 656-byte pitch is already an odd number (41) of 16-byte units (conflict-free ldmatrix)
   using Smem = SharedMemoryPlanV1<BM, BN, STAGES, KSPLIT, DQK, DV, kSharedKV, int(sizeof(KvElem)), kPBytes, kRowElems,
-                                  kMla656 ? 0 : 16, Tile::BARS == 1 ? 2 : 1, kMla656 && !k656Roles ? 4 : 1,
+                                  kMla656 ? 0 : 16, (Tile::BARS == 1 || kSAhead) ? 2 : 1, kMla656 && !k656Roles ? 4 : 1,
                                   kProducer ? 8 : 4, (Tile::BARS == 1 || kRoles) ? 2 : 1, k656Roles>;
   static constexpr int kQStages = Smem::kQStages;
   // the mbarriers (8 bytes each) after the plan's regions: the bulk loader's one per stage; the producer warp's

@@ -203,8 +203,9 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
   KV* sK = reinterpret_cast<KV*>(smem + Smem::kK);                // (STAGES, BN, Dqk) padded rows
   KV* sV = Tr::kSharedKV ? sK : reinterpret_cast<KV*>(smem + Smem::kV);
   float* sPart = reinterpret_cast<float*>(smem + Smem::kPart);   // (PARTS, KSPLIT, BM, BN) partial scores
-  // one barrier per tile: tile t's partial scores in set t % 2 (the softmax reads t + 1's, S writes t + 2's)
-  auto part_of = [&](int tile) { return kOneBar ? sPart + (tile & 1) * Smem::kPartFloats : sPart; };
+  // two sets (one barrier per tile; the math-roles tile): tile t's partial scores in set t % 2 (one barrier: the
+  // softmax reads t + 1's while S writes t + 2's; math roles: the softmax of t reads t's before S(t + 1) is stored)
+  auto part_of = [&](int tile) { return Smem::kParts == 2 ? sPart + (tile & 1) * Smem::kPartFloats : sPart; };
   // P and alpha: kPBufs buffers (2 with one barrier per tile, else 1: traits.h), tile t's in pbuf(t)
   auto pbuf = [](int tile) { return Smem::kPBufs == 2 ? (tile & 1) : 0; };
   PE* sP = reinterpret_cast<PE*>(smem + Smem::kP);                // (kPBufs, BM, kPPitch) probabilities
@@ -1090,35 +1091,53 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
     }
   };
   if constexpr (Tr::kRoles) {
-    // ---- v3 with math roles (LOADER 4). The S warps (0 .. kSWarps - 1) run S(it), its partial scores, and the softmax
-    // of it; the PV warps (kSWarps ..) run P V(it). P and alpha are double-buffered (buffer it % 2) and handed over on
-    // named barriers: the S warps bar.arrive on P_FULL(it % 2) once P(it) is written and the PV warps bar.sync on it;
-    // the PV warps bar.arrive on P_EMPTY(it % 2) once P(it) and alpha(it) are in their registers, which the S warps
+    // ---- v3 with math roles (LOADER 4). The S warps (0 .. kSWarps - 1) run S(it + 1) and the softmax of it; the PV
+    // warps (kSWarps ..) run P V(it). P and alpha are double-buffered (buffer it % 2) and handed over on named
+    // barriers: the S warps bar.arrive on P_FULL(it % 2) once P(it) is written and the PV warps bar.sync on it; the
+    // PV warps bar.arrive on P_EMPTY(it % 2) once P(it) and alpha(it) are in their registers, which the S warps
     // bar.sync on before they write P(it + 2) there. So the softmax of it + 1 runs while P V(it)'s MMAs keep the tensor
     // pipe busy. Each side releases a stage on EMPTY after its own reads of it (16 arrivals); the PV warps read V(it)
     // after P_FULL(it), which the S warps arrive on after their FULL wait of it (the stage's bytes landed before).
+    // kSAhead (traits.h): the S warps issue S(it + 1) before the softmax of it and store its partial scores after it,
+    // in the other of two sets (part_of), so the softmax's loads and stores run while S(it + 1)'s MMAs are in the
+    // pipe. One barrier an iteration publishes the partial scores of it, and orders the softmax of it - 1's reads of
+    // set (it + 1) % 2 before S(it + 1)'s stores to it: P_EMPTY(it % 2) from tile 2 on (every S thread syncs on it
+    // too), the S barrier before. Else (the 656-byte rows) S(it) runs after the softmax of it - 1, into the one set,
+    // after the S barrier that orders the softmax's reads of it first.
     if (warp < Tr::kSWarps) {
       auto s_sync = [] { arch::named_barrier_sync(kSBarrier, Tr::kSWarps * 32); };
-      for (int it = 0; it < ntiles; ++it) {  // sass-model: tile-loop
-        wait_tile(it);  // FULL: tile it's rows (every S thread waits itself)
+      auto s_next = [&](int tile, SAcc& sacc) {
+        wait_tile(tile);  // FULL: the tile's rows (every S thread waits itself)
+        s_mma(tile, sacc, [] {});
+        release(tile);  // K(tile) read: the S warps' part of EMPTY
+      };
+      if (Tr::kSAhead && ntiles > 0) {
         SAcc sacc;
-        s_mma(it, sacc, [] {});
-        release(it);  // K(it) read: the S warps' part of EMPTY
-        if (it > 0) s_sync();  // the softmax of it - 1 read its partial scores
-        s_store(sacc, it);
-        // the partial scores of it published: from tile 2 on by P_EMPTY(it % 2), which every S thread syncs on too
-        // (PV(it - 2) read that P buffer), before that by the S barrier
+        s_next(0, sacc);
+        s_store(sacc, 0);
+      }
+      for (int it = 0; it < ntiles; ++it) {  // sass-model: tile-loop
+        if constexpr (!Tr::kSAhead) {
+          SAcc sacc;
+          s_next(it, sacc);
+          if (it > 0) s_sync();  // every S warp's softmax of it - 1 read the one set
+          s_store(sacc, it);
+        }
         if (it >= 2) {
           arch::named_barrier_sync(kPEmptyBarrier + (it & 1), Tr::kThreads);
         } else {  // sass-model: rare (tiles 0 and 1)
           s_sync();
         }
+        const bool has_next = it + 1 < ntiles;
+        [[maybe_unused]] SAcc sacc;
+        if (Tr::kSAhead && has_next) s_next(it + 1, sacc);
         if (tile_masked(it)) {  // sass-model: cold
           softmax(it, std::true_type{});
         } else {  // sass-model: hot
           softmax(it, std::false_type{});
         }
         arch::named_barrier_arrive(kPFullBarrier + (it & 1), Tr::kThreads);  // P(it), alpha(it) published
+        if (Tr::kSAhead && has_next) s_store(sacc, it + 1);
       }
       // the S warps' part of the epilogue, here so that their path never holds O: 1/l and lse2 of their rows
       arch::launch_dependents();
