@@ -348,6 +348,28 @@ def test_hopper_v3_splits_and_the_model_count_whole_pairs():
     assert p.num_splits == 66 and p.tiles_per_cta == 4, (p.num_splits, p.tiles_per_cta)
 
 
+def test_best_splits_is_never_slower_than_the_heuristics():
+    """`--splits best` takes the heuristic's own count among its candidates: at 4k / 16 nodes on Hopper's v3 every
+    wave-filling count passes the 2-tiles-a-split cap, and the list fell back to one split (112 us against auto's
+    12.5)."""
+    from bench.model import call, kernels
+    from bench.model.__main__ import best_splits, split_candidates
+    from verify_attn.shapes import get_shape
+    try:
+        ks = kernels.load("sm_90a", "mla576", "bf16", "page1")
+    except RuntimeError as e:
+        pytest.skip(str(e))
+    v3 = next(k for k in ks if k.tile.version == 3)
+    dev = devices.get_device("h200")
+    for ctx in (4_000, 185_000):
+        case = call.Case(get_shape("kimi-k2-tp8"), ctx, 16)
+        auto = call.predict(v3, dev, case)
+        assert auto.num_splits in split_candidates(v3, dev, case)
+        best = best_splits(v3, dev, case)
+        assert best.total_us <= auto.total_us, (ctx, best.num_splits, best.total_us, auto.total_us)
+        assert best.num_splits > 1
+
+
 def test_split_heuristic_choice_is_the_models_faster_one():
     """The 64-node choice (35 splits, 3 waves) against one wave (11): the SASS model predicts the
     heuristic's pick faster on the RTX PRO 6000 (wave quantization: 176 of 188 SMs busy in one wave)."""

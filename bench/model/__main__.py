@@ -216,15 +216,16 @@ def _pick_kernels(ks, spec: str):
 
 
 def split_candidates(km, dev, case) -> list[int]:
-    """Split counts that fill 1/2 .. 4 waves of the device, plus the heuristic's, each split >= 2 tiles."""
+    """Split counts that fill 1/2 .. 4 waves of the device with each split >= 2 tiles (at most `cap` splits), `cap`
+    itself, and always the backend heuristic's own count, so that `--splits best` is never slower than `auto` (at 4k
+    the wave counts all pass the cap, and the list once fell back to a single split)."""
     per_split = case.batch * case.shape.num_kv_heads * predict.m_tiles(case, km)
     cap = max(1, case.kv_len // (2 * km.tile.block_n))
     sms = int(dev.sms.value)
     occ = max(1, predict.ctas_per_sm(km, dev))
     waves = (0.5, 1, 1.5, 2, 3, 4)
-    c = {predict.default_splits(case, km, dev)} | {max(1, round(w * sms * occ / per_split)) for w in waves}
-    c |= {max(1, round(w * sms / per_split)) for w in waves}
-    return sorted(v for v in c if v <= cap) or [1]
+    c = {max(1, round(w * sms * occ / per_split)) for w in waves} | {max(1, round(w * sms / per_split)) for w in waves}
+    return sorted({v for v in c if v <= cap} | {cap, predict.default_splits(case, km, dev)})
 
 
 def best_splits(km, dev, case) -> predict.Prediction:
