@@ -325,6 +325,16 @@ def test_split_heuristic_fills_whole_waves():
         heuristic_num_splits(batch=1, num_kv_heads=1, m_tiles=4, avg_kv_len=100, num_sms=188, max_waves=0)
 
 
+def _hopper_v3_on_h200():
+    """Hopper's v3 (bf16, page 1) as the model reads it, and the H200; skips where its cubin cannot be read."""
+    from bench.model import kernels
+    try:
+        ks = kernels.load("sm_90a", "mla576", "bf16", "page1")
+    except RuntimeError as e:
+        pytest.skip(str(e))
+    return next(k for k in ks if k.tile.version == 3), devices.get_device("h200")
+
+
 def test_hopper_v3_splits_and_the_model_count_whole_pairs():
     """Hopper's v3 runs its 64-token blocks in pairs (an odd count runs a phantom block): the heuristic takes the pair
     as its tile (at least one a split: the same 128 tokens as two blocks), and the model rounds a split's blocks up to
@@ -336,14 +346,9 @@ def test_hopper_v3_splits_and_the_model_count_whole_pairs():
     assert tile_split_args(32, 1) == {"block_n": 32, "min_tiles_per_split": 2}
     with pytest.raises(ValueError, match="blocks_per_iter"):
         tile_split_args(64, 0)
-    from bench.model import call, kernels
+    from bench.model import call
     from verify_attn.shapes import get_shape
-    try:
-        ks = kernels.load("sm_90a", "mla576", "bf16", "page1")
-    except RuntimeError as e:
-        pytest.skip(str(e))
-    v3 = next(k for k in ks if k.tile.version == 3)
-    dev = devices.get_device("h200")
+    v3, dev = _hopper_v3_on_h200()
     p = call.predict(v3, dev, call.Case(get_shape("kimi-k2-tp8"), 10_000, 16))
     assert p.num_splits == 66 and p.tiles_per_cta == 4, (p.num_splits, p.tiles_per_cta)
 
@@ -352,15 +357,10 @@ def test_best_splits_is_never_slower_than_the_heuristics():
     """`--splits best` takes the heuristic's own count among its candidates: at 4k / 16 nodes on Hopper's v3 every
     wave-filling count passes the 2-tiles-a-split cap, and the list fell back to one split (112 us against auto's
     12.5)."""
-    from bench.model import call, kernels
+    from bench.model import call
     from bench.model.__main__ import best_splits, split_candidates
     from verify_attn.shapes import get_shape
-    try:
-        ks = kernels.load("sm_90a", "mla576", "bf16", "page1")
-    except RuntimeError as e:
-        pytest.skip(str(e))
-    v3 = next(k for k in ks if k.tile.version == 3)
-    dev = devices.get_device("h200")
+    v3, dev = _hopper_v3_on_h200()
     for ctx in (4_000, 185_000):
         case = call.Case(get_shape("kimi-k2-tp8"), ctx, 16)
         auto = call.predict(v3, dev, case)
