@@ -183,14 +183,14 @@ def test_cuda_graph_replay_with_changed_lengths(cfg):
 
 # ------------------------------------------------------- v0 and v1 agree ----
 
-@pytest.mark.parametrize("version", ["v0", "v1", "v2", "v3", "v3-sm120", "m32n16w9s4", "m32n16w20s4"])
+@pytest.mark.parametrize("version", ["v0", "v1", "v2", "v3", "v3-sm120", "m32n16w9s4", "m32n16w12s4"])
 @pytest.mark.parametrize("page_size", [1, 64])
 def test_kernel_versions_match_reference(version, page_size):
     """The pinned versions bench.verify times as cuda@v0 / cuda@v1 / cuda@v2 (sm_90a's wgmma kernel) / cuda@v3 (Hopper's
     warp-specialized seesaw kernel, csrc/tree_verify/sm90/) / cuda@v3-sm120
-    (kernel v3's producer-warpgroup tile; on the H200 the proxy of the sm_120 kernel) / cuda@m32n16w9s4 (its
-    one-producer-warp tile) / cuda@m32n16w20s4 (its math-roles tile: S warps, PV warps, a producer warpgroup), on the
-    headline shape at 20k."""
+    (kernel v3's math-roles tile: S warps, PV warps, a producer warpgroup; on the H200 the proxy of the sm_120 kernel) /
+    cuda@m32n16w9s4 (its one-producer-warp tile) / cuda@m32n16w12s4 (its producer-warpgroup tile), on the headline
+    shape at 20k."""
     from verify_attn.backends import cuda
 
     if version in ("v2", "v3") and torch.cuda.get_device_capability() != (9, 0):
@@ -202,7 +202,7 @@ def test_kernel_versions_match_reference(version, page_size):
 
 
 @pytest.mark.parametrize("kv_dtype", ["fp8_e4m3", "fp8_mla656"])
-@pytest.mark.parametrize("version", ["v3-sm120", "m32n32w9s4", "m32n32w20s4"])
+@pytest.mark.parametrize("version", ["v3-sm120", "m32n32w9s4", "m32n32w12s4", "m32n32w20s4"])
 def test_kernel_v3_fp8_matches_reference(version, kv_dtype, monkeypatch):
     """Kernel v3 on e4m3 and 656-byte rows (its one-producer-warp, producer-warpgroup and math-roles tiles, the
     e4m3-MMA tolerance), page 64 at 20k. The 656-byte tiles are sm_120a's: elsewhere (the H200) they run under

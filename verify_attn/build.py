@@ -129,7 +129,7 @@ _V1_BULK_N32 = Tile(32, 32, 4, 2, 5, version=1, sn=2, archs=("sm_90a",), bars=1,
 V3_TILE = Tile(32, 16, 2, 4, 4, version=1, sn=1, bars=2, loader=2)
 # kernel v3 on e4m3 and 656-byte rows (TileMlaV3Fp8): the e4m3-MMA tile's math (32 tokens, S warps 2 x 2 x 2) on the
 # same roles, 89,664 B (e4m3) / 100,928 B (656); built for sm_90a too, where nvcc lowers the e4m3 MMAs to f16 HMMAs
-# (the H200 runs the same source as the sm_120 proxy): backend "cuda@m32n32w9s4", or "cuda@v3-sm120" for any format
+# (the H200 runs the same source as the sm_120 proxy): backend "cuda@m32n32w9s4"
 V3_FP8_TILE = Tile(32, 32, 4, 2, 4, version=1, sn=2, bars=2, loader=2)
 # ... the 656-byte rows' one is sm_120a's alone: on sm_90a nvcc's lowering of the e4m3 MMAs to f16 HMMAs needs more
 # than the 168 registers 9 warps allow and spills (40 B); the H200 runs it for correctness under
@@ -142,7 +142,8 @@ _V3_656_TILE = Tile(32, 32, 4, 2, 4, version=1, sn=2, bars=2, loader=2, archs=("
 V3_WG_TILE = Tile(32, 16, 2, 4, 4, version=1, sn=2, bars=2, loader=3)
 V3_WG_FP8_TILE = Tile(32, 32, 4, 2, 4, version=1, sn=2, bars=2, loader=3)
 # ... and with math roles on e4m3 rows (TileMlaV3RolesFp8): S warps 2 (dims) x 2 (tokens) x 2 (M), 8 PV warps:
-# 91,328 B; backend "cuda@m32n32w20s4". sm_120a's alone: at 112 registers sm_90a's f16 lowering of the e4m3 MMAs
+# 99,520 B (two sets of partial scores: its S warps issue S(i + 1) before the softmax of i); backend "cuda@m32n32w20s4",
+# and "cuda@v3-sm120" on sm_120a (backends/cuda.py, v3_sm120_tile). sm_120a's alone: at 112 registers sm_90a's f16 lowering of the e4m3 MMAs
 # spills 72 B (the H200 runs it under VERIFY_ATTN_ANY_TILE_ARCH=1, for correctness). The same tile on 656-byte rows
 # (100,544 B): the S warps hand over one unscaled f16 P, each PV warp scales it by its own block's scales
 # (traits.h, k656Roles)
@@ -152,7 +153,8 @@ _V3_WG_656_TILE = Tile(32, 32, 4, 2, 4, version=1, sn=2, bars=2, loader=3, archs
 # kernel v3 with math roles (TileMlaV3Roles, 20 warps; setmaxnreg: the launch's 96 registers to 32 for the producer
 # warpgroup, 112 for the math warps): 8 S warps (S split 2 (dims) x 2 (tokens) x 2 (M), and the softmax) and 8 PV warps
 # (64 Dv columns each), P double-buffered between them on named barriers, so the softmax of a tile runs under P V's MMAs
-# of the one before. 86,080 B. Backend "cuda@m32n16w20s4"
+# of the one before; the S warps issue S(i + 1) before the softmax of i (two sets of partial scores). 90,176 B.
+# Backend "cuda@m32n16w20s4", and "cuda@v3-sm120" (on either arch: the fastest v3 tile for sm_120 by the model)
 V3_ROLES_TILE = Tile(32, 16, 8, 2, 4, version=1, sn=2, bars=2, loader=4)
 # kernel v3 for Hopper (issue 40; TileMlaV3Sm90 = TileConfigV3<64, 64, 2>, csrc/tree_verify/sm90/): a producer warpgroup
 # gathers 64-token blocks into 128-byte-swizzled stages (16-byte cp.async, FULL / EMPTY mbarriers), two consumer

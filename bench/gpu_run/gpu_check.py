@@ -17,10 +17,11 @@ the budget is skipped and said so. Stages, in order of value:
              bandwidth against bytes in flight, lane layout and row-id source (the model's memory term)
   headline   bench.verify at 185k, 16 nodes, page1: cuda v2, v1, v0 side by side, v1's bulk-loader tiles
              (cuda@m32n32w8s5, cuda@m32n16w8s8) and its cp.async 16-token tile (s4), the sm_120 v3 tiles as
-             the H200 proxy (cuda@v3-sm120, m32n16w9s4, m32n16w20s4), Hopper's v3 (cuda@v3), triton, triton-serial
+             the H200 proxy (cuda@v3-sm120: the math-roles tile; m32n16w9s4, m32n16w12s4), Hopper's v3 (cuda@v3),
+             triton, triton-serial
   sweep      bench.verify 185k..4k x trees 16, 64, 1 x page1 / paged: cuda v2, v1, v1 bulk (m32n32w8s5),
              v3-sm120, Hopper's v3
-  splits     the split heuristic's A/B at 4k (1 and 16 nodes): v1, Hopper's v3 and the sm_120 roles tile, each at
+  splits     the split heuristic's A/B at 4k (1 and 16 nodes): v1, Hopper's v3 and v3-sm120 (roles tile), each at
              the old rule's 15 splits (cuda@v3:15) beside the heuristic's
   ncu        Nsight Compute on v1's bulk-loader and cp.async split kernels and both v3 kernels at 185k / 16 nodes
              (speed of light, shared-memory wavefronts and bank conflicts, warp stalls), if ncu is there
@@ -66,14 +67,15 @@ from typing import Optional
 
 REPO = Path(__file__).resolve().parents[2]
 PY = sys.executable
-# kernel v3 (issue 39, the sm_120 kernel: 8 math warps and a producer), on the H200 as the proxy of the same source:
-# cuda@v3-sm120 is its producer-warpgroup tile (setmaxnreg, v1's two-tile loop; each format's), in headline, sweep,
-# ncu, the knockouts (its producer honours the no-load and no-index bits) and the e4m3 stage; the one-producer-warp
-# tile (168 registers, one tile at a time) and the math-roles tile (8 S warps, 8 PV warps, a producer warpgroup; NOTES.md,
-# "Kernel v3 with math roles") in headline beside it.
+# kernel v3 (issue 39, the sm_120 kernel: math warps and a producer), on the H200 as the proxy of the same source:
+# cuda@v3-sm120 is the tile the model reads fastest that the arch runs (verify_attn/backends/cuda.py, v3_sm120_tile):
+# the math-roles tile (8 S warps, 8 PV warps, a producer warpgroup) for bf16, the producer-warpgroup tile for e4m3 on
+# the H200; in headline, sweep, splits, ncu, the knockouts (its producer honours the no-load and no-index bits) and the
+# e4m3 stage. The one-producer-warp tile (168 registers, one tile at a time) and the producer-warpgroup tile
+# (setmaxnreg, v1's two-tile loop) in headline beside it.
 V3 = "cuda@v3-sm120"
 V3_WARP = "cuda@m32n16w9s4"
-V3_ROLES = "cuda@m32n16w20s4"
+V3_WG = "cuda@m32n16w12s4"
 # kernel v3 for Hopper (issue 40, sm90/: a producer warpgroup, FlashMLA's seesaw on two consumer warpgroups, per-half
 # FULL / EMPTY barriers), in headline, sweep, ncu and the knockouts beside the sm_120 proxy
 V3H = "cuda@v3"
@@ -262,7 +264,7 @@ def plan(out: Path, a: argparse.Namespace) -> list[Stage]:
               min_s=10),
         Stage("headline", v + ["--ctx", "185k", "--tree", "16", "--layout", "page1",
                                "--backend", "cuda@v2,cuda@v1,cuda@v0,cuda@m32n32w8s5,cuda@m32n16w8s8,cuda@m32n16w8s4,"
-                               f"{V3},{V3_WARP},{V3_ROLES},{V3H},triton,triton-serial", "--json",
+                               f"{V3},{V3_WARP},{V3_WG},{V3H},triton,triton-serial", "--json",
                                str(out / "headline.json"), "--csv", str(out / "headline.csv")], cap_s=30, min_s=20),
         Stage("sweep", v + ["--ctx", "185k,64k,16k,4k", "--tree", "16,64,1", "--layout", "page1,paged",
                             "--backend", f"cuda@v2,cuda@v1,cuda@m32n32w8s5,{V3},{V3H}", "--json", str(out / "sweep.json"),
@@ -270,7 +272,7 @@ def plan(out: Path, a: argparse.Namespace) -> list[Stage]:
         # the split heuristic's A/B at 4k: each kernel at the old rule's 15 splits (256 tokens a split) beside the
         # heuristic's (NOTES.md, "Short contexts: the split heuristic", holds the predictions)
         Stage("splits", v + ["--ctx", "4k", "--tree", "1,16", "--layout", "page1", "--backend",
-                             f"cuda@v1:15,cuda@v1,{V3H}:15,{V3H},{V3_ROLES}:15,{V3_ROLES}",
+                             f"cuda@v1:15,cuda@v1,{V3H}:15,{V3H},{V3}:15,{V3}",
                              "--json", str(out / "splits.json")], cap_s=10, min_s=8),
         Stage("ncu", ["ncu", "--clock-control", "none", "--target-processes", "all", "-k",
                       "regex:tree_verify_split", "--launch-skip", str(len(NCU_VERSIONS)), "-c", str(len(NCU_VERSIONS)),

@@ -187,8 +187,9 @@ using TileMlaV3Wg = TileConfigV1<32, 16, 8, 4, 4, 2, 1, 2, 3>;
 //  MLA v3 with math roles (LOADER 4, 20 warps: the launch gives 96 registers a thread, setmaxnreg moves them to 32 for
 //       the producer warpgroup and 112 for the math warps): 8 S warps, S split 2 (dims) x 2 (tokens) x 2 (M) (Q 72
 //       registers: 288 dims of one m tile) and the softmax; 8 PV warps, each 64 Dv columns of O (64). KV 4 x 18,688 B +
-//       partial scores 6,144 + 2 x P 3,072 + 2 x alpha, 1/l, lse2 512 + 8 mask words per row 1,024 + 64 B of mbarriers +
-//       the producer's index ring 512 = 86,080 B. (The split 4 (dims) x 2 (tokens) over both m tiles, the same Q
+//       2 sets of partial scores 10,240 (the S warps issue S(i + 1) before the softmax of i: traits.h, kSAhead) + 2 x P
+//       3,072 + 2 x alpha, 1/l, lse2 512 + 8 mask words per row 1,024 + 64 B of mbarriers + the producer's index ring
+//       512 = 90,176 B. (The split 4 (dims) x 2 (tokens) over both m tiles, the same Q
 //       registers, exchanged twice the partial scores: the model read the RTX PRO 6000 at 1,501 cycles a tile against
 //       1,271 with this one; NOTES.md.)
 using TileMlaV3Roles = TileConfigV1<32, 16, 16, 4, 2, 2, 1, 2, 4>;
@@ -223,7 +224,7 @@ using TileMlaV3Fp8 = TileConfigV1<32, 32, 8, 4, 2, 2, 1, 2, 2>;
 using TileMlaV3WgFp8 = TileConfigV1<32, 32, 8, 4, 2, 2, 1, 2, 3>;
 //  ... and with math roles (LOADER 4): 8 S warps, S split 2 (dims) x 2 (tokens) x 2 (M) as the 8-warp tile's (Q 36
 //  registers of e4m3 codes; over both m tiles, Q 72, ptxas spilled at 112), the softmax; 8 PV warps, 64 Dv columns each:
-//  89,664 B + a second P and alpha buffer = 91,328 B.
+//  89,664 B + a second P and alpha buffer + a second set of partial scores at pitch 36 (kSAhead) = 99,520 B.
 using TileMlaV3RolesFp8 = TileConfigV1<32, 32, 16, 4, 2, 2, 1, 2, 4>;
 //  ... and Hopper's v3 (TileMlaV3Sm90, sm_90a only) on wgmma .e4m3: Q 36 KB + 2 stages of 36 KB (core-matrix layout) +
 //  stats and mask words 3 KB + 2 V^T buffers of 36 KB (the producer transposes each block's V) + 2 e4m3 P buffers of

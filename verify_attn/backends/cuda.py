@@ -115,12 +115,16 @@ def default_config(p: Problem) -> KernelConfig:
 # "v3": kernel v3 for Hopper (issue 40; csrc/tree_verify/sm90/, sm_90a only): a producer warpgroup and FlashMLA's
 # seesaw on two consumer warpgroups. Not sm_120's v3 (that one is "v3-sm120", below).
 KERNEL_VERSIONS = {"v0": 0, "v1": 1, "v2": 2, "v3": 3}
-# kernel v3 for sm_120 (issue 39: a producer on FULL / EMPTY mbarriers, 8 math warps on mma.sync), pinned by name for
-# every format: the head's producer-warpgroup tile (LOADER 3: setmaxnreg gives the math warps 232 registers and v1's
-# two-tile loop), else its one-producer-warp tile. On the H200 it is the proxy of the sm_120 kernel (the same source
-# built for sm_90a), never the Hopper v3; its 656-byte-row tiles are sm_120a's alone (the H200 runs them under
-# VERIFY_ATTN_ANY_TILE_ARCH=1, for correctness).
+# kernel v3 for sm_120 (issue 39: a producer on FULL / EMPTY mbarriers, math warps on mma.sync), pinned by name for
+# every format: the fastest of its tiles by the model that the device's arch runs, in this order: the math-roles tile
+# (LOADER 4: 8 S warps, 8 PV warps, a producer warpgroup), the producer-warpgroup tile (LOADER 3: setmaxnreg gives 8
+# math warps 232 registers and v1's two-tile loop), the one-producer-warp tile (LOADER 2). On the RTX PRO 6000 that is
+# the math-roles tile for every format; on the H200, the proxy of the sm_120 kernel (the same source built for sm_90a,
+# never the Hopper v3), the math-roles tile for bf16 / fp16 and the producer-warpgroup tile for e4m3 (the e4m3
+# math-roles tile is sm_120a's: it spills on sm_90a). The 656-byte-row tiles are sm_120a's alone (the H200 runs them
+# under VERIFY_ATTN_ANY_TILE_ARCH=1, for correctness).
 V3_SM120 = "v3-sm120"
+V3_SM120_LOADERS = (4, 3, 2)
 PINNED_NAMES = (*KERNEL_VERSIONS, V3_SM120)
 # cuda@m32n16w8s8: one compiled tile pinned by (block_m, block_n, num_warps, num_stages), the heuristic's splits
 PINNED_TILE_RE = re.compile(r"m(\d+)n(\d+)w(\d+)s(\d+)")
@@ -136,6 +140,15 @@ def split_pin(version: str) -> tuple[str, Optional[int]]:
         raise ValueError(f"kernel version {version!r}: the split count after ':' must be an integer in "
                          f"[1, {MAX_SPLITS}], got {n!r}")
     return name, int(n)
+
+
+def v3_sm120_tile(head: str, arch: str) -> Optional[vb.Tile]:
+    """The tile "v3-sm120" pins for `head` on `arch`: the first of V3_SM120_LOADERS the arch runs, else (no such tile
+    built for the arch: the 656-byte rows on sm_90a) the first compiled, which resolve_config refuses unless
+    VERIFY_ATTN_ANY_TILE_ARCH is set; None for a head without v3 tiles (GQA)."""
+    tiles = [next((x for x in vb.TILES[head] if x.version == 1 and x.loader == ld), None) for ld in V3_SM120_LOADERS]
+    tiles = [x for x in tiles if x is not None]
+    return next((x for x in tiles if x.targets(arch)), tiles[0] if tiles else None)
 
 
 def version_config(p: Problem, version: str) -> KernelConfig:
@@ -160,8 +173,7 @@ def _version_config(p: Problem, version: str) -> KernelConfig:
         raise ValueError(f"cuda backend: no kernel for Dqk={p.head_dim_qk} Dv={p.head_dim_v}")
     arch = vdevice.props_for(p.device).arch
     if version == V3_SM120:
-        t = next((x for x in vb.TILES[head] if x.loader == 3), None) or next(
-            (x for x in vb.TILES[head] if x.loader == 2), None)
+        t = v3_sm120_tile(head, arch)
         if t is None:
             raise LookupError(f"no {V3_SM120} tile compiled for {head} (kernel v3 runs MLA rows only)")
         cfg = KernelConfig(block_m=t.block_m, block_n=t.block_n, num_warps=t.num_warps, num_stages=t.num_stages)
