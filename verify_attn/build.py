@@ -143,10 +143,10 @@ V3_WG_TILE = Tile(32, 16, 2, 4, 4, version=1, sn=2, bars=2, loader=3)
 V3_WG_FP8_TILE = Tile(32, 32, 4, 2, 4, version=1, sn=2, bars=2, loader=3)
 # ... and with math roles on e4m3 rows (TileMlaV3RolesFp8): S warps 2 (dims) x 2 (tokens) x 2 (M), 8 PV warps:
 # 99,520 B (two sets of partial scores: its S warps issue S(i + 1) before the softmax of i); backend "cuda@m32n32w20s4",
-# and "cuda@v3-sm120" on sm_120a (backends/cuda.py, v3_sm120_tile). sm_120a's alone: at 112 registers sm_90a's f16 lowering of the e4m3 MMAs
-# spills 72 B (the H200 runs it under VERIFY_ATTN_ANY_TILE_ARCH=1, for correctness). The same tile on 656-byte rows
-# (100,544 B): the S warps hand over one unscaled f16 P, each PV warp scales it by its own block's scales
-# (traits.h, k656Roles)
+# and "cuda@v3-sm120" on sm_120a (backends/cuda.py, v3_sm120_tile). sm_120a's alone: at 112 registers sm_90a's f16
+# lowering of the e4m3 MMAs spills 72 B (the H200 runs it under VERIFY_ATTN_ANY_TILE_ARCH=1, for correctness). The same
+# tile on 656-byte rows (100,544 B): the S warps hand over one unscaled f16 P, each PV warp scales it by its own block's
+# scales (traits.h, k656Roles)
 V3_ROLES_FP8_TILE = Tile(32, 32, 8, 2, 4, version=1, sn=2, bars=2, loader=4, archs=("sm_120a",))
 # (656-byte rows: sm_120a's, as v1's e4m3-MMA 656 tile is; at 232 registers sm_90a's f16 lowering spills 12 B)
 _V3_WG_656_TILE = Tile(32, 32, 4, 2, 4, version=1, sn=2, bars=2, loader=3, archs=("sm_120a",))
