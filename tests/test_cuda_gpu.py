@@ -38,7 +38,17 @@ def _spec(head: str, dtype=torch.bfloat16, **kw) -> CaseSpec:
     return CaseSpec(hq=hq, hkv=hkv, dqk=dqk, dv=dv, mla=mla, dtype=dtype, **kw)
 
 
+def _quarantined(config, kv_dtype: str) -> str | None:
+    """Why `config`'s tile must not run in this session (bench.gpu_check's smoke stage saw it hang or crash and set
+    VERIFY_ATTN_QUARANTINE), else None."""
+    from verify_attn.backends import cuda
+    return None if config is None else cuda.quarantined(cuda.tile_name(config), kv_dtype)
+
+
 def _run(spec: CaseSpec, config=None):
+    why = _quarantined(config, spec.kv_dtype)
+    if why:
+        pytest.skip(why)
     case = make_case(spec, device="cuda")
     out = poisoned_out(case)
     o, lse = verify_attn.tree_verify(**case.kwargs, backend="cuda", config=config, out=out, return_lse=True)
@@ -97,7 +107,7 @@ def test_split_counts_and_tiles(head, splits):
     key = vb.head_key(dqk, dv, mla)
     arch = vdevice.props_for(torch.device("cuda")).arch
     for t in vb.TILES[key]:
-        if not t.targets(arch):  # e.g. the 180 KB sm_90-only MLA tile on an sm_120 GPU
+        if not t.targets(arch) or _quarantined(t, ""):  # e.g. the 180 KB sm_90-only MLA tile on an sm_120 GPU
             continue
         cfg = KernelConfig(num_splits=splits, block_n=t.block_n, block_m=t.block_m, num_warps=t.num_warps,
                            num_stages=t.num_stages)

@@ -9,6 +9,10 @@ the budget is skipped and said so. Stages, in order of value:
   build      one parallel JIT build of the kernel instantiations the later stages run
              (VERIFY_ATTN_JIT_SET; the rest stay JIT-on-demand), beside the ceiling probes
              and, when the tests run, the GPU tests' own libraries; each part timed
+  smoke      bench/gpu_run/smoke.py: each kernel no GPU has run before (both v3 kernels' tiles, bf16 and e4m3)
+             once, each in its own process under a timeout, at 1.5k; one that hangs or crashes is quarantined:
+             dropped from every later stage, its GPU tests skipped (VERIFY_ATTN_QUARANTINE), so it cannot take
+             the session's other measurements with it
   tests      pytest -m gpu on the wgmma layouts (tests/test_arch_emu.py) and the cuda backend
              (tests/test_cuda_gpu.py: matrix, trees, odd lengths, splits, graphs, versions)
   ceilings   bench/core/ceilings.py: copy bandwidth, bf16 mma.sync / wgmma / cuBLAS rates, HMMA and
@@ -79,6 +83,10 @@ V3_WG = "cuda@m32n16w12s4"
 # kernel v3 for Hopper (issue 40, sm90/: a producer warpgroup, FlashMLA's seesaw on two consumer warpgroups, per-half
 # FULL / EMPTY barriers), in headline, sweep, ncu and the knockouts beside the sm_120 proxy
 V3H = "cuda@v3"
+# the smoke stage (bench/gpu_run/smoke.py): every kernel no GPU has run yet, once, each in its own process under a
+# timeout, before anything else touches the GPU; a hang or crash is quarantined from the later stages
+SMOKE_BACKENDS = (V3, V3_WARP, V3_WG, V3H, f"{V3}/fp8_e4m3", f"{V3H}/fp8_e4m3")
+SMOKE_STEMS = ("mla576_bf16_page1", "mla576_bf16_paged", "mla576e4m3_bf16_page1", "mla576e4m3_bf16_paged")
 # the ncu stage: one warm call, then one profiled call, of each of these versions
 NCU_VERSIONS = ("m32n32w8s5", "v1", V3.split("@")[1], V3H.split("@")[1])
 PLAN_CAP_S = 480.0          # the default plan's caps add up to at most this (tests/test_bench.py checks)
@@ -257,10 +265,12 @@ def plan(out: Path, a: argparse.Namespace) -> list[Stage]:
     pytest = [PY, "-m", "pytest", "-m", "gpu", "-v", "-rfE", "-p", "no:cacheprovider"]
     stages = [
         Stage("build", [PY, "-m", "bench.gpu_check", "--build-stage"], cap_s=60, min_s=30),
+        Stage("smoke", [PY, "-m", "bench.gpu_run.smoke", "--backend", ",".join(SMOKE_BACKENDS), "--json",
+                        str(out / "smoke.json"), "--out", str(out / "smoke")], cap_s=25, min_s=15, kernels=SMOKE_STEMS),
         Stage("tests", pytest + ["tests/test_arch_emu.py", "tests/test_cuda_gpu.py"], cap_s=60, needs="pytest",
               kernels=("*",)),
-        Stage("ceilings", [PY, "-m", "bench.ceilings", "--refresh", "--json", str(out / "ceilings.json")], cap_s=20),
-        Stage("kvstream", [PY, "-m", "bench.ceilings", "--kv-stream", str(out / "kv_stream.json")], cap_s=20,
+        Stage("ceilings", [PY, "-m", "bench.ceilings", "--refresh", "--json", str(out / "ceilings.json")], cap_s=15),
+        Stage("kvstream", [PY, "-m", "bench.ceilings", "--kv-stream", str(out / "kv_stream.json")], cap_s=15,
               min_s=10),
         Stage("headline", v + ["--ctx", "185k", "--tree", "16", "--layout", "page1",
                                "--backend", "cuda@v2,cuda@v1,cuda@v0,cuda@m32n32w8s5,cuda@m32n16w8s8,cuda@m32n16w8s4,"
@@ -304,11 +314,12 @@ def plan(out: Path, a: argparse.Namespace) -> list[Stage]:
         # export into the results folder: the repo's autotune/configs/ does not come back from a GPU machine
         Stage("tune", [PY, "-m", "autotune", *a.tune_args.split(), "--export", str(out / "tuned"),
                        "--cache", str(out / "autotune_cache.json"), "--json", str(out / "autotune.json")],
-              cap_s=25, min_s=20, needs="autotune", kernels=("mla576_bf16_page1",)),
+              cap_s=20, min_s=15, needs="autotune", kernels=("mla576_bf16_page1",)),
         Stage("tests_rest", pytest + ["--deselect", "tests/test_autotune.py::test_gpu_tune_export_and_lookup_through"
                                       "_tree_verify", "tests", "--ignore", "tests/test_arch_emu.py",
                                       "--ignore", "tests/test_cuda_gpu.py"],
-              cap_s=40, needs="pytest", kernels=("*",)),   # 75 before the peers stages took 25 s, the splits A/B 10
+              cap_s=30, needs="pytest", kernels=("*",)),   # 75 before the peers stages took 25 s, the splits A/B 10,
+        #                                                        the smoke stage 10 (it timed out at 25 and 80 s before)
         # predicted vs measured for every timed cuda row (the SASS model; a CPU job that --collect repeats)
         Stage("model", [PY, "-m", "bench.model", "--calibrate", *(str(out / f) for f in
                         ("headline.json", "sweep.json", "splits.json", "fp8.json", "fp8_656.json", "peers.json")),
@@ -333,9 +344,37 @@ def plan(out: Path, a: argparse.Namespace) -> list[Stage]:
     return stages
 
 
+def quarantine_stage(st: Stage, q: set) -> None:
+    """Remove from a later stage what the smoke stage quarantined (bench/gpu_run/smoke.py): the backends of a
+    bench.verify stage (on its --kv-dtype), the versions of the knockout and ncu stages (ncu's launch counts with
+    them); a stage left with nothing to run is skipped. The pytest stages read VERIFY_ATTN_QUARANTINE instead."""
+    from bench.gpu_run.smoke import quarantine_key
+    if not q or st.name in ("build", "smoke"):
+        return
+    kv = st.argv[st.argv.index("--kv-dtype") + 1] if "--kv-dtype" in st.argv else "bf16"
+    for flag, prefix in (("--backend", ""), ("--versions", "cuda@")):
+        if flag not in st.argv:
+            continue
+        i = st.argv.index(flag) + 1
+        items = st.argv[i].split(",")
+        kept = [b for b in items if quarantine_key(prefix + b, kv) not in q]
+        if len(kept) == len(items):
+            continue
+        st.extra["quarantined"] = [b for b in items if b not in kept]
+        if not kept:
+            st.needs = "__quarantined__"
+            return
+        st.argv[i] = ",".join(kept)
+        if st.argv[0] == "ncu":   # one profiled launch per version, after one warm launch each
+            for f in ("--launch-skip", "-c"):
+                st.argv[st.argv.index(f) + 1] = str(len(kept))
+
+
 def _missing(need: Optional[str]) -> Optional[str]:
     if need is None:
         return None
+    if need == "__quarantined__":
+        return "everything it runs was quarantined by the smoke stage (smoke.json)"
     if need == "__cuda_build__":
         return "the cuda backend did not build"
     if need == "autotune":
@@ -533,15 +572,24 @@ def main(argv: Optional[list[str]] = None) -> int:
     print(f"[gpu_check] {torch.cuda.get_device_name()}, torch {torch.__version__}; JIT set: {len(jit)} files",
           flush=True)
     t_end = time.perf_counter() + a.budget_s
+    quarantine: set = set()
     for st in stages:
         if st.name != "build" and any(s.name == "build" and s.status != "ok" for s in stages):
             _drop_cuda(st)  # a failed build would be retried (minutes) inside every later stage
+        quarantine_stage(st, quarantine)
         if "bench.verify" in st.argv and not any(s.name == "ceilings" and s.status == "ok" for s in stages):
             st.argv.append("--no-ceilings")  # else every benchmark stage would measure (or fail to) on its own
         run_stage(st, out, t_end - time.perf_counter(), env)
         print(f"[gpu_check] {st.name:10s} {st.status} ({st.wall_s:.0f} s)", flush=True)
         if st.status not in ("ok",) and not st.status.startswith("skipped") and st.log:
             print(_tail(st.log), flush=True)
+        if st.name == "smoke":
+            from bench.gpu_run.smoke import load_quarantine
+            from verify_attn.backends.cuda import QUARANTINE_ENV
+            quarantine = set(load_quarantine(out / "smoke.json"))
+            if quarantine:
+                env[QUARANTINE_ENV] = ",".join(sorted(quarantine))
+                print(f"[gpu_check] quarantined for the rest of the run: {env[QUARANTINE_ENV]}", flush=True)
     record = {"device": torch.cuda.get_device_name(), "date": _dt.datetime.now().isoformat(timespec="seconds"),
               "torch": torch.__version__, "budget_s": a.budget_s, "out": str(out), "jit_set": jit,
               "stages": [asdict(s) for s in stages]}

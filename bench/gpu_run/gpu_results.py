@@ -125,9 +125,25 @@ def ceilings_line(out: Path) -> Optional[str]:
             f"{f('wgmma_latency_cycles', lambda v: f'{v[0]:.0f}/{v[1]:.0f} cyc (N 64/256)')}")
 
 
+def smoke_line(out: Path) -> Optional[str]:
+    """The smoke stage's verdict a job (bench/gpu_run/smoke.py): 'smoke ok: v3/bf16, ...; hang: v3-sm120/bf16'."""
+    d = _load(out, "smoke")
+    if not d:
+        return None
+    by: dict = {}
+    for j in d.get("jobs", []):
+        kv = "bf16" if j.get("kv_dtype") == "fp16" else j.get("kv_dtype")
+        name = j["backend"].partition("@")[2] or j["backend"]
+        by.setdefault(j["status"], []).append(f"{name}/{kv}" + (f" ({j['tile']})" if j.get("tile") not in (None, name)
+                                                                else ""))
+    verdicts = "; ".join(f"{st}: {', '.join(v)}" for st, v in sorted(by.items(), key=lambda kv: kv[0] != "ok"))
+    q = d.get("quarantine") or []
+    return f"smoke {verdicts}" + (f"; quarantined for the rest of the run: {', '.join(q)}" if q else "")
+
+
 def print_table(out: Path, predictions: Optional[dict] = None) -> None:
     rows = summary_rows(out, predictions)
-    extra = [x for x in (ceilings_line(out),) if x] + peer_ratios(out)
+    extra = [x for x in (smoke_line(out), ceilings_line(out)) if x] + peer_ratios(out)
     if rows or extra:
         print("\n".join(["", "short table (16-node rows; us = median per call, cold L2, CUDA graph):", *rows, *extra]))
 

@@ -89,6 +89,8 @@ def config_space(shape: HeadShape, arch: str, *, splits: tuple[int, ...] = (0,),
         return []
     out = []
     for t in vb.TILES[head]:
+        if quarantined(tile_name(t), kv_dtype):   # a GPU session saw it hang or crash: never offered to the tuner
+            continue
         for s in splits:
             c = KernelConfig(num_splits=s, block_n=t.block_n, block_m=t.block_m, num_warps=t.num_warps,
                              num_stages=t.num_stages)
@@ -182,14 +184,19 @@ def _version_config(p: Problem, version: str) -> KernelConfig:
         bm, bn, w, st = map(int, pinned.groups())
         cfg = KernelConfig(block_m=bm, block_n=bn, num_warps=w, num_stages=st)
         return resolve_config(p, cfg, arch)  # refuses a tile not compiled, or not built for this arch
-    want = KERNEL_VERSIONS[version]
-    d = vb.default_tile(head, arch)
-    t = d if d.version == want else vb.VERSION_DEFAULT_TILE.get((head, vb.normalize_arch(arch), want)) or next(
-        (x for x in vb.TILES[head] if x.version == want and x.targets(arch)), None)
+    t = _version_tile(head, arch, KERNEL_VERSIONS[version])
     if t is None:
         raise LookupError(f"no {version} tile compiled for {head} on {arch}")
     return KernelConfig(num_splits=_splits_for(p, t), block_n=t.block_n, block_m=t.block_m, num_warps=t.num_warps,
                         num_stages=t.num_stages)
+
+
+def _version_tile(head: str, arch: str, want: int) -> Optional[vb.Tile]:
+    """Kernel version `want`'s tile for `head` on `arch`: the arch's default when it is that version, else the
+    version's default there (build.VERSION_DEFAULT_TILE), else its first tile the arch runs."""
+    d = vb.default_tile(head, arch)
+    return d if d.version == want else vb.VERSION_DEFAULT_TILE.get((head, vb.normalize_arch(arch), want)) or next(
+        (x for x in vb.TILES[head] if x.version == want and x.targets(arch)), None)
 
 
 def m_tiles(p: Problem, block_m: int) -> int:
@@ -381,6 +388,49 @@ def any_tile_arch() -> bool:
     shared memory fits the device, for validation only: sm_120's e4m3-MMA tiles on an H200, where nvcc lowers the
     e4m3 MMAs to f16 ones (slow there, the same code otherwise). Defaults and tuning never pick such a tile."""
     return os.environ.get(ANY_TILE_ARCH_ENV, "").strip() == "1"
+
+
+QUARANTINE_ENV = "VERIFY_ATTN_QUARANTINE"
+
+
+def tile_name(t) -> str:
+    """'m32n16w20s4': the name a tile or a config is pinned by (cuda@m32n16w20s4)."""
+    return f"m{t.block_m}n{t.block_n}w{t.num_warps}s{t.num_stages}"
+
+
+def _kv_key(kv_dtype: Optional[str]) -> str:
+    return "bf16" if kv_dtype in (None, "", "bf16", "fp16") else kv_dtype   # 16-bit caches: the same tiles
+
+
+def quarantined(name: str, kv_dtype: Optional[str] = "bf16") -> Optional[str]:
+    """Why `name` (a pinned version such as v3-sm120, or a tile such as m32n16w20s4) must not run on `kv_dtype` in
+    this process, or None: $VERIFY_ATTN_QUARANTINE lists "name/kv_dtype" entries that a GPU session's smoke stage
+    saw hang or crash (bench/gpu_run/smoke.py). The GPU tests skip them and the autotuner does not offer them, so
+    one broken kernel cannot take a session's other measurements with it. Unset everywhere else."""
+    raw = os.environ.get(QUARANTINE_ENV, "")
+    if not raw.strip():
+        return None
+    key = f"{name}/{_kv_key(kv_dtype)}"
+    if key in {k.strip() for k in raw.split(",")}:
+        return f"{key} is quarantined ({QUARANTINE_ENV}): this GPU session's smoke stage saw it hang or crash"
+    return None
+
+
+def pinned_tile(head: str, arch: str, version: str) -> Optional[vb.Tile]:
+    """The compiled tile `version` pins for `head` on `arch`, without a problem (the split count aside): what
+    `version_config` resolves, for a caller that needs the tile's name only (the smoke stage's quarantine). None when
+    the version names no tile there."""
+    name, _ = split_pin(version)
+    pinned = PINNED_TILE_RE.fullmatch(name)
+    if pinned:
+        want = tuple(map(int, pinned.groups()))
+        return next((t for t in vb.TILES.get(head, ()) if (t.block_m, t.block_n, t.num_warps, t.num_stages) == want),
+                    None)
+    if name == V3_SM120:
+        return v3_sm120_tile(head, arch)
+    if name in KERNEL_VERSIONS:
+        return _version_tile(head, arch, KERNEL_VERSIONS[name])
+    return None
 
 
 def knockout_bits() -> int:
