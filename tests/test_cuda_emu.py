@@ -180,6 +180,30 @@ def test_matches_reference(emu, i):
     check_against_reference(out, lse, case, *TOL[spec.dtype])
 
 
+def test_every_tile_asks_for_the_shared_memory_build_py_counts(emu):
+    """verify_attn/build.py's smem_bytes is a hand-kept mirror of the kernels' shared-memory plans (traits.h), which the
+    host code sizes each launch by; the autotuner, the model and CI's per-arch limit check (build --report) read the
+    mirror. Every compiled tile of every head, once through the emulator (a small call, 2 splits): the split kernel's
+    launch asks for exactly what the mirror says."""
+    from verify_attn.backends import cuda
+
+    seen = 0
+    for head, tiles in vb.TILES.items():
+        dqk, dv, mla = vb.HEADS[head]
+        kv = "fp8_mla656" if head in vb.KV_ROW_BYTES else "fp8_e4m3" if vb.kv_bytes_of(head) == 1 else ""
+        spec = CaseSpec((40,), (3,), "bushy", dtype=BF, seed=7, kv_dtype=kv,
+                        **(MLA if mla else dict(hq=8, hkv=1, dqk=dqk, dv=dv, mla=False)))
+        case = make_case(spec)
+        assert cuda.problem_head(case.problem()) == head
+        for t in tiles:
+            emu.reset_stats()
+            _run(case, KernelConfig(num_splits=2, block_m=t.block_m, block_n=t.block_n, num_warps=t.num_warps,
+                                    num_stages=t.num_stages))
+            assert emu.max_dyn_smem() == vb.tile_smem(head, t), (head, t.label())
+            seen += 1
+    assert seen == sum(len(ts) for ts in vb.TILES.values())
+
+
 def test_bf16_relative_error_under_2e_2_on_random_trees_and_batches(emu):
     # the issue's acceptance bar, on its own: max |err| / max |ref| per case
     from verify_attn.reference import reference_verify

@@ -45,4 +45,7 @@ VA_EMU_C_API void va_emu_prefetch_stats(long long* out4) {
   out4[0] = s.l2_prefetches, out4[1] = s.cp_async_src_bytes, out4[2] = s.cp_async_src_prefetched;
   out4[3] = s.cp_async16_src_prefetched;
 }
+// the most dynamic shared memory one launch asked for since the last reset (what the host code computed: a check
+// of verify_attn/build.py's mirror of the kernels' shared-memory plans)
+VA_EMU_C_API long long va_emu_max_dyn_smem() { return va::emu::stats().max_dyn_smem; }
 VA_EMU_C_API void va_emu_reset_stats() { va::emu::reset_stats(); }

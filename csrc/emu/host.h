@@ -58,6 +58,7 @@ struct Stats {
   long long cp_async_src_bytes = 0;  // bytes read by cp.async from global memory (valid copies)
   long long cp_async_src_prefetched = 0;  // ... of which in a 128-byte line the same block prefetched before
   long long cp_async16_src_prefetched = 0;  // ... of those, by 16-byte copies
+  long long max_dyn_smem = 0;        // the most dynamic shared memory one launch asked for (bytes)
 };
 Stats stats();
 void reset_stats();

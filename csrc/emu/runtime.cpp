@@ -1823,6 +1823,7 @@ void run_grid(dim3 grid, dim3 block, size_t dyn_smem_bytes, const std::function<
   {
     std::lock_guard<std::mutex> lk(g_stats_mu);
     g_stats.launches += 1;
+    g_stats.max_dyn_smem = std::max(g_stats.max_dyn_smem, static_cast<long long>(dyn_smem_bytes));
     for (const Worker& w : workers) w.merge_stats(g_stats);
   }
   if (st.error_count > 0) {

@@ -241,6 +241,7 @@ class Emulator:
         self.lib = load_emu_library(lib_path)  # same instance the binding dlopens (same path)
         self.lib.va_emu_set_smem_limit.argtypes = [ctypes.c_size_t]
         self.lib.va_emu_tv_built_kernels.restype = ctypes.c_char_p
+        self.lib.va_emu_max_dyn_smem.restype = ctypes.c_longlong
         self.binding = binding
         binding.load_kernels(str(lib_path))
 
@@ -296,6 +297,11 @@ class Emulator:
         self.lib.va_emu_prefetch_stats(out)
         return dict(zip(("l2_prefetches", "cp_async_src_bytes", "cp_async_src_prefetched", "cp_async16_src_prefetched"),
                         list(out)))
+
+    def max_dyn_smem(self) -> int:
+        """The most dynamic shared memory one launch asked for since the last reset_stats (bytes): the host code's
+        own figure for a kernel's shared-memory plan."""
+        return int(self.lib.va_emu_max_dyn_smem())
 
     def reset_stats(self) -> None:
         self.lib.va_emu_reset_stats()
