@@ -1500,3 +1500,41 @@ def test_v3h_hopper_e4m3_every_named_barrier_removed_is_caught(emu):
     assert not missed, f"warpgroup 1's bar.sync call(s) {missed} removed went unnoticed"
     missed = _v3h_e4m3_missed(emu, "named_barrier_miscount", V3H_MATH, [-1, 0, 1, 2, 3], modes=STRICT_MODES)
     assert not missed, f"named barrier call(s) {missed} with a wrong count went unnoticed"
+
+
+# ------------------------------------------------------------ knockout builds ----
+
+# bench.knockout's versions and bits (bench/gpu_run/gpu_check.py's knockout stage: v2, v1, v1's bulk loader, kernel
+# v3 for sm_120 and for Hopper; bits 1 no KV copies, 2 no index reads, 4 no v2 exchange, 7 all three, 8 no v2 L2
+# prefetch), with v3's other two sm_120 tiles
+KO_VERSIONS = ("v1", "v2", "m32n32w8s5", "v3-sm120", "m32n16w9s4", "m32n16w12s4", "v3")
+KO_BITS = (1, 2, 4, 7, 8)
+
+
+@pytest.mark.slow
+def test_knockout_builds_run_to_completion(emu):
+    """A knockout build leaves a part of the kernel out (csrc/tree_verify/request.cuh kKo*: results wrong by design),
+    but it must still finish: a knockout that broke a barrier protocol (a FULL barrier no copy completes any more)
+    would hang the GPU session's knockout stage for its whole cap. Each bit, built into an emulation library of its
+    own (the page-1 bf16 MLA instantiation, ~10 s), runs every version the stage times, several tiles a split past
+    every stage's first use, under the emulator's checks (deadlock, barrier phases and counts, bounds)."""
+    from verify_attn.backends import cuda
+
+    spec = CaseSpec((700,), (7,), "bushy", dtype=BF, seed=77, **MLA)
+    case = make_case(spec)
+    units = [cuda_emu.TV / "dispatch.cu", cuda_emu.TV / "instantiations" / "mla576_bf16_page1.cu",
+             cuda_emu.EMU / "tv_c_api.cpp", cuda_emu.EMU / "c_api.cpp"]
+    try:
+        for bits in KO_BITS:
+            path = cuda_emu.build_shared_library(f"va_tv_emu_ko{bits}", units, defines=[f"-DVA_TV_KNOCKOUT={bits}"])
+            ko = cuda_emu.Emulator(path, emu.binding)   # the binding now calls this library's kernels
+            for v in KO_VERSIONS:
+                ko.reset_stats()
+                out, _ = _run(case, cuda.version_config(case.problem(), v).replace(num_splits=2))
+                st = ko.stats()
+                assert st["launches"] == 2 and st["blocks"] > 0, (bits, v, st)   # the split kernel and the combine
+                assert out.shape == (7, 8, 512), (bits, v)
+    finally:
+        emu.binding.load_kernels(str(emu.path))   # the shipped kernels again for the tests after this one
+    out, lse = _run(case, None)
+    check_against_reference(out, lse, case, *TOL[BF])

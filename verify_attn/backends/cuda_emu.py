@@ -127,19 +127,20 @@ def _ninja_escape(p: str) -> str:
     return p.replace("$", "$$").replace(" ", "$ ").replace(":", "$:")
 
 
-def build_shared_library(name: str, sources: Sequence[Path], *, opt: str = "-O2") -> Path:
+def build_shared_library(name: str, sources: Sequence[Path], *, opt: str = "-O2", defines: Sequence[str] = ()) -> Path:
     """Build `sources` (.cpp; .cu compiled as C++) + the emulator runtime into
     one shared library, without torch. Incremental (ninja with the compiler's
     header dependencies, one object per source, all cores) in a stable build
     folder; the result is copied to a content-addressed file so a library that
-    another process has loaded is never overwritten. Returns its path."""
+    another process has loaded is never overwritten. `defines`: extra -D flags
+    (e.g. -DVA_TV_KNOCKOUT=1, a knockout build). Returns its path."""
     import fcntl
 
     cxx = host_compiler()
     if cxx is None:
         raise RuntimeError(toolchain_available()[1])
     srcs = [Path(s).resolve() for s in sources] + [p.resolve() for p in RUNTIME_SOURCES]
-    flags = emu_cflags(opt) + ["-fPIC"]
+    flags = emu_cflags(opt) + ["-fPIC", *defines]
     bdir = cache_root() / f"build-{name}-{_hash_files([], [cxx, *flags, *map(str, srcs)])}"
     bdir.mkdir(parents=True, exist_ok=True)
     lines = [
