@@ -14,9 +14,9 @@ import torch
 
 from verify_attn.backends import Backend, Problem
 from verify_attn.config import KernelConfig
-from verify_attn.reference import reference_verify
+from verify_attn.reference import reference_e4m3_mma, reference_verify
 from verify_attn.shapes import HeadShape
-from verify_attn.tolerances import LSE_ATOL, TOL   # the bounds (and reasons) the tests use
+from verify_attn.tolerances import LSE_ATOL, TOL, check_e4m3_mma   # the bounds (and reasons) the tests use
 
 
 class BucketHarness:
@@ -50,6 +50,8 @@ class BucketHarness:
         self.ref_out, self.ref_lse = ref_out.to(dev), ref_lse.to(dev)
         self.atol, self.rtol = TOL[dtype]
         self.lse_atol = LSE_ATOL[dtype]
+        self.dtype = dtype
+        self.ref_q: Optional[tuple[torch.Tensor, torch.Tensor]] = None   # q rounded as e4m3 MMAs do: made when needed
         p = self.problem
         self.out = torch.empty(p.total_q, p.num_q_heads, p.head_dim_v, dtype=dtype, device=dev)
         self.lse = torch.empty(p.total_q, p.num_q_heads, dtype=torch.float32, device=dev)
@@ -71,6 +73,12 @@ class BucketHarness:
         self.backend.run(self.problem, cfg, self.out, self.lse)
         if self.device.type == "cuda":
             torch.cuda.synchronize()
+        if self.backend.name in ("cuda", "cuda-emu"):
+            from verify_attn.backends.cuda import runs_e4m3_mma
+            if runs_e4m3_mma(self.problem, cfg):   # Q and P rounded to e4m3: the contract of those tiles
+                if self.ref_q is None:
+                    self.ref_q = tuple(t.to(self.device) for t in reference_e4m3_mma(self.problem))
+                return check_e4m3_mma(self.out, self.ref_q[0], self.dtype, self.lse, self.ref_q[1])
         o = self.out.double()
         if not torch.isfinite(o).all():
             return f"{int((~torch.isfinite(o)).sum())} non-finite outputs"

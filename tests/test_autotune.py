@@ -619,6 +619,26 @@ def test_harness_check_rejects_a_wrong_backend_on_cpu():
     assert "1 outputs off" in bad.check(KernelConfig(1))
 
 
+def test_harness_judges_e4m3_mma_configs_by_their_own_contract():
+    """On an e4m3 cache the tuner's check judges the e4m3-MMA tiles (Q and P rounded to e4m3) against the reference
+    with q rounded as they round it (tolerances.check_e4m3_mma), the f16 tile by the 16-bit tolerance: before, every
+    e4m3-MMA candidate failed the 16-bit check (5-11% of max |ref| on Kimi's logits) and the tuner never offered the
+    H200's e4m3 default. A wrong scale still fails."""
+    from autotune.harness import BucketHarness
+    from verify_attn.backends import cuda, cuda_emu, get_backend
+    ok, why = cuda_emu.available()
+    if not ok:
+        pytest.skip(f"cuda-emu: {why}")
+    h = BucketHarness(get_backend("cuda-emu"), get_shape("kimi-k2-tp8"), ctx=150, tree_nodes=5, tree_kind="ddtree",
+                      batch=1, page_size=1, dtype=torch.bfloat16, l2_bytes=1 << 20, reps=1, max_seconds=0.5,
+                      device="cpu", kv_dtype="fp8_e4m3")
+    v2, f16 = cuda.version_config(h.problem, "v2"), cuda.version_config(h.problem, "m32n32w8s3")
+    assert cuda.runs_e4m3_mma(h.problem, v2) and not cuda.runs_e4m3_mma(h.problem, f16)
+    assert h.check(v2) is None and h.check(f16) is None
+    h.problem = h.problem.__class__(**{**h.problem.__dict__, "k_scale": h.problem.k_scale * 1.05})
+    assert "lse" in h.check(v2)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("backend", ["cuda", "triton"])
 def test_gpu_tune_export_and_lookup_through_tree_verify(tmp_path, backend, monkeypatch):

@@ -232,6 +232,61 @@ def test_wrong_kernel_is_reported_not_timed():
     assert st["fake-nosupport"].status == "unsupported" and "no MLA" in st["fake-nosupport"].note
 
 
+def test_e4m3_mma_kernels_are_judged_by_their_own_contract():
+    """An e4m3-MMA kernel (Q and P rounded to e4m3; here sm_90's default on an e4m3 cache, v2's wgmma .e4m3, through
+    the emulator) misses the 16-bit tolerance on bench.verify's inputs by design (5-11% of max |ref| at Kimi's logit
+    scale), so the gate judges it against the reference with q rounded as the kernel rounds it
+    (tolerances.check_e4m3_mma); before, every such kernel read 'wrong' and was never timed. The f16 tile keeps the
+    16-bit tolerance; the exact reference's error is still the one reported."""
+    from verify_attn.backends import cuda_emu
+    ok, why = cuda_emu.available()
+    if not ok:
+        pytest.skip(f"cuda-emu: {why}")
+    trees = [CHAIN16[:5]]
+    counts = rl.count_shape(KIMI, [200], trees, kv_dtype="fp8_e4m3")
+    floors = {d.name: rl.floor(counts, d) for d in rl.REFERENCE_DEVICES}
+    base = lambda n: bv.Row(n, 200, 5, "page1", 1, counts, floors, primary="H200")
+    timer = lambda fns, cold: time_cpu(lambda: [f() for f in fns], reps=1, warmup=0)
+    names = ["cuda-emu", "cuda-emu@v3", "cuda-emu@m32n32w8s3"]
+    rows = bv.run_combo(KIMI, 200, trees, ("page1", 1), torch.bfloat16, names, {}, base, device="cpu", l2=1 << 16,
+                        timer=timer, skip=lambda n, c: None, tick=lambda: None, kv_dtype="fp8_e4m3")
+    st = {r.backend: r for r in rows}
+    for name in names[:2]:   # the H200's default (v2 on wgmma .e4m3; the CPU reads the H200's arch), Hopper's v3
+        r = st[name]
+        assert r.status == "ok" and r.timing is not None and "q rounded" in r.extra["judged"], (name, r.note)
+        assert r.max_rel_err > 0.02, name    # what the exact reference sees: the format's cost, reported
+    f16 = st["cuda-emu@m32n32w8s3"]
+    assert f16.status == "ok" and "judged" not in f16.extra and f16.max_rel_err < 0.01
+
+
+def test_check_e4m3_mma_catches_what_the_loose_bound_lets_through():
+    """check_e4m3_mma against the q-rounded reference: the emulator's e4m3-MMA output passes, its LSE within ~1e-6
+    of the reference's; an LSE off by 0.01 nat (inside the exact-reference bound FP8_MMA_LSE_ATOL, 0.12) fails, as
+    does a row moved by more than FP8_MMA_REL_TOL of max |ref|, or a NaN."""
+    import sys as _sys
+    _sys.path.insert(0, str(Path(__file__).parent))
+    from cases import CaseSpec, make_case
+    from verify_attn import tree_verify
+    from verify_attn.backends import cuda_emu
+    from verify_attn.reference import reference_e4m3_mma
+    from verify_attn.tolerances import FP8_MMA_REL_TOL, check_e4m3_mma
+    ok, why = cuda_emu.available()
+    if not ok:
+        pytest.skip(f"cuda-emu: {why}")
+    case = make_case(CaseSpec((150,), (6,), "bushy", dtype=torch.bfloat16, kv_dtype="fp8_e4m3", seed=4, hq=8, hkv=1,
+                              dqk=576, dv=512, mla=True))
+    out, lse = tree_verify(**case.kwargs, backend="cuda-emu", return_lse=True)
+    ref_q, ref_q_lse = reference_e4m3_mma(case.problem())
+    assert check_e4m3_mma(out, ref_q, torch.bfloat16, lse, ref_q_lse) is None
+    assert float((lse.double() - ref_q_lse).abs().max()) < 1e-4
+    assert "lse" in check_e4m3_mma(out, ref_q, torch.bfloat16, lse + 0.01, ref_q_lse)
+    bad = out.clone()
+    bad[0, 0, :] += 2 * FP8_MMA_REL_TOL * float(ref_q.abs().max())
+    assert "max |out - ref_q|" in check_e4m3_mma(bad, ref_q, torch.bfloat16, lse, ref_q_lse)
+    bad[1, 1, 1] = float("nan")
+    assert "non-finite" in check_e4m3_mma(bad, ref_q, torch.bfloat16)
+
+
 def test_kernel_path_on_cpu_speedups_skips_and_order(monkeypatch):
     """sweep()'s GPU path run on the CPU: baseline first, speedups, --serial-max-ctx, wrong rows."""
     import time as _time

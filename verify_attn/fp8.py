@@ -134,6 +134,23 @@ def quantize_mla656(x: torch.Tensor, pow2_scales: bool = True) -> torch.Tensor:
     return out
 
 
+def e4m3_mma_q(q: torch.Tensor, kv_dtype: str) -> torch.Tensor:
+    """q as the CUDA kernels' e4m3 MMAs see it, in float64: each row (one token's query head, its Dqk values) scaled
+    by amax / 448 (csrc/host/fp8.h e4m3_row_scale: 1 for an all-zero row, NaN for a row with a NaN), x / scale
+    rounded to e4m3 (nearest even, saturating, as cvt.rn.satfinite) and scaled back. With 656-byte rows the kernel
+    keeps the 64 RoPE values in q's dtype (exact) and the scale still comes from the whole row's amax. The float64
+    reference on this q and the same cache is the e4m3-MMA kernels' scores to fp32 rounding; what is left of their
+    error is P rounded to e4m3 (tolerances.check_e4m3_mma)."""
+    x = q.float()
+    amax = x.abs().amax(dim=-1, keepdim=True)   # (NaN where the row has one)
+    scale = torch.where(amax > 0, amax / E4M3_MAX, torch.where(amax == 0, torch.ones_like(amax), amax))
+    inv = 1.0 / scale   # fp32, as the kernels multiply by it
+    out = (x * inv).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).to(torch.float64) * scale.double()
+    if kv_dtype == "fp8_mla656":
+        out[..., MLA656_NOPE:] = q[..., MLA656_NOPE:].double()
+    return out
+
+
 def split_mla656(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """uint8 [..., 656] -> (codes float8_e4m3fn [..., 512], scales float32 [..., 4], rope bfloat16 [..., 64])."""
     if rows.dtype != torch.uint8 or rows.shape[-1] != MLA656_ROW_BYTES:

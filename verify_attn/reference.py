@@ -115,6 +115,15 @@ def reference_verify(p: Problem, dtype: torch.dtype = torch.float64) -> tuple[to
     return out, lse
 
 
+def reference_e4m3_mma(p: Problem) -> tuple[torch.Tensor, torch.Tensor]:
+    """The float64 reference of an fp8 cache's call with q rounded as the CUDA kernels' e4m3 MMAs round it
+    (fp8.e4m3_mma_q): their scores and LSE to fp32 rounding; their output up to P's e4m3 rounding."""
+    import dataclasses
+
+    from .fp8 import e4m3_mma_q
+    return reference_verify(dataclasses.replace(p, q=e4m3_mma_q(p.q, p.kv_dtype)))
+
+
 def _run(p: Problem, config: Optional[KernelConfig], out: torch.Tensor, lse: Optional[torch.Tensor]) -> None:
     o, l = reference_verify(p)
     out.copy_(o.to(out.dtype))

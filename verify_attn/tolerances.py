@@ -19,6 +19,8 @@ fp32 accumulation over 185k tokens ~1e-5), with a 2x margin. It must stay well
 below the error of dropping one of 60 equally weighted tokens, log(60/59) = 0.017
 nat (tests/test_hardening.py checks that such an LSE fails).
 """
+from __future__ import annotations
+
 import torch
 
 TOL: dict[torch.dtype, tuple[float, float]] = {
@@ -64,3 +66,30 @@ FP8_LSE_ATOL: dict[tuple[str, torch.dtype], float] = {
 # Bounds: 2x those. A K or V scale off by 10% exceeds them (tested).
 FP8_MMA_REL_TOL = 0.06   # max |out - ref| <= FP8_MMA_REL_TOL * max |ref|, per call
 FP8_MMA_LSE_ATOL = 0.12
+
+
+def check_e4m3_mma(out: torch.Tensor, ref_q: torch.Tensor, dtype: torch.dtype, lse: torch.Tensor | None = None,
+                   ref_q_lse: torch.Tensor | None = None) -> str | None:
+    """Why an e4m3-MMA kernel's call is wrong, or None. Judged against the float64 reference with q rounded as the
+    kernel rounds it (reference.reference_e4m3_mma), which reproduces its scores to fp32 rounding, so that what is
+    left is P rounded to e4m3 (~1% of max |ref|; `python -m bench.fp8_mma_error`): out within FP8_MMA_REL_TOL of
+    max |ref_q| (normwise), and the LSE, where given, within the 16-bit LSE_ATOL[dtype] (the kernels sum the unrounded
+    P: measured ~2e-6 nat). The Q rounding itself grows with the logits' spread (5.5% rms at a logit std of 3, the
+    Kimi K2 shapes bench.verify draws; 2.6% at 1): it is the format's documented cost, not judged here.
+    Used alike by the tests, bench.verify and the autotuner."""
+    o = out.double().to(ref_q.device)
+    if not bool(torch.isfinite(o).all()):
+        return f"{int((~torch.isfinite(o)).sum())} non-finite outputs"
+    rel = float((o - ref_q).abs().max() / ref_q.abs().max().clamp_min(1e-30))
+    if rel > FP8_MMA_REL_TOL:
+        return (f"max |out - ref_q| / max |ref_q| = {rel:.3g} > {FP8_MMA_REL_TOL} (ref_q: q rounded to e4m3 as the "
+                "kernel rounds it)")
+    if lse is not None and ref_q_lse is not None:
+        l = lse.double().to(ref_q_lse.device)
+        seen = torch.isfinite(ref_q_lse)   # a row that sees no token: -inf in both
+        if not bool((l[~seen] == ref_q_lse[~seen]).all()):
+            return "lse differs from ref_q where the reference is not finite (a row that sees no token)"
+        lerr = float((l[seen] - ref_q_lse[seen]).abs().max()) if bool(seen.any()) else 0.0
+        if not lerr <= LSE_ATOL[dtype]:   # (NaN fails)
+            return f"lse max abs err {lerr:.3g} > {LSE_ATOL[dtype]} against ref_q"
+    return None

@@ -108,6 +108,10 @@ def _runner(name: str, kw: dict, outside: dict, cfg_holder: dict) -> Callable[[t
     else:
         cfg = resolve_config(p, base) if b.tunable else None
     cfg_holder["config"] = cfg.to_dict() if cfg is not None else None
+    if base in ("cuda", "cuda-emu"):   # Q and P rounded to e4m3: judged by tolerances.check_e4m3_mma, with the LSE
+        from verify_attn.backends.cuda import runs_e4m3_mma
+        if runs_e4m3_mma(p, cfg):   # the checked call: on the first input set (the reference's), not a later one
+            cfg_holder.setdefault("e4m3_mma", lambda out, lse: b.run(p, cfg, out, lse))
     return lambda out: b.run(p, cfg, out, None)
 
 
@@ -131,7 +135,8 @@ def run_combo(shape: HeadShape, ctx: int, trees: list[list[int]], layout: tuple[
               alloc: str = "shuffled", kv_dtype: str = "") -> list[Row]:
     """Check, then time, every backend on one (ctx, tree, layout). `device` is "cuda" in the
     benchmark; tests pass "cpu" with a CPU timer to exercise the same path."""
-    from verify_attn.reference import reference_verify
+    from verify_attn.reference import reference_e4m3_mma, reference_verify
+    from verify_attn.tolerances import check_e4m3_mma
     rows: list[Row] = []
     todo = []
     for name in backends:
@@ -160,6 +165,7 @@ def run_combo(shape: HeadShape, ctx: int, trees: list[list[int]], layout: tuple[
             tick()
         return rows
     out_shape = (kw0["q"].shape[0], shape.num_q_heads, shape.head_dim_v)
+    ref_q = None   # the reference with q rounded as the e4m3-MMA kernels round it: made once, when one runs
     for r in todo:
         try:
             holder: dict = {}
@@ -168,10 +174,19 @@ def run_combo(shape: HeadShape, ctx: int, trees: list[list[int]], layout: tuple[
             if getattr(runs[0], "departure", None):   # a peer's run that departs from the contract says how
                 r.extra["departure"] = runs[0].departure
             outs = [torch.full(out_shape, float("nan"), dtype=dtype, device=device) for _ in sets]  # poisoned
-            runs[0](outs[0])
+            lse = torch.full(out_shape[:2], float("nan"), dtype=torch.float32, device=device)
+            e4m3_run = holder.get("e4m3_mma")
+            e4m3_run(outs[0], lse) if e4m3_run else runs[0](outs[0])
             if device == "cuda":
                 torch.cuda.synchronize()
-            ok, r.max_rel_err, r.max_abs_err, why = compare(outs[0], ref, dtype)
+            ok, r.max_rel_err, r.max_abs_err, why = compare(outs[0], ref, dtype)   # errors: the exact reference's
+            if e4m3_run:
+                if ref_q is None:
+                    ref_q = reference_e4m3_mma(problem_of(kw0))
+                why = check_e4m3_mma(outs[0], ref_q[0], dtype, lse, ref_q[1]) or ""
+                ok = not why
+                r.extra["judged"] = ("e4m3 MMAs: out and LSE against the reference with q rounded as the kernel "
+                                     "rounds it (tolerances.check_e4m3_mma)")
             if not ok:
                 r.status, r.note = "wrong", f"not timed: {why}"
             else:

@@ -390,6 +390,19 @@ def any_tile_arch() -> bool:
     return os.environ.get(ANY_TILE_ARCH_ENV, "").strip() == "1"
 
 
+def runs_e4m3_mma(p: Problem, config: Optional[KernelConfig]) -> bool:
+    """Whether this call rounds Q and P to e4m3 (an fp8 cache on an e4m3-MMA tile: v1's and v3's sm_120 tiles, v2's
+    and Hopper v3's wgmma .e4m3; not the f16 tiles, which convert K / V to f16), so that it is judged by
+    tolerances.check_e4m3_mma and not by the 16-bit tolerance. `config` None: the arch's default."""
+    if p.kv_dtype not in ("fp8_e4m3", "fp8_mla656"):
+        return False
+    head = problem_head(p)
+    if head is None:
+        return False
+    t = _tile_of(head, config if config is not None else default_config(p))
+    return t is not None and bool(t.fp8_mma)
+
+
 QUARANTINE_ENV = "VERIFY_ATTN_QUARANTINE"
 
 
