@@ -183,7 +183,7 @@ def test_bench_model_refuses_as_bench_verify_does(capsys, argv, msg):
 def test_gpu_check_only_of_an_unknown_stage_names_the_program(capsys, monkeypatch, tmp_path):
     monkeypatch.setenv("OUT", str(tmp_path / "o"))
     _one_line_error(capsys, gpu_check.main, ["--dry-run", "--only", "BOGUS"], GPU_CHECK,
-                    "--only: unknown stage(s) BOGUS; known: build, tests,")
+                    "--only: unknown stage(s) BOGUS; known: build, smoke, tests,")
 
 
 def test_autotune_refuses_a_run_that_cannot_fit_the_gpu(capsys, monkeypatch):

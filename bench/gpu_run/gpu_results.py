@@ -130,12 +130,12 @@ def smoke_line(out: Path) -> Optional[str]:
     d = _load(out, "smoke")
     if not d:
         return None
+    from bench.gpu_run.smoke import quarantine_key, version_of
     by: dict = {}
     for j in d.get("jobs", []):
-        kv = "bf16" if j.get("kv_dtype") == "fp16" else j.get("kv_dtype")
-        name = j["backend"].partition("@")[2] or j["backend"]
-        by.setdefault(j["status"], []).append(f"{name}/{kv}" + (f" ({j['tile']})" if j.get("tile") not in (None, name)
-                                                                else ""))
+        tile = j.get("tile")
+        by.setdefault(j["status"], []).append(quarantine_key(j["backend"], j.get("kv_dtype"))
+                                              + (f" ({tile})" if tile not in (None, version_of(j["backend"])) else ""))
     verdicts = "; ".join(f"{st}: {', '.join(v)}" for st, v in sorted(by.items(), key=lambda kv: kv[0] != "ok"))
     q = d.get("quarantine") or []
     return f"smoke {verdicts}" + (f"; quarantined for the rest of the run: {', '.join(q)}" if q else "")

@@ -69,8 +69,8 @@ class Job:
         return (self.backend,) if ":" in self.backend else (self.backend, f"{self.backend}:{MANY_SPLITS}")
 
     def quarantine_keys(self) -> list[str]:
-        return [self.key] + ([f"{self.tile}/{self.kv_dtype}"] if self.tile and self.tile != version_of(self.backend)
-                             else [])
+        return [self.key] + ([quarantine_key(f"cuda@{self.tile}", self.kv_dtype)]
+                             if self.tile and self.tile != version_of(self.backend) else [])
 
 
 def version_of(backend: str) -> str:
@@ -80,7 +80,9 @@ def version_of(backend: str) -> str:
 
 
 def quarantine_key(backend: str, kv_dtype: str) -> str:
-    return f"{version_of(backend)}/{'bf16' if kv_dtype == 'fp16' else kv_dtype}"
+    """'cuda@v3-sm120:15', 'fp16' -> 'v3-sm120/bf16' (verify_attn.backends.cuda.quarantine_key)."""
+    from verify_attn.backends.cuda import quarantine_key as key
+    return key(version_of(backend), kv_dtype)
 
 
 def tile_of(backend: str, kv_dtype: str, arch: str, shape: str = "kimi-k2-tp8") -> Optional[str]:

@@ -411,8 +411,9 @@ def tile_name(t) -> str:
     return f"m{t.block_m}n{t.block_n}w{t.num_warps}s{t.num_stages}"
 
 
-def _kv_key(kv_dtype: Optional[str]) -> str:
-    return "bf16" if kv_dtype in (None, "", "bf16", "fp16") else kv_dtype   # 16-bit caches: the same tiles
+def quarantine_key(name: str, kv_dtype: Optional[str]) -> str:
+    """'m32n16w20s4/bf16': a version or tile and its cache format (16-bit caches are one key: the same tiles)."""
+    return f"{name}/{'bf16' if kv_dtype in (None, '', 'bf16', 'fp16') else kv_dtype}"
 
 
 def quarantined(name: str, kv_dtype: Optional[str] = "bf16") -> Optional[str]:
@@ -423,7 +424,7 @@ def quarantined(name: str, kv_dtype: Optional[str] = "bf16") -> Optional[str]:
     raw = os.environ.get(QUARANTINE_ENV, "")
     if not raw.strip():
         return None
-    key = f"{name}/{_kv_key(kv_dtype)}"
+    key = quarantine_key(name, kv_dtype)
     if key in {k.strip() for k in raw.split(",")}:
         return f"{key} is quarantined ({QUARANTINE_ENV}): this GPU session's smoke stage saw it hang or crash"
     return None
