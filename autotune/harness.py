@@ -78,7 +78,8 @@ class BucketHarness:
             if runs_e4m3_mma(self.problem, cfg):   # Q and P rounded to e4m3: the contract of those tiles
                 if self.ref_q is None:
                     self.ref_q = tuple(t.to(self.device) for t in reference_e4m3_mma(self.problem))
-                return check_e4m3_mma(self.out, self.ref_q[0], self.dtype, self.lse, self.ref_q[1])
+                return check_e4m3_mma(self.out, self.ref_q[0], self.dtype, self.lse, self.ref_q[1],
+                                      emulated=self.device.type == "cpu")
         o = self.out.double()
         if not torch.isfinite(o).all():
             return f"{int((~torch.isfinite(o)).sum())} non-finite outputs"
