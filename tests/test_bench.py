@@ -255,6 +255,8 @@ def test_e4m3_mma_kernels_are_judged_by_their_own_contract():
         r = st[name]
         assert r.status == "ok" and r.timing is not None and "q rounded" in r.extra["judged"], (name, r.note)
         assert r.max_rel_err > 0.02, name    # what the exact reference sees: the format's cost, reported
+        vq = r.extra["vs_q_rounded"]          # and what is left without q's rounding: P's (emulated: fp32 sums)
+        assert vq["max_rel_err"] < 0.03 and vq["lse_max_abs_err"] < 1e-4, (name, vq)
     f16 = st["cuda-emu@m32n32w8s3"]
     assert f16.status == "ok" and "judged" not in f16.extra and f16.max_rel_err < 0.01
 
@@ -598,6 +600,11 @@ def test_gpu_check_summary_rows(tmp_path):
     (lines,) = gpu_results.summary_rows(tmp_path)
     for part in ("cuda", "185,000", "80.0 us", "floor 52.1", "frac 0.65", "x40.0", "ok"):
         assert part in lines
+    assert "q-rounded" not in lines
+    # an e4m3-MMA row also says what is left against the q-rounded reference
+    row = dict(row, vs_q_rounded={"max_rel_err": 0.011, "lse_max_abs_err": 0.0021})
+    (tmp_path / "fp8.json").write_text(json.dumps({"floor_device": "H200", "results": [row]}))
+    assert "(vs q-rounded 1.1e-02, lse 2.1e-03)" in gpu_results.summary_rows(tmp_path)[-1]
 
 
 # ---------------------------------------------------------------- on a GPU

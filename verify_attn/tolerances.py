@@ -83,17 +83,27 @@ def check_e4m3_mma(out: torch.Tensor, ref_q: torch.Tensor, dtype: torch.dtype, l
     o = out.double().to(ref_q.device)
     if not bool(torch.isfinite(o).all()):
         return f"{int((~torch.isfinite(o)).sum())} non-finite outputs"
-    rel = float((o - ref_q).abs().max() / ref_q.abs().max().clamp_min(1e-30))
+    rel, lerr = e4m3_mma_errors(out, ref_q, lse, ref_q_lse)
     if rel > FP8_MMA_REL_TOL:
         return (f"max |out - ref_q| / max |ref_q| = {rel:.3g} > {FP8_MMA_REL_TOL} (ref_q: q rounded to e4m3 as the "
                 "kernel rounds it)")
-    if lse is not None and ref_q_lse is not None:
+    if lerr is not None:
         atol = LSE_ATOL[dtype] if emulated else FP8_MMA_LSE_ATOL
-        l = lse.double().to(ref_q_lse.device)
-        seen = torch.isfinite(ref_q_lse)   # a row that sees no token: -inf in both
-        if not bool((l[~seen] == ref_q_lse[~seen]).all()):
-            return "lse differs from ref_q where the reference is not finite (a row that sees no token)"
-        lerr = float((l[seen] - ref_q_lse[seen]).abs().max()) if bool(seen.any()) else 0.0
-        if not lerr <= atol:   # (NaN fails)
+        if not lerr <= atol:   # (NaN, and an LSE where the reference has none, fail)
             return f"lse max abs err {lerr:.3g} > {atol} against ref_q ({'emulated' if emulated else 'on a GPU'})"
     return None
+
+
+def e4m3_mma_errors(out: torch.Tensor, ref_q: torch.Tensor, lse: torch.Tensor | None = None,
+                    ref_q_lse: torch.Tensor | None = None) -> tuple[float, float | None]:
+    """(max |out - ref_q| / max |ref_q|, max |lse - ref_q_lse| or None without an LSE) against the q-rounded
+    reference; the LSE error is NaN where a row the reference sees nothing for (-inf) has another value."""
+    o = out.double().to(ref_q.device)
+    rel = float((o - ref_q).abs().max() / ref_q.abs().max().clamp_min(1e-30))
+    if lse is None or ref_q_lse is None:
+        return rel, None
+    l = lse.double().to(ref_q_lse.device)
+    seen = torch.isfinite(ref_q_lse)   # a row that sees no token: -inf in both
+    if not bool((l[~seen] == ref_q_lse[~seen]).all()):
+        return rel, float("nan")
+    return rel, float((l[seen] - ref_q_lse[seen]).abs().max()) if bool(seen.any()) else 0.0

@@ -136,7 +136,7 @@ def run_combo(shape: HeadShape, ctx: int, trees: list[list[int]], layout: tuple[
     """Check, then time, every backend on one (ctx, tree, layout). `device` is "cuda" in the
     benchmark; tests pass "cpu" with a CPU timer to exercise the same path."""
     from verify_attn.reference import reference_e4m3_mma, reference_verify
-    from verify_attn.tolerances import check_e4m3_mma
+    from verify_attn.tolerances import check_e4m3_mma, e4m3_mma_errors
     rows: list[Row] = []
     todo = []
     for name in backends:
@@ -187,6 +187,9 @@ def run_combo(shape: HeadShape, ctx: int, trees: list[list[int]], layout: tuple[
                 ok = not why
                 r.extra["judged"] = ("e4m3 MMAs: out and LSE against the reference with q rounded as the kernel "
                                      "rounds it (tolerances.check_e4m3_mma)")
+                if bool(torch.isfinite(outs[0]).all()):   # the errors left once q's rounding is out: P's, the MMAs' sums
+                    rel_q, lse_q = e4m3_mma_errors(outs[0], ref_q[0], lse, ref_q[1])
+                    r.extra["vs_q_rounded"] = {"max_rel_err": rel_q, "lse_max_abs_err": lse_q}
             if not ok:
                 r.status, r.note = "wrong", f"not timed: {why}"
             else:

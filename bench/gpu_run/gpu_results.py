@@ -80,8 +80,17 @@ def summary_rows(out: Path, predictions: Optional[dict] = None) -> list[str]:
                          f"frac {'-' if r['frac_of_floor'] is None else format(r['frac_of_floor'], '.2f')} "
                          f"x{'-' if not r['speedup_vs_serial'] else format(r['speedup_vs_serial'], '.1f')} "
                          f"err {'-' if r['max_rel_err'] is None else format(r['max_rel_err'], '.1e')} {r['status']}"
-                         + model)
+                         + _vs_q(r) + model)
     return lines
+
+
+def _vs_q(r: dict) -> str:
+    """An e4m3-MMA row's errors against the q-rounded reference (P's rounding and the tensor cores' FP8 sums)."""
+    v = r.get("vs_q_rounded")
+    if not v:
+        return ""
+    lse = v.get("lse_max_abs_err")
+    return f" (vs q-rounded {v['max_rel_err']:.1e}" + ("" if lse is None else f", lse {lse:.1e}") + ")"
 
 
 def peer_ratios(out: Path) -> list[str]:
