@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.model import devices, foreign, roles, sass, sim, validate
+from bench.model import devices, foreign, kernels, roles, sass, sim, validate
 from test_model import _tools_or_skip
 
 HERE = Path(__file__).resolve().parent
@@ -173,6 +173,34 @@ def test_our_split_kernels_roles(arch):
     # v3's three sm_120 tiles (a producer warp, a producer warpgroup, a producer warpgroup with math roles) and, on
     # sm_90a, Hopper's v3 (two consumer warpgroups and a producer warpgroup)
     assert seen == (4 if arch == "sm_90a" else 3)
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_120a"])
+@pytest.mark.parametrize("head", ["mla576", "mla576e4m3", "mla576x656"])
+def test_setmaxnreg_counts_fit_the_register_pool(arch, head):
+    """setmaxnreg.inc waits until the CTA's register pool has the registers: every role's setmaxnreg count (read from
+    the SASS) times its threads must fit in what the launch allocated, ptxas's count x the block. Else the math warps
+    would wait forever on a GPU; the emulator takes setmaxnreg as a no-op and cannot show it. Every kernel v3 tile
+    with a producer warpgroup (LOADER 3 / 4, Hopper's v3) of the MLA heads, on each arch it targets."""
+    from verify_attn import build as vb
+    try:
+        cubin = vb.compile_cubin(vb.instantiation_file("bf16", head, "page1"), arch)
+        funcs = sass.parse(sass.disassemble(cubin))
+        regs = kernels._resource_usage(cubin)
+    except RuntimeError as e:   # no nvcc or SASS tools here
+        pytest.skip(str(e))
+    seen = 0
+    for name, f in funcs.items():
+        tile = vb._compiled_tile(name) if "tree_verify_split_kernel" in name else None
+        if tile is None or not tile.targets(arch) or not (tile.loader >= 3 or tile.version == 3):
+            continue
+        found = roles.find_roles(f, tile.num_warps * 32)
+        assert found and all(x.maxnreg for x in found), vb._describe(name)[0]
+        need = sum(x.maxnreg * 32 * len(x.warps) for x in found)
+        assert sum(len(x.warps) for x in found) == tile.num_warps, vb._describe(name)[0]
+        assert need <= regs[name] * tile.num_warps * 32, (vb._describe(name)[0], regs[name], need)
+        seen += 1
+    assert seen == sum(1 for t in vb.TILES[head] if t.targets(arch) and (t.loader >= 3 or t.version == 3))
 
 
 @pytest.mark.parametrize("loader,math_warps", [(2, 8), (3, 8), (4, 16)], ids=["warp", "warpgroup", "roles"])

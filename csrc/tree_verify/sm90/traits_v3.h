@@ -35,9 +35,10 @@ struct KernelTraitsV3 {
   static constexpr int kBlockThreads = 32 * Tile::kLaunchWarps;  // + the producer warpgroup: 384
   static constexpr int kProducerThreads = 128;
   // setmaxnreg: 384 threads launch at 168 registers; the producer warpgroup returns (168 - 64) x 128, the consumers
-  // take (216 - 168) x 256 of them (64 x 128 + 216 x 256 = 62 K of the SM's 64 K). 64, not FlashMLA's 40: the
-  // producer holds both blocks' row ids of a pair (it copies the early halves of both before the late ones), the next
-  // pair's row id for its L2 prefetch, and its token cursors (a paged layout's positions without a division a row);
+  // take (216 - 168) x 256 of them (64 x 128 + 216 x 256 = 62 K of the launch's 63 K pool, 168 x 384). 64, not
+  // FlashMLA's 40: the producer holds both blocks' row ids of a pair (it copies the early halves of both before the
+  // late ones), the next pair's row id for its L2 prefetch, and its token cursors (a paged layout's positions without
+  // a division a row);
   // at 56 the 16-bit paged producer spilled 16 B with them (at 48, 8 B without them). The consumers fit 216 with no
   // spill, 16-bit and e4m3
   static constexpr int kProducerRegs = 64, kMathRegs = 216;
@@ -115,7 +116,10 @@ struct KernelTraitsV3 {
   static_assert(kFp8 || kStageBytes % 1024 == 0, "swizzled operands start on 1024-byte atoms");
   static_assert(!kFp8 || (kVt % 16 == 0 && kP % 16 == 0 && kVtBytes % 16 == 0), "e4m3 buffers: 16-byte aligned");
   static_assert(kBars % 8 == 0, "mbarriers: 8-byte aligned");
-  static_assert(kBlockThreads == 384 && (kProducerRegs * 128 + kMathRegs * 256) <= 65536, "setmaxnreg budget");
+  // the launch's pool is ptxas's count a thread (65536 / 384, in units of 8: 168) x the block, not the SM's 64 K:
+  // setmaxnreg.inc waits until the pool has the registers (tests/test_model_roles.py reads the SASS's counts too)
+  static_assert(kBlockThreads == 384 && (kProducerRegs * 128 + kMathRegs * 256) <= 65536 / 384 / 8 * 8 * 384,
+                "setmaxnreg budget: the launch's register pool (168 x 384)");
   static_assert(kTotal <= 227 * 1024, "shared memory must fit sm_90a's 227 KB per block");
 };
 
