@@ -167,6 +167,8 @@ def test_gpu_check_quarantines_the_later_stages():
     assert "v3-sm120" not in kept and len(kept) == len(gpu_check.NCU_VERSIONS) - 1
     assert ncu[ncu.index("--launch-skip") + 1] == ncu[ncu.index("-c") + 1] == str(len(kept))
     assert stages["smoke"].argv == sm and stages["peers"].extra == {}
+    # a GPU test that hangs leaves its stack in the stage's log before the cap kills the stage
+    assert all("faulthandler_timeout=20" in s.argv for s in stages.values() if "pytest" in s.argv)
     # a stage whose every backend is quarantined is skipped, and says why
     st = gpu_check.Stage("x", ["python", "-m", "bench.verify", "--backend", "cuda@v3-sm120:15,cuda@v3-sm120"],
                          cap_s=10, min_s=1)

@@ -14,7 +14,8 @@ the budget is skipped and said so. Stages, in order of value:
              dropped from every later stage, its GPU tests skipped (VERIFY_ATTN_QUARANTINE), so it cannot take
              the session's other measurements with it
   tests      pytest -m gpu on the wgmma layouts (tests/test_arch_emu.py) and the cuda backend
-             (tests/test_cuda_gpu.py: matrix, trees, odd lengths, splits, graphs, versions)
+             (tests/test_cuda_gpu.py: matrix, trees, odd lengths, splits, graphs, versions); a test still
+             running after 20 s dumps its stack into tests.log (faulthandler), where a hang would sit
   ceilings   bench/core/ceilings.py: copy bandwidth, bf16 mma.sync / wgmma / cuBLAS rates, HMMA and
              wgmma latency, L2 and DRAM read bandwidth (the model's calibration inputs)
   kvstream   the KV stream probe: the loader alone (scattered 1152-byte rows through a cp.async ring),
@@ -262,7 +263,9 @@ def prepare_carry(arch: str = "sm_90a") -> int:
 def plan(out: Path, a: argparse.Namespace) -> list[Stage]:
     v = [PY, "-m", "bench.verify", "--results-dir", str(out), "--quiet", "--reps", str(a.reps), "--max-seconds", "2",
          "--no-model"]   # the model's predictions are a CPU job: `model` below, or --collect back home
-    pytest = [PY, "-m", "pytest", "-m", "gpu", "-v", "-rfE", "-p", "no:cacheprovider"]
+    # (a test still running after 20 s dumps every thread's stack into the stage's log: where a hang sits, before the
+    # stage's cap kills it)
+    pytest = [PY, "-m", "pytest", "-m", "gpu", "-v", "-rfE", "-p", "no:cacheprovider", "-o", "faulthandler_timeout=20"]
     stages = [
         Stage("build", [PY, "-m", "bench.gpu_check", "--build-stage"], cap_s=60, min_s=30),
         Stage("smoke", [PY, "-m", "bench.gpu_run.smoke", "--backend", ",".join(SMOKE_BACKENDS), "--json",
