@@ -87,14 +87,12 @@ def quarantine_key(backend: str, kv_dtype: str) -> str:
 
 def tile_of(backend: str, kv_dtype: str, arch: str, shape: str = "kimi-k2-tp8") -> Optional[str]:
     """The name of the compiled tile `backend` pins for the shape on `arch` (None for a peer or the arch's default)."""
-    from verify_attn import build as vb
     from verify_attn.backends import cuda
     from verify_attn.shapes import get_shape
 
     if backend.partition("@")[0] != "cuda" or "@" not in backend:
         return None
-    sh = get_shape(shape)
-    head = vb.head_key(sh.head_dim_qk, sh.head_dim_v, sh.mla, kv_dtype if kv_dtype.startswith("fp8") else False)
+    head = cuda._shape_head(get_shape(shape), kv_dtype)
     t = cuda.pinned_tile(head, arch, version_of(backend)) if head else None
     return cuda.tile_name(t) if t else None
 

@@ -394,7 +394,7 @@ def runs_e4m3_mma(p: Problem, config: Optional[KernelConfig]) -> bool:
     """Whether this call rounds Q and P to e4m3 (an fp8 cache on an e4m3-MMA tile: v1's and v3's sm_120 tiles, v2's
     and Hopper v3's wgmma .e4m3; not the f16 tiles, which convert K / V to f16), so that it is judged by
     tolerances.check_e4m3_mma and not by the 16-bit tolerance. `config` None: the arch's default."""
-    if p.kv_dtype not in ("fp8_e4m3", "fp8_mla656"):
+    if not _fp8_arg(p.kv_dtype):
         return False
     head = problem_head(p)
     if head is None:
@@ -437,7 +437,7 @@ def pinned_tile(head: str, arch: str, version: str) -> Optional[vb.Tile]:
     name, _ = split_pin(version)
     pinned = PINNED_TILE_RE.fullmatch(name)
     if pinned:
-        want = tuple(map(int, pinned.groups()))
+        want = tuple(map(int, pinned.groups()))   # (any numbers: not a KernelConfig, which refuses odd ones)
         return next((t for t in vb.TILES.get(head, ()) if (t.block_m, t.block_n, t.num_warps, t.num_stages) == want),
                     None)
     if name == V3_SM120:
