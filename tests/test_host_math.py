@@ -174,6 +174,39 @@ def test_tile_needs_mask(hm):
     assert not hm.tile_needs_mask(0, 32, 32, 33)
 
 
+def test_block_visible_bits_match_token_visible(hm):
+    """The wgmma kernels' block mask (64 bits a row, from at most three mask words) against the per-token rule, over
+    trees wider than three words, blocks that start before, at and inside the tree, ragged ends and empty ranges."""
+    g = torch.Generator().manual_seed(5)
+    rnd = random.Random(5)
+    for t in (1, 5, 31, 32, 33, 64, 65, 100, 200):
+        packed = vtree.pack_mask(vtree.ancestor_mask(vtree.random_parents(t, "bushy", g)))
+        for _ in range(12):
+            prefix = rnd.choice((0, 1, 31, 64, 77, 130))
+            kv_len = prefix + t
+            end = rnd.choice((kv_len, max(0, kv_len - rnd.randrange(0, t + 1)), prefix))
+            i = rnd.randrange(t)
+            for tile_begin in sorted({0, max(0, prefix - 64), max(0, prefix - 63), max(0, prefix - 1), prefix,
+                                      prefix + 1, prefix + 31, prefix + 32, prefix + 63, prefix + 64, prefix + 100,
+                                      max(0, end - 1), rnd.randrange(0, kv_len + 64)}):
+                first = hm.mask_window_first_word(tile_begin, prefix)
+                words = []
+                for k in range(3):
+                    w = first + k
+                    if hm.mask_window_word_needed(w, prefix, end):
+                        assert w < packed.shape[1], "a needed word lies inside the row"
+                        words.append(int(packed[i, w]) & 0xFFFFFFFF)
+                    else:
+                        words.append(0)
+                bits = hm.block_visible_bits(tile_begin, prefix, end, *words)
+                for o in range(64):
+                    tok = tile_begin + o
+                    j = tok - prefix
+                    word = int(packed[i, hm.mask_word_index(j)]) & 0xFFFFFFFF if prefix <= tok < end else 0
+                    want = hm.token_visible(tok, prefix, end, word)
+                    assert bool((bits >> o) & 1) == want, (t, prefix, end, tile_begin, o)
+
+
 # ------------------------------------------------------------------ softmax ----
 
 def _direct(scores):

@@ -37,6 +37,11 @@ TILES: dict[str, tuple[dict, Optional[str], tuple[int, int, int, int], bool]] = 
     "gqa128-e4m3-s6": (dict(hkv=1, dqk=128, dv=128, mla=False), "fp8_e4m3", (32, 32, 8, 6), False),
     "gqa256-e4m3-s4": (dict(hkv=2, dqk=256, dv=256, mla=False), "fp8_e4m3", (32, 32, 8, 4), False),
     "gqa128-bf16-v1": (dict(hkv=2, dqk=128, dv=128, mla=False), None, (32, 32, 8, 4), False),
+    # the sm_90a wgmma kernels (v2; Hopper's v3, whose odd block counts run a phantom block): the tree mask of a wgmma
+    # accumulator (mask_m64_scores) over random trees, prefixes and split counts
+    "mla-bf16-v2": (dict(hq=8, hkv=1, dqk=576, dv=512, mla=True), None, (64, 32, 8, 3), False),
+    "mla-bf16-v3h": (dict(hq=8, hkv=1, dqk=576, dv=512, mla=True), None, (64, 64, 12, 2), False),
+    "mla-e4m3-v3h": (dict(hq=8, hkv=1, dqk=576, dv=512, mla=True), "fp8_e4m3", (64, 64, 12, 2), True),
 }
 SCHEDULES = ("forward", "warp-ahead", "warp-ahead-reverse", "random", "reverse")
 

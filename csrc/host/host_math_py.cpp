@@ -117,6 +117,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   });
   m.def("needs_mask_word", &needs_mask_word);
   m.def("tile_needs_mask", &tile_needs_mask);
+  m.def("mask_window_first_word", &mask_window_first_word);
+  m.def("mask_window_word_needed", &mask_window_word_needed);
+  m.def("block_visible_bits", [](int tile_begin, int prefix_len, int end, int64_t w0, int64_t w1, int64_t w2) {
+    return block_visible_bits(tile_begin, prefix_len, end, static_cast<uint32_t>(w0), static_cast<uint32_t>(w1),
+                              static_cast<uint32_t>(w2));
+  });
   // softmax (fp32, as in the kernel; exp2/log2 from libm instead of ex2.approx)
   m.def("online_softmax_update", [](float m, float tile_max) {
     const float alpha = online_softmax_update(m, tile_max, HostExp2{});

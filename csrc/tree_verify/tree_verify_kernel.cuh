@@ -53,30 +53,45 @@ VA_DEVICE const T* q_chunk_src(const Params& p, const T* q, int grow, int nrows,
 
 // The tree mask over a wgmma m64 accumulator's scores (kernels v2 and Hopper's v3): this thread's kSAccN scores of the
 // tile starting at token tok0 (its rows qg and qg + 8 of its warp, hf = (e % 4) / 2; token tok0 + 8 (e / 4) + 2 qt +
-// (e & 1)) set to -inf where the row's node does not see the token. The first kMaskStage words of each row come from
-// shared memory (my_mask), wider trees' further words from global memory; smask_row: the row's q row, -1 for padding.
+// (e & 1)) set to -inf where the row's node does not see the token. Each row's visibility over the tile is built once
+// as 64 bits (va::host::block_visible_bits, from at most three mask words: the first kMaskStage words of each row
+// from shared memory (my_mask), wider trees' further words from global memory); each score is then a bit test at a
+// compile-time position. (Until 2026-12-06 each score found its own word and ran token_visible: ~866 instructions a
+// warp on Hopper v3's cold pair by the SASS, now ~205.) smask_row: the row's q row, -1 for padding rows, which see every real
+// token (keeps them finite; they are never written).
 template <int kSAccN, int kMaskStage>
 VA_DEVICE void mask_m64_scores(const Params& p, float (&s)[kSAccN], int tok0, int qt, int prefix, int end,
                                const int (&smask_row)[2], const uint32_t* const (&my_mask)[2]) {
   namespace arch = va::arch;
   namespace h = va::host;
+  static_assert(kSAccN % 4 == 0 && kSAccN <= 32, "a tile of at most 64 tokens: its visibility fits 64 bits");
+  const int first = h::mask_window_first_word(tok0, prefix);
+  uint64_t vis[2];
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    uint32_t w[3] = {0u, 0u, 0u};
+    if (smask_row[hf] >= 0) {
+#pragma unroll
+      for (int k = 0; k < 3; ++k) {
+        const int wi = first + k;
+        if (h::mask_window_word_needed(wi, prefix, end)) {
+          if (wi < kMaskStage) {
+            w[k] = my_mask[hf][wi];
+          } else {  // sass-model: rare
+            w[k] = static_cast<uint32_t>(
+                arch::ld_global(p.tree_mask + static_cast<int64_t>(smask_row[hf]) * p.mask_words + wi));
+          }
+        }
+      }
+      vis[hf] = h::block_visible_bits(tok0, prefix, end, w[0], w[1], w[2]) >> (2 * qt);
+    } else {  // padding: every token before the end
+      vis[hf] = h::block_visible_bits(tok0, end, end, 0u, 0u, 0u) >> (2 * qt);
+    }
+  }
 #pragma unroll
   for (int e = 0; e < kSAccN; ++e) {
-    const int hf = (e % 4) >> 1;
-    const int t = tok0 + 8 * (e / 4) + 2 * qt + (e & 1);
-    uint32_t word = 0;
-    if (smask_row[hf] >= 0 && h::needs_mask_word(t, prefix, end)) {
-      const int wi = h::mask_word_index(t - prefix);
-      if (wi < kMaskStage) {
-        word = my_mask[hf][wi];
-      } else {  // sass-model: rare
-        word = static_cast<uint32_t>(
-            arch::ld_global(p.tree_mask + static_cast<int64_t>(smask_row[hf]) * p.mask_words + wi));
-      }
-    }
-    // padding rows see every real token (keeps them finite; they are never written)
-    const bool vis = smask_row[hf] >= 0 ? h::token_visible(t, prefix, end, word) : t < end;
-    if (!vis) s[e] = h::neg_inf();
+    const int bit = 8 * (e / 4) + (e & 1);  // token tok0 + 2 qt + bit
+    if (!((vis[(e % 4) >> 1] >> bit) & 1u)) s[e] = h::neg_inf();
   }
 }
 
