@@ -431,6 +431,32 @@ def test_hot_path_commits_one_copy_group_per_tile(arch, head):
     assert checked >= 1
 
 
+@pytest.mark.parametrize("head", ["mla576", "mla576e4m3"])
+def test_wgmma_tree_mask_costs_a_bit_test_a_score(head):
+    """The wgmma kernels' tree mask (mask_m64_scores: v2, Hopper's v3) builds a row's visibility over the block once
+    (64 bits) and tests a bit a score. Built per score (its word, from shared or global memory, then token_visible),
+    it cost ~866 instructions a warp on v3's masked pair (v2's tile ~429), and with the O rescale the pair ran 3x the
+    hot one's instructions; now ~205 (v2 ~169). The cold path minus the hot one, less its FMULs (the O / P rescale,
+    also a cold branch), stays under 320 a warp on both sm_90a wgmma kernels (the per-score code fails it)."""
+    _tools_or_skip()
+    from collections import Counter
+    from bench.model import kernels
+    checked = 0
+    for km in kernels.load("sm_90a", head, "bf16", "page1"):
+        if km.tile.version not in (2, 3) or km.tile.block_m != 64:
+            continue
+        if getattr(km, "roles_hot", None) is not None:   # Hopper's v3: warpgroup 0's warp (warp 0), one pair
+            (hb, hs, *_), (cb, cs, *_) = km.roles_hot, km.roles_cold
+            hot, cold = hb[hs[0][0]:hs[0][1]], cb[cs[0][0]:cs[0][1]]
+        else:
+            hot, cold = km.hot.instrs, km.cold.instrs
+        h, c = Counter(i.op for i in hot), Counter(i.op for i in cold)
+        extra = sum(c.values()) - sum(h.values()) - (c["FMUL"] - h["FMUL"])
+        assert 0 < extra < 320, (km.name, extra)
+        checked += 1
+    assert checked == 2, checked   # v2 and v3
+
+
 def test_a_file_with_unreadable_kernels_still_gives_the_readable_ones():
     """GQA 128 bf16: the v0 tiles' copy loop has a thread-dependent trip count (the model cannot read it); the v1
     tile beside them is read, on both archs (its tile fields equal sm_120's e4m3-MMA tile's: the head decides its
