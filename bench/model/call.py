@@ -403,6 +403,23 @@ def combine_us(km: KernelModel, dev: DeviceModel, case: Case, splits: int) -> fl
     return max(chain, bw)
 
 
+def split_tiles(kv_len: int, prefix: int, num_splits: int, block_n: int, per_iter: int = 1) -> list[tuple[int, int]]:
+    """(hot, cold) KV tiles of each split of one request, as the kernels cut and mask them: split s owns
+    [s x chunk, min((s + 1) x chunk, kv_len)) with chunk = round_up(ceil(kv_len / num_splits), block_n)
+    (csrc/host/split.h split_range); a tile runs cold when it reaches into the tree (past `prefix`) or past its
+    range's end (csrc/host/mask.h tile_needs_mask). A split's tiles run in whole loop iterations of `per_iter`
+    (Hopper's v3: pairs), the phantom tile past the end cold. Empty splits: (0, 0)."""
+    chunk = -(-(-(-max(kv_len, 1) // num_splits)) // block_n) * block_n
+    out = []
+    for s in range(num_splits):
+        begin, end = min(s * chunk, kv_len), min((s + 1) * chunk, kv_len)
+        n = -(-(end - begin) // block_n) if end > begin else 0
+        n = -(-n // per_iter) * per_iter
+        cold = sum(1 for t in range(n) if begin + (t + 1) * block_n > prefix or begin + (t + 1) * block_n > end)
+        out.append((n - cold, cold))
+    return out
+
+
 def predict(km: KernelModel, dev: DeviceModel, case: Case, num_splits: Optional[int] = None) -> Prediction:
     if km.arch != dev.arch:
         raise ValueError(f"kernel built for {km.arch}, device {dev.key} runs {dev.arch}")
@@ -422,6 +439,14 @@ def predict(km: KernelModel, dev: DeviceModel, case: Case, num_splits: Optional[
     # a loop iteration's tiles run whole (Hopper's v3: an odd block count runs a phantom block)
     per_iter = kernels_mod.blocks_per_iter(km)
     tiles = -(-tiles // per_iter) * per_iter
+    # Warp-role kernels (v3): their producer issues every load, so the consumers' cold path is the hot one plus the
+    # mask, and each split is charged its own (hot, cold) tiles: the tree's masked tiles sit in the split that holds
+    # the tree (until 2026-12-06 every CTA was charged a full split's tiles with the tree's among them). The kernels
+    # whose math warps load (v0-v2) leave the next tile's loads out of the cold path too, so it doubles as a split's
+    # last tiles: every split is charged ceil(T / BN) + 1 cold tiles (an approximation both ways; NOTES.md,
+    # "The model's slowest split")
+    by_split = getattr(km, "roles_hot", None) is not None
+    per_split = split_tiles(kv_len, kv_len - case.tree_nodes, S, km.tile.block_n, per_iter) if by_split else []
     masked = min(tiles, -(-case.tree_nodes // km.tile.block_n) + 1)
     # The M tiles of one split are launched S CTAs apart (grid x = split, fastest): the ones in the same
     # wave share each KV tile through L2; a split whose M tiles span several waves re-reads its KV from
@@ -437,7 +462,7 @@ def predict(km: KernelModel, dev: DeviceModel, case: Case, num_splits: Optional[
     first: Optional[TileCost] = None
     masked_cycles = 0.0
     left = ctas
-    for _ in range(waves):
+    for w in range(waves):
         in_wave = min(left, slots)
         left -= in_wave
         active = min(sms, in_wave)
@@ -447,7 +472,11 @@ def predict(km: KernelModel, dev: DeviceModel, case: Case, num_splits: Optional[
                          case=case)
         first = first or hot
         masked_cycles = masked_cycles or cold.cycles
-        main_cycles += (tiles - masked) * hot.cycles + masked * cold.cycles
+        if by_split:  # the wave's slowest CTA: grid x is the split (fastest), so CTA c runs split c % S
+            splits_here = range(S) if in_wave >= S else {c % S for c in range(w * slots, w * slots + in_wave)}
+            main_cycles += max(per_split[sp][0] * hot.cycles + per_split[sp][1] * cold.cycles for sp in splits_here)
+        else:
+            main_cycles += (tiles - masked) * hot.cycles + masked * cold.cycles
     assert first is not None
     # prologue per wave: kv_indices -> KV rows (two dependent DRAM round trips) + the Q tile; epilogue:
     # the fp32 partial (or 16-bit output) rows of the CTA written once. Q (read by every split) and the
