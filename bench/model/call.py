@@ -16,7 +16,6 @@ L2-latency loads, times the split count, or its bytes over L2 bandwidth.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -403,19 +402,23 @@ def combine_us(km: KernelModel, dev: DeviceModel, case: Case, splits: int) -> fl
     return max(chain, bw)
 
 
+def split_chunk(kv_len: int, num_splits: int, block_n: int) -> int:
+    """Tokens a split owns: ceil(kv_len / num_splits) rounded up to block_n (csrc/host/split.h split_chunk)."""
+    return -(-(-(-max(kv_len, 1) // num_splits)) // block_n) * block_n
+
+
 def split_tiles(kv_len: int, prefix: int, num_splits: int, block_n: int, per_iter: int = 1) -> list[tuple[int, int]]:
     """(hot, cold) KV tiles of each split of one request, as the kernels cut and mask them: split s owns
-    [s x chunk, min((s + 1) x chunk, kv_len)) with chunk = round_up(ceil(kv_len / num_splits), block_n)
-    (csrc/host/split.h split_range); a tile runs cold when it reaches into the tree (past `prefix`) or past its
-    range's end (csrc/host/mask.h tile_needs_mask). A split's tiles run in whole loop iterations of `per_iter`
-    (Hopper's v3: pairs), the phantom tile past the end cold. Empty splits: (0, 0)."""
-    chunk = -(-(-(-max(kv_len, 1) // num_splits)) // block_n) * block_n
+    [s x chunk, min((s + 1) x chunk, kv_len)) (csrc/host/split.h split_range); a tile runs cold when it reaches into
+    the tree (past `prefix`) or past its range's end (csrc/host/mask.h tile_needs_mask). A split's tiles run in whole
+    loop iterations of `per_iter` (Hopper's v3: pairs), the phantom tile past the end cold. Empty splits: (0, 0)."""
+    chunk = split_chunk(kv_len, num_splits, block_n)
     out = []
     for s in range(num_splits):
         begin, end = min(s * chunk, kv_len), min((s + 1) * chunk, kv_len)
         n = -(-(end - begin) // block_n) if end > begin else 0
         n = -(-n // per_iter) * per_iter
-        cold = sum(1 for t in range(n) if begin + (t + 1) * block_n > prefix or begin + (t + 1) * block_n > end)
+        cold = sum(1 for t in range(n) if begin + (t + 1) * block_n > min(prefix, end))
         out.append((n - cold, cold))
     return out
 
@@ -434,8 +437,7 @@ def predict(km: KernelModel, dev: DeviceModel, case: Case, num_splits: Optional[
     slots = sms * occ
     waves = -(-ctas // slots)
     kv_len = case.kv_len
-    chunk = math.ceil(max(kv_len, 1) / S / km.tile.block_n) * km.tile.block_n
-    tiles = -(-min(chunk, kv_len) // km.tile.block_n)
+    tiles = -(-min(split_chunk(kv_len, S, km.tile.block_n), kv_len) // km.tile.block_n)
     # a loop iteration's tiles run whole (Hopper's v3: an odd block count runs a phantom block)
     per_iter = kernels_mod.blocks_per_iter(km)
     tiles = -(-tiles // per_iter) * per_iter

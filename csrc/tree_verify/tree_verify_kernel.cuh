@@ -57,8 +57,8 @@ VA_DEVICE const T* q_chunk_src(const Params& p, const T* q, int grow, int nrows,
 // as 64 bits (va::host::block_visible_bits, from at most three mask words: the first kMaskStage words of each row
 // from shared memory (my_mask), wider trees' further words from global memory); each score is then a bit test at a
 // compile-time position. (Until 2026-12-06 each score found its own word and ran token_visible: ~866 instructions a
-// warp on Hopper v3's cold pair by the SASS, now ~205.) smask_row: the row's q row, -1 for padding rows, which see every real
-// token (keeps them finite; they are never written).
+// warp on Hopper v3's cold pair by the SASS, now ~205.) smask_row: the row's q row, -1 for padding rows, which see
+// every real token (keeps them finite; they are never written).
 template <int kSAccN, int kMaskStage>
 VA_DEVICE void mask_m64_scores(const Params& p, float (&s)[kSAccN], int tok0, int qt, int prefix, int end,
                                const int (&smask_row)[2], const uint32_t* const (&my_mask)[2]) {
