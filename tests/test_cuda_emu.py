@@ -1251,6 +1251,28 @@ def test_v3h_hopper_prefetches_the_next_pairs_rows_it_copies_later(emu, page):
     assert 0.95 * after * row <= st["cp_async16_src_prefetched"] <= after * row, st
 
 
+@pytest.mark.parametrize("kv_dtype,splits", [("", 1), ("", 3), ("fp8_e4m3", 1), ("fp8_e4m3", 2)],
+                         ids=["bf16-1s", "bf16-3s", "e4m3-1s", "e4m3-2s"])
+def test_v3h_hopper_phantom_block_runs_no_wgmma(emu, kv_dtype, splits):
+    # the emulator counts each warp's wgmma. A real 64-token block costs warpgroup 0 or 1 its S (4 warps x 36 k16
+    # steps; e4m3 18 k32) and both warpgroups its P V (2 x 4 warps x 4 k16 steps; e4m3 2 k32): 176 (e4m3 88). A
+    # split with an odd block count runs its last pair with a phantom block past the end, which issues none
+    # (until 2026-12-06 it ran its S and both P1 V on zeros: 176 more a phantom). 300 + 7 tokens: 5 blocks in one
+    # split; 3 splits of 128 tokens, 2 + 2 + 1; e4m3 2 splits: 192 + 115, 3 + 2 blocks.
+    from bench.model.call import split_tiles
+
+    fp8 = bool(kv_dtype)
+    case = make_case(CaseSpec((300,), (7,), "bushy", dtype=BF, kv_dtype=kv_dtype, seed=53, **MLA))
+    emu.reset_stats()
+    out, lse = _run(case, cfg(splits, *V3H))
+    (check_e4m3_mma_against_reference(out, lse, case) if fp8 else check_against_reference(out, lse, case, *TOL[BF]))
+    blocks = [h + c for h, c, _ in split_tiles(307, 300, splits, 64)]  # (per_iter 1: each split's real blocks)
+    assert sum(b % 2 for b in blocks) >= 1  # a phantom block in the call
+    m_tiles = -(-7 * 8 // 64)
+    per_block = 4 * (18 if fp8 else 36) + 2 * 4 * (2 if fp8 else 4)
+    assert emu.stats()["mma"] == m_tiles * per_block * sum(blocks), (emu.stats(), blocks)
+
+
 def test_v3h_hopper_is_pinned_as_cuda_v3_and_no_default():
     from verify_attn.backends import cuda
 
@@ -1494,6 +1516,20 @@ def test_v3h_hopper_e4m3_every_named_barrier_removed_is_caught(emu):
     assert not missed, f"warpgroup 1's bar.sync call(s) {missed} removed went unnoticed"
     missed = _v3h_e4m3_missed(emu, "named_barrier_miscount", V3H_MATH, [-1, 0, 1, 2, 3], modes=STRICT_MODES)
     assert not missed, f"named barrier call(s) {missed} with a wrong count went unnoticed"
+
+
+def test_v3h_hopper_e4m3_phantom_pair_barrier_removed_is_caught(emu):
+    # A phantom pair (300 + 7 tokens: 5 blocks, pair 2's second block past the end) has no S1, whose issue by every
+    # warp of warpgroup 1 showed that each had retired its P0 V0R of pair 1 before any warp transposes stage 0's dims
+    # 256-511 into the V^T half that wgmma read; warpgroup 1's own named barrier (its call 5: after 0 Q, then per
+    # pair 2i + 1 bar.sync P0 and 2i + 2 bar.arrive P1) says it instead. Removed, a warp that runs ahead overwrites a
+    # lagging warp's wgmma operand. The phantom pair's FULL waits of warpgroup 1 (its calls 4, 5: stage 1, stage 0) are
+    # not checked: the emulator lands noinc-tied copies with the phase, and warpgroup 0's FULL wait of stage 0 and
+    # the P0 hand-off already order warpgroup 1's reads of stage 0
+    spec = CaseSpec((300,), (7,), "bushy", dtype=BF, kv_dtype="fp8_e4m3", seed=428, **MLA)
+    missed = _v3_missed(emu, "skip_named_barrier", V3H_WG1, [-1, 5], spec=spec, tile=V3H, caught=_caught_e4m3,
+                        modes=V3H_E4M3_MODES)
+    assert not missed, f"warpgroup 1's phantom-pair barrier call(s) {missed} removed went unnoticed"
 
 
 # ------------------------------------------------------------ knockout builds ----

@@ -457,6 +457,30 @@ def test_wgmma_tree_mask_costs_a_bit_test_a_score(head):
     assert checked == 2, checked   # v2 and v3
 
 
+@pytest.mark.parametrize("kv_dtype", ["bf16", "fp8_e4m3"])
+def test_hopper_v3s_phantom_pair_runs_warpgroup_0s_block_alone(kv_dtype):
+    """Hopper's v3 runs a pair whose second block lies past the split's end (an odd block count's last pair) without
+    a wgmma on that block: the model's phantom path (`sass-model: phantom` / `real` blocks) holds warpgroup 0's S and
+    both warpgroups' P0 V, i.e. warpgroup 1 issues no S and neither warpgroup a P1 V. Per pair on the hot path:
+    warpgroup 0 S (36 k16 steps; e4m3 18 k32) and 8 P V (4 + 4; e4m3 2 + 2), warpgroup 1 the same; on the phantom
+    path warpgroup 0 S and 4 P V (e4m3 2), warpgroup 1 4 P V (e4m3 2) and no S. The hot and masked paths leave the
+    phantom blocks out."""
+    _tools_or_skip()
+    from bench.model import kernels, sass
+    km = next(k for k in kernels.load("sm_90a", "mla576e4m3" if kv_dtype != "bf16" else "mla576", "bf16", "page1")
+              if k.tile.version == 3)
+    s_steps, pv_steps = (18, 2) if kv_dtype != "bf16" else (36, 4)
+
+    def gmmas(roles):
+        body, spans, *_ = roles
+        return [sum(1 for i in body[a:b] if i.op in sass.GMMA_OPS) for a, b in spans[:2]]
+
+    assert gmmas(km.roles_hot) == [s_steps + 2 * pv_steps] * 2, gmmas(km.roles_hot)
+    assert gmmas(km.roles_cold) == [s_steps + 2 * pv_steps] * 2, gmmas(km.roles_cold)
+    assert gmmas(km.roles_phantom) == [s_steps + pv_steps, pv_steps], gmmas(km.roles_phantom)
+    assert km.phantom_reading.instructions < km.hot_reading.instructions
+
+
 def test_a_file_with_unreadable_kernels_still_gives_the_readable_ones():
     """GQA 128 bf16: the v0 tiles' copy loop has a thread-dependent trip count (the model cannot read it); the v1
     tile beside them is read, on both archs (its tile fields equal sm_120's e4m3-MMA tile's: the head decides its

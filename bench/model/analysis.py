@@ -52,6 +52,10 @@ class Markers:
     arrive_ahead: tuple[int, ...] = ()
     # split loop line -> warps that share a row's splits (`warps=N`: the v1 combine's CTA), each its own share
     split_warps: dict = field(default_factory=dict)
+    # blocks only a loop iteration with a phantom tile runs (`phantom`: Hopper's v3, a pair whose second block lies
+    # past the split's end), and their alternatives, which every other iteration runs (`real`)
+    phantom: tuple[tuple[int, int], ...] = ()
+    real: tuple[tuple[int, int], ...] = ()
 
     @property
     def tile_loop(self) -> Optional[int]:
@@ -80,7 +84,7 @@ def read_markers(path: str) -> Markers:
     says one iteration of that loop covers 4 splits (`tiles=N` likewise for a tile loop); `warps=N` on a split loop,
     that N warps share a row's splits, each running the loop over its own."""
     lines = Path(path).read_text().splitlines()
-    tiles, splits, cold, hot, rare, pv, ahead, per, warps = [], [], [], [], [], [], [], {}, {}
+    tiles, splits, cold, hot, rare, pv, ahead, per, warps, phantom, real = [], [], [], [], [], [], [], {}, {}, [], []
     for i, text in enumerate(lines, start=1):
         if MARKER not in text:
             continue
@@ -109,10 +113,14 @@ def read_markers(path: str) -> Markers:
             hot.append((i + 1, _block_end(lines, i)))
         elif what == "rare":  # neither the hot nor the masked tile of the modelled shapes runs it
             rare.append((i + 1, _block_end(lines, i)))
+        elif what == "phantom":  # only an iteration with a phantom tile runs it (the phantom path)
+            phantom.append((i + 1, _block_end(lines, i)))
+        elif what == "real":  # its alternative: every iteration but a phantom one (the hot and masked paths)
+            real.append((i + 1, _block_end(lines, i)))
         else:
             raise ValueError(f"{path}:{i}: unknown sass-model marker {what!r}")
     return Markers(tuple(tiles), tuple(splits), tuple(cold), per, tuple(hot), tuple(rare), tuple(pv), tuple(ahead),
-                   warps)
+                   warps, tuple(phantom), tuple(real))
 
 
 def _block_end(lines: list[str], start: int) -> int:
@@ -404,9 +412,11 @@ class TilePath:
 
 def tile_path(f: Function, loop: Loop, cold: tuple[tuple[int, int], ...], cold_file: str,
               include_cold: bool = False, hot: tuple[tuple[int, int], ...] = (),
-              rare: tuple[tuple[int, int], ...] = (), bulk_lanes: int = 1) -> TilePath:
+              rare: tuple[tuple[int, int], ...] = (), bulk_lanes: int = 1,
+              skip: tuple[tuple[int, int], ...] = ()) -> TilePath:
     """The instructions one tile runs: the hot path leaves out the `cold` blocks; the masked path
-    (include_cold) takes them and leaves out the `hot` ones (their alternatives). A bulk copy's waterfall loop
+    (include_cold) takes them and leaves out the `hot` ones (their alternatives); either leaves out the `skip`
+    blocks too (Markers.phantom on the hot and masked paths, Markers.real on the phantom one). A bulk copy's waterfall loop
     (is_waterfall) is expanded `bulk_lanes` times (the most lanes of a warp that copy; 1: one elected thread, the
     CUTLASS idiom), its iterations tagged with their lane (TilePath.bulk_lane); an mbarrier try_wait retry loop
     (is_wait_loop) runs once."""
@@ -418,7 +428,7 @@ def tile_path(f: Function, loop: Loop, cold: tuple[tuple[int, int], ...], cold_f
 
     cold_path = Path(cold_file).resolve()
     # the blocks of the other path: cold blocks (hot path) or hot-only blocks (masked path); rare blocks
-    skip = (hot if include_cold else cold) + rare
+    skip = (hot if include_cold else cold) + rare + skip
 
     def left_out(ins: Instr) -> bool:
         # when any frame of its inline chain (the kernel line, or a lambda's body line) is in a skipped block; a

@@ -82,6 +82,8 @@ class Prediction:
     dram_bytes: float
     l2_bytes: float
     notes: list[str] = field(default_factory=list)
+    # a tile of an iteration with a phantom tile (Hopper's v3: the pair's cycles / 2); None: no phantom path
+    phantom_tile_cycles: Optional[float] = None
 
     def to_dict(self) -> dict:
         return {
@@ -89,7 +91,9 @@ class Prediction:
             "grid_ctas": self.grid_ctas, "ctas_per_sm": self.ctas_per_sm,
             "warps_per_scheduler": self.warps_per_scheduler, "waves": self.waves,
             "tiles_per_cta": self.tiles_per_cta, "cycles_per_tile": round(self.tile.cycles, 1),
-            "masked_tile_cycles": round(self.masked_tile_cycles, 1), "tile_bound": self.tile.bound,
+            "masked_tile_cycles": round(self.masked_tile_cycles, 1),
+            **({"phantom_tile_cycles": round(self.phantom_tile_cycles, 1)} if self.phantom_tile_cycles else {}),
+            "tile_bound": self.tile.bound,
             "tile_terms": {k: round(v, 1) for k, v in self.tile.terms.items()},
             "tensor_util_in_tile": round(self.tile.sim.utilization("tensor"), 3),
             "main_us": round(self.main_us, 2), "prologue_us": round(self.prologue_us, 2),
@@ -289,8 +293,12 @@ def _role_of(tile, warp: int, roles: int) -> int:
 def tile_cost(km: KernelModel, dev: DeviceModel, *, path: str, resident_ctas: int, active_sms: int,
               dram_sharers: float, case: Case) -> TileCost:
     """Cycles for one CTA to finish one KV tile, with `resident_ctas` CTAs on its SM."""
-    reading = km.hot_reading if path == "hot" else km.cold_reading
-    tp = km.hot if path == "hot" else km.cold
+    if path not in ("hot", "cold", "phantom"):
+        raise ValueError(f"tile_cost: path must be 'hot', 'cold' or 'phantom', got {path!r}")
+    if path == "phantom" and getattr(km, "phantom", None) is None:
+        path = "cold"  # (a kernel without a phantom path runs a phantom tile's iteration on its masked path)
+    reading = getattr(km, f"{path}_reading")
+    tp = getattr(km, path)
     instrs = tp.instrs
     warps = km.tile.num_warps
     per_sched = max(1, resident_ctas * warps // dev.schedulers)
@@ -301,7 +309,7 @@ def tile_cost(km: KernelModel, dev: DeviceModel, *, path: str, resident_ctas: in
     sm_l2 = dev.l2_bytes_per_clk / active_sms / max(1, resident_ctas)
     kv_tile = km.tile.block_n * _row_bytes(case) + 4 * km.tile.block_n
     # with L2 prefetches the DRAM stream is the prefetches'; the copies then stream from L2
-    roles = getattr(km, "roles_hot" if path == "hot" else "roles_cold", None)
+    roles = getattr(km, f"roles_{path}", None)
     pf = prefetch_spec(km, roles[0] if roles is not None else instrs, case, dev, sm_dram, kv_tile)
     per_iter = kernels_mod.blocks_per_iter(km)   # the simulated iteration's KV tiles (Hopper's v3: a pair)
     if roles is not None:   # warp roles (v3): scheduler 0 holds CTA warps 0, 4, 8, ..., each its role's loop
@@ -407,19 +415,23 @@ def split_chunk(kv_len: int, num_splits: int, block_n: int) -> int:
     return -(-(-(-max(kv_len, 1) // num_splits)) // block_n) * block_n
 
 
-def split_tiles(kv_len: int, prefix: int, num_splits: int, block_n: int, per_iter: int = 1) -> list[tuple[int, int]]:
-    """(hot, cold) KV tiles of each split of one request, as the kernels cut and mask them: split s owns
+def split_tiles(kv_len: int, prefix: int, num_splits: int, block_n: int, per_iter: int = 1,
+                phantom: bool = False) -> list[tuple[int, int, int]]:
+    """(hot, cold, phantom) KV tiles of each split of one request, as the kernels cut and mask them: split s owns
     [s x chunk, min((s + 1) x chunk, kv_len)) (csrc/host/split.h split_range); a tile runs cold when it reaches into
     the tree (past `prefix`) or past its range's end (csrc/host/mask.h tile_needs_mask). A split's tiles run in whole
-    loop iterations of `per_iter` (Hopper's v3: pairs), the phantom tile past the end cold. Empty splits: (0, 0)."""
+    loop iterations of `per_iter` (Hopper's v3: pairs); an odd count's last iteration holds a phantom tile past the
+    end: with `phantom` (a kernel with a phantom path, km.phantom) that iteration's tiles are the third count, else
+    the phantom tile counts cold and the third count is 0. Empty splits: (0, 0, 0)."""
     chunk = split_chunk(kv_len, num_splits, block_n)
     out = []
     for s in range(num_splits):
         begin, end = min(s * chunk, kv_len), min((s + 1) * chunk, kv_len)
-        n = -(-(end - begin) // block_n) if end > begin else 0
-        n = -(-n // per_iter) * per_iter
-        cold = sum(1 for t in range(n) if begin + (t + 1) * block_n > min(prefix, end))
-        out.append((n - cold, cold))
+        real = -(-(end - begin) // block_n) if end > begin else 0
+        n = -(-real // per_iter) * per_iter
+        ph = per_iter if phantom and n > real else 0   # the last iteration's tiles, the phantom among them
+        cold = sum(1 for t in range(n - ph) if begin + (t + 1) * block_n > min(prefix, end))
+        out.append((n - ph - cold, cold, ph))
     return out
 
 
@@ -448,7 +460,9 @@ def predict(km: KernelModel, dev: DeviceModel, case: Case, num_splits: Optional[
     # last tiles: every split is charged ceil(T / BN) + 1 cold tiles (an approximation both ways; NOTES.md,
     # "The model's slowest split")
     by_split = getattr(km, "roles_hot", None) is not None
-    per_split = split_tiles(kv_len, kv_len - case.tree_nodes, S, km.tile.block_n, per_iter) if by_split else []
+    has_phantom = getattr(km, "phantom", None) is not None
+    per_split = (split_tiles(kv_len, kv_len - case.tree_nodes, S, km.tile.block_n, per_iter, phantom=has_phantom)
+                 if by_split else [])
     masked = min(tiles, -(-case.tree_nodes // km.tile.block_n) + 1)
     # The M tiles of one split are launched S CTAs apart (grid x = split, fastest): the ones in the same
     # wave share each KV tile through L2; a split whose M tiles span several waves re-reads its KV from
@@ -463,6 +477,7 @@ def predict(km: KernelModel, dev: DeviceModel, case: Case, num_splits: Optional[
     main_cycles = 0.0
     first: Optional[TileCost] = None
     masked_cycles = 0.0
+    phantom_cycles: Optional[float] = None
     left = ctas
     for w in range(waves):
         in_wave = min(left, slots)
@@ -472,11 +487,16 @@ def predict(km: KernelModel, dev: DeviceModel, case: Case, num_splits: Optional[
         hot = tile_cost(km, dev, path="hot", resident_ctas=resident, active_sms=active, dram_sharers=sharers, case=case)
         cold = tile_cost(km, dev, path="cold", resident_ctas=resident, active_sms=active, dram_sharers=sharers,
                          case=case)
+        # (a pair with a phantom block: Hopper's v3 runs no wgmma on it, NOTES.md "the phantom block skips its wgmmas")
+        ph = (tile_cost(km, dev, path="phantom", resident_ctas=resident, active_sms=active, dram_sharers=sharers,
+                        case=case) if has_phantom else cold)
         first = first or hot
         masked_cycles = masked_cycles or cold.cycles
+        phantom_cycles = phantom_cycles or (ph.cycles if has_phantom else None)
         if by_split:  # the wave's slowest CTA: grid x is the split (fastest), so CTA c runs split c % S
             splits_here = range(S) if in_wave >= S else {c % S for c in range(w * slots, w * slots + in_wave)}
-            main_cycles += max(per_split[sp][0] * hot.cycles + per_split[sp][1] * cold.cycles for sp in splits_here)
+            main_cycles += max(per_split[sp][0] * hot.cycles + per_split[sp][1] * cold.cycles
+                               + per_split[sp][2] * ph.cycles for sp in splits_here)
         else:
             main_cycles += (tiles - masked) * hot.cycles + masked * cold.cycles
     assert first is not None
@@ -512,4 +532,4 @@ def predict(km: KernelModel, dev: DeviceModel, case: Case, num_splits: Optional[
     return Prediction(dev.key, km.name, S, ctas, occ, max(1, min(occ, -(-ctas // sms)) * km.tile.num_warps //
                                                             dev.schedulers),
                       waves, tiles, first, masked_cycles, main, prologue, comb, launch, total, fl.us, fl.bound,
-                      fl.us / total, bound, dram_bytes, l2_bytes, notes)
+                      fl.us / total, bound, dram_bytes, l2_bytes, notes, phantom_cycles)

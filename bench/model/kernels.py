@@ -45,6 +45,12 @@ class KernelModel:
     # per path, (the math path's instructions then the producer's, their spans, each instruction's copying lane)
     roles_hot: Optional[tuple] = None
     roles_cold: Optional[tuple] = None
+    # the path of a loop iteration with a phantom tile (`sass-model: phantom` / `real` blocks; Hopper's v3: a pair
+    # whose second block lies past the split's end, the first one masked), its reading and roles; None: such an
+    # iteration runs the masked path
+    phantom: Optional[analysis.TilePath] = None
+    phantom_reading: Optional[analysis.TileReading] = None
+    roles_phantom: Optional[tuple] = None
     # KV tiles one iteration of the tile loop covers (its `sass-model: tile-loop tiles=N` marker; Hopper's v3: 2)
     tiles_per_iter: int = 1
     # source lines of the producer's arrives that signal the next iteration's buffer (`sass-model: arrive-ahead`)
@@ -225,8 +231,12 @@ def _hopper_v3(arch, readable, name, tile, head, dtype, layout, f, regs, lp, mk,
     producer = _without(analysis.tile_path(f, ploop, mk.cold, kfile, rare=mk.rare), first_iteration_blocks(f, ploop))
     if not any(i.op == "LDGSTS" for i in producer.instrs):
         raise LookupError("the producer's loop issues no cp.async")
-    hot = analysis.tile_path(f, lp, mk.cold, kfile, rare=mk.rare)
-    cold = analysis.tile_path(f, lp, mk.cold, kfile, include_cold=True, hot=mk.hot, rare=mk.rare)
+    hot = analysis.tile_path(f, lp, mk.cold, kfile, rare=mk.rare, skip=mk.phantom)
+    cold = analysis.tile_path(f, lp, mk.cold, kfile, include_cold=True, hot=mk.hot, rare=mk.rare, skip=mk.phantom)
+    # a pair with a phantom block: its real block takes the masked path (it is its split's last), the phantom the
+    # `phantom` blocks
+    phantom = (analysis.tile_path(f, lp, mk.cold, kfile, include_cold=True, hot=mk.hot, rare=mk.rare, skip=mk.real)
+               if mk.phantom else None)
     per_wg = 4  # warps of a warpgroup
     reach = [{f.instrs[k].addr for k in reachable(f, w)} for w in range(0, m, per_wg)]
     if len(reach) != 2 or not all(any(i.op in sass.GMMA_OPS and i.addr in r for i in hot.instrs) for r in reach):
@@ -243,6 +253,9 @@ def _hopper_v3(arch, readable, name, tile, head, dtype, layout, f, regs, lp, mk,
                      tiles_per_iter=mk.per_iter.get(lp.branch.line, 1), arrive_ahead=frozenset(mk.arrive_ahead))
     km.roles_hot, km.roles_cold = (_with_producer(part(p, reach[0]), producer, part(p, reach[1]), named_ids=False)
                                    for p in (hot, cold))
+    if phantom is not None:
+        km.phantom, km.phantom_reading = phantom, analysis.read_tile(phantom)
+        km.roles_phantom = _with_producer(part(phantom, reach[0]), producer, part(phantom, reach[1]), named_ids=False)
     return km
 
 

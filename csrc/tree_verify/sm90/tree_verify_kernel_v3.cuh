@@ -20,8 +20,8 @@
 //     128 rows, one a thread), so the DRAM stream runs on while the stages are still read, and the next pair's
 //     copies read L2.
 //   * Warps 0-7, two consumer warpgroups (setmaxnreg.inc 216). KV blocks go in pairs: warpgroup 0 takes block 2i
-//     (stage 0), warpgroup 1 block 2i + 1 (stage 1); an odd count gets a phantom block past the end (zeros, every
-//     score masked). For a pair, in FlashMLA's order:
+//     (stage 0), warpgroup 1 block 2i + 1 (stage 1); an odd count gets a phantom block past the end (zeros, run
+//     without wgmma: below). For a pair, in FlashMLA's order:
 //       WG0: S0 = Q K0^T (36 wgmma m64n64k16, Q and K0 from shared memory), its row max, the running max updated
 //            (lazy: v1's reference max moves only past 2^8), P0 = exp2(S0 - m), its row sums; P0 (in its own A
 //            fragment order) into stage 0's RoPE dim block, the row max and row sum beside it; bar.arrive P0;
@@ -42,7 +42,11 @@
 //     hand-offs (bar.arrive by the publishing warpgroup, bar.sync by the other: 256); 4, warpgroup 0's 128 threads
 //     before its P overwrites the RoPE dims its S read (a warp's wgmma wait retires its own part only: the
 //     emulator's warp-ahead schedule caught warp 0 writing P under warps 1-3's S; warpgroup 1's bar.sync on P0 already
-//     orders its warps' S before its P). The only CTA-wide barrier is the one after the mbarriers' init.
+//     orders its warps' S before its P); 5, warpgroup 1's 128 threads before a phantom pair's V^T stores (e4m3).
+//     The only CTA-wide barrier is the one after the mbarriers' init.
+//   * A phantom pair (an odd block count's last: block 2i + 1 past the split's end) runs no wgmma on its phantom
+//     block: warpgroup 1 waits for the block's (zero) rows to land and issues no S, neither warpgroup hands P1 over
+//     (bar.arrive / bar.sync P1 skipped together) or runs a P1 V; every FULL wait and EMPTY arrival stays.
 //   * Q (64 x 576) is staged once by the consumers (cp.async into the same swizzled layout, proxy fence, named
 //     barrier 1) with the first 8 tree-mask words of each row; S reads Q from shared memory (its 144 fragment
 //     registers would not fit beside O's 128).
@@ -80,9 +84,9 @@
 
 namespace va::tv {
 
-// Named barriers of kernel v3 (sm90): Q staged by the consumers, the seesaw's two hand-offs, and warpgroup 0's own
-// barrier before P0 overwrites the RoPE dims its S read
-inline constexpr int kV3QBarrier = 1, kV3P0Barrier = 2, kV3P1Barrier = 3, kV3WgBarrier = 4;
+// Named barriers of kernel v3 (sm90): Q staged by the consumers, the seesaw's two hand-offs, warpgroup 0's own
+// barrier before P0 overwrites the RoPE dims its S read, and (e4m3) warpgroup 1's before a phantom pair's V^T stores
+inline constexpr int kV3QBarrier = 1, kV3P0Barrier = 2, kV3P1Barrier = 3, kV3WgBarrier = 4, kV3Wg1Barrier = 5;
 
 // e4m3: dims [256 dv, 256 dv + 256) of the block in `stage` (landed rows) into the stage's V^T buffer, both k32 steps
 // (VtTransposer of the warpgroup doing it: its warp w takes the 16-dim chunks w, w + 4, ...)
@@ -587,11 +591,34 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
     if (lane == 0) arch::mbarrier_arrive(sHalfEmpty + Tr::kHalves * stage + half);
   };
 
+  // warpgroup 1, e4m3: its V^T half of block 2i (stage 0's dims 256-511) once stage 0's rows landed (implied by its
+  // FULL wait of stage 1 before: each producer thread copies a pair's stage 0 before its stage 1, and its noinc arrive
+  // counts once all its copies landed; kept explicit), fenced, then its arrival on stage 0's EMPTY
+  auto own_vt_stage0 = [&](uint32_t parity) {
+    arch::mbarrier_wait(sFull + 0, parity);
+    transpose_vt_half<Tr>(vt_wg, sKV, smem + Tr::kVt, 0, 1);
+    arch::fence_proxy_async();
+    arch::warp_sync();
+    if (lane == 0) arch::mbarrier_arrive(sEmpty + 0);
+  };
+  // warpgroup 1: warpgroup 0's P0, its max and sums (bar.sync P0), and WG0's step of the running max and sum replayed
+  auto take_p0 = [&](uint32_t (&pb)[kPKSteps][4], float (&a0)[2]) {
+    float otmax[2], orsum[2];
+    arch::named_barrier_sync(kV3P0Barrier, Tr::kThreads);
+    fetch(0, pb, otmax, orsum);
+    update(otmax, a0);
+    add_sum(orsum, a0);
+  };
+
   // ---- main loop: one pair of blocks an iteration (WG0: block 2i in stage 0, WG1: 2i + 1 in stage 1) ----
   for (int i = 0; i < npairs; ++i) {  // sass-model: tile-loop tiles=2
     const uint32_t parity = static_cast<uint32_t>(i) & 1u;
     float s[kSAccN], tmax[2], rsum[2], a0[2], a1[2], otmax[2], orsum[2];
     uint32_t pa[kPKSteps][4], pb[kPKSteps][4];
+    // the pair's second block lies past the split's end (an odd block count): warpgroup 1's block is zeros with every
+    // score masked, so its P is 0 and its max -inf. Neither warpgroup runs a wgmma on it nor hands its P over; the
+    // stages' barriers (FULL waits, EMPTY arrivals) stay as in any pair (block-uniform)
+    const bool phantom = 2 * i + 1 >= ntiles;
     if (wg == 0) {
       s_gemm(0, parity, true);  // block 2i: stage 0's L half (dims 0-255), then its R half and RoPE
       scores(2 * i, s, tmax);
@@ -609,21 +636,54 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
       pv_issue(0, pa, parity, true, 0);  // O_L = O_L a0 + P0 V0L (stage 0's early half)
       arch::wgmma_commit();
       arch::wgmma_fence_operand(oacc);
-      arch::named_barrier_sync(kV3P1Barrier, Tr::kThreads);  // WG1's P1, max and sums
-      fetch(1, pb, otmax, orsum);
-      update(otmax, a1);
-      add_sum(orsum, a1);
-      arch::wgmma_wait<0>();  // P0 V0L retired: O may be rescaled, stage 0's L half is read no more
+      if (phantom) {  // sass-model: phantom
+        // (no block 2i + 1: no P1 to take, nor P1 V1L)
+        arch::wgmma_wait<0>();  // P0 V0L retired
+        arch::wgmma_fence_operand(oacc);
+        release(0, 0), release(1, 1);  // (as in any pair)
+      } else {  // sass-model: real
+        arch::named_barrier_sync(kV3P1Barrier, Tr::kThreads);  // WG1's P1, max and sums
+        fetch(1, pb, otmax, orsum);
+        update(otmax, a1);
+        add_sum(orsum, a1);
+        arch::wgmma_wait<0>();  // P0 V0L retired: O may be rescaled, stage 0's L half is read no more
+        arch::wgmma_fence_operand(oacc);
+        release(0, 0);  // (only this warpgroup reads stage 0's L half: the producer refills it for pair i + 1)
+        rescale_o(a1);
+        pv_issue(1, pb, parity, true, 1);  // O_L = O_L a1 + P1 V1L (stage 1's late half)
+        arch::wgmma_commit();
+        arch::wgmma_wait<0>();
+        arch::wgmma_fence_operand(oacc);
+        release(1, 1);  // stage 1's L half and RoPE: its last reader (warpgroup 1's S1 and P1 came before P1 out)
+      }
+    } else if (phantom) {  // sass-model: phantom
+      // the pair's second block lies past the split's end: no S1, no P1 (nor its hand-off: warpgroup 0 skips its
+      // bar.sync), no P1 V1R; only P0 V0R. The block's (zero) rows still must have landed, so that no copy into the
+      // stage outlives its readers, and with them (each producer thread copies a pair's stage 0 before its stage 1)
+      // stage 0's rows, which this warpgroup reads (P0 V0R) or transposes (e4m3)
+      if constexpr (Tr::kFp8) {
+        arch::mbarrier_wait(sFull + 1, parity);
+        // no S1, whose issue by every warp of the warpgroup showed that each had retired its P V of pair i - 1 (which
+        // read the V^T half transposed below): a barrier of the warpgroup's own says it instead
+        arch::named_barrier_sync(kV3Wg1Barrier, 128);
+        arch::warp_sync();
+        if (lane == 0) arch::mbarrier_arrive(sEmpty + 1);  // stage 1's rows: nothing to read in them
+        own_vt_stage0(parity);
+      } else {
+#pragma unroll
+        for (int half = 0; half < Tr::kHalves; ++half) arch::mbarrier_wait(sFull + Tr::kHalves * 1 + half, parity);
+        arch::fence_proxy_async();  // (as s_gemm's: the landed rows ordered before this warpgroup's wgmma reads)
+      }
+      take_p0(pb, a0);
+      rescale_o(a0);
       arch::wgmma_fence_operand(oacc);
-      release(0, 0);          // (only this warpgroup reads stage 0's L half: the producer refills it for pair i + 1)
-      rescale_o(a1);
-      pv_issue(1, pb, parity, true, 1);  // O_L = O_L a1 + P1 V1L (stage 1's late half)
+      pv_issue(0, pb, parity, true, -1);  // O_R += P0 V0R (stage 0's late half)
       arch::wgmma_commit();
       arch::wgmma_wait<0>();
       arch::wgmma_fence_operand(oacc);
-      release(1, 1);  // stage 1's L half and RoPE: its last reader (warpgroup 1's S1 and P1 came before P1 out)
-    } else {
-      s_gemm(1, parity, false);  // block 2i + 1 (the phantom one's zeros too): stage 1's R half, then its L half and RoPE
+      if constexpr (!Tr::kFp8) release(1, 0), release(0, 1);  // (as in any pair)
+    } else {  // sass-model: real
+      s_gemm(1, parity, false);  // block 2i + 1: stage 1's R half, then its L half and RoPE
       scores(2 * i + 1, s, tmax);
       if constexpr (Tr::kFp8) {
         // its own V^T halves (dims 256-511 of both blocks) while warpgroup 0 runs its softmax. No barrier first: this
@@ -635,18 +695,9 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
         arch::fence_proxy_async();
         arch::warp_sync();
         if (lane == 0) arch::mbarrier_arrive(sEmpty + 1);  // stage 1's rows: its S and this transposition done
-        // stage 0's rows landed (implied by the FULL wait of stage 1 in its S: each producer thread copies a pair's
-        // stage 0 before its stage 1, and its noinc arrive counts once all its copies landed; kept explicit)
-        arch::mbarrier_wait(sFull + 0, parity);
-        transpose_vt_half<Tr>(vt_wg, sKV, smem + Tr::kVt, 0, 1);
-        arch::fence_proxy_async();
-        arch::warp_sync();
-        if (lane == 0) arch::mbarrier_arrive(sEmpty + 0);
+        own_vt_stage0(parity);
       }
-      arch::named_barrier_sync(kV3P0Barrier, Tr::kThreads);  // WG0's P0, max and sums
-      fetch(0, pb, otmax, orsum);
-      update(otmax, a0);  // WG0's step, replayed
-      add_sum(orsum, a0);
+      take_p0(pb, a0);
       update(tmax, a1);    // this block's
       probs(s, pa, rsum);
       add_sum(rsum, a1);
