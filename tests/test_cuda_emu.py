@@ -1518,17 +1518,44 @@ def test_v3h_hopper_e4m3_every_named_barrier_removed_is_caught(emu):
     assert not missed, f"named barrier call(s) {missed} with a wrong count went unnoticed"
 
 
+# (lagging-tail: the last warp of each warpgroup held back, so the other three run a pair ahead of it)
+V3H_TAIL_MODES = (("issue", "lagging-tail"), ("wait", "lagging-tail"))
+
+
+@pytest.mark.parametrize("kv_dtype", ["", "fp8_e4m3"], ids=["bf16", "e4m3"])
+def test_v3h_hopper_phantom_pair_under_every_schedule(emu, kv_dtype):
+    # a phantom pair after real ones (300 + 7 tokens: pairs 0-2, the last with a phantom block; two requests of 3 and
+    # 2 blocks), under every schedule and landing mode. A phantom pair runs no P1 V1L, so warpgroup 0 has no wait on
+    # stage 1's late half (FULL; e4m3: its V^T half's VFULL); when it still released that half (2026-12-06, the
+    # first phantom build) it could complete the half's EMPTY phase of the last pair before the producer waited on
+    # the one before it, which then waited for a parity the barrier had moved past: a deadlock in (issue,
+    # starve-last), and for e4m3 in the warp-ahead schedules too
+    fp8 = bool(kv_dtype)
+    for toks in ((300,), (180, 77)):
+        case = make_case(CaseSpec(toks, (7,) * len(toks), "bushy", dtype=BF, kv_dtype=kv_dtype, seed=429, **MLA))
+        for landing, sched in (V3H_E4M3_MODES if fp8 else V3H_MODES) + V3H_TAIL_MODES:
+            emu.set_cp_async_landing(landing)
+            emu.set_schedule(sched)
+            out, lse = _run(case, cfg(1, *V3H))
+            if fp8:
+                check_e4m3_mma_against_reference(out, lse, case)
+            else:
+                check_against_reference(out, lse, case, *TOL[BF])
+
+
 def test_v3h_hopper_e4m3_phantom_pair_barrier_removed_is_caught(emu):
     # A phantom pair (300 + 7 tokens: 5 blocks, pair 2's second block past the end) has no S1, whose issue by every
     # warp of warpgroup 1 showed that each had retired its P0 V0R of pair 1 before any warp transposes stage 0's dims
     # 256-511 into the V^T half that wgmma read; warpgroup 1's own named barrier (its call 5: after 0 Q, then per
-    # pair 2i + 1 bar.sync P0 and 2i + 2 bar.arrive P1) says it instead. Removed, a warp that runs ahead overwrites a
-    # lagging warp's wgmma operand. The phantom pair's FULL waits of warpgroup 1 (its calls 4, 5: stage 1, stage 0) are
-    # not checked: the emulator lands noinc-tied copies with the phase, and warpgroup 0's FULL wait of stage 0 and
-    # the P0 hand-off already order warpgroup 1's reads of stage 0
+    # pair 2i + 1 bar.sync P0 and 2i + 2 bar.arrive P1) says it instead. Removed, three warps of the warpgroup run
+    # ahead of the fourth (lagging-tail) and rewrite the V^T half its P0 V0R of pair 1 still reads: wrong sums (the
+    # other schedules keep the warps too close to show it). Not checked: the phantom pair's FULL waits of warpgroup 1
+    # (its mbarrier_wait calls 4 and 5: stage 1, stage 0; 16-bit: both halves of stage 1), this warpgroup's acquire of
+    # the rows its P0 V0R reads, as its S1's waits are in a real pair: the emulator makes noinc-tied copies visible to
+    # every thread once one waited on the phase, and warpgroup 0 waited
     spec = CaseSpec((300,), (7,), "bushy", dtype=BF, kv_dtype="fp8_e4m3", seed=428, **MLA)
     missed = _v3_missed(emu, "skip_named_barrier", V3H_WG1, [-1, 5], spec=spec, tile=V3H, caught=_caught_e4m3,
-                        modes=V3H_E4M3_MODES)
+                        modes=V3H_TAIL_MODES + V3H_E4M3_MODES)
     assert not missed, f"warpgroup 1's phantom-pair barrier call(s) {missed} removed went unnoticed"
 
 
