@@ -1456,8 +1456,8 @@ def test_v3h_hopper_e4m3_prefetches_the_pair_after_next(emu, page):
 # - fence_proxy_async: a producer thread's 2i and 2i + 1 follow its V^T stores of pair i; a consumer's 0 follows its
 #   quantized Q (st_shared); then warpgroup 0's one a pair after its FULL wait (the conservative reading, not
 #   modelled for noinc-tied copies), warpgroup 1's 3i + 1 likewise, 3i + 2 and 3i + 3 after its two V^T halves.
-# - named barriers: 0 Q staged; warpgroup 0 2i + 1 bar.arrive P0, 2i + 2 bar.sync P1; warpgroup 1 2i + 1 bar.sync
-#   P0, 2i + 2 bar.arrive P1.
+# - named barriers: 0 Q staged; warpgroup 0 2i + 1 bar.arrive P0, 2i + 2 bar.sync P1; warpgroup 1 3i + 1 its own
+#   barrier before its V^T stores, 3i + 2 bar.sync P0, 3i + 3 bar.arrive P1.
 # Some waits are implied, in every iteration but the last, by a later wait of the same thread, so that removing one
 # alone there changes nothing a schedule can show (the tests name them): a producer's FULL wait of stage 1 and its
 # VEMPTY wait of stage 1's late half follow its EMPTY wait of stage 0, which needs warpgroup 1 past its S of stage 1
@@ -1512,14 +1512,22 @@ def test_v3h_hopper_e4m3_every_named_barrier_removed_is_caught(emu):
     assert not _v3h_e4m3_missed(emu, "skip_named_barrier", V3H_MATH, [0], modes=STRICT_MODES), "the Q barrier removed"
     missed = _v3h_e4m3_missed(emu, "skip_named_barrier", V3H_WG0, [2, 4], modes=STRICT_MODES)
     assert not missed, f"warpgroup 0's bar.sync call(s) {missed} removed went unnoticed"
-    missed = _v3h_e4m3_missed(emu, "skip_named_barrier", V3H_WG1, [1, 3], modes=STRICT_MODES)
+    missed = _v3h_e4m3_missed(emu, "skip_named_barrier", V3H_WG1, [2, 5], modes=STRICT_MODES)
     assert not missed, f"warpgroup 1's bar.sync call(s) {missed} removed went unnoticed"
+    # its own barrier before it rewrites its V^T halves, pairs 1 and 2 (pair 0's has no P V before it to wait for):
+    # with it gone, three of its warps run a pair ahead of the first and rewrite what that warp's P V still reads
+    # (shown only with that warp held back: lagging-head)
+    missed = _v3h_e4m3_missed(emu, "skip_named_barrier", V3H_WG1, [4, 7], modes=V3H_WARP_LAG_MODES)
+    assert not missed, f"warpgroup 1's own barrier call(s) {missed} removed went unnoticed"
     missed = _v3h_e4m3_missed(emu, "named_barrier_miscount", V3H_MATH, [-1, 0, 1, 2, 3], modes=STRICT_MODES)
     assert not missed, f"named barrier call(s) {missed} with a wrong count went unnoticed"
 
 
-# (lagging-tail: the last warp of each warpgroup held back, so the other three run a pair ahead of it)
-V3H_TAIL_MODES = (("issue", "lagging-tail"), ("wait", "lagging-tail"))
+# one warp of each warpgroup held back, so the other three run ahead of it: the last (lagging-tail, every other
+# pass) or the first (lagging-head, three passes in four); the emulator runs each warp's slice of a wgmma as that
+# warp issues it, so a warp rewriting what a held warp's wgmma reads shows here
+V3H_WARP_LAG_MODES = (("issue", "lagging-tail"), ("wait", "lagging-tail"), ("issue", "lagging-head"),
+                      ("wait", "lagging-head"))
 
 
 @pytest.mark.parametrize("kv_dtype", ["", "fp8_e4m3"], ids=["bf16", "e4m3"])
@@ -1533,7 +1541,7 @@ def test_v3h_hopper_phantom_pair_under_every_schedule(emu, kv_dtype):
     fp8 = bool(kv_dtype)
     for toks in ((300,), (180, 77)):
         case = make_case(CaseSpec(toks, (7,) * len(toks), "bushy", dtype=BF, kv_dtype=kv_dtype, seed=429, **MLA))
-        for landing, sched in (V3H_E4M3_MODES if fp8 else V3H_MODES) + V3H_TAIL_MODES:
+        for landing, sched in (V3H_E4M3_MODES if fp8 else V3H_MODES) + V3H_WARP_LAG_MODES:
             emu.set_cp_async_landing(landing)
             emu.set_schedule(sched)
             out, lse = _run(case, cfg(1, *V3H))
@@ -1544,18 +1552,18 @@ def test_v3h_hopper_phantom_pair_under_every_schedule(emu, kv_dtype):
 
 
 def test_v3h_hopper_e4m3_phantom_pair_barrier_removed_is_caught(emu):
-    # A phantom pair (300 + 7 tokens: 5 blocks, pair 2's second block past the end) has no S1, whose issue by every
-    # warp of warpgroup 1 showed that each had retired its P0 V0R of pair 1 before any warp transposes stage 0's dims
-    # 256-511 into the V^T half that wgmma read; warpgroup 1's own named barrier (its call 5: after 0 Q, then per
-    # pair 2i + 1 bar.sync P0 and 2i + 2 bar.arrive P1) says it instead. Removed, three warps of the warpgroup run
-    # ahead of the fourth (lagging-tail) and rewrite the V^T half its P0 V0R of pair 1 still reads: wrong sums (the
-    # other schedules keep the warps too close to show it). Not checked: the phantom pair's FULL waits of warpgroup 1
-    # (its mbarrier_wait calls 4 and 5: stage 1, stage 0; 16-bit: both halves of stage 1), this warpgroup's acquire of
-    # the rows its P0 V0R reads, as its S1's waits are in a real pair: the emulator makes noinc-tied copies visible to
-    # every thread once one waited on the phase, and warpgroup 0 waited
+    # A phantom pair (300 + 7 tokens: 5 blocks, pair 2's second block past the end): warpgroup 1 transposes stage 0's
+    # dims 256-511 into the V^T half its P0 V0R of pair 1 read, after its own named barrier (its call 7: after 0 Q,
+    # per real pair 3i + 1 that barrier, 3i + 2 bar.sync P0 and 3i + 3 bar.arrive P1), as in a real pair. Removed,
+    # three warps of the warpgroup run ahead of another (lagging-tail, lagging-head) and rewrite what its P0 V0R of
+    # pair 1 still reads: wrong sums (the other schedules keep the warps too close to show it). Not checked: the
+    # phantom pair's FULL waits of warpgroup 1 (its mbarrier_wait calls 4 and 5: stage 1, stage 0; 16-bit: both
+    # halves of stage 1), this warpgroup's acquire of the rows its P0 V0R reads, as its S1's waits are in a real
+    # pair: the emulator makes noinc-tied copies visible to every thread once one waited on the phase, and warpgroup
+    # 0 waited
     spec = CaseSpec((300,), (7,), "bushy", dtype=BF, kv_dtype="fp8_e4m3", seed=428, **MLA)
-    missed = _v3_missed(emu, "skip_named_barrier", V3H_WG1, [-1, 5], spec=spec, tile=V3H, caught=_caught_e4m3,
-                        modes=V3H_TAIL_MODES + V3H_E4M3_MODES)
+    missed = _v3_missed(emu, "skip_named_barrier", V3H_WG1, [-1, 7], spec=spec, tile=V3H, caught=_caught_e4m3,
+                        modes=V3H_WARP_LAG_MODES + V3H_E4M3_MODES)
     assert not missed, f"warpgroup 1's phantom-pair barrier call(s) {missed} removed went unnoticed"
 
 

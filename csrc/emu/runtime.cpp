@@ -75,10 +75,13 @@ enum class FaultKind {
   kNone, kSkipBlockSync, kSkipCpAsyncWait, kSkipWgmmaWait, kSkipFenceProxyAsync, kSkipMbarrierWait,
   kNamedBarrierMiscount, kSkipNamedBarrier
 };
-enum class Schedule { kForward, kReverse, kRandom, kWarpAhead, kWarpAheadReverse, kLagging, kLaggingMid, kLaggingTail, kStarveLast };
+enum class Schedule {
+  kForward, kReverse, kRandom, kWarpAhead, kWarpAheadReverse, kLagging, kLaggingMid, kLaggingTail, kStarveLast,
+  kLaggingHead
+};
 // the schedules' names, in the enum's order (set_schedule, VA_EMU_SCHEDULE, describe_settings)
 constexpr const char* kScheduleNames[] = {"forward", "reverse", "random", "warp-ahead", "warp-ahead-reverse", "lagging",
-                                          "lagging-mid", "lagging-tail", "starve-last"};
+                                          "lagging-mid", "lagging-tail", "starve-last", "lagging-head"};
 bool schedule_named(const std::string& name, Schedule& out) {
   for (size_t i = 0; i < std::size(kScheduleNames); ++i)
     if (name == kScheduleNames[i]) {
@@ -1050,6 +1053,9 @@ class Worker {
     // lagging-mid: the same with the middle third held back (a 12-warp kernel's second math warpgroup).
     // lagging-tail: the same with the last warp of every 4 held back: the other warps of a warpgroup run ahead of
     // one of theirs (a warp rewriting a buffer that warp's wgmma of the warpgroup still reads).
+    // lagging-head: the first warp of every 4 runs one pass in 4 only: the other three warps of a warpgroup run far
+    // ahead of it (a warp rewriting a buffer that the held warp's slice of a wgmma has not read yet: the emulator runs
+    // each warp's slice when that warp issues it).
     // starve-last: the last third of the warps (a 12-warp kernel's producer warpgroup) run only in passes where no
     // other thread can: a consumer that skips a wait then reads a buffer its producer has not written yet.
     // warp-ahead(-reverse): a warp runs until all its threads wait at a block
@@ -1064,6 +1070,7 @@ class Worker {
     std::mt19937_64 rng(cfg.seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(linear));
     const bool lag = cfg.schedule == Schedule::kLagging || cfg.schedule == Schedule::kLaggingMid;
     const bool lag_tail = cfg.schedule == Schedule::kLaggingTail;
+    const bool lag_head = cfg.schedule == Schedule::kLaggingHead;
     const int lag_warps = held_warps(nwarps);
     const int lag_first = cfg.schedule == Schedule::kLaggingMid ? lag_warps : 0;
     const bool starve_last = cfg.schedule == Schedule::kStarveLast;
@@ -1095,8 +1102,9 @@ class Worker {
           for (int t : order) {
             Fiber& f = fibers_[t];
             if (f.done || f.wait != WaitKind::kNone) continue;
-            if ((pass & 1) && ((lag && t / 32 >= lag_first && t / 32 < lag_first + lag_warps) ||
-                               (lag_tail && t / 32 % 4 == 3))) {
+            if (((pass & 1) && ((lag && t / 32 >= lag_first && t / 32 < lag_first + lag_warps) ||
+                                (lag_tail && t / 32 % 4 == 3))) ||
+                (lag_head && pass % 4 != 0 && t / 32 % 4 == 0)) {
               held_back = true;  // runnable, its turn is the next pass: not a deadlock
               continue;
             }

@@ -42,7 +42,7 @@
 //     hand-offs (bar.arrive by the publishing warpgroup, bar.sync by the other: 256); 4, warpgroup 0's 128 threads
 //     before its P overwrites the RoPE dims its S read (a warp's wgmma wait retires its own part only: the
 //     emulator's warp-ahead schedule caught warp 0 writing P under warps 1-3's S; warpgroup 1's bar.sync on P0 already
-//     orders its warps' S before its P); 5, warpgroup 1's 128 threads before a phantom pair's V^T stores (e4m3).
+//     orders its warps' S before its P); 5, warpgroup 1's 128 threads before its V^T stores of a pair (e4m3).
 //     The only CTA-wide barrier is the one after the mbarriers' init.
 //   * A phantom pair (an odd block count's last: block 2i + 1 past the split's end) runs no wgmma on its phantom
 //     block: warpgroup 1 waits for the block's (zero) rows to land and issues no S, neither warpgroup hands P1 over
@@ -85,7 +85,7 @@
 namespace va::tv {
 
 // Named barriers of kernel v3 (sm90): Q staged by the consumers, the seesaw's two hand-offs, warpgroup 0's own
-// barrier before P0 overwrites the RoPE dims its S read, and (e4m3) warpgroup 1's before a phantom pair's V^T stores
+// barrier before P0 overwrites the RoPE dims its S read, and (e4m3) warpgroup 1's before its V^T stores of a pair
 inline constexpr int kV3QBarrier = 1, kV3P0Barrier = 2, kV3P1Barrier = 3, kV3WgBarrier = 4, kV3Wg1Barrier = 5;
 
 // e4m3: dims [256 dv, 256 dv + 256) of the block in `stage` (landed rows) into the stage's V^T buffer, both k32 steps
@@ -666,8 +666,7 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
       // stage 0's rows, which this warpgroup reads (P0 V0R) or transposes (e4m3)
       if constexpr (Tr::kFp8) {
         arch::mbarrier_wait(sFull + 1, parity);
-        // no S1, whose issue by every warp of the warpgroup showed that each had retired its P V of pair i - 1 (which
-        // read the V^T half transposed below): a barrier of the warpgroup's own says it instead
+        // (as in a real pair: every warp retired its P V of pair i - 1, which read the V^T half transposed below)
         arch::named_barrier_sync(kV3Wg1Barrier, 128);
         arch::warp_sync();
         if (lane == 0) arch::mbarrier_arrive(sEmpty + 1);  // stage 1's rows: nothing to read in them
@@ -689,11 +688,14 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
       s_gemm(1, parity, false);  // block 2i + 1: stage 1's R half, then its L half and RoPE
       scores(2 * i + 1, s, tmax);
       if constexpr (Tr::kFp8) {
-        // its own V^T halves (dims 256-511 of both blocks) while warpgroup 0 runs its softmax. No barrier first: this
-        // warp's S1 completed, so every warp of the warpgroup issued it (a warpgroup-collective wgmma), each after
-        // retiring its last P V of pair i - 1, which read these halves (the emulator holds wgmma to the same rule;
-        // its lagging-tail schedule, one warp of four behind, found no overlap without a barrier). Fenced before the
-        // arrivals that free the rows and before bar.sync P0, which orders the stores before every warp's P V
+        // its own V^T halves (dims 256-511 of both blocks) while warpgroup 0 runs its softmax. First a barrier of the
+        // warpgroup's own: every warp has retired its P V of pair i - 1, which read these halves. (Until 2026-12-06
+        // this leaned on S1 instead: "this warp's S1 completed, so every warp issued it, each after retiring its last
+        // P V". Nothing in PTX makes a warp's wgmma wait for the warpgroup's other warps, and the emulator, which runs
+        // each warp's slice as that warp issues it, showed the overlap once the first warp of each warpgroup was held
+        // back: lagging-head, warp 4's P0 V0R operand rewritten by warps 5-7.) Fenced before the arrivals that free
+        // the rows and before bar.sync P0, which orders the stores before every warp's P V
+        arch::named_barrier_sync(kV3Wg1Barrier, 128);
         transpose_vt_half<Tr>(vt_wg, sKV, smem + Tr::kVt, 1, 1);
         arch::fence_proxy_async();
         arch::warp_sync();
