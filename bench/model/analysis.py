@@ -416,10 +416,10 @@ def tile_path(f: Function, loop: Loop, cold: tuple[tuple[int, int], ...], cold_f
               skip: tuple[tuple[int, int], ...] = ()) -> TilePath:
     """The instructions one tile runs: the hot path leaves out the `cold` blocks; the masked path
     (include_cold) takes them and leaves out the `hot` ones (their alternatives); either leaves out the `skip`
-    blocks too (Markers.phantom on the hot and masked paths, Markers.real on the phantom one). A bulk copy's waterfall loop
-    (is_waterfall) is expanded `bulk_lanes` times (the most lanes of a warp that copy; 1: one elected thread, the
-    CUTLASS idiom), its iterations tagged with their lane (TilePath.bulk_lane); an mbarrier try_wait retry loop
-    (is_wait_loop) runs once."""
+    blocks too (Markers.phantom on the hot and masked paths, Markers.real on the phantom one). A bulk copy's
+    waterfall loop (is_waterfall) is expanded `bulk_lanes` times (the most lanes of a warp that copy; 1: one elected
+    thread, the CUTLASS idiom), its iterations tagged with their lane (TilePath.bulk_lane); an mbarrier try_wait retry
+    loop (is_wait_loop) runs once."""
     if bulk_lanes < 0:
         raise ValueError(f"bulk_lanes must be >= 0, got {bulk_lanes}")
     inner = [lp for lp in f.loops() if loop.contains(lp)]

@@ -46,7 +46,9 @@
 //     The only CTA-wide barrier is the one after the mbarriers' init.
 //   * A phantom pair (an odd block count's last: block 2i + 1 past the split's end) runs no wgmma on its phantom
 //     block: warpgroup 1 waits for the block's (zero) rows to land and issues no S, neither warpgroup hands P1 over
-//     (bar.arrive / bar.sync P1 skipped together) or runs a P1 V; every FULL wait and EMPTY arrival stays.
+//     (bar.arrive / bar.sync P1 skipped together) or runs a P1 V. The FULL waits stay, and every EMPTY arrival that
+//     follows a wait ordering it after the producer's wait on the phase before (not warpgroup 0's on stage 1's late
+//     half: below).
 //   * Q (64 x 576) is staged once by the consumers (cp.async into the same swizzled layout, proxy fence, named
 //     barrier 1) with the first 8 tree-mask words of each row; S reads Q from shared memory (its 144 fragment
 //     registers would not fit beside O's 128).
@@ -617,7 +619,7 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
     uint32_t pa[kPKSteps][4], pb[kPKSteps][4];
     // the pair's second block lies past the split's end (an odd block count): warpgroup 1's block is zeros with every
     // score masked, so its P is 0 and its max -inf. Neither warpgroup runs a wgmma on it nor hands its P over; the
-    // stages' barriers (FULL waits, EMPTY arrivals) stay as in any pair (block-uniform)
+    // FULL waits stay as in any pair, the EMPTY arrivals as far as they are safe (block-uniform)
     const bool phantom = 2 * i + 1 >= ntiles;
     if (wg == 0) {
       s_gemm(0, parity, true);  // block 2i: stage 0's L half (dims 0-255), then its R half and RoPE
