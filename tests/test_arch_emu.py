@@ -580,7 +580,8 @@ def test_stage_reused_without_barrier_found_with_issue_landing(emu, landing, cau
 
 
 @pytest.mark.parametrize("sched", ["reverse", "random", "warp-ahead", "warp-ahead-reverse", "lagging", "lagging-mid",
-                                   "lagging-tail", "starve-last", "lagging-head"])
+                                   "lagging-tail", "starve-last", "lagging-head", "stalled-mid",
+                                   "stalled-head"])
 def test_other_schedules_give_same_results(emu, sched):
     emu.schedule(sched, seed=7)
     ntiles, n = 4, 128

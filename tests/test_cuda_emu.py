@@ -1446,27 +1446,29 @@ def test_v3h_hopper_e4m3_prefetches_the_pair_after_next(emu, page):
 
 
 # The planted bugs on Hopper's v3 with e4m3 caches (373 + 7 tokens in one split: 6 blocks, 3 pairs; no phantom block,
-# whose zero P would hide a wrong V^T). The producer transposes warpgroup 0's V^T halves (dims 0-255: stage 0's early
-# half, stage 1's late one), warpgroup 1 its own (dims 256-511) right after its S. Calls, per thread:
-# - mbarrier_wait: warpgroup 0 (threads 0-127) 3i its FULL wait of pair i (stage 0's rows), 3i + 1 and 3i + 2 its
-#   VFULL waits before P0 V0L and P1 V1L; warpgroup 1 (128-255) 2i its FULL wait of stage 1 (its S), 2i + 1 of stage
-#   0 (before transposing its dims of block 2i). A producer thread, iteration i (transposing pair i, copying pair
-#   i + 1 into each stage once freed): i = 0: FULL 0 (0), EMPTY 0 (1), FULL 1 (2), EMPTY 1 (3); i = 1: FULL 0 (4),
-#   VEMPTY (0, early) (5), EMPTY 0 (6), FULL 1 (7), VEMPTY (1, late) (8), EMPTY 1 (9); i = 2: 10-13, no EMPTY waits.
-# - fence_proxy_async: a producer thread's 2i and 2i + 1 follow its V^T stores of pair i; a consumer's 0 follows its
-#   quantized Q (st_shared); then warpgroup 0's one a pair after its FULL wait (the conservative reading, not
-#   modelled for noinc-tied copies), warpgroup 1's 3i + 1 likewise, 3i + 2 and 3i + 3 after its two V^T halves.
-# - named barriers: 0 Q staged; warpgroup 0 2i + 1 bar.arrive P0, 2i + 2 bar.sync P1; warpgroup 1 3i + 1 its own
-#   barrier before its V^T stores, 3i + 2 bar.sync P0, 3i + 3 bar.arrive P1.
-# Some waits are implied, in every iteration but the last, by a later wait of the same thread, so that removing one
-# alone there changes nothing a schedule can show (the tests name them): a producer's FULL wait of stage 1 and its
-# VEMPTY wait of stage 1's late half follow its EMPTY wait of stage 0, which needs warpgroup 1 past its S of stage 1
-# (its own FULL wait) and warpgroup 0 past its S of the next pair (its last P V retired); the consumers' wgmma wait
-# at the end of pair 0 is implied by their next S's wait, which retires the same wgmmas before anything rewrites their
-# operands (the producer's next refill of a V^T half waits, through EMPTY, for that S). In the last iteration each is
-# caught, and so is the end-of-pair wait of pair 1, whose V^T half the producer's last iteration refills without an
-# EMPTY wait.
-V3H_E4M3_MODES = V3H_MODES + (("wait", "starve-last"),)
+# whose zero P would hide a wrong V^T). The producer transposes warpgroup 0's V^T half of stage 0 (dims 0-255, its
+# early half); warpgroup 0 its own half of stage 1 (dims 0-255) after it issued P0 V0L (since 2026-12-06, twenty-third
+# session: until then the producer did), warpgroup 1 its own (dims 256-511) right after its S. Calls, per thread:
+# - mbarrier_wait: warpgroup 0 (threads 0-127) 3i its FULL wait of pair i (stage 0's rows), 3i + 1 its VFULL wait
+#   before P0 V0L, 3i + 2 its FULL wait of stage 1 (before transposing its dims of block 2i + 1); warpgroup 1
+#   (128-255) 2i its FULL wait of stage 1 (its S), 2i + 1 of stage 0 (before transposing its dims of block 2i). A
+#   producer thread, iteration i (transposing pair i's stage 0, copying pair i + 1 into each stage once freed): i = 0:
+#   FULL 0 (0), EMPTY 0 (1), EMPTY 1 (2); i = 1: FULL 0 (3), VEMPTY (0, early) (4), EMPTY 0 (5), EMPTY 1 (6); i = 2:
+#   FULL 0 (7), VEMPTY (0, early) (8), no EMPTY waits.
+# - fence_proxy_async: a producer thread's i follows its V^T stores of pair i; a consumer's 0 follows its quantized Q
+#   (st_shared); then warpgroup 0's 2i + 1 after its FULL wait (the conservative reading, not modelled for
+#   noinc-tied copies) and 2i + 2 after its V^T half; warpgroup 1's 3i + 1 likewise, 3i + 2 and 3i + 3 after its two
+#   V^T halves.
+# - named barriers: 0 Q staged; warpgroup 0 3i + 1 bar.arrive P0, 3i + 2 its own barrier before its V^T stores, 3i + 3
+#   bar.sync P1; warpgroup 1 3i + 1 its own barrier before its V^T stores, 3i + 2 bar.sync P0, 3i + 3 bar.arrive P1.
+# The consumers' wgmma waits at the end of pairs 0 and 1 are implied by their next S's wait, which retires the same
+# wgmmas before anything rewrites their operands (warpgroup 0's V^T half of stage 1 is its own since 2026-12-06; the
+# producer's refill of stage 0's waits, through VEMPTY, for warpgroup 0's release after that S); the last pair's is
+# caught. Warpgroup 0's FULL wait of stage 1 (3i + 2) shows only while warpgroup 1, whose S waits on the same phase
+# first in every other schedule (the emulator lands a phase's copies for all once one thread waited), is held far back:
+# (wait, stalled-mid), pairs 1 and 2. Pair 0's comes after the Q barrier, from which warpgroup 1's wait is its next
+# step, so no schedule here shows it alone; the same code's later pairs do.
+V3H_E4M3_MODES = V3H_MODES + (("wait", "starve-last"), ("wait", "stalled-mid"))
 V3H_E4M3_FAULT_CASE = CaseSpec((373,), (7,), "bushy", dtype=BF, kv_dtype="fp8_e4m3", seed=427, **MLA)
 
 
@@ -1484,50 +1486,56 @@ def test_v3h_hopper_e4m3_consumer_skipping_a_full_or_vfull_wait_is_caught(emu):
     # one warpgroup alone. Warpgroup 1's FULL waits of stage 0 (2i + 1) are implied by its FULL wait of stage 1 just
     # before: each producer thread copies a pair's stage 0 before its stage 1, and its noinc arrive on stage 1's FULL
     # counts once every copy it issued landed (the PTX rule the emulator keeps)
-    for role, implied in ((V3H_WG0, ()), (V3H_WG1, (1, 3, 5))):
-        missed = _v3h_e4m3_missed(emu, "skip_mbarrier_wait", role, _v3h_e4m3_calls(6, implied))
+    for role, implied in ((V3H_WG0, (2,)), (V3H_WG1, (1, 3, 5))):  # (warpgroup 0's 2: pair 0's FULL of stage 1, above)
+        missed = _v3h_e4m3_missed(emu, "skip_mbarrier_wait", role, _v3h_e4m3_calls(9 if role == V3H_WG0 else 6, implied))
         assert not missed, f"warpgroup {role} skipping FULL / VFULL wait(s) {missed} went unnoticed"
 
 
 def test_v3h_hopper_e4m3_producer_skipping_a_wait_is_caught(emu):
     # its FULL waits (transposing rows not yet landed), VEMPTY waits (V^T overwritten under a P V), EMPTY waits (rows
     # overwritten under an S or a transposition)
-    missed = _v3h_e4m3_missed(emu, "skip_mbarrier_wait", V3H_PRODUCER, _v3h_e4m3_calls(14, implied=(2, 7, 8)))
+    missed = _v3h_e4m3_missed(emu, "skip_mbarrier_wait", V3H_PRODUCER, _v3h_e4m3_calls(9))
     assert not missed, f"producer skipping wait(s) {missed} went unnoticed"
 
 
 def test_v3h_hopper_e4m3_missing_proxy_fence_or_wgmma_wait_is_caught(emu):
-    missed = _v3h_e4m3_missed(emu, "skip_fence_proxy_async", V3H_PRODUCER, [-1, *range(6)], modes=STRICT_MODES)
+    missed = _v3h_e4m3_missed(emu, "skip_fence_proxy_async", V3H_PRODUCER, [-1, *range(3)], modes=STRICT_MODES)
     assert not missed, f"the producer's V^T fence(s) {missed} skipped went unnoticed"
     assert not _v3h_e4m3_missed(emu, "skip_fence_proxy_async", V3H_MATH, [-1, 0], modes=STRICT_MODES), \
         "the fence after the quantized Q went unnoticed"
+    missed = _v3h_e4m3_missed(emu, "skip_fence_proxy_async", V3H_WG0, [2, 4, 6], modes=STRICT_MODES)
+    assert not missed, f"warpgroup 0's V^T fence(s) {missed} skipped went unnoticed"
     missed = _v3h_e4m3_missed(emu, "skip_fence_proxy_async", V3H_WG1, [2, 3, 5, 6], modes=STRICT_MODES)
     assert not missed, f"warpgroup 1's V^T fence(s) {missed} skipped went unnoticed"
-    # per pair: S (3i), the middle P V wait (3i + 1), the pair's last (3i + 2; pair 0's implied)
-    missed = _v3h_e4m3_missed(emu, "skip_wgmma_wait", V3H_MATH, _v3h_e4m3_calls(9, implied=(2,)))
+    # per pair: S (3i), the middle P V wait (3i + 1), the pair's last (3i + 2; pair 0's and 1's implied)
+    missed = _v3h_e4m3_missed(emu, "skip_wgmma_wait", V3H_MATH, _v3h_e4m3_calls(9, implied=(2, 5)))
     assert not missed, f"wgmma wait(s) {missed} skipped went unnoticed"
 
 
 def test_v3h_hopper_e4m3_every_named_barrier_removed_is_caught(emu):
     assert not _v3h_e4m3_missed(emu, "skip_named_barrier", V3H_MATH, [0], modes=STRICT_MODES), "the Q barrier removed"
-    missed = _v3h_e4m3_missed(emu, "skip_named_barrier", V3H_WG0, [2, 4], modes=STRICT_MODES)
+    missed = _v3h_e4m3_missed(emu, "skip_named_barrier", V3H_WG0, [3, 6], modes=STRICT_MODES)
     assert not missed, f"warpgroup 0's bar.sync call(s) {missed} removed went unnoticed"
     missed = _v3h_e4m3_missed(emu, "skip_named_barrier", V3H_WG1, [2, 5], modes=STRICT_MODES)
     assert not missed, f"warpgroup 1's bar.sync call(s) {missed} removed went unnoticed"
     # its own barrier before it rewrites its V^T halves, pairs 1 and 2 (pair 0's has no P V before it to wait for):
     # with it gone, three of its warps run a pair ahead of the first and rewrite what that warp's P V still reads
-    # (shown only with that warp held back: lagging-head)
+    # (shown only with that warp held back: lagging-head, and for pair 2 stalled-head)
     missed = _v3h_e4m3_missed(emu, "skip_named_barrier", V3H_WG1, [4, 7], modes=V3H_WARP_LAG_MODES)
     assert not missed, f"warpgroup 1's own barrier call(s) {missed} removed went unnoticed"
+    # warpgroup 0's likewise (pairs 1 and 2), before it rewrites its V^T half of stage 1 under its P1 V1L of the pair
+    # before
+    missed = _v3h_e4m3_missed(emu, "skip_named_barrier", V3H_WG0, [5, 8], modes=V3H_WARP_LAG_MODES)
+    assert not missed, f"warpgroup 0's own barrier call(s) {missed} removed went unnoticed"
     missed = _v3h_e4m3_missed(emu, "named_barrier_miscount", V3H_MATH, [-1, 0, 1, 2, 3], modes=STRICT_MODES)
     assert not missed, f"named barrier call(s) {missed} with a wrong count went unnoticed"
 
 
 # one warp of each warpgroup held back, so the other three run ahead of it: the last (lagging-tail, every other
-# pass) or the first (lagging-head, three passes in four); the emulator runs each warp's slice of a wgmma as that
-# warp issues it, so a warp rewriting what a held warp's wgmma reads shows here
+# pass) or the first (lagging-head, three passes in four; stalled-head, fifteen in sixteen); the emulator runs each
+# warp's slice of a wgmma as that warp issues it, so a warp rewriting what a held warp's wgmma reads shows here
 V3H_WARP_LAG_MODES = (("issue", "lagging-tail"), ("wait", "lagging-tail"), ("issue", "lagging-head"),
-                      ("wait", "lagging-head"))
+                      ("wait", "lagging-head"), ("issue", "stalled-head"))
 
 
 @pytest.mark.parametrize("kv_dtype", ["", "fp8_e4m3"], ids=["bf16", "e4m3"])

@@ -77,11 +77,12 @@ enum class FaultKind {
 };
 enum class Schedule {
   kForward, kReverse, kRandom, kWarpAhead, kWarpAheadReverse, kLagging, kLaggingMid, kLaggingTail, kStarveLast,
-  kLaggingHead
+  kLaggingHead, kStalledMid, kStalledHead
 };
 // the schedules' names, in the enum's order (set_schedule, VA_EMU_SCHEDULE, describe_settings)
 constexpr const char* kScheduleNames[] = {"forward", "reverse", "random", "warp-ahead", "warp-ahead-reverse", "lagging",
-                                          "lagging-mid", "lagging-tail", "starve-last", "lagging-head"};
+                                          "lagging-mid", "lagging-tail", "starve-last", "lagging-head",
+                                          "stalled-mid", "stalled-head"};
 bool schedule_named(const std::string& name, Schedule& out) {
   for (size_t i = 0; i < std::size(kScheduleNames); ++i)
     if (name == kScheduleNames[i]) {
@@ -1056,6 +1057,10 @@ class Worker {
     // lagging-head: the first warp of every 4 runs one pass in 4 only: the other three warps of a warpgroup run far
     // ahead of it (a warp rewriting a buffer that the held warp's slice of a wgmma has not read yet: the emulator runs
     // each warp's slice when that warp issues it).
+    // stalled-mid / stalled-head: the middle third of the warps / the first warp of every 4 run one pass in 16 only:
+    // what lagging-mid / lagging-head show, with a lead long enough for a role to pass a whole pair of the other's
+    // steps (Hopper v3's e4m3 warpgroup 0 reading stage 1's rows before its own FULL wait, while warpgroup 1, whose
+    // wait on the same phase otherwise comes first, is held back).
     // starve-last: the last third of the warps (a 12-warp kernel's producer warpgroup) run only in passes where no
     // other thread can: a consumer that skips a wait then reads a buffer its producer has not written yet.
     // warp-ahead(-reverse): a warp runs until all its threads wait at a block
@@ -1071,6 +1076,8 @@ class Worker {
     const bool lag = cfg.schedule == Schedule::kLagging || cfg.schedule == Schedule::kLaggingMid;
     const bool lag_tail = cfg.schedule == Schedule::kLaggingTail;
     const bool lag_head = cfg.schedule == Schedule::kLaggingHead;
+    const bool stall_mid = cfg.schedule == Schedule::kStalledMid, stall_head = cfg.schedule == Schedule::kStalledHead;
+    constexpr long long kStallPeriod = 16;
     const int lag_warps = held_warps(nwarps);
     const int lag_first = cfg.schedule == Schedule::kLaggingMid ? lag_warps : 0;
     const bool starve_last = cfg.schedule == Schedule::kStarveLast;
@@ -1104,7 +1111,9 @@ class Worker {
             if (f.done || f.wait != WaitKind::kNone) continue;
             if (((pass & 1) && ((lag && t / 32 >= lag_first && t / 32 < lag_first + lag_warps) ||
                                 (lag_tail && t / 32 % 4 == 3))) ||
-                (lag_head && pass % 4 != 0 && t / 32 % 4 == 0)) {
+                (lag_head && pass % 4 != 0 && t / 32 % 4 == 0) ||
+                (pass % kStallPeriod != 0 && ((stall_mid && t / 32 >= lag_warps && t / 32 < 2 * lag_warps) ||
+                                              (stall_head && t / 32 % 4 == 0)))) {
               held_back = true;  // runnable, its turn is the next pass: not a deadlock
               continue;
             }

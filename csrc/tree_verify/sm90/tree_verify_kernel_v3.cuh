@@ -65,10 +65,13 @@
 //   * The producer copies a block's rows (8 tokens x 4 consecutive 16-byte chunks a warp instruction) into a 36 KB
 //     stage with FULL / EMPTY mbarriers per stage. e4m3 operands are K-major only, so each block's V (dims 0-511) is
 //     transposed into a V^T buffer per stage (VtTransposer, tree_verify_kernel.cuh; k position kappa holds token
-//     fp8_pv_token_of_k(kappa), where P's A fragment has it): the producer transposes warpgroup 0's dims (0-255;
-//     VFULL / VEMPTY per stage half as in the 16-bit rule), warpgroup 1 its own (256-511) right after its S, while
-//     warpgroup 0 runs its softmax. A stage's EMPTY counts every warp that read its rows (the S warpgroup, the
-//     producer, and for stage 0 warpgroup 1's transposition), so the producer refills it with pair i + 1 in
+//     fp8_pv_token_of_k(kappa), where P's A fragment has it): the producer transposes warpgroup 0's dims of stage 0
+//     (0-255, its early half; VFULL / VEMPTY), warpgroup 1 its own (256-511 of both blocks) right after its S, while
+//     warpgroup 0 runs its softmax, and warpgroup 0 its dims of stage 1 after it issued P0 V0L, while warpgroup 1
+//     runs the softmax it waits for (each consumer warpgroup behind a barrier of its own 128 threads, ids 5 and 4:
+//     its warps have retired the P V of the pair before that read the half). A stage's EMPTY counts every warp that
+//     read its rows (stage 0: warpgroup 0's S, the producer's and warpgroup 1's transpositions; stage 1: warpgroup
+//     1's S and transposition, warpgroup 0's transposition), so the producer refills it with pair i + 1 in
 //     iteration i (the loop's `arrive-ahead` marker tells bench.model) and prefetches pair i + 2's rows into L2.
 //   * P V: 2 k32 wgmma m64n256k32 a block, P from registers as e4m3 (x 2^8: the exact max, P <= 1), exchanged through
 //     a 4 KB buffer of its own; the epilogue scales by v_scale / 2^8.
@@ -130,7 +133,8 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
   const int warp = arch::warp_id();
   unsigned char* smem = arch::smem_dynamic<unsigned char>();
   // 16-bit: FULL (stage, half) at sFull[2 stage + half], EMPTY likewise at sEmpty. e4m3: FULL / EMPTY per stage (the
-  // rows), VFULL / VEMPTY (stage, V^T half) at [2 stage + half]. Pair i is phase i of each
+  // rows), VFULL / VEMPTY (stage, V^T half) at [2 stage + half] (used: stage 0's half 0, the producer's for
+  // warpgroup 0). Pair i is phase i of each
   constexpr int kRowBars = Tr::kFp8 ? STAGES : STAGES * Tr::kHalves;
   uint64_t* sFull = reinterpret_cast<uint64_t*>(smem + Tr::kBars);
   uint64_t* sEmpty = sFull + kRowBars;
@@ -142,9 +146,8 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
     for (int b = 0; b < kRowBars; ++b) {
       arch::mbarrier_init(sFull + b, Tr::kProducerThreads);  // every producer thread, once its copies landed
       // 16-bit: one lane of each warp of the warpgroup reading it last. e4m3: of each warp that read the stage's
-      // rows: the warpgroup whose S reads them, each producer warp once it transposed warpgroup 0's dims, and, for
-      // stage 0, each warp of warpgroup 1 once it transposed its own (stage 1's: its S and its transposition, one
-      // arrival)
+      // rows: stage 0, warpgroup 0 (its S), the producer and warpgroup 1 (their transpositions); stage 1, warpgroup
+      // 1 (its S and its transposition, one arrival) and warpgroup 0 (its transposition)
       arch::mbarrier_init(sEmpty + b, Tr::kFp8 ? (b == 0 ? 3 : 2) * (Tr::kWarps / 2) : Tr::kWarps / 2);
     }
     if constexpr (Tr::kFp8)
@@ -299,11 +302,12 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
         cur[stage].advance();
         arch::cp_async_mbarrier_arrive_noinc(sFull + stage);
       };
-      // warpgroup 0's V^T halves (dims 0-255: stage 0's early half, stage 1's late one); warpgroup 1 transposes its
-      // own. Warp pw takes the 16-dim chunks pw, pw + 4, ... of a half, both k32 steps
+      // warpgroup 0's V^T half of stage 0 (dims 0-255, the stage's early half); each consumer warpgroup transposes
+      // its own others (warpgroup 0 stage 1's dims 0-255, warpgroup 1 dims 256-511 of both). Warp pw takes the
+      // 16-dim chunks pw, pw + 4, ... of the half, both k32 steps
       const VtTransposer<4, Tr::kGroupBytes, Tr::kVtLbo, Tr::kVtSbo> vt(lane, pw);
       unsigned char* sVt = smem + Tr::kVt;
-      static_assert(Tr::dv_half_of(0, 0) == 0 && Tr::dv_half_of(1, 1) == 0, "dims 0-255: stage s's half s");
+      static_assert(Tr::dv_half_of(0, 0) == 0, "dims 0-255: stage 0's half 0");
       // the pair's rows: pair 0's before the loop, pair i + 1's in iteration i once their stage is free
       {
         int32_t ids[STAGES][RJ];
@@ -325,26 +329,27 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
         const int pf_tok = range.begin + (2 * i + 4) * BN + pt;
         const bool prefetch = i + 2 < npairs && pf_tok < range.end && !(kKnockout & kKoNoLoad);
         const int32_t pf_id = prefetch ? id_clamped(pf_cur.pos) : 0;  // (pf_tok < range.end: never clamped)
-        // pair i's V^T of warpgroup 0's dims: stage 0's (its early half, freed in the middle of pair i - 1), then
-        // stage 1's (late); then the stage's rows are read no more by this warp, and pair i + 1's go there as soon as
-        // its S retired and every warp that transposes from it is done
+        // pair i's V^T of warpgroup 0's dims of stage 0 (its early half, freed in the middle of pair i - 1); then
+        // stage 0's rows are read no more by this warp. Pair i + 1's blocks go into each stage as soon as every warp
+        // that reads its rows is done (stage 0: warpgroup 0's S, this transposition and warpgroup 1's; stage 1:
+        // warpgroup 1's S and transposition, warpgroup 0's)
 #pragma unroll
         for (int stage = 0; stage < STAGES; ++stage) {
-          const int half = stage;
-          if (stage == 1 && prefetch) {  // the row's lines (a 576-byte row spans 5 or 6)
+          if (stage == 0) {
+            arch::mbarrier_wait(sFull + 0, parity);  // the block's rows landed (every thread's)
+            // warpgroup 0 released this V^T half in pair i - 1
+            if (i > 0) arch::mbarrier_wait(sVEmpty + 0, parity ^ 1u);
+            transpose_vt_half<Tr>(vt, sKV, sVt, 0, 0);
+            arch::fence_proxy_async();  // this thread's V^T stores, ordered before the wgmma's (async-proxy) reads
+            arch::mbarrier_arrive(sVFull + 0);
+            arch::warp_sync();
+            if (lane == 0) arch::mbarrier_arrive(sEmpty + 0);
+          } else if (prefetch) {  // the row's lines (a 576-byte row spans 5 or 6)
             const KV* row = kv_head + pf_cur.row_offset(pf_id, k_sb32, k_st32);
 #pragma unroll
             for (int b = 0; b < Tr::kRowLines; ++b)
               arch::prefetch_l2(row + (128 * b < Tr::kRowBytes ? 128 * b : Tr::kRowBytes - 1));
           }
-          arch::mbarrier_wait(sFull + stage, parity);  // the block's rows landed (every thread's)
-          // warpgroup 0 released this V^T half in pair i - 1
-          if (i > 0) arch::mbarrier_wait(sVEmpty + Tr::kHalves * stage + half, parity ^ 1u);
-          transpose_vt_half<Tr>(vt, sKV, sVt, stage, 0);
-          arch::fence_proxy_async();  // this thread's V^T stores, ordered before the wgmma's (async-proxy) reads
-          arch::mbarrier_arrive(sVFull + Tr::kHalves * stage + half);
-          arch::warp_sync();
-          if (lane == 0) arch::mbarrier_arrive(sEmpty + stage);
           if (i + 1 < npairs) {  // pair i + 1's block into the stage (EMPTY phase i)
             arch::mbarrier_wait(sEmpty + stage, parity);
             copy_block(2 * i + 2 + stage, stage, ids[stage]);  // sass-model: arrive-ahead (FULL: pair i + 1's)
@@ -398,7 +403,7 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
       Tr::kFp8 ? arch::wgmma_desc(smem + Tr::kVt + wg * (Tr::kODV / 8) * Tr::kVtSbo, Tr::kVtLbo, Tr::kVtSbo)
                : arch::wgmma_desc_sw128(sKV + wg * (Tr::kODV / Tr::kDimBlock) * kBlockBytes, kBlockBytes, kAtom);
 
-  // e4m3: warpgroup 1's transposer of its own V^T halves (warp wq takes the chunks wq, wq + 4, ...)
+  // e4m3: this warpgroup's transposer of its own V^T halves (warp wq takes the chunks wq, wq + 4, ...)
   [[maybe_unused]] const VtTransposer<4, Tr::kGroupBytes, Tr::kVtLbo, Tr::kVtSbo> vt_wg(lane, wq);
 
   // ---- softmax state: rows qg and qg + 8 of the warp's 16, the same in both warpgroups ----
@@ -647,7 +652,21 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
         arch::wgmma_fence_operand(oacc);
         release(0, 0);
       } else {  // sass-model: real
+        if constexpr (Tr::kFp8) {
+          // e4m3: its own V^T half of block 2i + 1 (stage 1's dims 0-255) while warpgroup 1 runs the softmax it
+          // waits for. Once the block's rows landed, and every warp of this warpgroup retired its P1 V1L of pair
+          // i - 1, which read this half (its own barrier); fenced, and its bar.sync on P1 below orders every warp's
+          // stores before the P1 V1L that reads them
+          arch::mbarrier_wait(sFull + 1, parity);
+          arch::named_barrier_sync(kV3WgBarrier, 128);
+          transpose_vt_half<Tr>(vt_wg, sKV, smem + Tr::kVt, 1, 0);
+          arch::fence_proxy_async();
+        }
         arch::named_barrier_sync(kV3P1Barrier, Tr::kThreads);  // WG1's P1, max and sums
+        if constexpr (Tr::kFp8) {  // stage 1's rows: read no more by this warp (its FULL wait came first: see above)
+          arch::warp_sync();
+          if (lane == 0) arch::mbarrier_arrive(sEmpty + 1);
+        }
         fetch(1, pb, otmax, orsum);
         update(otmax, a1);
         add_sum(orsum, a1);
@@ -655,11 +674,13 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
         arch::wgmma_fence_operand(oacc);
         release(0, 0);  // (only this warpgroup reads stage 0's L half: the producer refills it for pair i + 1)
         rescale_o(a1);
-        pv_issue(1, pb, parity, true, 1);  // O_L = O_L a1 + P1 V1L (stage 1's late half)
+        pv_issue(1, pb, parity, true, Tr::kFp8 ? -1 : 1);  // O_L = O_L a1 + P1 V1L (stage 1's late half)
         arch::wgmma_commit();
         arch::wgmma_wait<0>();
         arch::wgmma_fence_operand(oacc);
-        release(1, 1);  // stage 1's L half and RoPE: its last reader (warpgroup 1's S1 and P1 came before P1 out)
+        // stage 1's L half and RoPE: its last reader (warpgroup 1's S1 and P1 came before P1 out). (e4m3: the V^T
+        // half is this warpgroup's own, rewritten only by it after its barrier)
+        if constexpr (!Tr::kFp8) release(1, 1);
       }
     } else if (phantom) {  // sass-model: phantom
       // the pair's second block lies past the split's end: no S1, no P1 (nor its hand-off: warpgroup 0 skips its
