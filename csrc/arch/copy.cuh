@@ -5,6 +5,7 @@
 #pragma once
 
 #include "defs.cuh"
+#include "warp.cuh"
 #if VA_EMULATION
 #include <cstring>
 #include <source_location>
@@ -258,6 +259,20 @@ VA_DEVICE void cp_async_mbarrier_arrive_noinc(uint64_t* bar) {
 #else
   __trap();
 #endif
+}
+#endif
+
+// One arrival for the calling warp, on an mbarrier whose count is in warps (the warp-specialized kernels' EMPTY
+// barriers: "this warp reads the buffer no more"): the warp's lanes converge, then lane 0 arrives.
+#if VA_EMULATION
+VA_DEVICE void mbarrier_arrive_warp(uint64_t* bar, std::source_location loc = std::source_location::current()) {
+  warp_sync(loc);
+  if (lane_id() == 0) mbarrier_arrive(bar, loc);
+}
+#else
+VA_DEVICE void mbarrier_arrive_warp(uint64_t* bar) {
+  warp_sync();
+  if (lane_id() == 0) mbarrier_arrive(bar);
 }
 #endif
 

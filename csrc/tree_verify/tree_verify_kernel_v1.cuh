@@ -293,8 +293,7 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
   // warp's lanes meet, then one of them arrives on the stage's EMPTY barrier
   auto release = [&](int tile) {
     if constexpr (Tr::kProducer) {
-      arch::warp_sync();
-      if (lane == 0) arch::mbarrier_arrive(sEmpty + tile % STAGES);
+      arch::mbarrier_arrive_warp(sEmpty + tile % STAGES);
     }
   };
   auto zero_row = [](KV* dst, uint32_t bytes) {  // st.shared zeros over one smem row

@@ -342,8 +342,7 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
             transpose_vt_half<Tr>(vt, sKV, sVt, 0, 0);
             arch::fence_proxy_async();  // this thread's V^T stores, ordered before the wgmma's (async-proxy) reads
             arch::mbarrier_arrive(sVFull + 0);
-            arch::warp_sync();
-            if (lane == 0) arch::mbarrier_arrive(sEmpty + 0);
+            arch::mbarrier_arrive_warp(sEmpty + 0);
           } else if (prefetch) {  // the row's lines (a 576-byte row spans 5 or 6)
             const KV* row = kv_head + pf_cur.row_offset(pf_id, k_sb32, k_st32);
 #pragma unroll
@@ -473,10 +472,8 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
     arch::wgmma_wait<0>();
     arch::wgmma_fence_operand(sacc);
     if constexpr (Tr::kFp8) {
-      if (release_rows) {  // (warpgroup 1 frees its block's rows once it also transposed its dims of them)
-        arch::warp_sync();
-        if (lane == 0) arch::mbarrier_arrive(sEmpty + stage);
-      }
+      // (warpgroup 1 frees its block's rows once it also transposed its dims of them)
+      if (release_rows) arch::mbarrier_arrive_warp(sEmpty + stage);
     } else {
       (void)release_rows;
     }
@@ -594,8 +591,7 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
   // the producer
   uint64_t* const sHalfEmpty = Tr::kFp8 ? sVEmpty : sEmpty;
   auto release = [&](int stage, int half) {
-    arch::warp_sync();
-    if (lane == 0) arch::mbarrier_arrive(sHalfEmpty + Tr::kHalves * stage + half);
+    arch::mbarrier_arrive_warp(sHalfEmpty + Tr::kHalves * stage + half);
   };
 
   // warpgroup 1, e4m3: its V^T half of block 2i (stage 0's dims 256-511) once stage 0's rows landed (implied by its
@@ -605,8 +601,7 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
     arch::mbarrier_wait(sFull + 0, parity);
     transpose_vt_half<Tr>(vt_wg, sKV, smem + Tr::kVt, 0, 1);
     arch::fence_proxy_async();
-    arch::warp_sync();
-    if (lane == 0) arch::mbarrier_arrive(sEmpty + 0);
+    arch::mbarrier_arrive_warp(sEmpty + 0);
   };
   // warpgroup 1: warpgroup 0's P0, its max and sums (bar.sync P0), and WG0's step of the running max and sum replayed
   auto take_p0 = [&](uint32_t (&pb)[kPKSteps][4], float (&a0)[2]) {
@@ -663,10 +658,8 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
           arch::fence_proxy_async();
         }
         arch::named_barrier_sync(kV3P1Barrier, Tr::kThreads);  // WG1's P1, max and sums
-        if constexpr (Tr::kFp8) {  // stage 1's rows: read no more by this warp (its FULL wait came first: see above)
-          arch::warp_sync();
-          if (lane == 0) arch::mbarrier_arrive(sEmpty + 1);
-        }
+        // e4m3: stage 1's rows, read no more by this warp (its FULL wait came first: see above)
+        if constexpr (Tr::kFp8) arch::mbarrier_arrive_warp(sEmpty + 1);
         fetch(1, pb, otmax, orsum);
         update(otmax, a1);
         add_sum(orsum, a1);
@@ -691,8 +684,7 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
         arch::mbarrier_wait(sFull + 1, parity);
         // (as in a real pair: every warp retired its P V of pair i - 1, which read the V^T half transposed below)
         arch::named_barrier_sync(kV3Wg1Barrier, 128);
-        arch::warp_sync();
-        if (lane == 0) arch::mbarrier_arrive(sEmpty + 1);  // stage 1's rows: nothing to read in them
+        arch::mbarrier_arrive_warp(sEmpty + 1);  // stage 1's rows: nothing to read in them
         own_vt_stage0(parity);
       } else {
 #pragma unroll
@@ -721,8 +713,7 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
         arch::named_barrier_sync(kV3Wg1Barrier, 128);
         transpose_vt_half<Tr>(vt_wg, sKV, smem + Tr::kVt, 1, 1);
         arch::fence_proxy_async();
-        arch::warp_sync();
-        if (lane == 0) arch::mbarrier_arrive(sEmpty + 1);  // stage 1's rows: its S and this transposition done
+        arch::mbarrier_arrive_warp(sEmpty + 1);  // stage 1's rows: its S and this transposition done
         own_vt_stage0(parity);
       }
       take_p0(pb, a0);
