@@ -1184,8 +1184,10 @@ class Worker {
       }
     }
   }
-  // A CTA must not exit with bulk copies in flight into its shared memory: every phase that copies went
-  // to must have completed.
+  // A CTA must not exit with copies in flight into its shared memory: every phase that copies went to (bulk copies,
+  // and cp.asyncs tied to it by cp.async.mbarrier.arrive.noinc) must have completed, and some thread must have
+  // waited for it, so that the copies have landed before the shared memory goes to another CTA. (Landing "wait"
+  // lands a completed phase's copies at the first wait; until then they are `unlanded`: with no wait, still in flight.)
   void check_bulk_drained(const Block& b) {
     for (const auto& [off, m] : b.mbars) {
       if (!m.copies.empty() || m.tx != 0) {
@@ -1194,6 +1196,15 @@ class Worker {
                    ") has a phase that never completed when the block exited: " +
                    std::to_string(m.pending) + " arrival(s) and " + std::to_string(m.tx) +
                    " transaction byte(s) still due, " + std::to_string(m.copies.size()) + " bulk copy(ies) in flight",
+               std::source_location());
+        return;
+      }
+      if (!m.unlanded.empty()) {
+        report(b, nullptr,
+               "mbarrier at smem offset " + std::to_string(off) + " (initialised" + where(m.init_loc) + "): " +
+                   std::to_string(m.unlanded.size()) +
+                   " copy(ies) of a completed phase that no thread waited for when the block exited (still in "
+                   "flight into shared memory the CTA gives up)",
                std::source_location());
         return;
       }

@@ -186,7 +186,8 @@ __global__ void k_pipeline(const float4* src, int ntiles, float4* out) {
 // `stages` stages, one mbarrier per stage counting the R loader threads; every thread waits on the
 // stage's phase and sums its right neighbour's row (so the wait must cover every thread's copy):
 // out [ntiles][R]. mode 1: expect_tx announces 16 bytes less than the copy delivers; 2: a copy of a size
-// that is not a multiple of 16; 3: the barriers are never initialised --------------------------------
+// that is not a multiple of 16; 3: the barriers are never initialised; 4: no thread waits for the last tile (its
+// copies complete their phase, and are still in flight when the block exits) --------------------------------
 __global__ void k_bulk_rows(const float* src, const int* idx, int ntiles, int row_floats, int stages, int mode,
                             float* out) {
   const int R = blockDim.x, t = threadIdx.x;
@@ -206,6 +207,7 @@ __global__ void k_bulk_rows(const float* src, const int* idx, int ntiles, int ro
   for (int i = 0; i < stages - 1 && i < ntiles; ++i) issue(i);
   for (int i = 0; i < ntiles; ++i) {
     if (i + stages - 1 < ntiles) issue(i + stages - 1);  // the stage tile i - 1 used: freed by the last barrier
+    if (mode == 4 && i == ntiles - 1) break;
     mbarrier_wait(bars + i % stages, static_cast<uint32_t>(i / stages) & 1u);
     const float* r = rows + (static_cast<size_t>(i % stages) * R + (t + 1) % R) * row_floats;
     float acc = 0.f;
