@@ -42,7 +42,8 @@
 //     hand-offs (bar.arrive by the publishing warpgroup, bar.sync by the other: 256); 4, warpgroup 0's 128 threads
 //     before its P overwrites the RoPE dims its S read (a warp's wgmma wait retires its own part only: the
 //     emulator's warp-ahead schedule caught warp 0 writing P under warps 1-3's S; warpgroup 1's bar.sync on P0 already
-//     orders its warps' S before its P); 5, warpgroup 1's 128 threads before its V^T stores of a pair (e4m3).
+//     orders its warps' S before its P; e4m3, whose P has a buffer of its own: before its V^T stores of stage 1);
+//     5, warpgroup 1's 128 threads before its V^T stores of a pair (e4m3).
 //     The only CTA-wide barrier is the one after the mbarriers' init.
 //   * A phantom pair (an odd block count's last: block 2i + 1 past the split's end) runs no wgmma on its phantom
 //     block: warpgroup 1 waits for the block's (zero) rows to land and issues no S, neither warpgroup hands P1 over
@@ -90,7 +91,8 @@
 namespace va::tv {
 
 // Named barriers of kernel v3 (sm90): Q staged by the consumers, the seesaw's two hand-offs, warpgroup 0's own
-// barrier before P0 overwrites the RoPE dims its S read, and (e4m3) warpgroup 1's before its V^T stores of a pair
+// barrier before P0 overwrites the RoPE dims its S read (e4m3: before its V^T stores of stage 1), and (e4m3)
+// warpgroup 1's before its V^T stores of a pair
 inline constexpr int kV3QBarrier = 1, kV3P0Barrier = 2, kV3P1Barrier = 3, kV3WgBarrier = 4, kV3Wg1Barrier = 5;
 
 // e4m3: dims [256 dv, 256 dv + 256) of the block in `stage` (landed rows) into the stage's V^T buffer, both k32 steps
