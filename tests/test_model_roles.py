@@ -431,3 +431,29 @@ def test_the_trace_counts_each_roles_shared_memory():
     prod3 = s3.smem_by_warp[-1]
     assert prod3["issued"] == 0 and prod3["copies"] == pytest.approx(2 * 64 * 1152 / 4 / 32)
     assert s3.pipe_busy["lsu"] > 0 and all(d["operands"] > 0 for d in s3.smem_by_warp[:2])
+
+
+def test_the_trace_names_the_other_roles_waits():
+    """`--trace` lists the stalls of every simulated warp of a warp-role tile, not warp 0's alone (sim.explain_warps,
+    from the last iteration's full trace). On Hopper's v3 (bf16) warpgroup 1's warp 4 waits at an mbarrier (its
+    stage's FULL halves, refilled after the pair before ended) for a large part of the pair: a limit warp 0's list
+    cannot show. Every listed stall is one warp's gap between two of its own issues."""
+    from bench.model import call
+    from bench.model.__main__ import trace_lines
+    from verify_attn.shapes import get_shape
+    try:
+        ks = kernels.load("sm_90a", "mla576", "bf16", "page1")
+    except RuntimeError as e:
+        pytest.skip(str(e))
+    km = next(k for k in ks if k.tile.version == 3 and k.tile.block_m == 64)
+    p = call.predict(km, H200, call.Case(get_shape("kimi-k2-tp8"), 185_000, 16))
+    lines = trace_lines(km, H200, p)
+    head = lines.index("  the other simulated warps' stalls of 100 cycles or more:")
+    others = lines[head + 1:]
+    assert others and all(line.startswith("  warp ") for line in others)
+    waits4 = [line for line in others if line.startswith("  warp  4 ") and "SYNCS.PHASECHK" in line]
+    assert waits4, others
+    stall = lambda line: float(line.split("+")[1].split("cyc")[0])   # noqa: E731
+    assert max(stall(x) for x in waits4) > 0.1 * p.tile.sim.cycles_per_iter
+    # the same gaps the full trace holds: warp 4's stalls sum to less than its simulated iteration
+    assert sum(stall(x) for x in others if x.startswith("  warp  4 ")) < p.tile.sim.cycles_per_iter

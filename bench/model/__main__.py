@@ -72,7 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--per-tile", action="store_true", help="also print the per-tile SASS reading of each kernel")
     ap.add_argument("--trace", action="store_true",
                     help="also print where each kernel's simulated tile loses tensor-pipe time: the pipe's idle "
-                         "stretches (>= 30 cycles) and warp 0's long stalls, with their source lines")
+                         "stretches (>= 30 cycles) and warp 0's long stalls, with their source lines (warp-role "
+                         "tiles: the other roles' simulated warps' stalls of 100 cycles or more too)")
     ap.add_argument("--constants", action="store_true", help="print the device constants with their sources and exit")
     ap.add_argument("--no-bands", action="store_true", help="central values only (no band: each band re-predicts the "
                     "call once per end of every ranged constant, ~3-5 s a row)")
@@ -316,9 +317,14 @@ def trace_lines(km, dev, p: predict.Prediction) -> list[str]:
     body = km.roles_hot[0] if km.roles_hot is not None else km.hot.instrs
     res = p.tile.sim
     busy = res.pipe_busy.get("tensor", 0.0)
+    others: list[str] = []
+    if km.roles_hot is not None:  # the other roles' warps (one of each on the simulated scheduler)
+        names = {x: f"warp {w:2d}" for x, w in enumerate(predict.simulated_warps(km.tile, dev.schedulers)) if x > 0}
+        others = ["  the other simulated warps' stalls of 100 cycles or more:"] + sim.explain_warps(body, res, names)
     return ([f"{dev.key} {km.name} ({km.layout}): {res.cycles_per_iter:.0f} cycles/tile simulated, tensor pipe "
              f"busy {busy:.0f} ({100 * busy / res.cycles_per_iter:.0f}%)", smem_line(res)]
-            + role_lines(km, res, dev.schedulers) + sim.pipe_gaps(body, res, "tensor", dev, 30) + sim.explain(body, res, 25))
+            + role_lines(km, res, dev.schedulers) + sim.pipe_gaps(body, res, "tensor", dev, 30) + sim.explain(body, res, 25)
+            + others)
 
 
 def smem_line(res) -> str:

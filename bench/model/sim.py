@@ -687,6 +687,21 @@ def pipe_gaps(body: list[Instr], res: SimResult, pipe: str, dev: DeviceModel, mi
     return out
 
 
+def explain_warps(body: list[Instr], res: SimResult, names: dict[int, str], min_stall: float = 100.0) -> list[str]:
+    """The stalls of `min_stall` cycles or more of each simulated warp in `names` (its index in the simulation -> a
+    label) in its last simulated iteration, from `full_trace`: what the roles other than warp 0's wait on (a warp
+    specialized tile's limit is often another role's wait: Hopper v3's warpgroup 1 for stage 1's late half)."""
+    out = []
+    last: dict[int, float] = {}
+    for t, w, i in res.full_trace:
+        if w in last and w in names and t - last[w] >= min_stall:
+            ins = body[i]
+            out.append(f"  {names[w]} +{t - last[w]:6.0f} cyc @ {t:8.0f}  line {ins.line or '?':>4}  {ins.pred or '':5} "
+                       f"{ins.opcode} {', '.join(ins.operands)[:60]}")
+        last[w] = t
+    return out
+
+
 def explain(body: list[Instr], res: SimResult, min_stall: float = 20.0) -> list[str]:
     """Warp 0's stalls of `min_stall` cycles or more in the last simulated iteration, with the
     instruction that waited and its source line: where a tile's cycles go."""
