@@ -125,15 +125,15 @@ def test_validate_lists_flashmla_as_not_reached_without_its_cubins(monkeypatch, 
 
 
 def test_knockout_bits_are_checked(capsys):
-    """`--knockout` reads bench.knockout's timing variants; bits outside 0..15 are refused with the range."""
+    """`--knockout` reads bench.knockout's timing variants; bits outside 0..31 are refused with the range."""
     from bench.model.__main__ import main
     from verify_attn import build as vb
     with pytest.raises((SystemExit, ValueError)) as e:
-        main(["--arch", "sm_90a", "--knockout", "16"])
+        main(["--arch", "sm_90a", "--knockout", "32"])
     msg = str(e.value) + capsys.readouterr().err
-    assert "0..15" in msg
-    with pytest.raises(ValueError, match="0..15"):
-        vb.compile_cubin(vb.instantiation_file("bf16", "mla576", "page1"), "sm_90a", knockout=16)
+    assert "0..31" in msg
+    with pytest.raises(ValueError, match="0..31"):
+        vb.compile_cubin(vb.instantiation_file("bf16", "mla576", "page1"), "sm_90a", knockout=32)
 
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_120a"])

@@ -31,7 +31,8 @@ from typing import Optional
 REPO = Path(__file__).resolve().parents[2]
 STEM = "mla576_bf16_page1"
 NAMES = {0: "full kernel", 1: "no KV copies", 2: "no index loads", 3: "no copies, no index", 4: "no exchange (v2)",
-         5: "no copies, no exchange", 6: "no index, no exchange", 7: "compute only", 8: "no L2 prefetch (v2)"}
+         5: "no copies, no exchange", 6: "no index, no exchange", 7: "compute only", 8: "no L2 prefetch (v2)",
+         16: "half the rows (v3 cluster)"}
 
 
 def _env(bits: int) -> dict:

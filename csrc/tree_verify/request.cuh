@@ -22,8 +22,10 @@ namespace va::tv {
 //   kKoNoIndex:    row ids are the token positions (page_size 1), no kv_indices read in the main loop
 //   kKoNoExchange: kernel v2's warpgroups exchange no partial scores (the softmax sees constant scores)
 //   kKoNoPrefetch: kernel v2 issues no L2 prefetches (its results stay right: the A/B of the prefetch)
+//   kKoHalfRows:   kernel v3 (sm90, 16-bit) gathers, indexes and prefetches only rows 0-31 of each block (the
+//                  other rows keep whatever the stage held): a 2-CTA cluster's gather without its DSMEM forward
 constexpr int kKnockout = VA_TV_KNOCKOUT;
-constexpr int kKoNoLoad = 1, kKoNoIndex = 2, kKoNoExchange = 4, kKoNoPrefetch = 8;
+constexpr int kKoNoLoad = 1, kKoNoIndex = 2, kKoNoExchange = 4, kKoNoPrefetch = 8, kKoHalfRows = 16;
 
 // Entry i of an int32 index array, or the low 32-bit word of entry i of an int64 one.
 VA_DEVICE const int32_t* index_at(const int32_t* a, int64_t i, int32_t is64) { return a + (i << is64); }

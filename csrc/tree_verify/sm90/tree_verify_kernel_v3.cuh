@@ -192,6 +192,8 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
     if constexpr (!Tr::kFp8) {
       const int sub = pt & 7, r0 = pt >> 3;   // chunk of a 128-byte line; first token (then + 16 j)
       constexpr int RJ = Tr::kRowsPerThread;
+      // rows r0 + 16 j for j < RJC copied (kKoHalfRows: rows 0-31 only, a 2-CTA cluster's rank 0 gather)
+      constexpr int RJC = (kKnockout & kKoHalfRows) ? RJ / 2 : RJ;
       const KV* kbase = kv_head + sub * 8;
       // its tokens' cursors: block 2i + s's first (token r0) at cur[s]; its tokens r0 + 16 j from it, 16 tokens a step
       // (a cursor a token spilled at 56 registers)
@@ -205,11 +207,11 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
         if (row_walk) {  // sass-model: rare (pages that split a block; the model's paged readings are at page 64)
           TokenCursor<L> c = cur[t % 2].stepping_as(by16);
 #pragma unroll
-          for (int j = 0; j < RJ; ++j, c.advance()) ids[j] = id_clamped(c.pos);
+          for (int j = 0; j < RJC; ++j, c.advance()) ids[j] = id_clamped(c.pos);
         } else {  // page 1: an id a row; whole pages: the block's one id (ids[0]; the others unread, set to 0 so that
                   // no copy of the load's register waits for it here)
 #pragma unroll
-          for (int j = 0; j < RJ; ++j) ids[j] = L::kPaged && j > 0 ? 0 : id_clamped(cur[t % 2].pos + 16 * j);
+          for (int j = 0; j < RJC; ++j) ids[j] = L::kPaged && j > 0 ? 0 : id_clamped(cur[t % 2].pos + 16 * j);
         }
       };
       static_assert(STAGES == 2, "v3 (sm90): a pair of blocks in two stages, block 2i + s in stage s");
@@ -221,7 +223,8 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
         load_ids(2 * i + 1, ids[1]);
         // row pt of pair i + 1, and its id (read here: the EMPTY waits that follow hide the load)
         const int pf_tok = range.begin + (2 * i + 2) * BN + pt;
-        const bool prefetch = i + 1 < npairs && pf_tok < range.end && !(kKnockout & kKoNoLoad);
+        const bool prefetch = i + 1 < npairs && pf_tok < range.end && !(kKnockout & kKoNoLoad) &&
+                              (!(kKnockout & kKoHalfRows) || pt % BN < BN / 2);
         const int32_t pf_id = prefetch ? id_clamped(pf_cur.pos) : 0;  // (pf_tok < range.end: never clamped)
         // the early halves first (stage 0's L, stage 1's R: freed in the middle of the previous pair), then the late
 #pragma unroll
@@ -252,11 +255,11 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
             if (row_walk) {  // sass-model: rare (pages that split a block; the model's paged readings are at page 64)
               TokenCursor<L> c = cur[stage].stepping_as(by16);
 #pragma unroll
-              for (int j = 0; j < RJ; ++j, c.advance()) copy_row(j, kbase + c.row_offset(ids[stage][j], k_sb32, k_st32));
+              for (int j = 0; j < RJC; ++j, c.advance()) copy_row(j, kbase + c.row_offset(ids[stage][j], k_sb32, k_st32));
             } else {  // page 1: a row an id; whole pages: row 0 of the block's page, then 16 rows apart
               const KV* src0 = kbase + cur[stage].row_offset(ids[stage][0], k_sb32, k_st32);
 #pragma unroll
-              for (int j = 0; j < RJ; ++j)
+              for (int j = 0; j < RJC; ++j)
                 copy_row(j, L::kPaged ? src0 + j * rows16 : kbase + cur[stage].row_offset(ids[stage][j], k_sb32, k_st32));
             }
           }
