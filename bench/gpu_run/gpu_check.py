@@ -471,9 +471,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--sanitize", action="store_true", help="compute-sanitizer memcheck on one small case")
     ap.add_argument("--ncu-args", default=None, help="the ncu stage's sections and page instead of the default "
                     "(e.g. '--section SourceCounters --page source --print-source sass': per-instruction stalls)")
-    ap.add_argument("--knockout", metavar="BITS", default=None, const="0,1,2,4,7,8", nargs="?",
+    ap.add_argument("--knockout", metavar="BITS", default=None, const="0,1,2,4,7,8,16", nargs="?",
                     help="also time knockout variants of v2 / v1 / v1's bulk loader / v3-sm120 / Hopper's v3 "
-                         "(bench.knockout; default bits 0,1,2,4,7,8)")
+                         "(bench.knockout; default bits 0,1,2,4,7,8,16: 16 bounds Hopper v3's 2-CTA cluster)")
     ap.add_argument("--tune", action="store_true", help=argparse.SUPPRESS)   # the tune stage is in the plan now
     ap.add_argument("--only", default=None, help="comma-separated stage names to run (default: all)")
     ap.add_argument("--skip", default=None, help="comma-separated stage names to leave out")
