@@ -4,6 +4,7 @@
 #pragma once
 
 #include "defs.cuh"
+#include "cluster.cuh"
 #include "copy.cuh"
 #include "launch.cuh"
 #include "math.cuh"

@@ -49,6 +49,56 @@ void launch(Kernel kernel, dim3 grid, dim3 block, size_t dyn_smem_bytes, cudaStr
 #endif
 }
 
+// Launches kernel<<<grid, block, dyn_smem_bytes, stream>>>(args...) in thread-block clusters of shape `cluster`
+// (sm_90+; each grid dimension a multiple of the cluster's, at most 8 CTAs a cluster): the CTAs of a cluster run at
+// once, on SMs of one GPC, and may use each other's shared memory (cluster.cuh). Errors and CUDA-graph safety as
+// launch(). Emulation: a cluster's CTAs run together in one scheduler.
+template <class Kernel, class... Args>
+void launch_cluster(Kernel kernel, dim3 grid, dim3 block, size_t dyn_smem_bytes, cudaStream_t stream, dim3 cluster,
+                    Args... args) {
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0) return;
+  if (cluster.x == 0 || cluster.y == 0 || cluster.z == 0 || grid.x % cluster.x != 0 || grid.y % cluster.y != 0 ||
+      grid.z % cluster.z != 0 || cluster.x * cluster.y * cluster.z > 8) {
+    throw std::runtime_error("va::arch::launch_cluster: cluster " + std::to_string(cluster.x) + "x" +
+                             std::to_string(cluster.y) + "x" + std::to_string(cluster.z) +
+                             " must divide the grid " + std::to_string(grid.x) + "x" + std::to_string(grid.y) + "x" +
+                             std::to_string(grid.z) + " and hold 1 to 8 CTAs");
+  }
+#if VA_EMULATION
+  (void)stream;
+  ::va::emu::run_grid(grid, block, dyn_smem_bytes, [&]() { kernel(args...); }, cluster);
+#else
+  if (dyn_smem_bytes > 48 * 1024) {
+    const cudaError_t e = cudaFuncSetAttribute(
+        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(dyn_smem_bytes));
+    if (e != cudaSuccess) {
+      throw std::runtime_error(std::string("va::arch::launch_cluster: cudaFuncSetAttribute(") +
+                               std::to_string(dyn_smem_bytes) + " B dynamic smem) failed: " + cudaGetErrorString(e));
+    }
+  }
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = dyn_smem_bytes;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = cluster.x;
+  attr[0].val.clusterDim.y = cluster.y;
+  attr[0].val.clusterDim.z = cluster.z;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, args...);
+  if (e != cudaSuccess) {
+    throw std::runtime_error(std::string("va::arch::launch_cluster: kernel launch (grid ") + std::to_string(grid.x) +
+                             "x" + std::to_string(grid.y) + "x" + std::to_string(grid.z) + ", cluster " +
+                             std::to_string(cluster.x) + "x" + std::to_string(cluster.y) + "x" +
+                             std::to_string(cluster.z) + ", smem " + std::to_string(dyn_smem_bytes) +
+                             " B) failed: " + cudaGetErrorString(e));
+  }
+#endif
+}
+
 // Launches a kernel that may start before the previous kernel on the stream has
 // finished (programmatic dependent launch, sm_90+): it must call
 // grid_dependency_wait() before reading anything the previous kernel wrote, and

@@ -76,6 +76,18 @@ void bulk_copy_g2s(void* smem_dst, const void* gmem_src, uint32_t bytes, void* b
 // with its bulk copies, when a thread first waits on the completed phase) and the thread counts as one arrival
 void cp_async_mbarrier_arrive_noinc(void* bar, std::source_location loc);
 
+// ---- thread-block clusters (csrc/arch/cluster.cuh): a cluster's CTAs run together in one scheduler. A
+// shared::cluster address is (1 << 31) | (rank << 24) | offset. Checked: a remote barrier used before a cluster_sync
+// followed its init (and the initialising thread's fence_mbarrier_init_cluster), an access to a CTA of the cluster
+// that has exited, a cluster_sync some thread never reaches (deadlock), a bulk copy's source written through the
+// generic proxy without the writer's fence_proxy_async, addresses out of the target CTA's shared memory ----------
+int cluster_ctarank();
+void cluster_sync(std::source_location loc);
+void fence_mbarrier_init_cluster(std::source_location loc);
+uint32_t map_shared_rank(const void* p, int rank, std::source_location loc);
+void mbarrier_arrive_cluster(uint32_t bar, std::source_location loc);
+void bulk_copy_s2cluster(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar, std::source_location loc);
+
 // ---- named barriers (bar.sync / bar.arrive id, count) and warpgroup register reallocation (setmaxnreg) ----
 // A named barrier completes when `count` threads arrived (bar.sync waits for it, bar.arrive does not); every
 // arrival of one generation must give the same count; ids 1..15 (0 is block_sync's), counts multiples of 32.
