@@ -908,3 +908,167 @@ def test_named_barrier_and_setmaxnreg_misuse_is_reported(emu, mode, needle):
     err = emu.try_call("roles_ring", src, 5, mode, out)
     assert err is not None and needle in err, err
     assert "api_kernels.cu:" in err, err
+
+
+# ------------------------------------------------- thread-block clusters (csrc/arch/cluster.cuh) ----
+
+@pytest.fixture
+def cluster_dev(dev):
+    if isinstance(dev, Gpu):
+        import torch
+
+        if torch.cuda.get_device_capability()[0] < 9:
+            pytest.skip("thread-block clusters need sm_90+")
+    return dev
+
+
+@pytest.mark.parametrize("grid,cluster", [((4, 1, 1), (2, 1, 1)), ((4, 2, 1), (2, 2, 1)), ((2, 2, 2), (1, 2, 2)),
+                                          ((6, 1, 1), (1, 1, 1))], ids=["2x1x1", "2x2x1", "1x2x2", "1x1x1"])
+def test_cluster_ctarank_is_x_fastest_within_the_cluster(cluster_dev, grid, cluster):
+    """%cluster_ctarank = x + cx (y + cy z), (x, y, z) = blockIdx % cluster dims; every CTA then meets the others of
+    its cluster at a cluster_sync."""
+    nb = int(np.prod(grid))
+    out = np.full(nb, -1, np.int32)
+    cluster_dev.register(out=out)
+    cluster_dev.call("cluster_ids", *grid, *cluster, out)
+    bz, by, bx = np.meshgrid(*(np.arange(g) for g in grid[::-1]), indexing="ij")
+    want = (bx % cluster[0]) + cluster[0] * ((by % cluster[1]) + cluster[1] * (bz % cluster[2]))
+    np.testing.assert_array_equal(out, want.reshape(-1))
+
+
+def test_a_cluster_that_does_not_divide_the_grid_is_refused(emu):
+    out = np.zeros(6, np.int32)
+    emu.register(out=out)
+    err = emu.try_call("cluster_ids", 6, 1, 1, 4, 1, 1, out)
+    assert err is not None and "must divide the grid" in err, err
+
+
+def _cluster_case(clusters: int = 1, ntiles: int = 5):
+    """k_cluster_swap's tiles and what each CTA's thread t writes per tile: sum_k (k + 1) tile[t + 128 k] (both CTAs
+    of a cluster read the same whole tile, half of it copied from the other CTA)."""
+    src = RNG.integers(-9, 9, (clusters, ntiles, 1024)).astype(np.float32)  # integer values: exact sums
+    idx = np.arange(128)[None, :] + 128 * np.arange(8)[:, None]  # [k][t]
+    per = (src[:, :, idx] * np.arange(1, 9)[:, None]).sum(2)  # [cluster][tile][t]
+    out = np.full((2 * clusters, ntiles, 128), np.nan, np.float32)
+    return src, out, np.repeat(per, 2, axis=0)
+
+
+@pytest.mark.parametrize("landing", ["wait", "issue"])
+@pytest.mark.parametrize("sched", ["forward", "reverse", "random", "warp-ahead", "warp-ahead-reverse", "lagging",
+                                   "stalled-mid", "starve-last", "lagging-head"])
+@pytest.mark.parametrize("clusters", [1, 2])
+def test_two_ctas_swap_halves_through_distributed_shared_memory(cluster_dev, clusters, sched, landing):
+    """k_cluster_swap: each CTA of a 2-CTA cluster stages its half of every tile by cp.async and bulk-copies it into
+    the other CTA's shared memory on that CTA's FULL barrier; each warp frees the stage on both CTAs' EMPTY barriers
+    by remote arrives. 5 tiles through 2 stages wrap every barrier's parity twice; grid 4 runs two clusters."""
+    src, out, want = _cluster_case(clusters)
+    cluster_dev.register(src=src, out=out)
+    if isinstance(cluster_dev, Emu):
+        cluster_dev.schedule(sched, seed=11)
+        cluster_dev.landing(landing)
+    elif sched != "forward" or landing != "wait":
+        pytest.skip("schedules and landing modes are the emulator's")
+    cluster_dev.call("cluster_swap", src, clusters, 5, 0, out)
+    np.testing.assert_array_equal(out, want)
+    if isinstance(cluster_dev, Emu):
+        st = cluster_dev.stats()
+        assert st["blocks"] >= 2 * clusters
+
+
+@pytest.mark.parametrize("mode,needles", [
+    (1, ["cp.async.bulk.shared::cluster: mbarrier at smem offset 0 of CTA rank 1 used before a cluster_sync made "
+         "thread 0's mbarrier_init at",
+         "no cluster_sync completed since that thread's fence_mbarrier_init_cluster"]),
+    (7, ["used before a cluster_sync made thread 0's mbarrier_init at",
+         "that thread has run no fence_mbarrier_init_cluster since the init"]),
+    (2, ["mbarrier_arrive_cluster: CTA rank 1 of the cluster has exited: its shared memory is gone "
+         "(a cluster_sync before exit?)", "block (0,0,0)"]),
+    (3, ["cp.async.bulk.shared::cluster source at shared offset 128 was written by a cp.async of thread 0 that has "
+         "not executed fence_proxy_async since it landed (the bulk copy's async proxy may not see it)"]),
+    (4, ["deadlock: no thread of the cluster's 2 CTAs can run", "wait at cluster_sync (128 of 256 threads of the "
+         "cluster arrived)", "CTA rank 1 (block (1,0,0)): 128 of 128 thread(s) exited"]),
+    (8, ["deadlock: no thread of the cluster's 2 CTAs can run", "96 thread(s) wait at cluster_sync (224 of 256 "
+         "threads of the cluster arrived)", "32 of 128 thread(s) exited"]),
+    (6, ["map_shared_rank: rank 2 is outside the cluster's 2 CTA(s)"]),
+], ids=["no-cluster-sync-after-init", "no-init-fence", "peer-exited", "no-proxy-fence", "rank1-skips-last-sync",
+        "warp-skips-last-sync", "rank-out-of-range"])
+@pytest.mark.parametrize("sched", ["forward", "reverse", "random", "warp-ahead"])
+def test_cluster_misuse_is_reported(emu, mode, needles, sched):
+    """A remote barrier used before a cluster_sync made its init visible (no cluster_sync, or no
+    fence_mbarrier_init_cluster), an arrival on a CTA that exited without the final cluster_sync, a bulk copy's
+    source written by cp.async without fence_proxy_async, a cluster_sync some threads never reach (a whole CTA, or one
+    warp, returned early), a rank outside the cluster. Built so that every schedule reports the same error (mode 2:
+    rank 0's 4 extra block_syncs keep its last arrivals on rank 1 behind rank 1's exit)."""
+    src, out, _ = _cluster_case()
+    emu.register(src=src, out=out)
+    emu.schedule(sched, seed=5)
+    err = emu.try_call("cluster_swap", src, 1, 5, mode, out)
+    assert err is not None, f"mode {mode} went unreported"
+    for needle in needles:
+        assert needle in err, err
+    if mode not in (4, 8):
+        assert "api_kernels.cu:" in err, err
+
+
+def test_one_bulk_copy_between_ctas(cluster_dev):
+    """k_cluster_misuse, mode 0: rank 0's st_shared stores (fenced before the cluster_sync) copied into rank 1."""
+    out = np.full((32, 4), np.nan, np.float32)
+    cluster_dev.register(out=out)
+    cluster_dev.call("cluster_misuse", 0, out)
+    np.testing.assert_array_equal(out, np.stack([np.arange(32), np.zeros(32), np.ones(32), np.full(32, 2)], 1))
+
+
+@pytest.mark.parametrize("mode,needle", [
+    (1, "cp.async.bulk.shared::cluster: the destination is in CTA rank 1, the mbarrier in CTA rank 0 (they must be in "
+        "the same CTA)"),
+    (2, "cp.async.bulk.shared::cluster of 504 bytes from 0x"),
+    (3, "mbarrier_arrive_cluster: 0x01000000 is not a shared::cluster address"),
+    (4, "cp.async.bulk.shared::cluster destination: shared::cluster address 0x81000180 (CTA rank 1, offset 384, +512 "
+        "bytes) is outside the CTA's 640 bytes of dynamic shared memory"),
+    (5, "mbarrier_arrive_cluster: no mbarrier_init at smem offset 0 of CTA rank 1 before its use"),
+    (6, "were written by st.shared of thread 0 and published by a barrier or mbarrier arrive before its "
+        "fence_proxy_async (a generic-proxy write the bulk copy's async proxy may not see)"),
+    (7, "block (1,0,0): mbarrier at smem offset 0 (initialised at"),
+], ids=["bar-in-other-cta", "size", "not-a-cluster-address", "past-target-smem", "uninitialised", "st-shared-unfenced",
+        "in-flight-at-exit"])
+def test_bulk_copy_to_another_cta_misuse_is_reported(emu, mode, needle):
+    """Checked per copy: mbarrier and destination in one CTA, the 16-byte grain, a shared::cluster address, the
+    target's bounds, an initialised barrier, st_shared source bytes fenced before the release that published them;
+    and at the target's exit, a copy from another CTA still in flight on its barrier (check_bulk_drained)."""
+    out = np.full((32, 4), np.nan, np.float32)
+    emu.register(out=out)
+    err = emu.try_call("cluster_misuse", mode, out)
+    assert err is not None and needle in err, err
+    if mode == 7:
+        assert "has a phase that never completed when the block exited: 1 arrival(s) and -512 transaction byte(s) " \
+            "still due, 1 bulk copy(ies) in flight" in err, err
+
+
+@pytest.mark.parametrize("landing", ["wait", "issue"])
+def test_cluster_proxy_fence_is_checked_in_both_landing_modes(emu, landing):
+    """The bulk copy's source check does not depend on when the cp.asyncs landed; fault injection reaches it too."""
+    src, out, want = _cluster_case()
+    emu.register(src=src, out=out)
+    emu.landing(landing)
+    err = emu.try_call("cluster_swap", src, 1, 5, 3, out)
+    assert err is not None and "the bulk copy's async proxy may not see it" in err, err
+    emu.fault("skip_fence_proxy_async", -1)
+    out[:] = np.nan
+    err = emu.try_call("cluster_swap", src, 1, 5, 0, out)
+    assert emu.lib.va_emu_fault_hits() > 0
+    assert err is not None and "the bulk copy's async proxy may not see it" in err, err
+
+
+@pytest.mark.parametrize("landing", ["wait", "issue"])
+def test_reading_the_peers_half_before_the_full_wait_is_caught(emu, landing):
+    """Without the FULL wait the peer's half has not landed (landing "wait": it lands at the first wait, which never
+    comes: the reads see the NaN fill, and the exit check finds the copies still in flight); landing at issue, the
+    reads race the peer's copy."""
+    src, out, want = _cluster_case()
+    emu.register(src=src, out=out)
+    emu.landing(landing)
+    err = emu.try_call("cluster_swap", src, 1, 5, 5, out)
+    assert err is not None or not np.array_equal(out, want), "the missing FULL wait went unnoticed"
+    if landing == "wait":
+        assert np.isnan(out).any()
+        assert err is not None and "no thread waited for" in err, err

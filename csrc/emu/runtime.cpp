@@ -12,7 +12,11 @@
 //  - a barrier or warp collective that some threads never reach (they exited,
 //    or they wait elsewhere) is reported as a deadlock with the source lines,
 //    and lanes of one warp in different collectives, or threads of a block at
-//    different block_sync calls, are reported as divergence.
+//    different block_sync calls, are reported as divergence;
+//  - thread-block clusters: a cluster's CTAs run in one scheduler loop; a
+//    remote mbarrier used before a cluster_sync made its init visible, an
+//    access to a CTA that exited, a cluster_sync some thread never reaches and
+//    a bulk copy whose source the async proxy may not see are reported.
 #include <signal.h>
 #include <unistd.h>
 
@@ -134,6 +138,7 @@ std::mutex g_launch_mu;  // one emulated launch at a time
 struct LaunchState {
   const std::function<void()>* body = nullptr;
   dim3 grid, block;
+  dim3 cluster{1, 1, 1};  // thread-block cluster shape (1x1x1: a launch without clusters)
   size_t smem_bytes = 0;
   std::mutex mu;
   std::vector<std::string> errors;  // first kMaxStoredErrors messages
@@ -147,8 +152,9 @@ LaunchState* g_launch = nullptr;
 
 struct Block;
 struct Warp;
+struct Cluster;
 
-enum class WaitKind { kNone, kBarrier, kWarp, kMbarrier, kNamed };
+enum class WaitKind { kNone, kBarrier, kWarp, kMbarrier, kNamed, kCluster };
 
 struct PendingCopy {
   unsigned char* dst;
@@ -211,6 +217,9 @@ struct Mbar {
   std::source_location init_loc;
   int init_tid = 0;               // the initialising thread: the others may use the barrier only after a
   long long init_syncs = 0;       // block barrier completed since (Block::syncs moved on)
+  // Cluster::syncs when the initialising thread ran fence_mbarrier_init_cluster after the init (-1: it has not):
+  // another CTA may use the barrier once a cluster_sync completed after that (Cluster::syncs moved on)
+  long long cluster_fence = -1;
 };
 
 // One warp's part of an issued wgmma: its result (computed at issue), where it lands, and the shared
@@ -292,6 +301,22 @@ struct Block {
   // (valid copies) fall in a line it prefetched before the copy
   std::unordered_set<uintptr_t> prefetched_lines;
   long long l2_prefetches = 0, cp_src_bytes = 0, cp_src_prefetched = 0, cp16_src_prefetched = 0;
+  // thread-block clusters: the cluster this CTA belongs to (a cluster of one in a launch without clusters), its
+  // %cluster_ctarank, and whether its end-of-block checks ran (all its threads exited: live == 0)
+  Cluster* cluster = nullptr;
+  int rank = 0;
+  bool exited = false;
+};
+
+// A thread-block cluster: its CTAs run together in one Worker, interleaved by one scheduler loop. Each keeps its
+// own shared memory, fibers, barriers and checks; a CTA's Block lives until every CTA of the cluster is done.
+struct Cluster {
+  dim3 dims{1, 1, 1};
+  int size = 1;
+  std::vector<Block*> blocks;  // by rank: x + dims.x (y + dims.y z), (x, y, z) = blockIdx % dims
+  int nthreads = 0;            // of all its CTAs: what a cluster_sync waits for
+  int sync_arrived = 0;        // threads in the current cluster_sync
+  long long syncs = 0;         // cluster_syncs completed
 };
 
 Fiber* cur_fiber() { return static_cast<Fiber*>(tls_cur->fiber); }
@@ -329,6 +354,13 @@ void report(const Block& b, const Fiber* f, const std::string& what, std::source
 }
 
 void yield(Fiber* f) { switch_context(f->ctx, f->block->sched); }
+
+// Abandons the whole block (after a report): the fiber never resumes; in a cluster, the whole cluster stops.
+[[noreturn]] void abandon(Fiber* f) {
+  f->block->abort = true;
+  yield(f);
+  std::abort();  // unreachable: an aborted block's fibers are never resumed
+}
 
 // Reports and abandons the whole block: the fiber never resumes.
 [[noreturn]] void fatal(Fiber* f, const std::string& what, std::source_location loc) {
@@ -674,20 +706,20 @@ size_t mnmajor_chunk(const Desc& d, int nb, int k) {
   return swizzled(d, d.start + (nb % d.w) * 16 + (nb / d.w) * d.lbo + (k % 8) * 16 * d.w + (k / 8) * d.sbo);
 }
 
-// Reads one 16-byte core-matrix row at shared offset `off` into out[] (8 16-bit or 16 e4m3 elements): bounds,
-// alignment and async-proxy visibility checked; records the bytes for the retire-time check.
-template <int kKind>
-void read_core_row(Fiber* f, size_t off, float* out, WgmmaOp& op, const char* which, std::source_location loc) {
+// A read through the async proxy (a wgmma operand, a bulk copy's source) of the 16-byte chunk at shared offset `off`
+// (16-aligned, in bounds) of the calling thread's block: bytes a cp.async landed there need their copying thread's
+// fence_proxy_async since the landing (chunk_writer / chunk_epoch; a cp.async tied to an mbarrier phase that was
+// waited for needs none), bytes an st_shared wrote need their writer's fence_proxy_async since the store, and before
+// any release that published them (word_writer / word_epoch). `reader`: "the wgmma's", "the bulk copy's".
+void check_async_proxy_read(Fiber* f, size_t off, const char* which, const char* reader, std::source_location loc) {
   Block& b = *f->block;
-  const unsigned char* p = b.smem + off;
-  if (!check_smem(f, p, 16, which, loc)) fatal(f, std::string(which) + ": bad shared address", loc);
   const size_t c = off / 16;
   if (b.chunk_writer[c] != 0) {
     const Fiber& w = b.fibers[b.chunk_writer[c] - 1];
     if (w.proxy_fences <= b.chunk_epoch[c]) {
       fatal(f, std::string(which) + " at shared offset " + std::to_string(off) + " was written by a cp.async of thread " +
-                   std::to_string(b.chunk_writer[c] - 1) +
-                   " that has not executed fence_proxy_async since it landed (the wgmma's async proxy may not see it)",
+                   std::to_string(b.chunk_writer[c] - 1) + " that has not executed fence_proxy_async since it landed (" +
+                   reader + " async proxy may not see it)",
             loc);
     }
   }
@@ -701,10 +733,20 @@ void read_core_row(Fiber* f, size_t off, float* out, WgmmaOp& op, const char* wh
                    std::to_string(b.word_writer[w] - 1) +
                    (released ? " and published by a barrier or mbarrier arrive before its fence_proxy_async"
                              : " without fence_proxy_async since") +
-                   " (a generic-proxy write the wgmma's async proxy may not see)",
+                   " (a generic-proxy write " + reader + " async proxy may not see)",
             loc);
     }
   }
+}
+
+// Reads one 16-byte core-matrix row at shared offset `off` into out[] (8 16-bit or 16 e4m3 elements): bounds,
+// alignment and async-proxy visibility checked; records the bytes for the retire-time check.
+template <int kKind>
+void read_core_row(Fiber* f, size_t off, float* out, WgmmaOp& op, const char* which, std::source_location loc) {
+  Block& b = *f->block;
+  const unsigned char* p = b.smem + off;
+  if (!check_smem(f, p, 16, which, loc)) fatal(f, std::string(which) + ": bad shared address", loc);
+  check_async_proxy_read(f, off, which, "the wgmma's", loc);
   if constexpr (kKind == kWgmmaE4m3) {
     for (int i = 0; i < 16; ++i) out[i] = ::va::host::e4m3_to_float(p[i]);
   } else {
@@ -930,6 +972,9 @@ std::string describe_stuck(const Block& b) {
           " of " + std::to_string(b.named[f.wait_named].count) + " threads arrived)" + where(f.wait_loc);
     else if (f.wait == WaitKind::kWarp)
       k = "warp " + std::to_string(f.tc.warp) + " in " + b.warps[f.tc.warp].op->name + where(f.wait_loc);
+    else if (f.wait == WaitKind::kCluster)
+      k = "cluster_sync (" + std::to_string(b.cluster->sync_arrived) + " of " + std::to_string(b.cluster->nthreads) +
+          " threads of the cluster arrived)" + where(f.wait_loc);
     else k = "running";
     ++groups[k];
   }
@@ -994,56 +1039,80 @@ void install_crash_handler() {
 
 class Worker {
  public:
-  void run_block(long long linear, const LaunchState& st) {
+  // Runs cluster `ci` of the grid (clusters numbered x fastest over the grid of clusters; a launch without clusters
+  // has clusters of one block, so `ci` is the block's linear index): its CTAs together, their threads interleaved by
+  // one scheduler loop, each CTA with its own shared memory, fibers, barriers and end-of-block checks.
+  void run_cluster(long long ci, const LaunchState& st) {
     const Settings& cfg = settings();
-    const dim3 g = st.grid, bd = st.block;
+    const dim3 g = st.grid, bd = st.block, cd = st.cluster;
     const int nthreads = static_cast<int>(bd.x * bd.y * bd.z);
-    Block b;
-    b.idx = make_uint3(static_cast<unsigned>(linear % g.x), static_cast<unsigned>((linear / g.x) % g.y),
-                       static_cast<unsigned>(linear / (static_cast<long long>(g.x) * g.y)));
-    b.nthreads = nthreads;
-    b.live = nthreads;
-    b.smem_bytes = st.smem_bytes;
-    b.smem = smem_for(st.smem_bytes);
-    std::memset(b.smem, 0xFF, st.smem_bytes + kRedZoneBytes);
-    b.chunk_writer.assign(st.smem_bytes / 16 + 1, 0);
-    b.chunk_epoch.assign(st.smem_bytes / 16 + 1, 0);
-    b.word_writer.assign(st.smem_bytes / 4 + 4, 0);
-    b.word_epoch.assign(st.smem_bytes / 4 + 4, 0);
-    b.wg_logs.assign(static_cast<size_t>((nthreads + 127) / 128), WgLog{});
-
-    while (stacks_.size() < static_cast<size_t>(nthreads)) {
+    const int csize = static_cast<int>(cd.x * cd.y * cd.z);
+    const long long ncx = g.x / cd.x, ncy = g.y / cd.y;
+    const uint3 cidx = make_uint3(static_cast<unsigned>(ci % ncx), static_cast<unsigned>((ci / ncx) % ncy),
+                                  static_cast<unsigned>(ci / (ncx * ncy)));
+    // The blocks' addresses stay fixed (fibers, warps and the cluster point at them) until all are done.
+    std::vector<Block> blocks(static_cast<size_t>(csize));
+    Cluster cl;
+    cl.dims = cd;
+    cl.size = csize;
+    cl.nthreads = csize * nthreads;
+    while (stacks_.size() < static_cast<size_t>(csize) * nthreads) {
       stacks_.push_back(std::make_unique<Stack>(cfg.stack_bytes));
     }
-    fibers_.clear();
-    fibers_.resize(nthreads);
-    b.fibers = fibers_.data();
-    const int nwarps = (nthreads + 31) / 32;
-    b.warps.resize(nwarps);
-    for (int w = 0; w < nwarps; ++w) {
-      b.warps[w].block = &b;
-      b.warps[w].index = w;
-      b.warps[w].first_tid = 32 * w;
-      b.warps[w].nlanes = std::min(32, nthreads - 32 * w);
+    while (smem_.size() < static_cast<size_t>(csize)) {
+      smem_.emplace_back();
+      smem_cap_.push_back(0);
     }
-    for (int t = 0; t < nthreads; ++t) {
-      Fiber& f = fibers_[t];
-      f.block = &b;
-      f.tc.thread_idx = make_uint3(t % bd.x, (t / bd.x) % bd.y, t / (bd.x * bd.y));
-      f.tc.block_idx = b.idx;
-      f.tc.block_dim = bd;
-      f.tc.grid_dim = g;
-      f.tc.linear_tid = t;
-      f.tc.lane = t % 32;
-      f.tc.warp = t / 32;
-      f.tc.smem = b.smem;
-      f.tc.fiber = &f;
-      // The stack is reused from earlier blocks: poison its top (where the
-      // kernel's frames live) so an uninitialised local reads NaN / -1 the same
-      // way every run instead of a previous thread's leftovers.
-      const size_t poison = std::min(kStackPoisonBytes, stacks_[t]->size());
-      std::memset(static_cast<char*>(stacks_[t]->base()) + stacks_[t]->size() - poison, 0xFF, poison);
-      make_context(f.ctx, stacks_[t]->base(), stacks_[t]->size(), fiber_entry, &f);
+    fibers_.clear();
+    fibers_.resize(static_cast<size_t>(csize) * nthreads);
+    const int nwarps = (nthreads + 31) / 32;
+    std::vector<long long> linear(static_cast<size_t>(csize));
+    for (int r = 0; r < csize; ++r) {
+      Block& b = blocks[r];
+      const unsigned x = r % cd.x, y = (r / cd.x) % cd.y, z = r / (cd.x * cd.y);
+      b.idx = make_uint3(cidx.x * cd.x + x, cidx.y * cd.y + y, cidx.z * cd.z + z);
+      linear[r] = b.idx.x + static_cast<long long>(g.x) * (b.idx.y + static_cast<long long>(g.y) * b.idx.z);
+      b.cluster = &cl;
+      b.rank = r;
+      cl.blocks.push_back(&b);
+      b.nthreads = nthreads;
+      b.live = nthreads;
+      b.smem_bytes = st.smem_bytes;
+      b.smem = smem_for(r, st.smem_bytes);
+      std::memset(b.smem, 0xFF, st.smem_bytes + kRedZoneBytes);
+      b.chunk_writer.assign(st.smem_bytes / 16 + 1, 0);
+      b.chunk_epoch.assign(st.smem_bytes / 16 + 1, 0);
+      b.word_writer.assign(st.smem_bytes / 4 + 4, 0);
+      b.word_epoch.assign(st.smem_bytes / 4 + 4, 0);
+      b.wg_logs.assign(static_cast<size_t>((nthreads + 127) / 128), WgLog{});
+      b.fibers = fibers_.data() + static_cast<size_t>(r) * nthreads;
+      b.warps.resize(nwarps);
+      for (int w = 0; w < nwarps; ++w) {
+        b.warps[w].block = &b;
+        b.warps[w].index = w;
+        b.warps[w].first_tid = 32 * w;
+        b.warps[w].nlanes = std::min(32, nthreads - 32 * w);
+      }
+      for (int t = 0; t < nthreads; ++t) {
+        Fiber& f = b.fibers[t];
+        Stack& stack = *stacks_[static_cast<size_t>(r) * nthreads + t];
+        f.block = &b;
+        f.tc.thread_idx = make_uint3(t % bd.x, (t / bd.x) % bd.y, t / (bd.x * bd.y));
+        f.tc.block_idx = b.idx;
+        f.tc.block_dim = bd;
+        f.tc.grid_dim = g;
+        f.tc.linear_tid = t;
+        f.tc.lane = t % 32;
+        f.tc.warp = t / 32;
+        f.tc.smem = b.smem;
+        f.tc.fiber = &f;
+        // The stack is reused from earlier blocks: poison its top (where the
+        // kernel's frames live) so an uninitialised local reads NaN / -1 the same
+        // way every run instead of a previous thread's leftovers.
+        const size_t poison = std::min(kStackPoisonBytes, stack.size());
+        std::memset(static_cast<char*>(stack.base()) + stack.size() - poison, 0xFF, poison);
+        make_context(f.ctx, stack.base(), stack.size(), fiber_entry, &f);
+      }
     }
 
     // forward / reverse / random: each pass resumes every runnable thread once,
@@ -1068,11 +1137,16 @@ class Worker {
     // runs as far ahead of the others as the barriers allow; a missing barrier
     // then lets it read data the others have not produced yet, or overwrite
     // data they have not consumed.
+    // A cluster: each pass runs the CTAs one after another in rank order, each as above (its own thread order, held
+    // warps and starved warps; warp-ahead: the CTAs' warps in rank order).
     const bool ahead = cfg.schedule == Schedule::kWarpAhead || cfg.schedule == Schedule::kWarpAheadReverse;
     const bool rev = cfg.schedule == Schedule::kReverse || cfg.schedule == Schedule::kWarpAheadReverse;
-    std::vector<int> order(nthreads);
-    for (int t = 0; t < nthreads; ++t) order[t] = rev ? nthreads - 1 - t : t;
-    std::mt19937_64 rng(cfg.seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(linear));
+    std::vector<std::vector<int>> orders(static_cast<size_t>(csize), std::vector<int>(nthreads));
+    std::vector<std::mt19937_64> rngs;
+    for (int r = 0; r < csize; ++r) {
+      for (int t = 0; t < nthreads; ++t) orders[r][t] = rev ? nthreads - 1 - t : t;
+      rngs.emplace_back(cfg.seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(linear[r]));
+    }
     const bool lag = cfg.schedule == Schedule::kLagging || cfg.schedule == Schedule::kLaggingMid;
     const bool lag_tail = cfg.schedule == Schedule::kLaggingTail;
     const bool lag_head = cfg.schedule == Schedule::kLaggingHead;
@@ -1082,67 +1156,98 @@ class Worker {
     const int lag_first = cfg.schedule == Schedule::kLaggingMid ? lag_warps : 0;
     const bool starve_last = cfg.schedule == Schedule::kStarveLast;
     long long pass = 0;
+    int live_blocks = csize;
+    bool abort = false;  // some CTA of the cluster was abandoned: the whole cluster stops
     auto resume = [&](Fiber& f) {
+      Block& fb = *f.block;
       tls_cur = &f.tc;
-      switch_context(b.sched, f.ctx);
+      switch_context(fb.sched, f.ctx);  // the fiber yields back to its block's sched
       tls_cur = nullptr;
+      if (fb.abort) {
+        abort = true;
+      } else if (fb.live == 0 && !fb.exited) {  // the CTA's last thread exited: its end-of-block checks
+        fb.exited = true;
+        --live_blocks;
+        check_red_zone(fb);
+        check_wgmma_drained(fb);
+        check_bulk_drained(fb);
+      }
     };
-    while (b.live > 0 && !b.abort) {
-      if (cfg.schedule == Schedule::kRandom) std::shuffle(order.begin(), order.end(), rng);
+    while (live_blocks > 0 && !abort) {
       bool progress = false, held_back = false;
-      if (ahead) {
-        for (int wi = 0; wi < nwarps && !b.abort; ++wi) {
-          const Warp& w = b.warps[rev ? nwarps - 1 - wi : wi];
-          for (bool ran = true; ran && !b.abort;) {
-            ran = false;
-            for (int i = 0; i < w.nlanes && !b.abort; ++i) {
-              Fiber& f = fibers_[w.first_tid + i];
-              if (f.done || f.wait != WaitKind::kNone) continue;
-              resume(f);
-              ran = progress = true;
+      for (int r = 0; r < csize && !abort; ++r) {
+        Block& b = blocks[r];
+        Fiber* fibers = b.fibers;
+        if (b.live == 0) continue;
+        if (cfg.schedule == Schedule::kRandom) std::shuffle(orders[r].begin(), orders[r].end(), rngs[r]);
+        if (ahead) {
+          for (int wi = 0; wi < nwarps && !abort; ++wi) {
+            const Warp& w = b.warps[rev ? nwarps - 1 - wi : wi];
+            for (bool ran = true; ran && !abort;) {
+              ran = false;
+              for (int i = 0; i < w.nlanes && !abort; ++i) {
+                Fiber& f = fibers[w.first_tid + i];
+                if (f.done || f.wait != WaitKind::kNone) continue;
+                resume(f);
+                ran = progress = true;
+              }
             }
           }
-        }
-      } else {
-        // starve-last: the others first; the last warps only when none of the others could run
-        for (int round = 0; round < (starve_last ? 2 : 1) && !progress && !b.abort; ++round) {
-          for (int t : order) {
-            Fiber& f = fibers_[t];
-            if (f.done || f.wait != WaitKind::kNone) continue;
-            if (((pass & 1) && ((lag && t / 32 >= lag_first && t / 32 < lag_first + lag_warps) ||
-                                (lag_tail && t / 32 % 4 == 3))) ||
-                (lag_head && pass % 4 != 0 && t / 32 % 4 == 0) ||
-                (pass % kStallPeriod != 0 && ((stall_mid && t / 32 >= lag_warps && t / 32 < 2 * lag_warps) ||
-                                              (stall_head && t / 32 % 4 == 0)))) {
-              held_back = true;  // runnable, its turn is the next pass: not a deadlock
-              continue;
+        } else {
+          // starve-last: the others first; the last warps only when none of the others (of this CTA) could run
+          bool block_progress = false;
+          for (int round = 0; round < (starve_last ? 2 : 1) && !block_progress && !abort; ++round) {
+            for (int t : orders[r]) {
+              Fiber& f = fibers[t];
+              if (f.done || f.wait != WaitKind::kNone) continue;
+              if (((pass & 1) && ((lag && t / 32 >= lag_first && t / 32 < lag_first + lag_warps) ||
+                                  (lag_tail && t / 32 % 4 == 3))) ||
+                  (lag_head && pass % 4 != 0 && t / 32 % 4 == 0) ||
+                  (pass % kStallPeriod != 0 && ((stall_mid && t / 32 >= lag_warps && t / 32 < 2 * lag_warps) ||
+                                                (stall_head && t / 32 % 4 == 0)))) {
+                held_back = true;  // runnable, its turn is the next pass: not a deadlock
+                continue;
+              }
+              if (starve_last && (t / 32 >= nwarps - lag_warps) != (round == 1)) continue;
+              resume(f);
+              progress = block_progress = true;
+              if (abort) break;
             }
-            if (starve_last && (t / 32 >= nwarps - lag_warps) != (round == 1)) continue;
-            resume(f);
-            progress = true;
-            if (b.abort) break;
           }
         }
       }
       ++pass;
-      if (!progress && !held_back && !b.abort) {
-        report(b, nullptr, "deadlock: " + describe_stuck(b), std::source_location());
-        b.abort = true;
+      if (!progress && !held_back && !abort) {
+        // no thread of any CTA of the cluster can run
+        Block* first = nullptr;
+        for (Block& b : blocks)
+          if (b.live > 0 && first == nullptr) first = &b;
+        std::string what = "deadlock: ";
+        if (csize == 1) {
+          what += describe_stuck(*first);
+        } else {
+          what += "no thread of the cluster's " + std::to_string(csize) + " CTAs can run:";
+          for (const Block& b : blocks)
+            what += " CTA rank " + std::to_string(b.rank) + " (block (" + std::to_string(b.idx.x) + "," +
+                    std::to_string(b.idx.y) + "," + std::to_string(b.idx.z) + ")): " + describe_stuck(b) + ".";
+        }
+        report(*first, nullptr, what, std::source_location());
+        first->abort = true;
+        abort = true;
       }
     }
-    if (!b.abort) check_red_zone(b);
-    if (!b.abort) check_wgmma_drained(b);
-    if (!b.abort) check_bulk_drained(b);
-    blocks_ += 1;
-    threads_ += nthreads;
-    syncs_ += b.syncs;
-    collectives_ += b.collectives;
-    mmas_ += b.mmas;
-    cp_bytes_ += b.cp_bytes;
-    l2_prefetches_ += b.l2_prefetches;
-    cp_src_bytes_ += b.cp_src_bytes;
-    cp_src_prefetched_ += b.cp_src_prefetched;
-    cp16_src_prefetched_ += b.cp16_src_prefetched;
+    for (const Block& b : blocks) {
+      blocks_ += 1;
+      threads_ += nthreads;
+      syncs_ += b.syncs;
+      collectives_ += b.collectives;
+      mmas_ += b.mmas;
+      cp_bytes_ += b.cp_bytes;
+      l2_prefetches_ += b.l2_prefetches;
+      cp_src_bytes_ += b.cp_src_bytes;
+      cp_src_prefetched_ += b.cp_src_prefetched;
+      cp16_src_prefetched_ += b.cp16_src_prefetched;
+    }
   }
 
   void merge_stats(Stats& s) const {
@@ -1159,14 +1264,15 @@ class Worker {
   }
 
  private:
-  unsigned char* smem_for(size_t bytes) {
+  // the shared memory of the cluster's CTA `rank` (one buffer per rank, reused by the worker's later clusters)
+  unsigned char* smem_for(int rank, size_t bytes) {
     const size_t need = bytes + kRedZoneBytes;
-    if (need > smem_cap_) {
-      smem_.reset(static_cast<unsigned char*>(std::aligned_alloc(128, (need + 127) / 128 * 128)));
-      if (!smem_) throw std::bad_alloc();
-      smem_cap_ = need;
+    if (need > smem_cap_[rank]) {
+      smem_[rank].reset(static_cast<unsigned char*>(std::aligned_alloc(128, (need + 127) / 128 * 128)));
+      if (!smem_[rank]) throw std::bad_alloc();
+      smem_cap_[rank] = need;
     }
-    return smem_.get();
+    return smem_[rank].get();
   }
 
   void check_wgmma_drained(const Block& b) {
@@ -1228,8 +1334,8 @@ class Worker {
   };
   std::vector<std::unique_ptr<Stack>> stacks_;
   std::vector<Fiber> fibers_;
-  std::unique_ptr<unsigned char, FreeDeleter> smem_;
-  size_t smem_cap_ = 0;
+  std::vector<std::unique_ptr<unsigned char, FreeDeleter>> smem_;  // per cluster rank
+  std::vector<size_t> smem_cap_;
   long long blocks_ = 0, threads_ = 0, syncs_ = 0, collectives_ = 0, mmas_ = 0, cp_bytes_ = 0;
   long long l2_prefetches_ = 0, cp_src_bytes_ = 0, cp_src_prefetched_ = 0, cp16_src_prefetched_ = 0;
 };
@@ -1584,7 +1690,8 @@ void mbar_try_complete(Block& b, Mbar& m) {
   if (woke) land_bulk(b, m.unlanded);
 }
 
-void mbar_arrive_n(Fiber* f, Mbar& m, std::source_location loc) {
+// One arrival on barrier m of block `target` (the caller's, or another CTA's of its cluster).
+void mbar_arrive_n(Fiber* f, Block& target, Mbar& m, std::source_location loc) {
   Block& b = *f->block;
   publish_generic(f);
   if (m.pending <= 0) {
@@ -1592,7 +1699,7 @@ void mbar_arrive_n(Fiber* f, Mbar& m, std::source_location loc) {
     return;
   }
   --m.pending;
-  mbar_try_complete(b, m);
+  mbar_try_complete(target, m);
   // starve-last: a starved warp (the producer) hands the SM back after each arrive, so the consumers it releases run
   // before it produces the next buffer (a consumer that skipped that buffer's wait reads it unwritten)
   const int nwarps = (b.nthreads + 31) / 32;
@@ -1629,14 +1736,14 @@ void mbarrier_init(void* bar, int count, std::source_location loc) {
 
 void mbarrier_arrive(void* bar, std::source_location loc) {
   Fiber* f = cur_fiber();
-  if (Mbar* m = mbar_at(f, bar, "mbarrier_arrive", loc)) mbar_arrive_n(f, *m, loc);
+  if (Mbar* m = mbar_at(f, bar, "mbarrier_arrive", loc)) mbar_arrive_n(f, *f->block, *m, loc);
 }
 
 void mbarrier_arrive_expect_tx(void* bar, uint32_t bytes, std::source_location loc) {
   Fiber* f = cur_fiber();
   if (Mbar* m = mbar_at(f, bar, "mbarrier_arrive_expect_tx", loc)) {
     m->tx += bytes;
-    mbar_arrive_n(f, *m, loc);
+    mbar_arrive_n(f, *f->block, *m, loc);
   }
 }
 
@@ -1691,7 +1798,7 @@ void cp_async_mbarrier_arrive_noinc(void* bar, std::source_location loc) {
     for (size_t c = off / 16; c <= (off + bytes - 1) / 16 && c < blk.chunk_writer.size(); ++c)
       if (blk.chunk_writer[c] == f->tc.linear_tid + 1) blk.chunk_writer[c] = 0;
   f->landed_untied.clear();
-  mbar_arrive_n(f, *m, loc);
+  mbar_arrive_n(f, *f->block, *m, loc);
 }
 
 void mbarrier_wait(void* bar, unsigned parity, std::source_location loc) {
@@ -1709,6 +1816,160 @@ void mbarrier_wait(void* bar, unsigned parity, std::source_location loc) {
     return;
   }
   land_bulk(b, m->unlanded);
+}
+
+// ---- thread-block clusters (csrc/arch/cluster.cuh) --------------------------------------------------------------
+
+namespace {
+
+std::string hex32(uint32_t v) {
+  char buf[16];
+  std::snprintf(buf, sizeof(buf), "0x%08x", v);
+  return buf;
+}
+
+// A shared::cluster address decoded: the CTA it names and the byte offset in that CTA's shared memory.
+struct ClusterAddr {
+  Block* block;
+  int rank;
+  size_t off;
+};
+
+// Decodes a shared::cluster address ((1 << 31) | (rank << 24) | offset, from map_shared_rank) for an access of
+// `bytes` bytes by `what`; abandons the block after a report for an address that is not one, a rank outside the
+// cluster, bytes outside the target CTA's dynamic shared memory, or a target CTA whose threads all exited.
+ClusterAddr cluster_addr(Fiber* f, uint32_t a, size_t bytes, const char* what, std::source_location loc) {
+  const Cluster& cl = *f->block->cluster;
+  if ((a >> 31) == 0) {
+    fatal(f, std::string(what) + ": " + hex32(a) + " is not a shared::cluster address (map_shared_rank gives "
+                 "(1 << 31) | (rank << 24) | offset)", loc);
+  }
+  const int rank = static_cast<int>((a >> 24) & 0x7Fu);
+  const size_t off = a & 0xFFFFFFu;
+  if (rank >= cl.size) {
+    fatal(f, std::string(what) + ": shared::cluster address " + hex32(a) + " names CTA rank " + std::to_string(rank) +
+                 ", outside the cluster's " + std::to_string(cl.size) + " CTA(s)", loc);
+  }
+  Block& t = *cl.blocks[rank];
+  if (off + bytes > t.smem_bytes) {
+    fatal(f, std::string(what) + ": shared::cluster address " + hex32(a) + " (CTA rank " + std::to_string(rank) +
+                 ", offset " + std::to_string(off) + ", +" + std::to_string(bytes) + " bytes) is outside the CTA's " +
+                 std::to_string(t.smem_bytes) + " bytes of dynamic shared memory", loc);
+  }
+  if (t.live == 0) {
+    fatal(f, std::string(what) + ": CTA rank " + std::to_string(rank) + " of the cluster has exited: its shared memory "
+                 "is gone (a cluster_sync before exit?)", loc);
+  }
+  return {&t, rank, off};
+}
+
+// The mbarrier at a decoded shared::cluster address: initialised, and its init visible to the caller. In the
+// caller's own CTA as mbar_at (a block barrier since another thread's init); in another CTA, the initialising thread
+// ran fence_mbarrier_init_cluster after the init and a cluster_sync completed after that fence.
+Mbar& cluster_mbar(Fiber* f, const ClusterAddr& a, const char* what, std::source_location loc) {
+  const Block& b = *f->block;
+  const std::string at = "mbarrier at smem offset " + std::to_string(a.off) + " of CTA rank " + std::to_string(a.rank);
+  if (a.off % 8 != 0) fatal(f, std::string(what) + ": " + at + " is not 8-byte aligned", loc);
+  auto it = a.block->mbars.find(a.off);
+  if (it == a.block->mbars.end()) {
+    fatal(f, std::string(what) + ": no mbarrier_init at smem offset " + std::to_string(a.off) + " of CTA rank " +
+                 std::to_string(a.rank) + " before its use", loc);
+  }
+  Mbar& m = it->second;
+  if (a.block == &b) {
+    if (m.init_tid != f->tc.linear_tid && m.init_syncs == b.syncs) {
+      fatal(f, std::string(what) + ": " + at + " (this CTA) used before a block_sync or cluster_sync made thread " +
+                   std::to_string(m.init_tid) + "'s mbarrier_init" + where(m.init_loc) + " visible to this thread",
+            loc);
+    }
+  } else if (m.cluster_fence < 0 || b.cluster->syncs <= m.cluster_fence) {
+    fatal(f, std::string(what) + ": " + at + " used before a cluster_sync made thread " + std::to_string(m.init_tid) +
+                 "'s mbarrier_init" + where(m.init_loc) + " visible to the cluster (" +
+                 (m.cluster_fence < 0 ? "that thread has run no fence_mbarrier_init_cluster since the init"
+                                      : "no cluster_sync completed since that thread's fence_mbarrier_init_cluster") +
+                 ")", loc);
+  }
+  return m;
+}
+
+}  // namespace
+
+int cluster_ctarank() { return cur_fiber()->block->rank; }
+
+void cluster_sync(std::source_location loc) {
+  Fiber* f = cur_fiber();
+  Cluster& cl = *f->block->cluster;
+  publish_generic(f);  // a release, as block_sync
+  if (++cl.sync_arrived == cl.nthreads) {
+    cl.sync_arrived = 0;
+    ++cl.syncs;
+    for (Block* b : cl.blocks) {
+      ++b->syncs;  // a block barrier too: mbarrier inits before it are visible to the CTA's other threads
+      for (int t = 0; t < b->nthreads; ++t)
+        if (b->fibers[t].wait == WaitKind::kCluster) b->fibers[t].wait = WaitKind::kNone;
+    }
+    return;
+  }
+  f->wait = WaitKind::kCluster;
+  f->wait_loc = loc;
+  yield(f);
+}
+
+void fence_mbarrier_init_cluster(std::source_location) {
+  Fiber* f = cur_fiber();
+  Block& b = *f->block;
+  for (auto& [off, m] : b.mbars)
+    if (m.init_tid == f->tc.linear_tid && m.cluster_fence < 0) m.cluster_fence = b.cluster->syncs;
+}
+
+uint32_t map_shared_rank(const void* p, int rank, std::source_location loc) {
+  Fiber* f = cur_fiber();
+  Block& b = *f->block;
+  if (!check_smem(f, p, 1, "map_shared_rank", loc)) abandon(f);
+  if (rank < 0 || rank >= b.cluster->size) {
+    fatal(f, "map_shared_rank: rank " + std::to_string(rank) + " is outside the cluster's " +
+                 std::to_string(b.cluster->size) + " CTA(s) (ranks 0.." + std::to_string(b.cluster->size - 1) + ")",
+          loc);
+  }
+  const auto off = static_cast<uint32_t>(static_cast<const unsigned char*>(p) - b.smem);
+  return (1u << 31) | (static_cast<uint32_t>(rank) << 24) | off;
+}
+
+void mbarrier_arrive_cluster(uint32_t bar, std::source_location loc) {
+  Fiber* f = cur_fiber();
+  const ClusterAddr a = cluster_addr(f, bar, 8, "mbarrier_arrive_cluster", loc);
+  Mbar& m = cluster_mbar(f, a, "mbarrier_arrive_cluster", loc);
+  mbar_arrive_n(f, *a.block, m, loc);  // completing the phase wakes the target CTA's waiting threads
+}
+
+void bulk_copy_s2cluster(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar, std::source_location loc) {
+  Fiber* f = cur_fiber();
+  Block& b = *f->block;
+  const auto* s = static_cast<const unsigned char*>(src);
+  if (bytes == 0 || bytes % 16 != 0 || reinterpret_cast<uintptr_t>(src) % 16 != 0 || dst % 16 != 0) {
+    fatal(f, "cp.async.bulk.shared::cluster of " + std::to_string(bytes) + " bytes from " + hexaddr(src) + " to " +
+                 hex32(dst) + ": size must be a non-zero multiple of 16 and both addresses 16-byte aligned", loc);
+  }
+  if (!check_smem(f, src, bytes, "cp.async.bulk.shared::cluster source", loc)) abandon(f);
+  const ClusterAddr d = cluster_addr(f, dst, bytes, "cp.async.bulk.shared::cluster destination", loc);
+  const ClusterAddr mb = cluster_addr(f, bar, 8, "cp.async.bulk.shared::cluster mbarrier", loc);
+  if (d.rank != mb.rank) {
+    fatal(f, "cp.async.bulk.shared::cluster: the destination is in CTA rank " + std::to_string(d.rank) +
+                 ", the mbarrier in CTA rank " + std::to_string(mb.rank) + " (they must be in the same CTA)", loc);
+  }
+  Mbar& m = cluster_mbar(f, mb, "cp.async.bulk.shared::cluster", loc);
+  // the source is read through the async proxy: this CTA's generic-proxy writes need their fence_proxy_async
+  const size_t soff = static_cast<size_t>(s - b.smem);
+  for (size_t off = soff; off < soff + bytes; off += 16)
+    check_async_proxy_read(f, off, "cp.async.bulk.shared::cluster source", "the bulk copy's", loc);
+  BulkCopy c;
+  c.dst = d.block->smem + d.off;
+  c.data.assign(s, s + bytes);  // read at issue
+  Block& t = *d.block;
+  if (settings().cp_async_at_issue) land_one(t, c);  // the earliest legal landing, as for bulk_copy_g2s
+  else m.copies.push_back(std::move(c));  // lands when a thread of the target CTA first waits on the completed phase
+  m.tx -= bytes;
+  mbar_try_complete(t, m);
 }
 
 // ---------------------------------------------------------------------------
@@ -1800,6 +2061,10 @@ std::string describe_settings() {
 // launcher
 
 void run_grid(dim3 grid, dim3 block, size_t dyn_smem_bytes, const std::function<void()>& body) {
+  run_grid(grid, block, dyn_smem_bytes, body, dim3(1, 1, 1));
+}
+
+void run_grid(dim3 grid, dim3 block, size_t dyn_smem_bytes, const std::function<void()>& body, dim3 cluster) {
   const long long nthreads = static_cast<long long>(block.x) * block.y * block.z;
   if (nthreads < 1 || nthreads > kMaxThreadsPerBlock) {
     throw std::runtime_error("va::emu::run_grid: block of " + std::to_string(block.x) + "x" +
@@ -1813,6 +2078,14 @@ void run_grid(dim3 grid, dim3 block, size_t dyn_smem_bytes, const std::function<
   }
   const long long nblocks = static_cast<long long>(grid.x) * grid.y * grid.z;
   if (nblocks == 0) return;
+  const long long csize = static_cast<long long>(cluster.x) * cluster.y * cluster.z;
+  if (csize < 1 || csize > 8 || grid.x % cluster.x != 0 || grid.y % cluster.y != 0 || grid.z % cluster.z != 0) {
+    throw std::runtime_error("va::emu::run_grid: cluster " + std::to_string(cluster.x) + "x" +
+                             std::to_string(cluster.y) + "x" + std::to_string(cluster.z) + " must divide the grid " +
+                             std::to_string(grid.x) + "x" + std::to_string(grid.y) + "x" + std::to_string(grid.z) +
+                             " and hold 1 to 8 CTAs");
+  }
+  const long long nclusters = nblocks / csize;
 
   std::lock_guard<std::mutex> launch_lock(g_launch_mu);
   LaunchState st;
@@ -1820,20 +2093,21 @@ void run_grid(dim3 grid, dim3 block, size_t dyn_smem_bytes, const std::function<
   st.grid = grid;
   st.block = block;
   st.smem_bytes = dyn_smem_bytes;
+  st.cluster = cluster;
   g_launch = &st;
 
   int nworkers = settings().workers > 0 ? settings().workers
                                         : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  nworkers = static_cast<int>(std::min<long long>(nworkers, nblocks));
+  nworkers = static_cast<int>(std::min<long long>(nworkers, nclusters));
   std::atomic<long long> next{0};
   std::vector<Worker> workers(nworkers);
   auto work = [&](Worker& w) {
     install_crash_handler();
     try {
       while (!st.stop) {
-        const long long i = next.fetch_add(1);
-        if (i >= nblocks) break;
-        w.run_block(i, st);
+        const long long i = next.fetch_add(1);  // workers pick whole clusters
+        if (i >= nclusters) break;
+        w.run_cluster(i, st);
       }
     } catch (const std::exception& e) {
       st.error_count.fetch_add(1);
@@ -1857,7 +2131,11 @@ void run_grid(dim3 grid, dim3 block, size_t dyn_smem_bytes, const std::function<
   if (st.error_count > 0) {
     std::string msg = "emulated launch (grid " + std::to_string(grid.x) + "x" + std::to_string(grid.y) + "x" +
                       std::to_string(grid.z) + ", block " + std::to_string(block.x) + "x" +
-                      std::to_string(block.y) + "x" + std::to_string(block.z) + ", smem " +
+                      std::to_string(block.y) + "x" + std::to_string(block.z) +
+                      (csize > 1 ? ", cluster " + std::to_string(cluster.x) + "x" + std::to_string(cluster.y) + "x" +
+                                       std::to_string(cluster.z)
+                                 : std::string()) +
+                      ", smem " +
                       std::to_string(dyn_smem_bytes) + " B) found " + std::to_string(st.error_count.load()) +
                       " error(s):";
     for (const std::string& e : st.errors) msg += "\n  " + e;

@@ -576,6 +576,121 @@ __global__ void k_wgmma_e4m3(const uint8_t* a, const uint8_t* b, int ss, int pad
   for (int i = 0; i < N / 2; ++i) st_global(out + threadIdx.x * (N / 2) + i, d[i]);
 }
 
+
+// ---- thread-block clusters: two CTAs (128 threads each) share each tile of `ntiles` (1,024 floats) through a
+// 2-stage ring. CTA rank r copies half r of the tile from global memory by cp.async (16 bytes a thread), fences it for
+// the async proxy, meets its block at a barrier, and its thread 0 copies the half into the same offset of the peer's
+// stage by bulk_copy_s2cluster, completing on the peer's FULL barrier (whose expect_tx the peer's own thread 0 gives).
+// Each thread of both CTAs then reads the whole tile after its FULL wait: out [2 clusters][ntiles][128] gets
+// sum_k (k + 1) tile[t + 128 k]. Each warp frees the stage on its own and the peer's EMPTY barrier (count: the warps
+// of both CTAs) with mbarrier_arrive_cluster; a CTA refills a stage once both CTAs' warps freed it. Thread 0 of each
+// CTA initialises the barriers and runs fence_mbarrier_init_cluster; a cluster_sync follows, and another before exit.
+// src [clusters][ntiles][1024]. mode (each a misuse the emulator reports): 1 a block_sync instead of the cluster_sync
+// after the inits; 2 rank 1 exits after its last tile's reads without the final cluster_sync, while rank 0 comes
+// late (4 block_syncs) to its last arrivals on rank 1's EMPTY; 3 no fence_proxy_async after the cp.asyncs; 4 rank 1
+// returns (after 4 block_syncs) without the final cluster_sync; 5 no FULL wait; 6 map_shared_rank with rank 2; 7 no
+// fence_mbarrier_init_cluster; 8 warp 3 of rank 1 returns before the final cluster_sync ---------------------------
+constexpr int kClusterHalf = 512, kClusterTile = 2 * kClusterHalf, kClusterStages = 2, kClusterThreads = 128;
+constexpr size_t kClusterSmem = 128 + size_t(kClusterStages) * kClusterTile * 4;
+__global__ void k_cluster_swap(const float* src, int ntiles, int mode, float* out) {
+  unsigned char* sm = smem_dynamic<unsigned char>();
+  uint64_t* full = reinterpret_cast<uint64_t*>(sm);    // [kClusterStages]: this CTA's thread 0 + the peer's bytes
+  uint64_t* empty = full + kClusterStages;             // [kClusterStages]: the warps of both CTAs
+  float* stage = reinterpret_cast<float*>(sm + 128);   // [kClusterStages][kClusterTile]
+  const int t = threadIdx.x, rank = cluster_ctarank(), peer = rank ^ 1;
+  const float* tiles = src + static_cast<size_t>(blockIdx.x / 2) * ntiles * kClusterTile;
+  constexpr uint32_t kHalfBytes = kClusterHalf * 4;
+  if (t == 0) {
+    for (int s = 0; s < kClusterStages; ++s) {
+      mbarrier_init(full + s, 1);
+      mbarrier_init(empty + s, 2 * kClusterThreads / 32);
+    }
+    if (mode != 7) fence_mbarrier_init_cluster();
+  }
+  if (mode == 1) block_sync();
+  else cluster_sync();
+  for (int i = 0; i < ntiles; ++i) {
+    const int s = i % kClusterStages;
+    float* st = stage + s * kClusterTile;
+    float* mine = st + rank * kClusterHalf;
+    mbarrier_wait(empty + s, static_cast<uint32_t>(i / kClusterStages + 1) & 1u);  // both CTAs done with tile i - 2
+    cp_async_16(mine + 4 * t, tiles + static_cast<size_t>(i) * kClusterTile + rank * kClusterHalf + 4 * t);
+    cp_async_commit();
+    cp_async_wait<0>();
+    if (mode != 3) fence_proxy_async();  // the bulk copy reads these bytes through the async proxy
+    block_sync();                        // every thread's part of the half in place
+    if (t == 0) {
+      mbarrier_arrive_expect_tx(full + s, kHalfBytes);  // the peer's half, into this CTA's stage
+      bulk_copy_s2cluster(map_shared_rank(mine, mode == 6 ? 2 : peer), mine, kHalfBytes,
+                          map_shared_rank(full + s, peer));
+    }
+    if (mode != 5) mbarrier_wait(full + s, static_cast<uint32_t>(i / kClusterStages) & 1u);
+    float acc = 0.f;
+    for (int k = 0; k < 8; ++k) acc += static_cast<float>(k + 1) * st[t + kClusterThreads * k];
+    st_global(out + (static_cast<size_t>(blockIdx.x) * ntiles + i) * kClusterThreads + t, acc);
+    if (mode == 2 && i == ntiles - 1) {
+      if (rank == 1) return;
+      for (int k = 0; k < 4; ++k) block_sync();
+    }
+    mbarrier_arrive_cluster_warp(map_shared_rank(empty + s, peer));
+    mbarrier_arrive_cluster_warp(map_shared_rank(empty + s, rank));
+  }
+  if (mode == 4 && rank == 1) {
+    for (int k = 0; k < 4; ++k) block_sync();
+    return;
+  }
+  if (mode == 8 && rank == 1 && t >= 96) return;
+  cluster_sync();  // no CTA exits while the other may still arrive on its barriers
+}
+
+// ---- one bulk copy between the two CTAs of a cluster (32 threads each): every thread of CTA rank 0 stores a float4
+// (t, rank, 1, 2) by st_shared and fences it; rank 0's thread 0 copies the 512 bytes into rank 1's buffer on rank 1's
+// barrier, whose expect_tx rank 1's thread 0 gives; rank 1's threads wait and write what landed: out [32][4]. mode
+// (misuses): 1 the mbarrier in another CTA than the destination; 2 a size off the 16-byte grain; 3 an address
+// without the shared::cluster bit; 4 a destination past the end of the target's shared memory; 5 the target's
+// barrier never initialised; 6 the stores not fenced; 7 rank 1 neither expects nor waits for the bytes (the copy is
+// still in flight when it exits) --------------------------------------------------------------------------------
+constexpr size_t kClusterMisuseSmem = 128 + 32 * 16;
+__global__ void k_cluster_misuse(int mode, float* out) {
+  unsigned char* sm = smem_dynamic<unsigned char>();
+  uint64_t* bar = reinterpret_cast<uint64_t*>(sm);
+  float4* buf = reinterpret_cast<float4*>(sm + 128);  // [32]
+  const int t = threadIdx.x, rank = cluster_ctarank(), peer = rank ^ 1;
+  if (t == 0) {
+    if (mode != 5) mbarrier_init(bar, 1);
+    fence_mbarrier_init_cluster();
+  }
+  if (rank == 0) {
+    st_shared(buf + t, make_float4(static_cast<float>(t), static_cast<float>(rank), 1.f, 2.f));
+    if (mode != 6) fence_proxy_async();
+  }
+  cluster_sync();
+  if (rank == 0 && t == 0) {
+    const uint32_t dst = map_shared_rank(buf, peer), pbar = map_shared_rank(bar, peer);
+    switch (mode) {
+      case 1: bulk_copy_s2cluster(dst, buf, 512, map_shared_rank(bar, rank)); break;
+      case 2: bulk_copy_s2cluster(dst, buf, 504, pbar); break;
+      case 3: mbarrier_arrive_cluster(pbar & 0x7FFFFFFFu); break;
+      case 4: bulk_copy_s2cluster(map_shared_rank(buf + 16, peer), buf, 512, pbar); break;
+      case 5: mbarrier_arrive_cluster(pbar); break;
+      default: bulk_copy_s2cluster(dst, buf, 512, pbar);
+    }
+  }
+  if (rank == 1 && mode != 7) {
+    if (t == 0) mbarrier_arrive_expect_tx(bar, 512);
+    mbarrier_wait(bar, 0);
+    st_global(reinterpret_cast<float4*>(out) + t, buf[t]);
+  }
+  cluster_sync();
+}
+
+// ---- %cluster_ctarank: out [grid blocks] = the rank of each block (thread 0 writes) ------------------------------
+__global__ void k_cluster_ids(int* out) {
+  if (threadIdx.x == 0)
+    st_global(out + blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z), cluster_ctarank());
+  cluster_sync();
+}
+
 }  // namespace va::emu_tests
 
 // ---- extern "C" entry points ---------------------------------------------------
@@ -583,6 +698,7 @@ using va::emu::guarded;
 namespace {
 using namespace va::emu_tests;
 using va::arch::launch;
+using va::arch::launch_cluster;
 }  // namespace
 
 // The emulation library is built with -fvisibility=hidden; these are its API.
@@ -690,6 +806,22 @@ VA_TEST_API const char* va_test_wgmma_e4m3(int n, const uint8_t* a, const uint8_
     if (n == 32) launch(k_wgmma_e4m3<32>, dim3(1), dim3(threads), smem, nullptr, a, b, ss, pad, out);
     else if (n == 256) launch(k_wgmma_e4m3<256>, dim3(1), dim3(threads), smem, nullptr, a, b, ss, pad, out);
     else throw std::invalid_argument("va_test_wgmma_e4m3: n = 32 or 256");
+  });
+}
+VA_TEST_API const char* va_test_cluster_swap(const float* src, int clusters, int ntiles, int mode, float* out) {
+  return guarded([&] {
+    launch_cluster(k_cluster_swap, dim3(2 * clusters), dim3(kClusterThreads), kClusterSmem, nullptr, dim3(2, 1, 1),
+                   src, ntiles, mode, out);
+  });
+}
+VA_TEST_API const char* va_test_cluster_misuse(int mode, float* out) {
+  return guarded([&] {
+    launch_cluster(k_cluster_misuse, dim3(2), dim3(32), kClusterMisuseSmem, nullptr, dim3(2, 1, 1), mode, out);
+  });
+}
+VA_TEST_API const char* va_test_cluster_ids(int gx, int gy, int gz, int cx, int cy, int cz, int* out) {
+  return guarded([&] {
+    launch_cluster(k_cluster_ids, dim3(gx, gy, gz), dim3(32), 0, nullptr, dim3(cx, cy, cz), out);
   });
 }
 VA_TEST_API const char* va_test_math(const float* x, const float* y, int n, float* out) {
