@@ -594,7 +594,7 @@ def test_stage_reused_without_barrier_found_with_issue_landing(emu, landing, cau
 
 @pytest.mark.parametrize("sched", ["reverse", "random", "warp-ahead", "warp-ahead-reverse", "lagging", "lagging-mid",
                                    "lagging-tail", "starve-last", "lagging-head", "stalled-mid",
-                                   "stalled-head"])
+                                   "stalled-head", "stalled-peer", "stalled-peer-mid"])
 def test_other_schedules_give_same_results(emu, sched):
     emu.schedule(sched, seed=7)
     ntiles, n = 4, 128
@@ -1061,9 +1061,10 @@ def test_cluster_proxy_fence_is_checked_in_both_landing_modes(emu, landing):
 
 @pytest.mark.parametrize("landing", ["wait", "issue"])
 def test_reading_the_peers_half_before_the_full_wait_is_caught(emu, landing):
-    """Without the FULL wait the peer's half has not landed (landing "wait": it lands at the first wait, which never
-    comes: the reads see the NaN fill, and the exit check finds the copies still in flight); landing at issue, the
-    reads race the peer's copy."""
+    """Without the FULL wait the peer's half has not landed (landing "wait": a copy from another CTA completes, and
+    lands, at the first wait on its phase, which never comes: the reads see the NaN fill, the next tile's arrivals
+    overrun the phase, and the exit check finds the copies still in flight); landing at issue, the reads race the
+    peer's copy."""
     src, out, want = _cluster_case()
     emu.register(src=src, out=out)
     emu.landing(landing)
@@ -1071,4 +1072,4 @@ def test_reading_the_peers_half_before_the_full_wait_is_caught(emu, landing):
     assert err is not None or not np.array_equal(out, want), "the missing FULL wait went unnoticed"
     if landing == "wait":
         assert np.isnan(out).any()
-        assert err is not None and "no thread waited for" in err, err
+        assert err is not None and "never completed when the block exited" in err, err

@@ -81,12 +81,12 @@ enum class FaultKind {
 };
 enum class Schedule {
   kForward, kReverse, kRandom, kWarpAhead, kWarpAheadReverse, kLagging, kLaggingMid, kLaggingTail, kStarveLast,
-  kLaggingHead, kStalledMid, kStalledHead
+  kLaggingHead, kStalledMid, kStalledHead, kStalledPeer, kStalledPeerMid
 };
 // the schedules' names, in the enum's order (set_schedule, VA_EMU_SCHEDULE, describe_settings)
 constexpr const char* kScheduleNames[] = {"forward", "reverse", "random", "warp-ahead", "warp-ahead-reverse", "lagging",
                                           "lagging-mid", "lagging-tail", "starve-last", "lagging-head",
-                                          "stalled-mid", "stalled-head"};
+                                          "stalled-mid", "stalled-head", "stalled-peer", "stalled-peer-mid"};
 bool schedule_named(const std::string& name, Schedule& out) {
   for (size_t i = 0; i < std::size(kScheduleNames); ++i)
     if (name == kScheduleNames[i]) {
@@ -220,6 +220,18 @@ struct Mbar {
   // Cluster::syncs when the initialising thread ran fence_mbarrier_init_cluster after the init (-1: it has not):
   // another CTA may use the barrier once a cluster_sync completed after that (Cluster::syncs moved on)
   long long cluster_fence = -1;
+  // bulk copies from another CTA's shared memory (cp.async.bulk.shared::cluster) of the current phase: their source
+  // bytes as read at issue, checked unchanged when the phase completes (the copy may read its source until then)
+  struct SourceCheck {
+    Block* from;
+    size_t off;
+    std::vector<unsigned char> bytes;
+    std::source_location loc;
+  };
+  std::vector<SourceCheck> sources;
+  // landing "wait": those copies' transactions, not yet counted. They complete at the latest legal moment: once the
+  // phase's arrivals are in and a thread of this CTA waits on it (until then the source may still be read)
+  std::vector<BulkCopy> deferred;
 };
 
 // One warp's part of an issued wgmma: its result (computed at issue), where it lands, and the shared
@@ -1151,6 +1163,11 @@ class Worker {
     const bool lag_tail = cfg.schedule == Schedule::kLaggingTail;
     const bool lag_head = cfg.schedule == Schedule::kLaggingHead;
     const bool stall_mid = cfg.schedule == Schedule::kStalledMid, stall_head = cfg.schedule == Schedule::kStalledHead;
+    // stalled-peer: a cluster's CTAs of rank 1 and up run one pass in kStallPeriod, so rank 0 runs far ahead of its
+    // peers (a CTA rewriting what it forwards before the peer's phase, which the copy completes on, has completed)
+    // stalled-peer-mid: only the middle third of the warps of those CTAs (a 12-warp kernel's second math warpgroup)
+    const bool stall_peer = cfg.schedule == Schedule::kStalledPeer;
+    const bool stall_peer_mid = cfg.schedule == Schedule::kStalledPeerMid;
     constexpr long long kStallPeriod = 16;
     const int lag_warps = held_warps(nwarps);
     const int lag_first = cfg.schedule == Schedule::kLaggingMid ? lag_warps : 0;
@@ -1179,6 +1196,10 @@ class Worker {
         Block& b = blocks[r];
         Fiber* fibers = b.fibers;
         if (b.live == 0) continue;
+        if (stall_peer && r > 0 && pass % kStallPeriod != 0) {
+          held_back = true;  // runnable or not, its turn comes: not a deadlock
+          continue;
+        }
         if (cfg.schedule == Schedule::kRandom) std::shuffle(orders[r].begin(), orders[r].end(), rngs[r]);
         if (ahead) {
           for (int wi = 0; wi < nwarps && !abort; ++wi) {
@@ -1203,8 +1224,9 @@ class Worker {
               if (((pass & 1) && ((lag && t / 32 >= lag_first && t / 32 < lag_first + lag_warps) ||
                                   (lag_tail && t / 32 % 4 == 3))) ||
                   (lag_head && pass % 4 != 0 && t / 32 % 4 == 0) ||
-                  (pass % kStallPeriod != 0 && ((stall_mid && t / 32 >= lag_warps && t / 32 < 2 * lag_warps) ||
-                                                (stall_head && t / 32 % 4 == 0)))) {
+                  (pass % kStallPeriod != 0 &&
+                   (((stall_mid || (stall_peer_mid && r > 0)) && t / 32 >= lag_warps && t / 32 < 2 * lag_warps) ||
+                    (stall_head && t / 32 % 4 == 0)))) {
                 held_back = true;  // runnable, its turn is the next pass: not a deadlock
                 continue;
               }
@@ -1296,12 +1318,15 @@ class Worker {
   // lands a completed phase's copies at the first wait; until then they are `unlanded`: with no wait, still in flight.)
   void check_bulk_drained(const Block& b) {
     for (const auto& [off, m] : b.mbars) {
-      if (!m.copies.empty() || m.tx != 0) {
+      long long deferred = 0;  // (bytes of copies from another CTA, counted when they complete)
+      for (const BulkCopy& c : m.deferred) deferred += static_cast<long long>(c.data.size());
+      if (!m.copies.empty() || !m.deferred.empty() || m.tx != 0) {
         report(b, nullptr,
                "mbarrier at smem offset " + std::to_string(off) + " (initialised" + where(m.init_loc) +
                    ") has a phase that never completed when the block exited: " +
-                   std::to_string(m.pending) + " arrival(s) and " + std::to_string(m.tx) +
-                   " transaction byte(s) still due, " + std::to_string(m.copies.size()) + " bulk copy(ies) in flight",
+                   std::to_string(m.pending) + " arrival(s) and " + std::to_string(m.tx - deferred) +
+                   " transaction byte(s) still due, " + std::to_string(m.copies.size() + m.deferred.size()) +
+                   " bulk copy(ies) in flight",
                std::source_location());
         return;
       }
@@ -1674,7 +1699,31 @@ bool parity_done(const Mbar& m, unsigned parity) { return (m.completed & 1u) != 
 // Completes the current phase when its arrivals and transaction bytes are all in; then the waiting threads
 // whose phase completed resume, the copies landing first.
 void mbar_try_complete(Block& b, Mbar& m) {
-  if (m.pending != 0 || m.tx != 0) return;
+  long long deferred = 0;
+  for (const BulkCopy& c : m.deferred) deferred += static_cast<long long>(c.data.size());
+  if (m.pending != 0 || m.tx - deferred != 0) return;
+  if (deferred > 0) {  // copies from another CTA: complete only with a thread here waiting on the phase
+    bool waiter = false;
+    for (int t = 0; t < b.nthreads && !waiter; ++t)
+      waiter = b.fibers[t].wait == WaitKind::kMbarrier && b.fibers[t].wait_mbar == m.off;
+    if (!waiter) return;
+    m.tx -= deferred;
+    for (BulkCopy& c : m.deferred) m.copies.push_back(std::move(c));
+    m.deferred.clear();
+  }
+  // a copy from another CTA's shared memory reads its source until the phase completes: its bytes must not have
+  // changed since the issue (the issuing CTA rewrote them before the copy was known to be done)
+  for (const Mbar::SourceCheck& c : m.sources) {
+    if (std::memcmp(c.from->smem + c.off, c.bytes.data(), c.bytes.size()) != 0) {
+      report(*c.from, nullptr,
+             "cp.async.bulk.shared::cluster source at shared offset " + std::to_string(c.off) + " (+" +
+                 std::to_string(c.bytes.size()) + " bytes) was rewritten before the copy's mbarrier phase completed "
+                 "in CTA rank " + std::to_string(b.rank) + " (the copy may still read it; issued" + where(c.loc) + ")",
+             std::source_location());
+      break;
+    }
+  }
+  m.sources.clear();
   for (BulkCopy& c : m.copies) m.unlanded.push_back(std::move(c));
   m.copies.clear();
   ++m.completed;
@@ -1812,6 +1861,7 @@ void mbarrier_wait(void* bar, unsigned parity, std::source_location loc) {
     f->wait_mbar = m->off;
     f->wait_parity = parity;
     f->wait_loc = loc;
+    mbar_try_complete(b, *m);  // (a phase whose copies from another CTA complete only once a thread waits)
     yield(f);  // resumed by the arrival or copy that completes the phase (it landed the copies)
     return;
   }
@@ -1966,9 +2016,16 @@ void bulk_copy_s2cluster(uint32_t dst, const void* src, uint32_t bytes, uint32_t
   c.dst = d.block->smem + d.off;
   c.data.assign(s, s + bytes);  // read at issue
   Block& t = *d.block;
-  if (settings().cp_async_at_issue) land_one(t, c);  // the earliest legal landing, as for bulk_copy_g2s
-  else m.copies.push_back(std::move(c));  // lands when a thread of the target CTA first waits on the completed phase
-  m.tx -= bytes;
+  if (&t != &b) m.sources.push_back({&b, soff, c.data, loc});  // ... and checked unchanged at the phase's completion
+  if (settings().cp_async_at_issue) {
+    land_one(t, c);  // the earliest legal landing, as for bulk_copy_g2s
+    m.tx -= bytes;
+  } else if (&t != &b) {
+    m.deferred.push_back(std::move(c));  // completes (and lands) at the latest legal moment: mbar_try_complete
+  } else {
+    m.copies.push_back(std::move(c));  // lands when a thread of the CTA first waits on the completed phase
+    m.tx -= bytes;
+  }
   mbar_try_complete(t, m);
 }
 

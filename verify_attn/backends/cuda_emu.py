@@ -25,7 +25,7 @@ code without torch.
 
 Environment: VA_EMU_WORKERS (OS threads running blocks; default: all cores),
 VA_EMU_SCHEDULE (forward | reverse | random | warp-ahead | warp-ahead-reverse | lagging | lagging-mid | lagging-tail | starve-last | lagging-head |
-stalled-mid | stalled-head),
+stalled-mid | stalled-head | stalled-peer | stalled-peer-mid),
 VA_EMU_CP_ASYNC (wait | issue: when cp.async bytes land), VA_EMU_STACK_KB (fiber stack),
 VERIFY_ATTN_CACHE (build cache root).
 """
