@@ -1273,6 +1273,68 @@ def test_v3h_hopper_phantom_block_runs_no_wgmma(emu, kv_dtype, splits):
     assert emu.stats()["mma"] == m_tiles * per_block * sum(blocks), (emu.stats(), blocks)
 
 
+# Hopper's v3 as a 2-CTA cluster (TileConfigV3<128, 64, 2>: "cuda@m128n64w12s2", "cuda@v3-cluster"): the two
+# 64-row CTAs of a split each gather half of every block's rows (rank r: rows 32 r .. 32 r + 31) and forward them to
+# the other through distributed shared memory (one bulk copy per 4 KB half dim block, on the peer's FULL_PEER); the
+# consumers free a stage half in both CTAs (EMPTY counts both), and SENT tells a CTA its forward of a late half landed
+# in the peer before its P overwrites the RoPE block. The emulator runs a cluster's CTAs together. Test names carry
+# "v3c" (`-k v3c`). The V3H matrix runs on it: a tree of 1 node (8 rows) leaves the second CTA with padding rows only,
+# which it runs (it shares the gather) and never writes; 37 nodes (296 rows) are 3 clusters, the last ragged.
+V3C = (128, 64, 12, 2)
+
+
+@pytest.mark.parametrize("i", range(len(V3H_CASES)),
+                         ids=[f"{s.id}-{n}s-{sch}-{land}" for s, n, sch, land in V3H_CASES])
+def test_v3c_cluster_matches_reference(emu, i):
+    case, out, lse = _run_v3_case(emu, i, V3H_CASES[i], V3C)
+    check_against_reference(out, lse, case, *TOL[case.spec.dtype])
+
+
+def test_v3c_cluster_wide_tree(emu):
+    # 256 nodes: 2048 rows, 16 clusters of 2 CTAs
+    case = make_case(CaseSpec((40,), (256,), "bushy", dtype=BF, page_size=3, seed=412, **MLA))
+    emu.set_schedule("warp-ahead")
+    emu.set_cp_async_landing("issue")
+    out, lse = _run(case, cfg(2, *V3C))
+    check_against_reference(out, lse, case, *TOL[BF])
+
+
+def test_v3c_cluster_schedules_agree_bitwise_with_the_single_cta_kernel(emu):
+    # race-free, and the same arithmetic as Hopper's v3 on one CTA: the same bits under every schedule and landing
+    # mode, and the same bits as V3H (paged 3, 2 requests, 2 splits: a phantom block and a refilled stage)
+    case = make_case(CaseSpec((290, 7), (9, 4), "bushy", dtype=BF, page_size=3, seed=413, **MLA))
+    out, lse = _same_bits_under_every_schedule(emu, case, cfg(2, *V3C), seed=7)
+    check_against_reference(out, lse, case, *TOL[BF])
+    for landing in ("wait", "issue"):   # (the schedules that hold one CTA of a cluster back)
+        emu.set_cp_async_landing(landing)
+        for sched in ("stalled-peer", "stalled-peer-mid"):
+            emu.set_schedule(sched)
+            got = _run(case, cfg(2, *V3C))
+            assert torch.equal(out, got[0]) and torch.equal(lse, got[1]), f"{sched}/{landing} differs"
+    emu.set_schedule("forward")
+    emu.set_cp_async_landing("wait")
+    single = _run(case, cfg(2, *V3H))
+    assert torch.equal(out, single[0]) and torch.equal(lse, single[1])
+
+
+@pytest.mark.parametrize("page", [1, 64])
+def test_v3c_cluster_reads_each_row_once_a_split(emu, page):
+    # 16 nodes x 8 heads = 128 rows: two 64-row M tiles of one split. Hopper's v3 on one CTA a tile copies every row
+    # twice (each CTA its own) and prefetches it twice; the cluster copies each row once (each CTA its half) and
+    # forwards the other half, and prefetches each row once. 300 + 16 tokens in one split
+    case = make_case(CaseSpec((300,), (16,), "bushy", dtype=BF, page_size=page, seed=52, **MLA))
+    got = {}
+    for tile in (V3H, V3C):
+        emu.reset_stats()
+        out, lse = _run(case, cfg(1, *tile))
+        check_against_reference(out, lse, case, *TOL[BF])
+        got[tile] = emu.prefetch_stats()
+    # (both also copy Q, 64 rows a CTA, and its mask words: the same in both)
+    rows, row = 316, 576 * 2
+    assert got[V3H]["cp_async_src_bytes"] - got[V3C]["cp_async_src_bytes"] == rows * row, got
+    assert got[V3C]["l2_prefetches"] == got[V3H]["l2_prefetches"] // 2 == (rows - 128) * row // 128, got
+
+
 def test_v3h_hopper_is_pinned_as_cuda_v3_and_no_default():
     from verify_attn.backends import cuda
 
@@ -1397,6 +1459,50 @@ def test_v3h_hopper_missing_proxy_fence_or_wgmma_wait_is_caught(emu):
     # while the wgmma is in flight
     assert not _v3_missed(emu, "skip_fence_proxy_async", V3H_MATH, [-1, 0], tile=V3H), "the Q proxy fence"
     missed = _v3_missed(emu, "skip_wgmma_wait", V3H_MATH, [-1, *range(6)], tile=V3H, modes=V3H_MODES)
+    assert not missed, f"wgmma wait(s) {missed} skipped went unnoticed"
+
+
+# The planted bugs on the cluster (v3c): 300 + 16 tokens in one split, 16 nodes (both CTAs hold rows): 5 blocks, 3
+# pairs, the last with a phantom block. mbarrier_wait calls, per consumer thread and pair i: warpgroup 0, 3i + h its
+# FULL_PEER wait of stage 0's half h (which covers both CTAs' rows of it), 3i + 2 its SENT wait before P0; warpgroup
+# 1 the same on stage 1 (the phantom pair: its two FULL_PEER waits, no SENT). Producer threads but thread 0:
+# 4 (i - 1) + 2h + s, the EMPTY wait before refilling half h of stage s for pair i >= 1; thread 0, the forwarder, in
+# pair 0 its FULL waits before forwarding step 0 .. 3 (calls 0-3), from pair 1 on its EMPTY waits interleaved with
+# them (pair 1: 4 EMPTY s0h0, 5 EMPTY s1h0, 6 forward step 0, 7 EMPTY s0h1, 8 forward 1, 9 EMPTY s1h1, 10 forward 2,
+# 11 forward 3). Besides V3H's modes, (wait, stalled-peer): rank 1 runs one pass in 16, so rank 0 rewrites what it
+# forwarded (its P over the RoPE rows) before rank 1's phase completes unless SENT holds it (a copy from another CTA
+# completes at the first wait on its phase, and its source must be unchanged until then); (wait, stalled-peer-mid):
+# only rank 1's warpgroup 1 is held, so rank 0's warpgroup 1 rewrites stage 1's RoPE rows (P1) of pair 0 before rank
+# 1's warpgroup 1 waits for them (stalled-peer holds rank 1's warpgroup 0 too, and rank 0's P1 waits on its P0).
+V3C_FAULT_CASE = CaseSpec((300,), (16,), "bushy", dtype=BF, seed=311, **MLA)
+V3C_MODES = V3H_MODES + (("wait", "stalled-peer"), ("issue", "stalled-peer"), ("wait", "stalled-peer-mid"))
+
+
+def test_v3c_cluster_consumer_skipping_its_full_peer_or_sent_wait_is_caught(emu):
+    miss = functools.partial(_v3_missed, emu, "skip_mbarrier_wait", spec=V3C_FAULT_CASE, tile=V3C, modes=V3C_MODES)
+    missed = miss(V3H_MATH, [-1, *range(9)])
+    assert not missed, f"consumers skipping FULL_PEER / SENT wait(s) {missed} went unnoticed"
+    for role, calls in ((V3H_WG0, 9), (V3H_WG1, 8)):   # (warpgroup 1's phantom pair has no SENT wait)
+        missed = miss(role, [-1, *range(calls)])
+        assert not missed, f"warpgroup {role} skipping wait(s) {missed} went unnoticed"
+
+
+def test_v3c_cluster_producer_skipping_its_empty_or_forward_wait_is_caught(emu):
+    miss = functools.partial(_v3_missed, emu, "skip_mbarrier_wait", spec=V3C_FAULT_CASE, tile=V3C, modes=V3C_MODES)
+    missed = miss((V3H_PRODUCER[0] + 1, V3H_PRODUCER[1]), [-1, *range(8)])
+    assert not missed, f"producer threads skipping EMPTY wait(s) {missed} went unnoticed"
+    missed = miss((V3H_PRODUCER[0], V3H_PRODUCER[0] + 1), [-1, *range(12)])
+    assert not missed, f"the forwarder skipping wait(s) {missed} went unnoticed"
+
+
+def test_v3c_cluster_every_named_barrier_and_wgmma_wait_removed_is_caught(emu):
+    miss = functools.partial(_v3_missed, emu, spec=V3C_FAULT_CASE, tile=V3C)
+    assert not miss("skip_named_barrier", V3H_MATH, [0]), "the Q barrier removed"
+    missed = miss("skip_named_barrier", V3H_WG0, [1, 3, 4, 6])
+    assert not missed, f"warpgroup 0's named barrier call(s) {missed} removed went unnoticed"
+    missed = miss("skip_named_barrier", V3H_WG1, [1, 3])
+    assert not missed, f"warpgroup 1's named barrier call(s) {missed} removed went unnoticed"
+    missed = miss("skip_wgmma_wait", V3H_MATH, [-1, *range(6)], modes=V3H_MODES)
     assert not missed, f"wgmma wait(s) {missed} skipped went unnoticed"
 
 

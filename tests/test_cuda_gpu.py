@@ -193,17 +193,19 @@ def test_cuda_graph_replay_with_changed_lengths(cfg):
 
 # ------------------------------------------------------- v0 and v1 agree ----
 
-@pytest.mark.parametrize("version", ["v0", "v1", "v2", "v3", "v3-sm120", "m32n16w9s4", "m32n16w12s4"])
+@pytest.mark.parametrize("version", ["v0", "v1", "v2", "v3", "v3-cluster", "v3-sm120", "m32n16w9s4", "m32n16w12s4"])
 @pytest.mark.parametrize("page_size", [1, 64])
 def test_kernel_versions_match_reference(version, page_size):
     """The pinned versions bench.verify times as cuda@v0 / cuda@v1 / cuda@v2 (sm_90a's wgmma kernel) / cuda@v3 (Hopper's
-    warp-specialized seesaw kernel, csrc/tree_verify/sm90/) / cuda@v3-sm120
+    warp-specialized seesaw kernel, csrc/tree_verify/sm90/) / cuda@v3-cluster (the same as a 2-CTA cluster sharing
+    each block's gather through distributed shared memory; the second request's 5 nodes, 40 rows, leave its cluster's
+    second CTA padding rows only) / cuda@v3-sm120
     (kernel v3's math-roles tile: S warps, PV warps, a producer warpgroup; on the H200 the proxy of the sm_120 kernel) /
     cuda@m32n16w9s4 (its one-producer-warp tile) / cuda@m32n16w12s4 (its producer-warpgroup tile), on the headline
     shape at 20k."""
     from verify_attn.backends import cuda
 
-    if version in ("v2", "v3") and torch.cuda.get_device_capability() != (9, 0):
+    if version in ("v2", "v3", "v3-cluster") and torch.cuda.get_device_capability() != (9, 0):
         pytest.skip(f"kernel {version} (wgmma) is built for sm_90a only")
     spec = _spec("kimi-mla", prefix_lens=(20_000, 333), tree_sizes=(16, 5), page_size=page_size, seed=21)
     case = make_case(spec, device="cuda")

@@ -91,6 +91,17 @@ class Tile:
         return self.warps_m * self.warps_n + {2: 1, 3: 4, 4: 4}.get(self.loader, 0)
 
     @property
+    def cluster(self) -> int:
+        """CTAs of a thread-block cluster sharing each KV block's gather: Hopper's v3 at block_m 128 is two 64-row
+        CTAs (TileConfigV3<128, ...>, kCluster 2); every other tile 1."""
+        return self.block_m // 64 if self.version == 3 else 1
+
+    @property
+    def cta_m(self) -> int:
+        """Rows one CTA holds: block_m, or a cluster tile's block_m over its CTAs (the grid's M tiles count these)."""
+        return self.block_m // self.cluster
+
+    @property
     def ksplit(self) -> int:
         return self.warps_n if self.version >= 1 else 1
 
@@ -105,7 +116,7 @@ class Tile:
         if self.version == 2:
             return f"v2 {base} wg{self.warps_n} wgmma"
         if self.version == 3:
-            return f"v3 {base} sm90 seesaw"
+            return f"v3 {base} sm90 seesaw" + (f" cluster{self.cluster}" if self.cluster > 1 else "")
         if self.version == 1 and self.loader >= 2:  # kernel v3: v1's math + 1 producer warp, or a producer warpgroup
             return f"v3 {base} k{self.ksplit} sn{self.sn} " + {2: "producer", 3: "producer-wg"}.get(self.loader,
                                                                                                    "producer-wg roles")
@@ -161,6 +172,12 @@ V3_ROLES_TILE = Tile(32, 16, 8, 2, 4, version=1, sn=2, bars=2, loader=4)
 # warpgroups run FlashMLA's seesaw (S of one block each over all 576 dims, O's 512 columns split between them), 64 rows,
 # 2 stages: 224,320 B, sm_90a only. Backend "cuda@v3" (or "cuda@m64n64w12s2"); no arch's default until a GPU timed it.
 V3_SM90_TILE = Tile(64, 64, 4, 2, 2, version=3, archs=("sm_90a",))
+# ... as a 2-CTA cluster (TileMlaV3Sm90Cluster = TileConfigV3<128, 64, 2>): the two 64-row CTAs of a split each gather
+# half of every block's rows (16-byte cp.async) and forward them to the other with one bulk copy per 4 KB half dim
+# block through distributed shared memory, halving each producer's cp.async issue and the split's L2 reads; the
+# consumers free a stage half in both CTAs. 224,368 B a CTA, 16-bit caches, sm_90a only. Backend "cuda@v3-cluster" (or
+# "cuda@m128n64w12s2")
+V3_SM90_CLUSTER_TILE = Tile(128, 64, 4, 2, 2, version=3, archs=("sm_90a",))
 # v2 (wgmma, sm_90a only): 64 rows, 2 warpgroups (4 warps x 16 rows each; Dqk / Dv halves)
 _V2_TILE = Tile(64, 32, 4, 2, 3, version=2, archs=("sm_90a",))
 # v2 on e4m3 caches: both products on wgmma .e4m3 (k32), V transposed per tile into a V^T buffer, 4 stages
@@ -172,7 +189,7 @@ _V2_FP8_TILE = Tile(64, 32, 4, 2, 4, version=2, archs=("sm_90a",))
 TILES: dict[str, list[Tile]] = {
     "mla576": [Tile(32, 16, 2, 4, 4, version=1, sn=2), Tile(32, 16, 2, 4, 3, version=1, sn=2),
                _V1_SM90_TILE, Tile(32, 16, 2, 2, 3), Tile(16, 32, 1, 4, 2), _V2_TILE, _V1_BULK_S8, _V1_BULK_N32,
-               V3_TILE, V3_WG_TILE, V3_ROLES_TILE, V3_SM90_TILE],
+               V3_TILE, V3_WG_TILE, V3_ROLES_TILE, V3_SM90_TILE, V3_SM90_CLUSTER_TILE],
     # e4m3 caches: 32 tokens (one k step of the e4m3 P.V MMA), S warps 2 (dims) x 2 (tokens) x 2 (M)
     # The e4m3-MMA tile is sm_120's (4 stages, two barriers per tile: two tiles in flight in 91 KB): on sm_90
     # nvcc lowers its MMAs to f16 HMMAs (no e4m3 rate there). The f16 tile keeps Q and P exact (any arch); the H200's
@@ -271,14 +288,15 @@ def smem_bytes(tile: Tile, dqk: int, dv: int, shared_kv: bool, kv_bytes: int = 2
     kv_bytes 1: the e4m3-cache kernels (K / V one byte per element; P too on e4m3 MMAs, f16 otherwise)."""
     pad, elem = 8, 2
     if tile.version == 3:  # KernelTraitsV3: Q + STAGES x BN rows (no pad) + row stats + 8 mask words + mbarriers
-        base = ((tile.block_m + tile.num_stages * tile.block_n) * dqk * kv_bytes + 2 * 2 * tile.block_m * 4
-                + tile.block_m * 8 * 4)
+        bm = tile.cta_m   # (a cluster tile: one CTA's)
+        base = ((bm + tile.num_stages * tile.block_n) * dqk * kv_bytes + 2 * 2 * bm * 4 + bm * 8 * 4)
         if kv_bytes == 1:  # e4m3: + V^T per stage (k32 steps x Dv / 8 x 288), e4m3 P per stage, Q's row scales, and
             #                FULL / EMPTY per stage + VFULL / VEMPTY per stage half
             return (base + tile.num_stages * (tile.block_n // 32) * (dv // 8) * 288
                     + tile.num_stages * tile.block_m * tile.block_n + tile.block_m * 4
                     + (2 * tile.num_stages + 2 * tile.num_stages * 2) * 8)
-        return base + 2 * tile.num_stages * 2 * 8   # FULL and EMPTY per stage half
+        # FULL and EMPTY per stage half (a cluster: + FULL_PEER per stage half, SENT per stage)
+        return base + 2 * tile.num_stages * 2 * 8 + (3 * tile.num_stages * 8 if tile.cluster > 1 else 0)
     if tile.version == 2:  # KernelTraitsV2: Q (BM rows) + STAGES x BN KV rows (core-matrix layout, no pad)
         fp8 = (2 * (dv // 8) * 288 + tile.block_m * 4) if kv_bytes == 1 else 0  # e4m3: 2 V^T buffers, Q scales
         slots = 1 << (tile.num_stages - 2 + V2_PREFETCH - 1).bit_length()  # kIdxSlots: a power of two

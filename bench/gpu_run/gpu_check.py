@@ -84,12 +84,15 @@ V3_WG = "cuda@m32n16w12s4"
 # kernel v3 for Hopper (issue 40, sm90/: a producer warpgroup, FlashMLA's seesaw on two consumer warpgroups, per-half
 # FULL / EMPTY barriers), in headline, sweep, ncu and the knockouts beside the sm_120 proxy
 V3H = "cuda@v3"
+# ... as a 2-CTA cluster (the two 64-row CTAs of a split share each block's gather through distributed shared memory;
+# 16-bit caches), beside it in smoke, headline, sweep, splits, ncu and the knockouts
+V3C = "cuda@v3-cluster"
 # the smoke stage (bench/gpu_run/smoke.py): every kernel no GPU has run yet, once, each in its own process under a
 # timeout, before anything else touches the GPU; a hang or crash is quarantined from the later stages
-SMOKE_BACKENDS = (V3, V3_WARP, V3_WG, V3H, f"{V3}/fp8_e4m3", f"{V3H}/fp8_e4m3")
+SMOKE_BACKENDS = (V3, V3_WARP, V3_WG, V3H, V3C, f"{V3}/fp8_e4m3", f"{V3H}/fp8_e4m3")
 SMOKE_STEMS = ("mla576_bf16_page1", "mla576_bf16_paged", "mla576e4m3_bf16_page1", "mla576e4m3_bf16_paged")
 # the ncu stage: one warm call, then one profiled call, of each of these versions
-NCU_VERSIONS = ("m32n32w8s5", "v1", V3.split("@")[1], V3H.split("@")[1])
+NCU_VERSIONS = ("m32n32w8s5", "v1", V3.split("@")[1], V3H.split("@")[1], V3C.split("@")[1])
 PLAN_CAP_S = 480.0          # the default plan's caps add up to at most this (tests/test_bench.py checks)
 DEVICE_CORES = 16           # the lent GPU machine's CPU cores (the build estimate scales to them)
 BUILD_TIMES = REPO / "bench" / "results" / "build_times.json"  # --time-build's measurement on this machine
@@ -278,15 +281,16 @@ def plan(out: Path, a: argparse.Namespace) -> list[Stage]:
               min_s=10),
         Stage("headline", v + ["--ctx", "185k", "--tree", "16", "--layout", "page1",
                                "--backend", "cuda@v2,cuda@v1,cuda@v0,cuda@m32n32w8s5,cuda@m32n16w8s8,cuda@m32n16w8s4,"
-                               f"{V3},{V3_WARP},{V3_WG},{V3H},triton,triton-serial", "--json",
+                               f"{V3},{V3_WARP},{V3_WG},{V3H},{V3C},triton,triton-serial", "--json",
                                str(out / "headline.json"), "--csv", str(out / "headline.csv")], cap_s=30, min_s=20),
         Stage("sweep", v + ["--ctx", "185k,64k,16k,4k", "--tree", "16,64,1", "--layout", "page1,paged",
-                            "--backend", f"cuda@v2,cuda@v1,cuda@m32n32w8s5,{V3},{V3H}", "--json", str(out / "sweep.json"),
+                            "--backend", f"cuda@v2,cuda@v1,cuda@m32n32w8s5,{V3},{V3H},{V3C}", "--json",
+                            str(out / "sweep.json"),
                             "--csv", str(out / "sweep.csv"), "--plot", str(out / "sweep.png")], cap_s=45, min_s=25),
         # the split heuristic's A/B at 4k: each kernel at the old rule's 15 splits (256 tokens a split) beside the
         # heuristic's (NOTES.md, "Short contexts: the split heuristic", holds the predictions)
         Stage("splits", v + ["--ctx", "4k", "--tree", "1,16", "--layout", "page1", "--backend",
-                             f"cuda@v1:15,cuda@v1,{V3H}:15,{V3H},{V3}:15,{V3}",
+                             f"cuda@v1:15,cuda@v1,{V3H}:15,{V3H},{V3C},{V3}:15,{V3}",
                              "--json", str(out / "splits.json")], cap_s=10, min_s=8),
         Stage("ncu", ["ncu", "--clock-control", "none", "--target-processes", "all", "-k",
                       "regex:tree_verify_split", "--launch-skip", str(len(NCU_VERSIONS)), "-c", str(len(NCU_VERSIONS)),
@@ -332,7 +336,8 @@ def plan(out: Path, a: argparse.Namespace) -> list[Stage]:
     if a.knockout:   # where the tile's time goes: variants without the copies / index loads / v2's exchange
         stages.insert(2, Stage("knockout", [PY, "-m", "bench.knockout", "--ctx", "185k", "--tree", "16,64",
                                             "--variants", a.knockout, "--versions",
-                                            f"v2,v1,m32n32w8s5,{V3.split('@')[1]},{V3H.split('@')[1]}",
+                                            f"v2,v1,m32n32w8s5,{V3.split('@')[1]},{V3H.split('@')[1]},"
+                                            f"{V3C.split('@')[1]}",
                                             "--json", str(out / "knockout.json")], cap_s=100, min_s=40))
     if a.e2e:
         stages.append(Stage("e2e", [PY, "-m", "integration.measure.bench_e2e", "--model", "kimi-k2-tp8", "--simulate-rank",

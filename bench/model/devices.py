@@ -102,6 +102,9 @@ class DeviceModel:
     # UBLKCP holds its warp (nothing else of the warp issues meanwhile); None: the device has no bulk copies
     bulk_copy_cycles: Optional[Const] = None
     bulk_issue_cycles: Optional[Const] = None
+    # distributed shared memory (sm_90+ clusters): cycles from a bulk copy into another CTA's shared memory leaving the
+    # SM to its landing there (SM-to-SM latency); None: not modelled on the device
+    dsmem_latency_cycles: Optional[Const] = None
 
     # ---- derived quantities used by the simulator --------------------------------
     @property
@@ -258,6 +261,10 @@ H200 = DeviceModel(
     ldgsts_cycles_per_chunk=_LDGSTS_H200,
     datasheet_tflops=Const(989.4, "published", CUDNN_FE),
     bulk_copy_cycles=_BULK_COPY_H200, bulk_issue_cycles=_BULK_ISSUE_H200,
+    dsmem_latency_cycles=Const(181, "published", "P-08: SM-to-SM latency in a 2-CTA cluster, 181 cycles (rank 0 on SM "
+                                                 "110 to rank 1 on SM 111; H800, HPMLL/NVIDIA-Hopper-Benchmark)",
+                               lo=181, hi=369, why_range="P-08's 181 (a load) to P-06's TMA-issued L2 latency 369.1: a "
+                                                         "bulk copy's own setup may cost what a TMA load's does"),
 )
 
 RTX_PRO_6000 = DeviceModel(

@@ -180,13 +180,16 @@ class Bulk:
     issuing_schedulers: the SM's schedulers whose warps issue copies: they share the TMA unit, the copies' stream
               (`cp_bytes_per_clk` is a scheduler's quarter of the SM's) and the shared-memory landing, each a quarter
               share becoming 1 / this; None: all of them;
-    share:    scales every copy's bytes (the fraction of the path's copies' bytes a CTA really moves)."""
+    share:    scales every copy's bytes (the fraction of the path's copies' bytes a CTA really moves);
+    latency:  cycles from a copy's bytes streaming to their landing; None: `cp_latency` (a copy from global memory).
+              A copy between the CTAs of a cluster (Hopper v3's forward to its peer) lands the SM-to-SM latency later."""
     sizes: tuple[tuple[int, float], ...]
     lane_of: tuple[int, ...] = ()
     lanes: tuple[int, ...] = ()
     wait_distance: int | None = None
     issuing_schedulers: int | None = None
     share: float = 1.0
+    latency: float | None = None
 
 
 @dataclass(frozen=True)
@@ -470,8 +473,11 @@ def simulate(body: list[Instr], dev: DeviceModel, *, warps: int, warps_per_barri
         i = seqs[w][pc[w] % seq_len[w]]
         e = max(t, held_until[w], 0.0 if tim[i].wgmma else pipe_free.get(tim[i].pipe, 0.0))
         if bulk_wait[i] and roles is not None and bar_off[i] in arrivers:
-            # a barrier warps here arrive on: their arrives of iteration j (full) or j - empty_distance (empty)
-            k = pc[w] // seq_len[w] - (roles.empty_distance if roles.producer[roles.warp_role[w]] else 0)
+            # a barrier warps here arrive on: their arrives of iteration j (full) or j - empty_distance (empty); a
+            # producer's wait on its own role's arrivals (Hopper v3's cluster forwarder waiting for its rows to land,
+            # on FULL) is a wait of iteration j too
+            own = all(roles.producer[roles.warp_role[x]] for x in arrivers[bar_off[i]])
+            k = pc[w] // seq_len[w] - (roles.empty_distance if roles.producer[roles.warp_role[w]] and not own else 0)
             if bar_off[i] in ahead_bars:
                 k = pc[w] // seq_len[w] if pc[w] // seq_len[w] >= 1 else -1
             if k >= 0:
@@ -578,7 +584,7 @@ def simulate(body: list[Instr], dev: DeviceModel, *, warps: int, warps_per_barri
             if cp_bytes_per_clk:
                 stream_free = max(stream_free, start) + bulk_bytes[i] / cp_bytes_per_clk
                 start = stream_free
-            bulk_land[w][it] = max(bulk_land[w][it], start + cp_lat)
+            bulk_land[w][it] = max(bulk_land[w][it], start + (bulk.latency if bulk.latency is not None else cp_lat))
             if pc[w] % seq_len[w] == bulk_last[w]:
                 bulk_issued[w] = it
         elif is_pf[i]:

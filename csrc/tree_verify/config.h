@@ -197,13 +197,17 @@ using TileMlaV3Roles = TileConfigV1<32, 16, 16, 4, 2, 2, 1, 2, 4>;
 //       warpgroup + two consumer warpgroups on FlashMLA's seesaw: Q 72 KB + 2 x 72 KB + stats, mask words and
 //       8 mbarriers (FULL and EMPTY per stage half) 3 KB = 224,320 B.
 using TileMlaV3Sm90 = TileConfigV3<64, 64, 2>;
+//  ... as a 2-CTA cluster (sm90/tile_v3.h): the two 64-row CTAs of a split each gather half of every block's rows and
+//       forward them to the other through distributed shared memory; + 6 mbarriers (FULL_PEER per stage half, SENT
+//       per stage) = 224,368 B a CTA. 16-bit caches only.
+using TileMlaV3Sm90Cluster = TileConfigV3<128, 64, 2>;
 template <> struct TilesFor<HeadMLA> {
   using type = TileList<TileConfigV1<32, 16, 8, 4, 4, 2>, TileConfigV1<32, 16, 8, 3, 4, 2>,
                         TileConfigV1<32, 32, 8, 4, 4, 2, 1, 1>,
                         TileConfig<32, 16, 2, 2, 3>, TileConfig<16, 32, 1, 4, 2>,
                         TileConfigV2<64, 32, 2, 3>, TileConfigV1<32, 16, 8, 8, 4, 2, 1, 1, 1>,
                         TileConfigV1<32, 32, 8, 5, 2, 2, 1, 1, 1>, TileMlaV3, TileMlaV3Wg, TileMlaV3Roles,
-                        TileMlaV3Sm90>;
+                        TileMlaV3Sm90, TileMlaV3Sm90Cluster>;
 };
 // e4m3 caches (MLA only): kernel v1 with e4m3 MMAs (m16n8k32) for S and P.V. A 32-token tile is one
 // k step of P.V; a 576-byte row (+16 B pad) makes a 32-token stage 18.5 KB, so 4 stages, two barriers

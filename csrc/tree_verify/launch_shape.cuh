@@ -54,15 +54,31 @@ struct KernelOf<T, Head, Layout, Tile, kFmt, 3> {  // kernel v3 for Hopper (sm90
   static constexpr auto kernel = tree_verify_split_kernel_v3<Tr>;
 };
 
+// CTAs of a thread-block cluster a tile launches in (TileConfigV3's kCluster; 1: no cluster). A cluster tile's BM
+// rows are its CTAs' together: grid y counts CTAs (each BM / kCluster rows), the cluster spans them in y.
+template <class Tile, class = void>
+struct TileCluster {
+  static constexpr int value = 1;
+};
+template <class Tile>
+struct TileCluster<Tile, std::void_t<decltype(Tile::kCluster)>> {
+  static constexpr int value = Tile::kCluster;
+};
+
 template <class T, class Head, class Layout, class Tile, int kFmt>
 void launch_one(const Params& p, const LaunchConfig& cfg, cudaStream_t stream) {
   using K = KernelOf<T, Head, Layout, Tile, kFmt>;
   using Tr = typename K::Tr;
-  const int m_tiles = va::host::ceil_div(p.max_tree_nodes * p.group, Tile::BM);  // static: no qo_indptr read
+  constexpr int kCluster = TileCluster<Tile>::value;
+  // static: no qo_indptr read (a cluster tile: its CTAs, kCluster a BM rows)
+  const int m_tiles = va::host::ceil_div(p.max_tree_nodes * p.group, Tile::BM) * kCluster;
   if (static_cast<int64_t>(m_tiles) * p.num_kv_heads > 65535 || p.batch > 65535)
     throw std::invalid_argument("tree_verify: grid too large (M tiles x Hkv = " +
                                 std::to_string(static_cast<int64_t>(m_tiles) * p.num_kv_heads) +
                                 ", batch = " + std::to_string(p.batch) + "; each must be <= 65535)");
+  if (kCluster > 1 && p.num_kv_heads != 1)  // (the cluster pairs grid y's neighbours: M tiles of one KV head)
+    throw std::invalid_argument("tree_verify: a cluster tile (block_m=" + std::to_string(Tile::BM) +
+                                ") needs one KV head (MLA), got num_kv_heads=" + std::to_string(p.num_kv_heads));
   if constexpr (Tile::kVersion >= 1) {
     // v1 and v2 address a row as a 32-bit index times a 32-bit stride (the Python API checks this first)
     for (const int64_t s : {p.k_stride_block, p.k_stride_tok, p.v_stride_block, p.v_stride_tok})
@@ -75,7 +91,11 @@ void launch_one(const Params& p, const LaunchConfig& cfg, cudaStream_t stream) {
                                     "elements, got " + std::to_string(static_cast<int64_t>(p.page_size - 1) * s));
   }
   const dim3 grid(cfg.num_splits, m_tiles * p.num_kv_heads, p.batch);
-  va::arch::launch(K::kernel, grid, dim3(Tr::kBlockThreads), Tr::smem_bytes(), stream, p, cfg.num_splits);
+  if constexpr (kCluster > 1)
+    va::arch::launch_cluster(K::kernel, grid, dim3(Tr::kBlockThreads), Tr::smem_bytes(), stream, dim3(1, kCluster, 1),
+                             p, cfg.num_splits);
+  else
+    va::arch::launch(K::kernel, grid, dim3(Tr::kBlockThreads), Tr::smem_bytes(), stream, p, cfg.num_splits);
   if (cfg.num_splits > 1) {
     const int pairs = p.total_q * p.num_q_heads;
     // v1 / v2 / v3 tiles: the v1 combine (a CTA of 4 warps per 128 columns of a row, programmatic dependent

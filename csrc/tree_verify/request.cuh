@@ -122,8 +122,10 @@ struct CtaWork {
   va::host::SplitRange range;
 };
 
+// padding_runs: a CTA whose rows all lie past the tree still runs (a 2-CTA cluster's second CTA shares its peer's
+// gather whether or not it has rows of its own; it writes nothing: every row it holds is padding)
 template <class T, int BM, int BN>
-VA_DEVICE bool cta_work(const Params& p, int num_splits, CtaWork& w) {
+VA_DEVICE bool cta_work(const Params& p, int num_splits, CtaWork& w, bool padding_runs = false) {
   w.split = blockIdx.x;
   w.kvh = blockIdx.y % p.num_kv_heads;
   const int mtile = blockIdx.y / p.num_kv_heads;
@@ -131,7 +133,7 @@ VA_DEVICE bool cta_work(const Params& p, int num_splits, CtaWork& w) {
   w.req = read_request(p, w.b);
   w.nrows = w.req.tb * p.group;
   w.row0 = mtile * BM;
-  if (w.row0 >= w.nrows) return false;  // rows past T_b * group: nothing to do, nothing to write
+  if (w.row0 >= w.nrows && !padding_runs) return false;  // rows past T_b * group: nothing to do, nothing to write
   w.range = va::host::split_range(w.req.kv_len, num_splits, BN, w.split);
   if (cta_exits_early<T>(p, w.req, w.kvh, w.row0, w.row0 + BM < w.nrows ? w.row0 + BM : w.nrows, num_splits,
                          w.range))

@@ -127,7 +127,10 @@ KERNEL_VERSIONS = {"v0": 0, "v1": 1, "v2": 2, "v3": 3}
 # under VERIFY_ATTN_ANY_TILE_ARCH=1, for correctness).
 V3_SM120 = "v3-sm120"
 V3_SM120_LOADERS = (4, 3, 2)
-PINNED_NAMES = (*KERNEL_VERSIONS, V3_SM120)
+# Hopper's v3 as a 2-CTA cluster (issue 40; build.V3_SM90_CLUSTER_TILE): the two 64-row CTAs of a split share each
+# block's gather through distributed shared memory. 16-bit MLA caches on sm_90a
+V3_CLUSTER = "v3-cluster"
+PINNED_NAMES = (*KERNEL_VERSIONS, V3_SM120, V3_CLUSTER)
 # cuda@m32n16w8s8: one compiled tile pinned by (block_m, block_n, num_warps, num_stages), the heuristic's splits
 PINNED_TILE_RE = re.compile(r"m(\d+)n(\d+)w(\d+)s(\d+)")
 
@@ -180,6 +183,12 @@ def _version_config(p: Problem, version: str) -> KernelConfig:
             raise LookupError(f"no {V3_SM120} tile compiled for {head} (kernel v3 runs MLA rows only)")
         cfg = KernelConfig(block_m=t.block_m, block_n=t.block_n, num_warps=t.num_warps, num_stages=t.num_stages)
         return resolve_config(p, cfg, arch)  # refuses the 656-byte tile on sm_90a unless any-tile-arch is set
+    if version == V3_CLUSTER:
+        t = next((x for x in vb.TILES[head] if x.version == 3 and x.cluster > 1), None)
+        if t is None:
+            raise LookupError(f"no {V3_CLUSTER} tile compiled for {head} (the cluster runs 16-bit MLA caches only)")
+        cfg = KernelConfig(block_m=t.block_m, block_n=t.block_n, num_warps=t.num_warps, num_stages=t.num_stages)
+        return resolve_config(p, cfg, arch)  # refuses it off sm_90a
     if pinned:
         bm, bn, w, st = map(int, pinned.groups())
         cfg = KernelConfig(block_m=bm, block_n=bn, num_warps=w, num_stages=st)
@@ -199,13 +208,14 @@ def _version_tile(head: str, arch: str, want: int) -> Optional[vb.Tile]:
         (x for x in vb.TILES[head] if x.version == want and x.targets(arch)), None)
 
 
-def m_tiles(p: Problem, block_m: int) -> int:
-    """The grid's M tiles: from the static bound on tree rows, never from qo_indptr."""
-    return -(-(p.max_tree_nodes * p.group) // block_m)
+def m_tiles(p: Problem, block_m: int, cluster: int = 1) -> int:
+    """The grid's M tiles: from the static bound on tree rows, never from qo_indptr (a cluster tile: its CTAs, each
+    block_m / cluster rows, whole clusters)."""
+    return -(-(p.max_tree_nodes * p.group) // block_m) * cluster
 
 
 def _splits_for(p: Problem, t: vb.Tile) -> int:
-    return heuristic_num_splits(batch=p.batch, num_kv_heads=p.num_kv_heads, m_tiles=m_tiles(p, t.block_m),
+    return heuristic_num_splits(batch=p.batch, num_kv_heads=p.num_kv_heads, m_tiles=m_tiles(p, t.block_m, t.cluster),
                                 avg_kv_len=p.avg_kv_len, num_sms=_problem_sms(p),
                                 **tile_split_args(t.block_n, t.blocks_per_iter))
 

@@ -7,6 +7,10 @@
 // warpgroups (warps 0-7: FlashMLA's "seesaw", each computes S of its own block of a pair over all 576 dims and
 // accumulates its half of O's 512 columns from both blocks) + 1 producer warpgroup (warps 8-11: every KV copy).
 // Selected by (BM, BN, block warps 12, STAGES): "cuda@m64n64w12s2", or "cuda@v3".
+// BM = 128: a 2-CTA cluster (kCluster = 2) of two 64-row CTAs that serve the same split. Each CTA's producer gathers
+// half of every block's rows (rows 32 r .. 32 r + 31 for cluster rank r) and forwards them to the peer's stage
+// through distributed shared memory (one bulk copy per 4 KB half dim block), so each row is read from L2 once per
+// split and each producer issues half the cp.asyncs. "cuda@m128n64w12s2", or "cuda@v3-cluster".
 #pragma once
 
 namespace va::tv {
@@ -20,11 +24,12 @@ struct TileConfigV3 {
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int kLaunchWarps = kWarps + 4;      // + the producer warpgroup
   static constexpr int kVersion = 3;
+  static constexpr int kCluster = BM_ / 64;            // CTAs of a cluster, each 64 rows (1: no cluster)
   // the tile as the host-side tables spell it: WM x WN = 4 (warps of a warpgroup, 16 rows each) x 2 (warpgroups)
   static constexpr int WM = 4;
   static constexpr int WN = 2;
 
-  static_assert(BM == 64, "v3 (sm90): one wgmma m64 tile of rows per CTA");
+  static_assert(BM == 64 || BM == 128, "v3 (sm90): one wgmma m64 tile of rows per CTA (128: a 2-CTA cluster)");
   static_assert(BN == 64, "v3 (sm90): 64-token blocks (the S wgmma's N, 8 swizzle atoms of 8 tokens)");
   static_assert(STAGES == 2, "v3 (sm90): 2 stages of 72 KB beside Q's 72 KB fill sm_90a's 227 KB");
 };

@@ -29,7 +29,10 @@ struct KernelTraitsV3 {
   using KvElem = std::conditional_t<kFp8, uint8_t, Elem_>;
   using Layout = Layout_;
   static constexpr int DQK = Head::DQK, DV = Head::DV;
-  static constexpr int BM = Tile::BM, BN = Tile::BN, STAGES = Tile::STAGES;
+  // BM: the CTA's rows (a 2-CTA cluster tile's 128 rows are two CTAs of 64); kCluster: CTAs sharing each block's
+  // gather (sm90/tile_v3.h)
+  static constexpr int BM = Tile::BM / Tile::kCluster, BN = Tile::BN, STAGES = Tile::STAGES;
+  static constexpr int kCluster = Tile::kCluster;
   static constexpr int kWarps = Tile::kWarps;          // consumer warps (8)
   static constexpr int kThreads = Tile::kThreads;      // consumer threads (256): named barriers count these
   static constexpr int kBlockThreads = 32 * Tile::kLaunchWarps;  // + the producer warpgroup: 384
@@ -104,11 +107,17 @@ struct KernelTraitsV3 {
   // own barriers, so the producer refills one while the other is still read). e4m3: FULL / EMPTY per stage (the
   // rows: S's and the transposition's), then VFULL / VEMPTY per stage and V^T half (the P V wgmmas')
   static constexpr size_t kBars = kQScale + (kFp8 ? size_t(BM) * sizeof(float) : 0);
-  static constexpr int kNumBars = kFp8 ? 2 * STAGES + 2 * STAGES * kHalves : 2 * STAGES * kHalves;
+  // (a 2-CTA cluster, 16-bit: + LANDED per stage half, this CTA's own copies of it landed, which its producer
+  // forwards to the peer; + SENT per stage, the peer's rows of this CTA's gather landed there, so this CTA may write P
+  // over them)
+  static constexpr int kNumBars = kFp8 ? 2 * STAGES + 2 * STAGES * kHalves
+                                       : 2 * STAGES * kHalves + (kCluster > 1 ? STAGES * kHalves + STAGES : 0);
   static constexpr size_t kTotal = kBars + size_t(kNumBars) * sizeof(uint64_t);
   static constexpr size_t smem_bytes() { return kTotal; }
 
   static_assert(sizeof(Elem) == 2, "v3 (sm90): 16-bit q and out");
+  static_assert(kCluster == 1 || (kCluster == 2 && !kFp8), "v3 (sm90): a 2-CTA cluster on 16-bit caches only");
+  static_assert(kCluster == 1 || BN % (8 * kCluster) == 0, "a cluster CTA gathers whole swizzle atoms of each block");
   static_assert(Head::kSharedKV && DQK == 576 && DV == 512, "v3 (sm90): MLA rows, V = K[..., :512], RoPE 64");
   static_assert(DQK - DV == kDimBlock, "P takes the RoPE dim block: exactly one 64-dim block past Dv");
   static_assert(size_t(BM) * BN * 2 <= size_t(kBlockBytes), "P (BM x BN, 16-bit) fits the RoPE dim block");

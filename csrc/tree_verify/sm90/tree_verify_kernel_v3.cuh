@@ -76,8 +76,26 @@
 //     iteration i (the loop's `arrive-ahead` marker tells bench.model) and prefetches pair i + 2's rows into L2.
 //   * P V: 2 k32 wgmma m64n256k32 a block, P from registers as e4m3 (x 2^8: the exact max, P <= 1), exchanged through
 //     a 4 KB buffer of its own; the epilogue scales by v_scale / 2^8.
-// Not built yet (NOTES.md, "Kernel v3 for Hopper (issue 40)"): a 2-CTA cluster sharing rows; TMA boxes for paged
-// caches.
+// A 2-CTA cluster (Tr::kCluster 2, TileConfigV3<128, ...>; 16-bit caches; NOTES.md, "Hopper's v3 as a 2-CTA
+// cluster"): the two 64-row CTAs of a split's 128 rows share each block's gather. A CTA with no rows of its own still
+// runs, as padding, so that both always do.
+//   * Rank r's producer copies rows 32 r .. 32 r + 31 of every block (2 a thread), prefetches only those, and its
+//     thread 0 (warp 8), the forwarder, sends each stage half to the peer once it landed here (its wait on this CTA's
+//     FULL, a proxy fence, one cp.async.bulk.shared::cluster a dim block: 32 swizzled rows are 4 KB in a row, to the
+//     same offset of the peer's stage, completing on the peer's FULL_PEER of the half), then arrives on its own
+//     FULL_PEER with the bytes the peer sends (expect_tx). It forwards each half after issuing the next one's copies
+//     (they have that long to land), the pair's last at once.
+//   * The consumers wait on FULL_PEER only: its phase completes with the peer's rows and the forwarder's arrival,
+//     which follows the forwarder's wait on FULL, so it covers this CTA's rows too. They free a half in both CTAs
+//     (EMPTY counts 4 warps of each: each producer refills its half of both stages). After its late-half FULL_PEER
+//     wait, one thread of the warpgroup arrives on the peer's SENT of the stage: the rows that CTA forwarded landed
+//     here, so its P may overwrite the RoPE block they were read from (each warpgroup waits on its own SENT before
+//     writing P; a bulk copy reads its source until the target's phase completes).
+//   * The barriers' init is fenced for the cluster (fence.mbarrier_init) and both CTAs meet at a cluster barrier
+//     before any remote arrival or copy; they meet again before either exits (the peer may still arrive on this CTA's
+//     barriers). The emulator treats noinc-tied copies as async-proxy writes, so it does not check the forwarder's
+//     proxy fence either.
+// Not built yet: TMA boxes for paged caches; the cluster on e4m3 caches.
 #pragma once
 
 #include "arch/arch.cuh"
@@ -118,9 +136,14 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
   constexpr int kSAccN = Tr::kSAccN, kOAccN = Tr::kOAccN, kPKSteps = Tr::kPKSteps;
   constexpr int kBlockBytes = Tr::kBlockBytes, kAtom = Tr::kAtomBytes;
 
-  // ---- this CTA's rows and KV range (block-uniform: early exits are safe) ----
+  // a 2-CTA cluster (Tr::kCluster, 16-bit): the two CTAs of a split's two 64-row M tiles each gather half of every
+  // block's rows and forward them to the other (below: "the cluster")
+  constexpr bool kPair = Tr::kCluster == 2;
+
+  // ---- this CTA's rows and KV range (block-uniform: early exits are safe; in a cluster, both CTAs leave together:
+  // a request's and a split's exits are the same for both, and a CTA with no rows of its own still runs, as padding)
   CtaWork work;
-  if (!cta_work<T, BM, BN>(p, num_splits, work)) return;
+  if (!cta_work<T, BM, BN>(p, num_splits, work, kPair)) return;
   const int split = work.split, kvh = work.kvh;
   const RequestInfo& req = work.req;
   const int qo_begin = req.qo_begin, prefix = req.prefix;
@@ -142,15 +165,33 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
   uint64_t* sEmpty = sFull + kRowBars;
   [[maybe_unused]] uint64_t* sVFull = sEmpty + kRowBars;
   [[maybe_unused]] uint64_t* sVEmpty = sVFull + STAGES * Tr::kHalves;
+  // the cluster: FULL_PEER (stage, half) at sFullPeer[2 stage + half], the peer's rows of the half landed here (one
+  // arrival, this CTA's producer announcing their bytes); SENT (stage), the rows this CTA forwarded of the stage's
+  // late half landed in the peer (one arrival, from the peer), so that P may overwrite the RoPE block they came from
+  [[maybe_unused]] uint64_t* sFullPeer = sEmpty + kRowBars;
+  [[maybe_unused]] uint64_t* sSent = sFullPeer + kRowBars;
   unsigned char* sKV = smem + Tr::kKV;
+  // the cluster: this CTA's rank, and the peer's shared::cluster address of a byte of this CTA's shared memory (the
+  // same offset in the peer, whose layout is this one's)
+  [[maybe_unused]] const int rank = kPair ? arch::cluster_ctarank() : 0;
+  [[maybe_unused]] const uint32_t peer_smem = kPair ? arch::map_shared_rank(smem, rank ^ 1) : 0u;
+  [[maybe_unused]] auto at_peer = [&](const void* q) {
+    return peer_smem + static_cast<uint32_t>(static_cast<const unsigned char*>(q) - smem);
+  };
 
   if (tid == 0) {
     for (int b = 0; b < kRowBars; ++b) {
       arch::mbarrier_init(sFull + b, Tr::kProducerThreads);  // every producer thread, once its copies landed
-      // 16-bit: one lane of each warp of the warpgroup reading it last. e4m3: of each warp that read the stage's
-      // rows: stage 0, warpgroup 0 (its S), the producer and warpgroup 1 (their transpositions); stage 1, warpgroup
-      // 1 (its S and its transposition, one arrival) and warpgroup 0 (its transposition)
-      arch::mbarrier_init(sEmpty + b, Tr::kFp8 ? (b == 0 ? 3 : 2) * (Tr::kWarps / 2) : Tr::kWarps / 2);
+      // 16-bit: one lane of each warp of the warpgroup reading it last (the cluster: in both CTAs, since this CTA's
+      // producer refills the peer's half too). e4m3: of each warp that read the stage's rows: stage 0, warpgroup 0
+      // (its S), the producer and warpgroup 1 (their transpositions); stage 1, warpgroup 1 (its S and its
+      // transposition, one arrival) and warpgroup 0 (its transposition)
+      arch::mbarrier_init(sEmpty + b, Tr::kFp8 ? (b == 0 ? 3 : 2) * (Tr::kWarps / 2) : Tr::kCluster * Tr::kWarps / 2);
+      if constexpr (kPair) arch::mbarrier_init(sFullPeer + b, 1);  // this CTA's producer thread 0 (expect_tx)
+    }
+    if constexpr (kPair) {
+      for (int s = 0; s < STAGES; ++s) arch::mbarrier_init(sSent + s, 1);  // one lane of the peer's reader
+      arch::fence_mbarrier_init_cluster();  // ... visible to the peer at the cluster barrier below
     }
     if constexpr (Tr::kFp8)
       for (int b = 0; b < STAGES * Tr::kHalves; ++b) {
@@ -158,7 +199,12 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
         arch::mbarrier_init(sVEmpty + b, Tr::kWarps / 2);       // one lane of each warp of the warpgroup reading it
       }
   }
-  arch::block_sync();  // initialised before any arrival: the CTA's only block-wide barrier
+  // initialised before any arrival: the CTA's only block-wide barrier (the cluster: both CTAs', before either
+  // arrives on or copies into the other's barriers)
+  if constexpr (kPair)
+    arch::cluster_sync();
+  else
+    arch::block_sync();
 
   // ======================= producer warpgroup: every KV copy =======================
   if (warp >= Tr::kWarps) {
@@ -190,10 +236,12 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
     // (each role's base holds the thread's chunk: the copies' addresses are then one add each; with the chunk added
     // after the row, the 16-bit producer ran 619 instructions a pair instead of 343)
     if constexpr (!Tr::kFp8) {
-      const int sub = pt & 7, r0 = pt >> 3;   // chunk of a 128-byte line; first token (then + 16 j)
       constexpr int RJ = Tr::kRowsPerThread;
-      // rows r0 + 16 j for j < RJC copied (kKoHalfRows: rows 0-31 only, a 2-CTA cluster's rank 0 gather)
-      constexpr int RJC = (kKnockout & kKoHalfRows) ? RJ / 2 : RJ;
+      // rows r0 + 16 j for j < RJC copied: all 64 of a block; the cluster: this rank's 32 (rows 32 rank .. + 31);
+      // kKoHalfRows: rows 0-31 only (a rank 0's gather without its forward)
+      constexpr int RJC = (kPair || (kKnockout & kKoHalfRows)) ? RJ / 2 : RJ;
+      // chunk of a 128-byte line; first token (then + 16 j)
+      const int sub = pt & 7, r0 = (pt >> 3) + (kPair ? rank * (BN / 2) : 0);
       const KV* kbase = kv_head + sub * 8;
       // its tokens' cursors: block 2i + s's first (token r0) at cur[s]; its tokens r0 + 16 j from it, 16 tokens a step
       // (a cursor a token spilled at 56 registers)
@@ -216,6 +264,30 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
       };
       static_assert(STAGES == 2, "v3 (sm90): a pair of blocks in two stages, block 2i + s in stage s");
       static_assert(STAGES * BN == Tr::kProducerThreads, "the L2 prefetch: one row of the next pair a producer thread");
+      // the cluster: the bytes of a stage half this CTA forwards (and receives): half the rows of each of its dim blocks
+      [[maybe_unused]] auto half_bytes = [](int stage, int half) {
+        uint32_t n = 0;
+        for (int b = 0; b < Tr::kDimBlocks; ++b) n += Tr::half_of(stage, b) == half ? 1u : 0u;
+        return n * (BN / 2) * 128u;
+      };
+      // the cluster (producer thread 0): this CTA's rows of (stage, half) of pair i, once they landed here, into the
+      // same place of the peer's stage: one bulk copy per dim block (32 rows of a swizzled 8 KB block are 4 KB in a
+      // row), completing on the peer's FULL_PEER of the half. Then this CTA's FULL_PEER of the half, phase i, is told
+      // the peer's rows it awaits (its one arrival): after this CTA's own forward, so that bench.model, which
+      // simulates one CTA, reads the peer's rows as landing when this CTA's forward does (the two CTAs run the same
+      // steps); on the GPU the phase completes with the peer's bytes whichever comes first (a tx count may go below
+      // zero before its expect_tx)
+      [[maybe_unused]] auto forward = [&](int stage, int half, int i) {
+        arch::mbarrier_wait(sFull + Tr::kHalves * stage + half, static_cast<uint32_t>(i) & 1u);
+        arch::fence_proxy_async();  // the landed cp.async (generic-proxy) bytes before the bulk copies' reads
+        const uint32_t bar = at_peer(sFullPeer + Tr::kHalves * stage + half);
+        const unsigned char* src = sKV + stage * Tr::kStageBytes + rank * (BN / 2) * 128;
+#pragma unroll
+        for (int b = 0; b < Tr::kDimBlocks; ++b)
+          if (Tr::half_of(stage, b) == half)
+            arch::bulk_copy_s2cluster(at_peer(src + b * kBlockBytes), src + b * kBlockBytes, (BN / 2) * 128, bar);
+        arch::mbarrier_arrive_expect_tx(sFullPeer + Tr::kHalves * stage + half, half_bytes(stage, half));
+      };
       for (int i = 0; i < npairs; ++i) {
         // the pair's row ids, loaded before the EMPTY waits: their latency hides under them
         int32_t ids[STAGES][RJ];
@@ -223,8 +295,10 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
         load_ids(2 * i + 1, ids[1]);
         // row pt of pair i + 1, and its id (read here: the EMPTY waits that follow hide the load)
         const int pf_tok = range.begin + (2 * i + 2) * BN + pt;
+        // (the cluster, and kKoHalfRows: the rows of this CTA's gather only)
+        const int pf_half = pt % BN / (BN / 2);
         const bool prefetch = i + 1 < npairs && pf_tok < range.end && !(kKnockout & kKoNoLoad) &&
-                              (!(kKnockout & kKoHalfRows) || pt % BN < BN / 2);
+                              (!(kKnockout & kKoHalfRows) || pf_half == 0) && (!kPair || pf_half == rank);
         const int32_t pf_id = prefetch ? id_clamped(pf_cur.pos) : 0;  // (pf_tok < range.end: never clamped)
         // the early halves first (stage 0's L, stage 1's R: freed in the middle of the previous pair), then the late
 #pragma unroll
@@ -265,6 +339,14 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
           }
           // FULL of this half: counts this thread once its copies (all it issued so far) landed
           arch::cp_async_mbarrier_arrive_noinc(sFull + Tr::kHalves * stage + half);
+          // the cluster: thread 0 forwards the half before this one (its copies had this step's issue time to land),
+          // and at the pair's last step this one too (the peer's S waits for it before it frees anything)
+          if constexpr (kPair) {
+            if (pt == 0) {  // (warp 8, which bench.model simulates as the producer of its scheduler)
+              if (step > 0) forward((step - 1) % STAGES, (step - 1) / STAGES, i);
+              if (step == STAGES * Tr::kHalves - 1) forward(stage, half, i);
+            }
+          }
         }
         cur[0].advance(), cur[1].advance(), pf_cur.advance();
       }
@@ -362,6 +444,7 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
         pf_cur.advance();
       }
     }
+    if constexpr (kPair) arch::cluster_sync();  // (the consumers' last: below)
     return;
   }
 
@@ -459,7 +542,16 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
     } else {
 #pragma unroll
       for (int half = 0; half < Tr::kHalves; ++half) {
-        arch::mbarrier_wait(sFull + Tr::kHalves * stage + half, parity);  // FULL: this half of the block landed
+        if constexpr (kPair) {
+          // the cluster: FULL_PEER, the peer's rows of this half landed. It covers this CTA's own rows too: its phase
+          // completes with the forwarder's arrival, which follows the forwarder's wait on FULL (those rows landed).
+          // Once the late half's peer rows landed, the peer may write its P over the RoPE block they came from: one
+          // thread tells it (SENT)
+          arch::mbarrier_wait(sFullPeer + Tr::kHalves * stage + half, parity);
+          if (half == Tr::kHalves - 1 && tw == 0) arch::mbarrier_arrive_cluster(at_peer(sSent + stage));
+        } else {
+          arch::mbarrier_wait(sFull + Tr::kHalves * stage + half, parity);  // FULL: this half of the block landed
+        }
         arch::fence_proxy_async();  // ... its generic-proxy (cp.async) bytes ordered before the wgmma's reads
         arch::wgmma_fence();
 #pragma unroll
@@ -597,6 +689,13 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
   uint64_t* const sHalfEmpty = Tr::kFp8 ? sVEmpty : sEmpty;
   auto release = [&](int stage, int half) {
     arch::mbarrier_arrive_warp(sHalfEmpty + Tr::kHalves * stage + half);
+    // the cluster: the peer's producer refills its half of this CTA's stage too
+    if constexpr (kPair) arch::mbarrier_arrive_cluster_warp(at_peer(sHalfEmpty + Tr::kHalves * stage + half));
+  };
+  // the cluster: before this warpgroup's P overwrites the RoPE block of `stage`, the rows this CTA forwarded from it
+  // have landed in the peer (SENT; every thread waits, each writes P)
+  [[maybe_unused]] auto wait_sent = [&](int stage, uint32_t parity) {
+    if constexpr (kPair) arch::mbarrier_wait(sSent + stage, parity);
   };
 
   // warpgroup 1, e4m3: its V^T half of block 2i (stage 0's dims 256-511) once stage 0's rows landed (implied by its
@@ -636,6 +735,7 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
       // wgmma wait covers its own part of the warpgroup's wgmma only). Warpgroup 1 needs no such barrier: its bar.sync
       // on P0 below already waits for all of its warps, each past its S. (e4m3: P has a buffer of its own)
       if constexpr (!Tr::kFp8) arch::named_barrier_sync(kV3WgBarrier, 128);
+      wait_sent(0, parity);
       publish(0, pa, tmax, rsum);
       arch::named_barrier_arrive(kV3P0Barrier, Tr::kThreads);  // P0, its max and sums out for WG1
       rescale_o(a0);
@@ -693,7 +793,9 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
         own_vt_stage0(parity);
       } else {
 #pragma unroll
-        for (int half = 0; half < Tr::kHalves; ++half) arch::mbarrier_wait(sFull + Tr::kHalves * 1 + half, parity);
+        // (the cluster: FULL_PEER, which covers both CTAs' rows, as in s_gemm; no SENT: no P1)
+        for (int half = 0; half < Tr::kHalves; ++half)
+          arch::mbarrier_wait((kPair ? sFullPeer : sFull) + Tr::kHalves * 1 + half, parity);
         arch::fence_proxy_async();  // (as s_gemm's: the landed rows ordered before this warpgroup's wgmma reads)
       }
       take_p0(pb, a0);
@@ -725,6 +827,7 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
       update(tmax, a1);    // this block's
       probs(s, pa, rsum);
       add_sum(rsum, a1);
+      wait_sent(1, parity);
       publish(1, pa, tmax, rsum);
       arch::named_barrier_arrive(kV3P1Barrier, Tr::kThreads);  // P1, its max and sums out for WG0
       float a01[2] = {a0[0] * a1[0], a0[1] * a1[1]};
@@ -765,6 +868,8 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
   store_m64_rows<T, kOAccN>(p, num_splits, split, row0, nrows, qo_begin, kvh, wq, qg, wg * Tr::kODV + 2 * qt,
                             wg == 0 && qt == 0, oacc, m_run, l_run,
                             Tr::kFp8 ? kv_scale(p.v_scale_ptr, p.v_scale) / Tr::kPScale : 1.f);
+  // the cluster: neither CTA leaves while the other may still arrive on its barriers (its last releases, SENT)
+  if constexpr (kPair) arch::cluster_sync();
 }
 
 }  // namespace va::tv
