@@ -1359,6 +1359,28 @@ def test_v3h_hopper_is_pinned_as_cuda_v3_and_no_default():
     assert (c.block_m, c.block_n, c.num_warps, c.num_stages) != V3H
 
 
+def test_v3c_cluster_is_pinned_as_cuda_v3_cluster_and_no_default():
+    from verify_attn.backends import cuda
+
+    t = vb.V3_SM90_CLUSTER_TILE
+    assert t in vb.TILES["mla576"] and (t.cluster, t.cta_m) == (2, 64) and t.archs == ("sm_90a",)
+    assert (t.block_m, t.block_n, t.num_warps, t.num_stages) == V3C and "cluster2" in t.label()
+    # a CTA's shared memory: the single-CTA kernel's + FULL_PEER per stage half and SENT per stage (6 mbarriers)
+    assert vb.tile_smem("mla576", t) == vb.tile_smem("mla576", vb.V3_SM90_TILE) + 6 * 8 <= vb.SMEM_LIMIT["sm_90a"]
+    assert all(vb.default_tile("mla576", a) != t for a in ("sm_90a", "sm_120a"))
+    assert not any(x.cluster > 1 for h, ts in vb.TILES.items() if h != "mla576" for x in ts)
+    p = make_case(CaseSpec((185_000,), (16,), "bushy", dtype=BF, seed=414, **MLA)).problem()
+    for name in ("v3-cluster", "m128n64w12s2"):
+        c = cuda.version_config(p, name)
+        assert (c.block_m, c.block_n, c.num_warps, c.num_stages) == V3C, name
+    # the split heuristic counts CTAs: 128 rows are 2 CTAs of the cluster as they are 2 M tiles of the single-CTA kernel
+    assert cuda.m_tiles(p, t.block_m, t.cluster) == cuda.m_tiles(p, 64) == 2
+    assert cuda.version_config(p, "v3-cluster").num_splits == cuda.version_config(p, "v3").num_splits
+    e4 = make_case(CaseSpec((97,), (16,), "bushy", dtype=BF, kv_dtype="fp8_e4m3", seed=414, **MLA)).problem()
+    with pytest.raises(LookupError, match="16-bit MLA caches only"):
+        cuda.version_config(e4, "v3-cluster")
+
+
 def test_v3h_pinned_version_with_a_split_count(emu):
     """`cuda@v3:N` (any pinned name or tile, then ':' and N): the same tile with N splits, what gpu_check's `splits`
     stage times beside the heuristic's count; it runs (3 splits through the emulator) and malformed counts are refused."""

@@ -457,3 +457,29 @@ def test_the_trace_names_the_other_roles_waits():
     assert max(stall(x) for x in waits4) > 0.1 * p.tile.sim.cycles_per_iter
     # the same gaps the full trace holds: warp 4's stalls sum to less than its simulated iteration
     assert sum(stall(x) for x in others if x.startswith("  warp  4 ")) < p.tile.sim.cycles_per_iter
+
+
+def test_the_cluster_forward_is_read_as_one_warps_dsmem_copies():
+    """Hopper's v3 as a 2-CTA cluster: each CTA's producer copies half of every block's rows and its warp 8 forwards
+    them to the peer (18 bulk copies of 4 KB a pair, cp.async.bulk.shared::cluster). The model reads the forward as
+    warp 8's alone (one issuing scheduler), landing the SM-to-SM latency (P-08) after it streams, and the peer's rows
+    as landing when this CTA's forward does (the two CTAs run the same steps): the shared memory the copies land in is
+    the single-CTA kernel's (the same bytes arrive, half by cp.async, half from the peer), the grid has as many CTAs,
+    and the pair is shorter, its producer issuing half the cp.asyncs. Before the model knew (2026-12-07) it read the
+    forward as all four producer warps' at the DRAM latency: 88.4 and 91.1 us against the single CTA's 81.2."""
+    from bench.model import call
+    from verify_attn.shapes import get_shape
+    try:
+        ks = kernels.load("sm_90a", "mla576", "bf16", "page1")
+    except RuntimeError as e:
+        pytest.skip(str(e))
+    single = next(k for k in ks if k.tile.version == 3 and k.tile.cluster == 1)
+    pair = next(k for k in ks if k.tile.version == 3 and k.tile.cluster == 2)
+    ublk = [i for i in pair.roles_hot[0] if i.op == "UBLKCP"]
+    assert len(ublk) == 18 and not any(i.op == "UBLKCP" for i in single.roles_hot[0])
+    case = call.Case(get_shape("kimi-k2-tp8"), 185_000, 16)
+    ps, pc = call.predict(single, H200, case), call.predict(pair, H200, case)
+    assert pc.grid_ctas == ps.grid_ctas and pc.num_splits == ps.num_splits
+    copies = lambda p: sum(w["copies"] for w in p.tile.sim.smem_by_warp)   # noqa: E731
+    assert copies(pc) == pytest.approx(copies(ps), rel=0.02)
+    assert pc.tile.sim.cycles_per_iter < 0.92 * ps.tile.sim.cycles_per_iter
