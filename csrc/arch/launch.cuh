@@ -13,6 +13,38 @@
 
 namespace va::arch {
 
+#if !VA_EMULATION
+namespace detail {
+// Raises `kernel`'s dynamic shared memory limit when it needs more than the default 48 KB (`who`: the launcher, for
+// the error).
+template <class Kernel>
+void allow_dynamic_smem(Kernel kernel, size_t dyn_smem_bytes, const char* who) {
+  if (dyn_smem_bytes <= 48 * 1024) return;
+  const cudaError_t e =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(dyn_smem_bytes));
+  if (e != cudaSuccess) {
+    throw std::runtime_error(std::string("va::arch::") + who + ": cudaFuncSetAttribute(" +
+                             std::to_string(dyn_smem_bytes) + " B dynamic smem) failed: " + cudaGetErrorString(e));
+  }
+}
+// cudaLaunchKernelEx with one launch attribute; `what` describes the launch in the error (CUDA-graph safe: no sync).
+template <class Kernel, class... Args>
+void launch_ex(Kernel kernel, dim3 grid, dim3 block, size_t dyn_smem_bytes, cudaStream_t stream,
+               const cudaLaunchAttribute& attr, const std::string& what, Args... args) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = dyn_smem_bytes;
+  cfg.stream = stream;
+  cudaLaunchAttribute attrs[1] = {attr};
+  cfg.attrs = attrs;
+  cfg.numAttrs = 1;
+  const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, args...);
+  if (e != cudaSuccess) throw std::runtime_error(what + " failed: " + cudaGetErrorString(e));
+}
+}  // namespace detail
+#endif
+
 // Launches kernel<<<grid, block, dyn_smem_bytes, stream>>>(args...).
 // Real: raises the kernel's dynamic shared memory limit when it needs more
 // than the default 48 KB, launches, and throws std::runtime_error with the CUDA
@@ -28,15 +60,7 @@ void launch(Kernel kernel, dim3 grid, dim3 block, size_t dyn_smem_bytes, cudaStr
   (void)stream;
   ::va::emu::run_grid(grid, block, dyn_smem_bytes, [&]() { kernel(args...); });
 #else
-  if (dyn_smem_bytes > 48 * 1024) {
-    const cudaError_t e = cudaFuncSetAttribute(
-        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(dyn_smem_bytes));
-    if (e != cudaSuccess) {
-      throw std::runtime_error(std::string("va::arch::launch: cudaFuncSetAttribute(") +
-                               std::to_string(dyn_smem_bytes) +
-                               " B dynamic smem) failed: " + cudaGetErrorString(e));
-    }
-  }
+  detail::allow_dynamic_smem(kernel, dyn_smem_bytes, "launch");
   kernel<<<grid, block, dyn_smem_bytes, stream>>>(args...);
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) {
@@ -68,34 +92,18 @@ void launch_cluster(Kernel kernel, dim3 grid, dim3 block, size_t dyn_smem_bytes,
   (void)stream;
   ::va::emu::run_grid(grid, block, dyn_smem_bytes, [&]() { kernel(args...); }, cluster);
 #else
-  if (dyn_smem_bytes > 48 * 1024) {
-    const cudaError_t e = cudaFuncSetAttribute(
-        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(dyn_smem_bytes));
-    if (e != cudaSuccess) {
-      throw std::runtime_error(std::string("va::arch::launch_cluster: cudaFuncSetAttribute(") +
-                               std::to_string(dyn_smem_bytes) + " B dynamic smem) failed: " + cudaGetErrorString(e));
-    }
-  }
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = dyn_smem_bytes;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = cluster.x;
-  attr[0].val.clusterDim.y = cluster.y;
-  attr[0].val.clusterDim.z = cluster.z;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, args...);
-  if (e != cudaSuccess) {
-    throw std::runtime_error(std::string("va::arch::launch_cluster: kernel launch (grid ") + std::to_string(grid.x) +
-                             "x" + std::to_string(grid.y) + "x" + std::to_string(grid.z) + ", cluster " +
-                             std::to_string(cluster.x) + "x" + std::to_string(cluster.y) + "x" +
-                             std::to_string(cluster.z) + ", smem " + std::to_string(dyn_smem_bytes) +
-                             " B) failed: " + cudaGetErrorString(e));
-  }
+  detail::allow_dynamic_smem(kernel, dyn_smem_bytes, "launch_cluster");
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = cluster.x;
+  attr.val.clusterDim.y = cluster.y;
+  attr.val.clusterDim.z = cluster.z;
+  detail::launch_ex(kernel, grid, block, dyn_smem_bytes, stream, attr,
+                    "va::arch::launch_cluster: kernel launch (grid " + std::to_string(grid.x) + "x" +
+                        std::to_string(grid.y) + "x" + std::to_string(grid.z) + ", cluster " +
+                        std::to_string(cluster.x) + "x" + std::to_string(cluster.y) + "x" +
+                        std::to_string(cluster.z) + ", smem " + std::to_string(dyn_smem_bytes) + " B)",
+                    args...);
 #endif
 }
 
@@ -113,22 +121,13 @@ void launch_dependent(Kernel kernel, dim3 grid, dim3 block, size_t dyn_smem_byte
 #if VA_EMULATION
   launch(kernel, grid, block, dyn_smem_bytes, stream, args...);
 #else
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = dyn_smem_bytes;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, args...);
-  if (e != cudaSuccess) {
-    throw std::runtime_error(std::string("va::arch::launch_dependent: kernel launch (grid ") +
-                             std::to_string(grid.x) + "x" + std::to_string(grid.y) + "x" +
-                             std::to_string(grid.z) + ") failed: " + cudaGetErrorString(e));
-  }
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  detail::launch_ex(kernel, grid, block, dyn_smem_bytes, stream, attr,
+                    "va::arch::launch_dependent: kernel launch (grid " + std::to_string(grid.x) + "x" +
+                        std::to_string(grid.y) + "x" + std::to_string(grid.z) + ")",
+                    args...);
 #endif
 }
 
