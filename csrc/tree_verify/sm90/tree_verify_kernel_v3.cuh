@@ -114,7 +114,9 @@ namespace va::tv {
 inline constexpr int kV3QBarrier = 1, kV3P0Barrier = 2, kV3P1Barrier = 3, kV3WgBarrier = 4, kV3Wg1Barrier = 5;
 
 // e4m3: dims [256 dv, 256 dv + 256) of the block in `stage` (landed rows) into the stage's V^T buffer, both k32 steps
-// (VtTransposer of the warpgroup doing it: its warp w takes the 16-dim chunks w, w + 4, ...)
+// (VtTransposer of the warpgroup doing it: its warp w takes the 16-dim chunks w, w + 4, ...), then this thread's
+// proxy fence: its V^T stores (generic proxy) ordered before the wgmma's (async-proxy) reads, which a later barrier
+// or arrival publishes
 template <class Tr, class Vt>
 VA_DEVICE void transpose_vt_half(const Vt& vt, const unsigned char* sKV, unsigned char* sVt, int stage, int dv) {
   constexpr int kHalfChunks = Tr::kODV / 16;  // 16 chunks of 16 dims in a V^T half
@@ -123,6 +125,7 @@ VA_DEVICE void transpose_vt_half(const Vt& vt, const unsigned char* sKV, unsigne
   for (int kk = 0; kk < Tr::kPKSteps; ++kk)
     vt.template run<kHalfChunks / 4>(sKV + stage * Tr::kStageBytes + 4 * kk * Tr::kGroupBytes + 128 * c0,
                                      sVt + stage * Tr::kVtBytes + kk * Tr::kVtStepBytes + 2 * c0 * Tr::kVtSbo);
+  va::arch::fence_proxy_async();
 }
 
 template <class Tr>
@@ -426,8 +429,7 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
             arch::mbarrier_wait(sFull + 0, parity);  // the block's rows landed (every thread's)
             // warpgroup 0 released this V^T half in pair i - 1
             if (i > 0) arch::mbarrier_wait(sVEmpty + 0, parity ^ 1u);
-            transpose_vt_half<Tr>(vt, sKV, sVt, 0, 0);
-            arch::fence_proxy_async();  // this thread's V^T stores, ordered before the wgmma's (async-proxy) reads
+            transpose_vt_half<Tr>(vt, sKV, sVt, 0, 0);  // (fenced: before the wgmma's reads VFULL publishes)
             arch::mbarrier_arrive(sVFull + 0);
             arch::mbarrier_arrive_warp(sEmpty + 0);
           } else if (prefetch) {  // the row's lines (a 576-byte row spans 5 or 6)
@@ -703,8 +705,7 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
   // counts once all its copies landed; kept explicit), fenced, then its arrival on stage 0's EMPTY
   auto own_vt_stage0 = [&](uint32_t parity) {
     arch::mbarrier_wait(sFull + 0, parity);
-    transpose_vt_half<Tr>(vt_wg, sKV, smem + Tr::kVt, 0, 1);
-    arch::fence_proxy_async();
+    transpose_vt_half<Tr>(vt_wg, sKV, smem + Tr::kVt, 0, 1);  // (fenced)
     arch::mbarrier_arrive_warp(sEmpty + 0);
   };
   // warpgroup 1: warpgroup 0's P0, its max and sums (bar.sync P0), and WG0's step of the running max and sum replayed
@@ -759,8 +760,7 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
           // stores before the P1 V1L that reads them
           arch::mbarrier_wait(sFull + 1, parity);
           arch::named_barrier_sync(kV3WgBarrier, 128);
-          transpose_vt_half<Tr>(vt_wg, sKV, smem + Tr::kVt, 1, 0);
-          arch::fence_proxy_async();
+          transpose_vt_half<Tr>(vt_wg, sKV, smem + Tr::kVt, 1, 0);  // (fenced)
         }
         arch::named_barrier_sync(kV3P1Barrier, Tr::kThreads);  // WG1's P1, max and sums
         // e4m3: stage 1's rows, read no more by this warp (its FULL wait came first: see above)
@@ -818,8 +818,7 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
         // back: lagging-head, warp 4's P0 V0R operand rewritten by warps 5-7.) Fenced before the arrivals that free
         // the rows and before bar.sync P0, which orders the stores before every warp's P V
         arch::named_barrier_sync(kV3Wg1Barrier, 128);
-        transpose_vt_half<Tr>(vt_wg, sKV, smem + Tr::kVt, 1, 1);
-        arch::fence_proxy_async();
+        transpose_vt_half<Tr>(vt_wg, sKV, smem + Tr::kVt, 1, 1);  // (fenced)
         arch::mbarrier_arrive_warp(sEmpty + 1);  // stage 1's rows: its S and this transposition done
         own_vt_stage0(parity);
       }
