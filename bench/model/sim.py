@@ -693,6 +693,13 @@ def pipe_gaps(body: list[Instr], res: SimResult, pipe: str, dev: DeviceModel, mi
     return out
 
 
+def _stall_line(ins: Instr, stall: float, t: float, who: str = "") -> str:
+    """One stall of a trace: who waited (a label, or nothing for warp 0), how long, when, and the instruction that
+    waited with its source line."""
+    return (f"  {who}+{stall:6.0f} cyc @ {t:8.0f}  line {ins.line or '?':>4}  {ins.pred or '':5} {ins.opcode} "
+            f"{', '.join(ins.operands)[:60]}")
+
+
 def explain_warps(body: list[Instr], res: SimResult, names: dict[int, str], min_stall: float = 100.0) -> list[str]:
     """The stalls of `min_stall` cycles or more of each simulated warp in `names` (its index in the simulation -> a
     label) in its last simulated iteration, from `full_trace`: what the roles other than warp 0's wait on (a warp
@@ -701,9 +708,7 @@ def explain_warps(body: list[Instr], res: SimResult, names: dict[int, str], min_
     last: dict[int, float] = {}
     for t, w, i in res.full_trace:
         if w in last and w in names and t - last[w] >= min_stall:
-            ins = body[i]
-            out.append(f"  {names[w]} +{t - last[w]:6.0f} cyc @ {t:8.0f}  line {ins.line or '?':>4}  {ins.pred or '':5} "
-                       f"{ins.opcode} {', '.join(ins.operands)[:60]}")
+            out.append(_stall_line(body[i], t - last[w], t, f"{names[w]} "))
         last[w] = t
     return out
 
@@ -711,10 +716,4 @@ def explain_warps(body: list[Instr], res: SimResult, names: dict[int, str], min_
 def explain(body: list[Instr], res: SimResult, min_stall: float = 20.0) -> list[str]:
     """Warp 0's stalls of `min_stall` cycles or more in the last simulated iteration, with the
     instruction that waited and its source line: where a tile's cycles go."""
-    out = []
-    for t, stall, i in res.trace:
-        if stall >= min_stall:
-            ins = body[i]
-            out.append(f"  +{stall:6.0f} cyc @ {t:8.0f}  line {ins.line or '?':>4}  {ins.pred or '':5} {ins.opcode} "
-                       f"{', '.join(ins.operands)[:60]}")
-    return out
+    return [_stall_line(body[i], stall, t) for t, stall, i in res.trace if stall >= min_stall]
