@@ -233,7 +233,9 @@ def tile_candidates(backend: str, shape: HeadShape, arch: ArchSpec, *, dtype: st
             res = _normalise(dict(_call_hook(res_fn, t, shape, arch.name, **hook_kw)))
             res.setdefault("source", f"{backend} resources hook")
             if res.get("regs_estimate") is None and res.get("registers") is None:
-                res["regs_estimate"] = model_resources(backend, t, shape, dtype)["regs_estimate"]
+                # (a cluster tile's registers are one CTA's: the hook's cta_block_m rows, not block_m)
+                per_cta = t.replace(block_m=res["cta_block_m"]) if res.get("cta_block_m") else t
+                res["regs_estimate"] = model_resources(backend, per_cta, shape, dtype)["regs_estimate"]
                 res["source"] += " + model registers"
         else:
             res = model_resources(backend, t, shape, dtype)

@@ -241,6 +241,6 @@ def test_masked_path_honours_the_rare_block_of_a_shared_device_function():
     except RuntimeError as e:
         pytest.skip(str(e))
     wg = [k for k in ks if k.tile.version in (2, 3)]
-    assert len(wg) == 2
+    assert len(wg) == 3   # v2, Hopper's v3 on one CTA and as a 2-CTA cluster
     for k in wg:
         assert not any(i.op == "LDG" for i in k.cold.instrs), k.name

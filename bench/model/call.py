@@ -144,9 +144,15 @@ def ctas_per_sm(km: KernelModel, dev: DeviceModel) -> int:
                                smem_bytes=km.smem_bytes)
 
 
+def _cluster(km) -> int:
+    """CTAs of a thread-block cluster sharing each block's gather (Hopper's v3 cluster tile: 2), else 1 (also for a
+    tile that does not say: foreign kernels, test doubles)."""
+    return getattr(km.tile, "cluster", 1)
+
+
 def m_tiles(case: Case, km: KernelModel) -> int:
     """The grid's M tiles: CTAs along its y (a cluster tile's CTAs, whole clusters)."""
-    return -(-(case.tree_nodes * case.shape.group) // km.tile.block_m) * km.tile.cluster
+    return -(-(case.tree_nodes * case.shape.group) // km.tile.block_m) * _cluster(km)
 
 
 def default_splits(case: Case, km: KernelModel, dev: DeviceModel) -> int:
@@ -238,7 +244,7 @@ def prefetch_spec(km: KernelModel, instrs, case: Case, dev: DeviceModel, sm_dram
         # Hopper's v3: the producer warpgroup prefetches, in the iteration that copies pair i, every line of pair
         # i + 1's rows (a row a thread, its 128-byte lines: kernels.V3_SM90_PREFETCH_AHEAD); `instrs` is the roles body
         # (a cluster tile's CTA prefetches the rows it gathers: its share)
-        per = kernels_mod.blocks_per_iter(km) / km.tile.cluster
+        per = kernels_mod.blocks_per_iter(km) / _cluster(km)
         warps = kernels_mod.producer_warps(km.tile)
         requests = per * km.tile.block_n * -(-row // 128)
         return sim.Prefetch(ahead=kernels_mod.V3_SM90_PREFETCH_AHEAD, share=min(1.0, requests / (warps * len(pf) * 32)),
@@ -330,8 +336,8 @@ def tile_cost(km: KernelModel, dev: DeviceModel, *, path: str, resident_ctas: in
                       # (a producer warpgroup's four warps sit on the four schedulers, each copying a quarter; Hopper's
                       # v3 cluster: its bulk copies, the forward to the peer, are warp 8's alone, the simulated one)
                       bulk=sim.Bulk(sizes=tuple(sorted(sizes.items())), lane_of=lanes,
-                                    issuing_schedulers=1 if km.tile.cluster > 1 else kernels_mod.producer_warps(km.tile),
-                                    latency=dev.dsmem_latency_cycles.value if km.tile.cluster > 1 else None)
+                                    issuing_schedulers=1 if _cluster(km) > 1 else kernels_mod.producer_warps(km.tile),
+                                    latency=dev.dsmem_latency_cycles.value if _cluster(km) > 1 else None)
                       if sizes else None,
                       roles=sim.RoleSpec(spans, (False,) * (len(spans) - 1) + (True,),
                                          tuple(_role_of(km.tile, w, len(spans)) for w in sim_warps),
@@ -360,7 +366,7 @@ def tile_cost(km: KernelModel, dev: DeviceModel, *, path: str, resident_ctas: in
     # assumes every lane of every warp loads, which a kernel whose loader uses some threads
     # overstates, so the tile geometry gives the bytes.
     # (a cluster tile's CTA gathers its share of each row: the peer forwards the rest through DSMEM)
-    l2_per_cta = kv_tile / km.tile.cluster
+    l2_per_cta = kv_tile / _cluster(km)
     dram_per_cta = kv_tile / max(1.0, dram_sharers)
     dram = resident_ctas * dram_per_cta / (dev.dram_bytes_per_clk / active_sms)
     l2 = resident_ctas * l2_per_cta / (dev.l2_bytes_per_clk / active_sms)
@@ -509,8 +515,8 @@ def predict(km: KernelModel, dev: DeviceModel, case: Case, num_splits: Optional[
     # prologue per wave: kv_indices -> KV rows (two dependent DRAM round trips) + the Q tile; epilogue:
     # the fp32 partial (or 16-bit output) rows of the CTA written once. Q (read by every split) and the
     # partials (read back by the combine) stay in L2 when they fit: they move at L2 bandwidth.
-    q_bytes = km.tile.cta_m * case.shape.head_dim_qk * 2
-    out_bytes = km.tile.cta_m * case.shape.head_dim_v * (4 if S > 1 else 2)
+    q_bytes = (km.tile.block_m // _cluster(km)) * case.shape.head_dim_qk * 2
+    out_bytes = (km.tile.block_m // _cluster(km)) * case.shape.head_dim_v * (4 if S > 1 else 2)
     partials = S * case.tree_nodes * case.batch * case.shape.num_q_heads * case.shape.head_dim_v * 4
     in_l2 = partials + q_bytes * mt <= 0.5 * vdevice.spec(dev.arch).l2_bytes
     per_sm_bw = (dev.l2_bytes_per_clk if in_l2 else dev.dram_bytes_per_clk) / sms

@@ -75,8 +75,9 @@ def resources(config: KernelConfig, shape: HeadShape, arch: str, **_kw) -> dict:
         return {"smem_bytes": 0, "smem_limit": limit, "threads": 32 * config.num_warps, "compiled": False,
                 "fits": False}
     smem = vb.tile_smem(head, tile)
+    # (cta_block_m: the rows one CTA holds, which its registers scale with; a cluster tile's block_m is its CTAs')
     return {"smem_bytes": smem, "smem_limit": limit, "threads": 32 * tile.num_warps, "compiled": True,
-            "fits": smem <= limit and tile.targets(arch)}
+            "fits": smem <= limit and tile.targets(arch), "cta_block_m": tile.cta_m}
 
 
 def config_space(shape: HeadShape, arch: str, *, splits: tuple[int, ...] = (0,), **_kw) -> list[KernelConfig]:
@@ -156,6 +157,11 @@ def v3_sm120_tile(head: str, arch: str) -> Optional[vb.Tile]:
     return next((x for x in tiles if x.targets(arch)), tiles[0] if tiles else None)
 
 
+def v3_cluster_tile(head: str) -> Optional[vb.Tile]:
+    """The tile "v3-cluster" pins for `head`: Hopper's v3 as a 2-CTA cluster (16-bit MLA caches), else None."""
+    return next((x for x in vb.TILES.get(head, ()) if x.version == 3 and x.cluster > 1), None)
+
+
 def version_config(p: Problem, version: str) -> KernelConfig:
     """The config of `version` (see `_version_config`), with its split count fixed when the name carries one
     (`v3:15`, `split_pin`)."""
@@ -184,7 +190,7 @@ def _version_config(p: Problem, version: str) -> KernelConfig:
         cfg = KernelConfig(block_m=t.block_m, block_n=t.block_n, num_warps=t.num_warps, num_stages=t.num_stages)
         return resolve_config(p, cfg, arch)  # refuses the 656-byte tile on sm_90a unless any-tile-arch is set
     if version == V3_CLUSTER:
-        t = next((x for x in vb.TILES[head] if x.version == 3 and x.cluster > 1), None)
+        t = v3_cluster_tile(head)
         if t is None:
             raise LookupError(f"no {V3_CLUSTER} tile compiled for {head} (the cluster runs 16-bit MLA caches only)")
         cfg = KernelConfig(block_m=t.block_m, block_n=t.block_n, num_warps=t.num_warps, num_stages=t.num_stages)
@@ -452,6 +458,8 @@ def pinned_tile(head: str, arch: str, version: str) -> Optional[vb.Tile]:
                     None)
     if name == V3_SM120:
         return v3_sm120_tile(head, arch)
+    if name == V3_CLUSTER:
+        return v3_cluster_tile(head)
     if name in KERNEL_VERSIONS:
         return _version_tile(head, arch, KERNEL_VERSIONS[name])
     return None
