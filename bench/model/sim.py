@@ -227,8 +227,8 @@ class RoleSpec:
                loop iterations; 1: each barrier's buffer filled once an iteration).
     An mbarrier wait names its barrier by the immediate offset of its address (`[URx+0x38588]`, roles.barrier_offset):
     - a wait on a barrier that warps of this scheduler arrive on (SYNCS.ARRIVE, ARRIVES.LDGSTSBAR) holds until each
-      of them issued its arrives on it of iteration j (a math warp's wait: d = 0) or j - empty_distance (a
-      producer's wait). A producer's arrive counts when its copies issued before it landed (noinc, complete_tx); a
+      of them issued its arrives on it of iteration j (a math warp's wait, or a producer's on a barrier only
+      producers arrive on: d = 0) or j - empty_distance (a producer's wait on the math warps' releases). A producer's arrive counts when its copies issued before it landed (noinc, complete_tx); a
       math warp's when it issues;
     - a wait on a barrier whose address is a register (a stage index) or that nobody here arrives on, in a kernel
       with a producer role: a math warp's holds until the producers issued the copies of its iteration and they
