@@ -269,6 +269,11 @@ def test_mma_peak_probe_compiles_without_spills(tmp_path):
     # the wgmma latency rounds at N = 64 and 256)
     assert len(spills) == 14 and all("0 bytes spill stores, 0 bytes spill loads" in ln for ln in spills), r.stderr
     assert "serialized" not in r.stderr, r.stderr
+    # the cluster residency probe (cudaOccupancyMaxActiveClusters) builds for both too
+    r = subprocess.run([vb.nvcc_path(), "-std=c++17", "-O3", *vb.gencode_flags(["sm_90a", "sm_120a"]),
+                        "-I", str(vb.CSRC), "-c", str(vb.CSRC / "ceilings" / "clusters.cu"),
+                        "-o", str(tmp_path / "clusters.o")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
 
 
 @pytest.mark.gpu
@@ -300,6 +305,16 @@ def test_wgmma_ceiling_is_measured_on_sm90_only():
     assert 100.0 < measure_wgmma_tflops(reps=3, iters=256) < 5000.0
     c64, c256 = measure_wgmma_latency_cycles(iters=256)
     assert 32.0 <= c64 < c256 < 1000.0
+
+
+@pytest.mark.gpu
+def test_the_v3_cluster_residency_is_measured():
+    """How many of Hopper v3's 2-CTA clusters (224 KB a CTA: one CTA an SM) the GPU holds at once: at least one, and
+    no more than one a pair of SMs (cudaOccupancyMaxActiveClusters; bench.ceilings prints it beside what bench.model
+    assumes)."""
+    from bench.core.ceilings import measure_v3_cluster_residency
+    r = measure_v3_cluster_residency()
+    assert 1 <= r["max_active_clusters"] <= r["clusters_one_wave"], r
 
 
 def test_any_tile_arch_runs_a_tile_off_its_archs_only_where_its_shared_memory_fits(monkeypatch):

@@ -87,10 +87,11 @@ def _probe_module():
     vb.ensure_cuda_home()
     archs = jit_archs()
     src = vb.CSRC / "ceilings"
-    files = ("mma_peak.cu", "kv_stream.cu", "mma_peak.h", "mma_peak_binding.cpp")
+    files = ("mma_peak.cu", "kv_stream.cu", "clusters.cu", "mma_peak.h", "mma_peak_binding.cpp")
     tag = vb.source_hash([str(src / "mma_peak.cu"), *((src / f).read_text() for f in files)])[:8]
     return load(name="va_mma_peak_" + "_".join(a.replace("sm_", "") for a in archs) + "_" + tag,
-                sources=[str(src / "mma_peak_binding.cpp"), str(src / "mma_peak.cu"), str(src / "kv_stream.cu")],
+                sources=[str(src / "mma_peak_binding.cpp"), str(src / "mma_peak.cu"), str(src / "kv_stream.cu"),
+                         str(src / "clusters.cu")],
                 extra_include_paths=[str(vb.CSRC)], extra_cuda_cflags=vb.nvcc_extension_flags(archs))
 
 
@@ -226,6 +227,18 @@ def _store(all_entries: dict) -> None:
     os.replace(tmp, d / _FILE)  # atomic: a reader never sees half a file
 
 
+def measure_v3_cluster_residency() -> dict:
+    """Hopper v3's 2-CTA cluster tile (cuda@v3-cluster) at its launch resources: how many of its clusters the GPU holds
+    at once (cudaOccupancyMaxActiveClusters) against the clusters bench.model puts in one wave (one a pair of SMs)."""
+    from verify_attn import build as vb
+    t = vb.V3_SM90_CLUSTER_TILE
+    smem = vb.tile_smem("mla576", t)
+    n = _probe_module().max_active_clusters(32 * t.num_warps, smem, t.cluster)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    return {"max_active_clusters": n, "clusters_one_wave": sms // t.cluster, "threads": 32 * t.num_warps,
+            "smem_bytes": smem, "cluster": t.cluster}
+
+
 def get_ceilings(refresh: bool = False) -> Optional[dict]:
     """{'device', 'copy_gbs', 'mma_tflops', 'date', 'torch'} for the current GPU, or None without CUDA."""
     if not torch.cuda.is_available():
@@ -247,9 +260,12 @@ def get_ceilings(refresh: bool = False) -> Optional[dict]:
         except Exception as e:
             probes[key] = None
             probes[key + "_error"] = f"{type(e).__name__}: {e}"
-    if _has_wgmma():  # the sm_90a wgmma probes: measured rate and latency (the model predicts both)
+    # the sm_90a probes: wgmma's measured rate and latency (the model predicts both), and how many of Hopper v3's 2-CTA
+    # clusters the GPU holds at once (NOTES.md, "Hopper's v3 as a 2-CTA cluster")
+    if _has_wgmma():
         for key, fn in (("wgmma_tflops", measure_wgmma_tflops),
-                        ("wgmma_latency_cycles", measure_wgmma_latency_cycles)):
+                        ("wgmma_latency_cycles", measure_wgmma_latency_cycles),
+                        ("v3_cluster_residency", measure_v3_cluster_residency)):
             try:
                 probes[key] = fn()
             except Exception as e:
@@ -311,6 +327,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     lat, l2, rd = c.get("hmma_latency_cycles"), c.get("l2_read_gbs"), c.get("dram_read_gbs")
     print(f"  model calibration inputs: HMMA latency {'n/a' if lat is None else f'{lat:.1f} cycles'}, "
           f"L2 read {'n/a' if l2 is None else f'{l2:.0f} GB/s'}, DRAM read {'n/a' if rd is None else f'{rd:.0f} GB/s'}")
+    res = c.get("v3_cluster_residency")
+    if res:
+        print(f"  cuda@v3-cluster: {res['max_active_clusters']} clusters of {res['cluster']} CTAs "
+              f"({res['threads']} threads, {res['smem_bytes']} B) held at once; bench.model assumes "
+              f"{res['clusters_one_wave']}" + ("" if res["max_active_clusters"] >= res["clusters_one_wave"] else
+                                              ": FEWER, a 185k grid runs a second wave"))
     wg, wl = c.get("wgmma_tflops"), c.get("wgmma_latency_cycles")
     if wg is not None or wl is not None:
         print(f"  wgmma (sm_90a): bf16 m64n256k16 {'n/a' if wg is None else f'{wg:.0f} TFLOP/s'}, "

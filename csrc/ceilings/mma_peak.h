@@ -31,4 +31,7 @@ void launch_wgmma_latency(int iters, float* out, cudaStream_t stream);
 int kv_stream_threads();
 void launch_kv_stream(int blocks, const void* pool, const int32_t* indices, int ntok, int row_bytes, int bn,
                       int stages, int across, int idx_mode, int delay, float* out, cudaStream_t stream);
+// Clusters of `cluster_size` CTAs (x), each `threads` threads and `smem_bytes` of dynamic shared memory, the GPU holds at
+// once (cudaOccupancyMaxActiveClusters; csrc/ceilings/clusters.cu). Throws std::invalid_argument / runtime_error.
+int max_active_clusters(int threads, int smem_bytes, int cluster_size);
 }  // namespace va::ceil

@@ -98,4 +98,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("kv_stream", &kv_stream, "the KV stream probe (pool, indices, out, row_bytes, bn, stages, across, "
         "idx_mode, delay, blocks)");
   m.def("read_bw", &read_bw, "every block reads its share of buf, repeats times (buf, out, blocks, repeats)");
+  m.def("max_active_clusters", &va::ceil::max_active_clusters,
+        "clusters of cluster_size CTAs of threads threads and smem_bytes of dynamic shared memory held at once "
+        "(threads, smem_bytes, cluster_size)");
 }
