@@ -234,6 +234,13 @@ struct Mbar {
   std::vector<BulkCopy> deferred;
 };
 
+// Bytes of the copies from another CTA that a barrier's current phase holds back (counted when they complete).
+long long deferred_bytes(const Mbar& m) {
+  long long n = 0;
+  for (const BulkCopy& c : m.deferred) n += static_cast<long long>(c.data.size());
+  return n;
+}
+
 // One warp's part of an issued wgmma: its result (computed at issue), where it lands, and the shared
 // memory it read (checked unchanged when it retires).
 struct WgmmaOp {
@@ -1318,8 +1325,7 @@ class Worker {
   // lands a completed phase's copies at the first wait; until then they are `unlanded`: with no wait, still in flight.)
   void check_bulk_drained(const Block& b) {
     for (const auto& [off, m] : b.mbars) {
-      long long deferred = 0;  // (bytes of copies from another CTA, counted when they complete)
-      for (const BulkCopy& c : m.deferred) deferred += static_cast<long long>(c.data.size());
+      const long long deferred = deferred_bytes(m);  // (copies from another CTA: counted when they complete)
       if (!m.copies.empty() || !m.deferred.empty() || m.tx != 0) {
         report(b, nullptr,
                "mbarrier at smem offset " + std::to_string(off) + " (initialised" + where(m.init_loc) +
@@ -1654,30 +1660,48 @@ void fence_proxy_async() {
 
 namespace {
 
-// The barrier object at `bar` (initialised, 8-byte aligned shared memory), or null after a report.
-Mbar* mbar_at(Fiber* f, const void* bar, const char* what, std::source_location loc) {
+// The barrier object at shared offset `off` of CTA `t` (the caller's, or another CTA of its cluster), for `what`:
+// 8-byte aligned, initialised, and its init visible to the caller. In the caller's own CTA, a block barrier since
+// another thread's init; in another CTA, the initialising thread ran fence_mbarrier_init_cluster after the init and a
+// cluster_sync completed after that fence. Null after a report.
+Mbar* visible_mbar(Fiber* f, Block& t, size_t off, const char* what, std::source_location loc) {
   Block& b = *f->block;
-  if (!check_smem(f, bar, 8, what, loc)) return nullptr;
-  const size_t off = static_cast<size_t>(static_cast<const unsigned char*>(bar) - b.smem);
+  const std::string of = &t == &b ? "" : " of CTA rank " + std::to_string(t.rank);
+  const std::string at = std::string(what) + ": mbarrier at smem offset " + std::to_string(off) + of;
   if (off % 8 != 0) {
-    report(b, f, std::string(what) + ": mbarrier at smem offset " + std::to_string(off) + " is not 8-byte aligned",
+    report(b, f, at + " is not 8-byte aligned", loc);
+    return nullptr;
+  }
+  auto it = t.mbars.find(off);
+  if (it == t.mbars.end()) {
+    report(b, f, std::string(what) + ": no mbarrier_init at smem offset " + std::to_string(off) + of + " before its use",
            loc);
     return nullptr;
   }
-  auto it = b.mbars.find(off);
-  if (it == b.mbars.end()) {
-    report(b, f, std::string(what) + ": no mbarrier_init at smem offset " + std::to_string(off) + " before its use",
-           loc);
+  const Mbar& m = it->second;
+  if (&t == &b && m.init_tid != f->tc.linear_tid && m.init_syncs == b.syncs) {
+    report(b, f, at + " used before a block_sync made thread " + std::to_string(m.init_tid) + "'s mbarrier_init" +
+                     where(m.init_loc) + " visible to this thread", loc);
     return nullptr;
   }
-  if (it->second.init_tid != f->tc.linear_tid && it->second.init_syncs == b.syncs) {
-    report(b, f, std::string(what) + ": mbarrier at smem offset " + std::to_string(off) + " used before a block_sync "
-                     "made thread " + std::to_string(it->second.init_tid) + "'s mbarrier_init" +
-                     where(it->second.init_loc) + " visible to this thread", loc);
+  if (&t != &b && (m.cluster_fence < 0 || b.cluster->syncs <= m.cluster_fence)) {
+    report(b, f, at + " used before a cluster_sync made thread " + std::to_string(m.init_tid) + "'s mbarrier_init" +
+                     where(m.init_loc) + " visible to the cluster (" +
+                     (m.cluster_fence < 0 ? "that thread has run no fence_mbarrier_init_cluster since the init"
+                                          : "no cluster_sync completed since that thread's fence_mbarrier_init_cluster") +
+                     ")", loc);
     return nullptr;
   }
   return &it->second;
 }
+
+// The barrier object at `bar` (initialised, 8-byte aligned shared memory of the caller's CTA), or null after a report.
+Mbar* mbar_at(Fiber* f, const void* bar, const char* what, std::source_location loc) {
+  Block& b = *f->block;
+  if (!check_smem(f, bar, 8, what, loc)) return nullptr;
+  return visible_mbar(f, b, static_cast<size_t>(static_cast<const unsigned char*>(bar) - b.smem), what, loc);
+}
+
 
 // Bulk copies write through the async proxy: a wgmma may read them without a generic-to-async fence.
 void land_one(Block& b, const BulkCopy& c) {
@@ -1699,8 +1723,7 @@ bool parity_done(const Mbar& m, unsigned parity) { return (m.completed & 1u) != 
 // Completes the current phase when its arrivals and transaction bytes are all in; then the waiting threads
 // whose phase completed resume, the copies landing first.
 void mbar_try_complete(Block& b, Mbar& m) {
-  long long deferred = 0;
-  for (const BulkCopy& c : m.deferred) deferred += static_cast<long long>(c.data.size());
+  const long long deferred = deferred_bytes(m);
   if (m.pending != 0 || m.tx - deferred != 0) return;
   if (deferred > 0) {  // copies from another CTA: complete only with a thread here waiting on the phase
     bool waiter = false;
@@ -1913,33 +1936,11 @@ ClusterAddr cluster_addr(Fiber* f, uint32_t a, size_t bytes, const char* what, s
   return {&t, rank, off};
 }
 
-// The mbarrier at a decoded shared::cluster address: initialised, and its init visible to the caller. In the
-// caller's own CTA as mbar_at (a block barrier since another thread's init); in another CTA, the initialising thread
-// ran fence_mbarrier_init_cluster after the init and a cluster_sync completed after that fence.
+// The mbarrier at a decoded shared::cluster address (visible_mbar's checks); abandons the block after a report.
 Mbar& cluster_mbar(Fiber* f, const ClusterAddr& a, const char* what, std::source_location loc) {
-  const Block& b = *f->block;
-  const std::string at = "mbarrier at smem offset " + std::to_string(a.off) + " of CTA rank " + std::to_string(a.rank);
-  if (a.off % 8 != 0) fatal(f, std::string(what) + ": " + at + " is not 8-byte aligned", loc);
-  auto it = a.block->mbars.find(a.off);
-  if (it == a.block->mbars.end()) {
-    fatal(f, std::string(what) + ": no mbarrier_init at smem offset " + std::to_string(a.off) + " of CTA rank " +
-                 std::to_string(a.rank) + " before its use", loc);
-  }
-  Mbar& m = it->second;
-  if (a.block == &b) {
-    if (m.init_tid != f->tc.linear_tid && m.init_syncs == b.syncs) {
-      fatal(f, std::string(what) + ": " + at + " (this CTA) used before a block_sync or cluster_sync made thread " +
-                   std::to_string(m.init_tid) + "'s mbarrier_init" + where(m.init_loc) + " visible to this thread",
-            loc);
-    }
-  } else if (m.cluster_fence < 0 || b.cluster->syncs <= m.cluster_fence) {
-    fatal(f, std::string(what) + ": " + at + " used before a cluster_sync made thread " + std::to_string(m.init_tid) +
-                 "'s mbarrier_init" + where(m.init_loc) + " visible to the cluster (" +
-                 (m.cluster_fence < 0 ? "that thread has run no fence_mbarrier_init_cluster since the init"
-                                      : "no cluster_sync completed since that thread's fence_mbarrier_init_cluster") +
-                 ")", loc);
-  }
-  return m;
+  Mbar* m = visible_mbar(f, *a.block, a.off, what, loc);
+  if (m == nullptr) abandon(f);
+  return *m;
 }
 
 }  // namespace
