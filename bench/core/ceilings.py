@@ -234,7 +234,7 @@ def measure_v3_cluster_residency() -> dict:
     t = vb.V3_SM90_CLUSTER_TILE
     smem = vb.tile_smem("mla576", t)
     n = _probe_module().max_active_clusters(32 * t.num_warps, smem, t.cluster)
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
     return {"max_active_clusters": n, "clusters_one_wave": sms // t.cluster, "threads": 32 * t.num_warps,
             "smem_bytes": smem, "cluster": t.cluster}
 

@@ -67,7 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "best over the autotuner's split counts)")
     ap.add_argument("--knockout", type=int, default=0, metavar="BITS",
                     help="read the timing-experiment variant bench.knockout measures (-DVA_TV_KNOCKOUT=BITS: 1 no KV "
-                         "copies, 2 no index loads, 4 no v2 exchange, 8 no v2 L2 prefetch, 16 v3 half the rows (a 2-CTA cluster gather); default 0, the kernel)")
+                         "copies, 2 no index loads, 4 no v2 exchange, 8 no v2 L2 prefetch, 16 v3 half the rows (a "
+                         "2-CTA cluster's gather); default 0, the kernel)")
     ap.add_argument("--json", metavar="PATH", help="write every prediction as JSON (schema in bench/model/README.md)")
     ap.add_argument("--per-tile", action="store_true", help="also print the per-tile SASS reading of each kernel")
     ap.add_argument("--trace", action="store_true",
@@ -244,8 +245,8 @@ def run(a: argparse.Namespace) -> dict:
     layouts = _layouts(a.layout, a.page_size)
     if a.batch < 1:
         raise ValueError(f"--batch must be >= 1, got {a.batch}")
-    if not 0 <= getattr(a, "knockout", 0) < 32:
-        raise ValueError(f"--knockout: bits 0..31, got {a.knockout}")
+    if not 0 <= getattr(a, "knockout", 0) < vb.KNOCKOUT_LIMIT:
+        raise ValueError(f"--knockout: bits 0..{vb.KNOCKOUT_LIMIT - 1}, got {a.knockout}")
     entries, traces = [], []
     for arch, dev in _archs(a.arch):
         for lay, ps in layouts:

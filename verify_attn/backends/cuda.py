@@ -471,9 +471,9 @@ def knockout_bits() -> int:
     v = os.environ.get("VERIFY_ATTN_KNOCKOUT", "").strip()
     if not v:
         return 0
-    if not v.isdigit() or not 0 <= int(v) < 32:
-        raise ValueError(f"VERIFY_ATTN_KNOCKOUT: bits 0..31 (1 no KV copies, 2 no index loads, 4 no v2 exchange, "
-                         f"8 no v2 L2 prefetch, 16 v3 half the rows), got {v!r}")
+    if not v.isdigit() or not 0 <= int(v) < vb.KNOCKOUT_LIMIT:
+        raise ValueError(f"VERIFY_ATTN_KNOCKOUT: bits 0..{vb.KNOCKOUT_LIMIT - 1} (1 no KV copies, 2 no index loads, "
+                         f"4 no v2 exchange, 8 no v2 L2 prefetch, 16 v3 half the rows), got {v!r}")
     return int(v)
 
 
