@@ -19,6 +19,7 @@
 
 #include "../emu/device.h"
 #endif
+#include "copy.cuh"  // detail::smem_u32
 #include "warp.cuh"
 
 namespace va::arch {
@@ -88,7 +89,7 @@ VA_DEVICE uint32_t map_shared_rank(const void* p, int rank) {
   uint32_t r;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n"
                : "=r"(r)
-               : "r"(static_cast<uint32_t>(__cvta_generic_to_shared(p))), "r"(rank));
+               : "r"(detail::smem_u32(p)), "r"(rank));
   return r;
 #else
   __trap();
@@ -106,7 +107,7 @@ VA_DEVICE void bulk_copy_s2cluster(uint32_t dst, const void* src, uint32_t bytes
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
                :
-               : "r"(dst), "r"(static_cast<uint32_t>(__cvta_generic_to_shared(src))), "r"(bytes), "r"(bar)
+               : "r"(dst), "r"(detail::smem_u32(src)), "r"(bytes), "r"(bar)
                : "memory");
 #else
   __trap();
