@@ -266,8 +266,8 @@ def test_mma_peak_probe_compiles_without_spills(tmp_path):
     assert r.returncode == 0, r.stderr
     spills = [ln for ln in r.stderr.splitlines() if "spill" in ln]
     # 2 archs x (the bf16 and fp16 peak kernels, the MMA latency chain, the read-bandwidth sweep, the wgmma peak,
-    # the wgmma latency rounds at N = 64 and 256)
-    assert len(spills) == 14 and all("0 bytes spill stores, 0 bytes spill loads" in ln for ln in spills), r.stderr
+    # the wgmma latency rounds at N = 64 and 256, the wgmma operand kernels: RS and SS at N = 16, 32, 64, 256)
+    assert len(spills) == 30 and all("0 bytes spill stores, 0 bytes spill loads" in ln for ln in spills), r.stderr
     assert "serialized" not in r.stderr, r.stderr
     # the cluster residency probe (cudaOccupancyMaxActiveClusters) builds for both too
     r = subprocess.run([vb.nvcc_path(), "-std=c++17", "-O3", *vb.gencode_flags(["sm_90a", "sm_120a"]),
@@ -305,6 +305,25 @@ def test_wgmma_ceiling_is_measured_on_sm90_only():
     assert 100.0 < measure_wgmma_tflops(reps=3, iters=256) < 5000.0
     c64, c256 = measure_wgmma_latency_cycles(iters=256)
     assert 32.0 <= c64 < c256 < 1000.0
+
+
+@pytest.mark.gpu
+def test_the_wgmma_operand_rates_are_measured_on_sm90_only():
+    """The operand probe: eight finite rates (A from registers and from shared memory at N = 16, 32, 64, 256) on a
+    compute capability 9.0 GPU; an N it was not built for is refused by name; elsewhere a clear error."""
+    import torch
+
+    from bench.core.ceilings import WGMMA_OPERAND_NS, _probe_module, measure_wgmma_operand_tflops
+    if tuple(torch.cuda.get_device_capability()) != (9, 0):
+        with pytest.raises(RuntimeError, match="compute capability 9.0"):
+            measure_wgmma_operand_tflops(reps=1, iters=4)
+        return
+    rates = measure_wgmma_operand_tflops(reps=3, iters=256)
+    assert sorted(rates) == sorted(f"{f} N={n}" for n in WGMMA_OPERAND_NS for f in ("RS", "SS"))
+    assert all(10.0 < v < 5000.0 for v in rates.values()), rates
+    out = torch.empty(256, dtype=torch.float32, device="cuda")
+    with pytest.raises(ValueError, match="N must be 16, 32, 64 or 256"):
+        _probe_module().wgmma_operands(out, 1, 1, 128, True)
 
 
 @pytest.mark.gpu

@@ -216,6 +216,35 @@ def test_wgmma_probe_loop_is_read_and_runs_at_the_datasheet_rate():
     assert preds["mma_sync_tflops"].value == pytest.approx(H200.mma_tflops, rel=0.03)
 
 
+def test_wgmma_operand_probe_is_read_shared_memory_bound_below_n64_with_a_from_shared_memory():
+    """csrc/ceilings/mma_peak.cu's wgmma_operand_kernel<N, SS>: the SS form's HGMMAs read A through a descriptor and are
+    charged A's 2,048 bytes beside B's; with 64 / N accumulators below N = 64 the RS form runs at the tensor rate at
+    every N, and the SS form at the shared-memory share of it: N / 2 tensor cycles against (64 + N) / 4 at 128 B/clk,
+    0.40 at N = 16, 0.67 at N = 32, the two forms even from N = 64. bench.ceilings measures the same eight kernels."""
+    _tools_or_skip()
+    from bench.model import probes
+    k = probes.probe_constants()
+    steps = k["kWgKSteps"]
+    loops = probes.read("sm_90a")
+    for n in probes.OPERAND_NS:
+        chains = 1 if n >= 64 else 64 // n
+        for ss in (False, True):
+            loop = probes.find(loops, f"wgmma_operand_kernelILi{n}ELb{int(ss)}E")
+            r = loop.reading
+            assert r.hgmma == steps * chains and r.hgmma_n == {n: steps * chains} and r.hgmma_groups == 1
+            hg = [i for i in loop.path.instrs if analysis.classify(i) == "hgmma"]
+            assert all(analysis.hgmma_a_from_smem(i) == ss for i in hg)
+            assert r.hgmma_smem_bytes == steps * chains * (n * 32 + (2048 if ss else 0)) // 4
+    preds = {p.name: p for p in probes.predict(H200)}
+    peak = preds["wgmma_tflops"].value
+    for n in probes.OPERAND_NS:
+        rs, ss = preds[f"wgmma_operand_tflops[RS N={n}]"], preds[f"wgmma_operand_tflops[SS N={n}]"]
+        assert rs.bound == "tensor" and rs.value == pytest.approx(peak, rel=0.03)
+        expect = min(1.0, (n / 2) / ((64 + n) / 4))
+        assert ss.value / rs.value == pytest.approx(expect, abs=0.03)
+        assert ss.bound == ("smem" if n < 64 else "tensor")
+
+
 def test_wgmma_probes_compile_to_nothing_off_sm90(capsys):
     """Built for sm_120a the wgmma kernels hold no HGMMA and no loop: the model reads only the mma.sync
     probe there, and the CLI prints the H200's wgmma readings."""

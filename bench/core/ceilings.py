@@ -21,6 +21,11 @@ verify_attn.utils.cache_dir()/ceilings.json ($VERIFY_ATTN_CACHE, else $XDG_CACHE
   and the cycles of one (wgmma + wait_group 0) round at N = 64 and N = 256: what the
   SASS model predicts for the same kernels (`python -m bench.model --probes`). Not the
   floor's rate: our kernels are mma.sync.
+- wgmma_operand_tflops (compute capability 9.0 only): {"RS N=16": TFLOP/s, "SS N=16": ...}
+  for m64nNk16 bf16 at N = 16, 32, 64, 256 with A from registers (RS) and from shared
+  memory (SS), one block of 2 warpgroups an SM (wgmma_operand_kernel). The model charges
+  SS operands at 128 B/clk per SM and reads SS below N = 64 as shared-memory bound: the
+  bound it names for Hopper v3's pair (NOTES.md, "The wgmma operand probe").
 """
 from __future__ import annotations
 
@@ -212,6 +217,50 @@ def measure_wgmma_latency_cycles(iters: int = 1024) -> tuple[float, float]:
     return statistics.median(v[0] for v in vals), statistics.median(v[1] for v in vals)
 
 
+WGMMA_OPERAND_NS = (16, 32, 64, 256)  # csrc/ceilings/mma_peak.cu launch_wgmma_operands
+
+
+def measure_wgmma_operand_tflops(reps: int = 10, iters: int = 1024) -> dict[str, float]:
+    """Whole-GPU bf16 rate of wgmma m64nNk16 with A from registers and from shared memory ({"RS N=16": TFLOP/s,
+    "SS N=16": ..., for N in WGMMA_OPERAND_NS}; csrc/ceilings/mma_peak.cu wgmma_operand_kernel, one block of 2
+    warpgroups an SM). Compute capability 9.0 only."""
+    from verify_attn import device as vdevice
+
+    if not _has_wgmma():
+        raise RuntimeError(f"wgmma needs compute capability 9.0, this GPU is {torch.cuda.get_device_capability()}")
+    mod = _probe_module()
+    blocks = vdevice.query(torch.cuda.current_device()).sm_count
+    out = torch.empty((blocks * mod.wgmma_threads(),), dtype=torch.float32, device="cuda")
+    rates = {}
+    for n in WGMMA_OPERAND_NS:
+        for ss in (False, True):
+            out.fill_(float("nan"))
+            ms = _event_median_ms(lambda: mod.wgmma_operands(out, blocks, iters, n, ss), reps)
+            if not torch.isfinite(out).all():  # a build without sm_90a code leaves out unwritten
+                raise RuntimeError("wgmma_operands wrote no finite sums (was the probe built for sm_90a?)")
+            rates[f"{'SS' if ss else 'RS'} N={n}"] = mod.wgmma_operand_flops(blocks, iters, n) / (ms * 1e-3) / 1e12
+    return rates
+
+
+def operand_bytes_per_clk(n: int, ss_over_rs: float) -> float:
+    """Shared-memory bytes per clock per SM that SS wgmma m64nNk16 moved, taking RS at the same N as the tensor pipe's
+    4,096 FLOP/clk per SM: an SS wgmma reads (64 + N) x 32 bytes for 2 x 64 x N x 16 FLOPs. Where SS is slower than RS
+    this is the operand path's bandwidth (bench.model charges 128); where the two run even, a lower bound on it."""
+    return 4096 * (64 + n) / (64 * n) * ss_over_rs
+
+
+def wgmma_operand_line(rates: dict[str, float]) -> str:
+    """One line of the operand probe's rates: RS / SS TFLOP/s, their ratio and the operand bytes per clock it implies,
+    at each N."""
+    parts = []
+    for n in WGMMA_OPERAND_NS:
+        rs, ss = rates.get(f"RS N={n}"), rates.get(f"SS N={n}")
+        if not rs or ss is None:
+            continue
+        parts.append(f"N={n} {rs:.0f}/{ss:.0f} ({ss / rs:.2f}, {operand_bytes_per_clk(n, ss / rs):.0f} B/clk)")
+    return "wgmma operands, RS/SS TFLOP/s (SS/RS, SS operand bytes per clock per SM): " + ", ".join(parts)
+
+
 def _load() -> dict:
     try:
         return json.loads((cache_dir() / _FILE).read_text())
@@ -265,6 +314,7 @@ def get_ceilings(refresh: bool = False) -> Optional[dict]:
     if _has_wgmma():
         for key, fn in (("wgmma_tflops", measure_wgmma_tflops),
                         ("wgmma_latency_cycles", measure_wgmma_latency_cycles),
+                        ("wgmma_operand_tflops", measure_wgmma_operand_tflops),
                         ("v3_cluster_residency", measure_v3_cluster_residency)):
             try:
                 probes[key] = fn()
@@ -272,7 +322,7 @@ def get_ceilings(refresh: bool = False) -> Optional[dict]:
                 probes[key] = None
                 probes[key + "_error"] = f"{type(e).__name__}: {e}"
     else:
-        for key in ("wgmma_tflops", "wgmma_latency_cycles"):
+        for key in ("wgmma_tflops", "wgmma_latency_cycles", "wgmma_operand_tflops"):
             probes[key] = None
             probes[key + "_skipped"] = ("wgmma is sm_90a only; compute capability "
                                         f"{torch.cuda.get_device_capability()}")
@@ -288,7 +338,9 @@ def get_ceilings(refresh: bool = False) -> Optional[dict]:
         "torch": torch.__version__,
         "method": "copy_: 1 GiB bf16, read+write bytes; matmul: bf16 8192^3 cuBLAS; mma.sync: bf16 m16n8k16 "
                   "register-resident, 8 chains/warp, 8 CTAs/SM; wgmma (9.0 only): bf16 m64n256k16, A in "
-                  "registers, 8 per commit group, wait_group 1, 1 CTA of 2 warpgroups per SM; CUDA events, median",
+                  "registers, 8 per commit group, wait_group 1, 1 CTA of 2 warpgroups per SM; wgmma operands (9.0 "
+                  "only): bf16 m64nNk16, N 16/32/64/256, A in registers (RS) or shared memory (SS), 64 / N "
+                  "accumulators below N = 64, 1 CTA of 2 warpgroups per SM; CUDA events, median",
     }
     entries = _load()  # re-read: another process may have written meanwhile
     entries[_key(name)] = entry
@@ -337,6 +389,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     if wg is not None or wl is not None:
         print(f"  wgmma (sm_90a): bf16 m64n256k16 {'n/a' if wg is None else f'{wg:.0f} TFLOP/s'}, "
               f"wgmma + wait round {'n/a' if not wl else f'{wl[0]:.1f} cycles at N = 64, {wl[1]:.1f} at N = 256'}")
+        if c.get("wgmma_operand_tflops"):
+            print("  " + wgmma_operand_line(c["wgmma_operand_tflops"]) + " -- bench.model: python -m bench.model "
+                  "--probes --arch sm_90a")
     else:
         why = c.get("wgmma_tflops_skipped") or c.get("wgmma_tflops_error") or "not measured (cached entry; --refresh)"
         print(f"  wgmma: {why}")

@@ -1,9 +1,9 @@
 """The ceiling probes (csrc/ceilings/mma_peak.cu) read by the model: predicted rates of measured kernels.
 
-`bench.ceilings` measures these kernels on a GPU (mma.sync and wgmma rates, the wgmma + wait round);
-this module reads the same kernels' SASS and predicts what those measurements should give, so the
-first GPU run checks the model's tensor-pipe constants (hmma interval, hgmma interval and latency)
-against the hardware, kernel by kernel. Each probe's loop carries a `// sass-model: tile-loop`
+`bench.ceilings` measures these kernels on a GPU (mma.sync and wgmma rates, the wgmma + wait round, wgmma with A
+from registers and from shared memory); this module reads the same kernels' SASS and predicts what those
+measurements should give, so the first GPU run checks the model's tensor-pipe constants (hmma interval, hgmma
+interval and latency) and its shared-memory charge for wgmma operands against the hardware, kernel by kernel. Each probe's loop carries a `// sass-model: tile-loop`
 marker; one loop iteration is simulated like a KV tile (`sim.simulate`) with the warps the probe's
 launch puts on one scheduler.
 
@@ -158,4 +158,17 @@ def predict(dev: DeviceModel) -> list[ProbePrediction]:
         for n in (64, 256):
             out.append(cycles(find(loops, f"wgmma_latency_kernelILi{n}E"), dev,
                               name=f"wgmma_latency_cycles[N={n}]"))
+        out.extend(operand_rates(loops, dev, k))
     return out
+
+
+OPERAND_NS = (16, 32, 64, 256)  # wgmma_operand_kernel's instantiations (bench.core.ceilings.WGMMA_OPERAND_NS)
+
+
+def operand_rates(loops: dict[str, ProbeLoop], dev: DeviceModel, k: dict[str, int]) -> list[ProbePrediction]:
+    """wgmma_operand_kernel<N, SS>: the rate of m64nNk16 with A from registers (RS) and from shared memory (SS), named
+    as bench.ceilings reports them (wgmma_operand_tflops[SS N=16], ...)."""
+    return [rate(find(loops, f"wgmma_operand_kernelILi{n}ELb{int(ss)}E"), dev, threads=k["kWgThreads"],
+                 smem_bytes=k["kOpSmemBytes"], blocks_per_sm=1,
+                 name=f"wgmma_operand_tflops[{'SS' if ss else 'RS'} N={n}]")
+            for n in OPERAND_NS for ss in (False, True)]

@@ -5,6 +5,9 @@
 //
 // Each warp runs `iters` rounds of kChains independent m16n8k16 MMAs (independent
 // accumulators hide the MMA latency); FLOPs = blocks * warps * iters * kChains * 4096.
+#include <stdexcept>
+#include <string>
+
 #include "arch/arch.cuh"
 #include "ceilings/mma_peak.h"
 
@@ -155,6 +158,90 @@ __global__ void __launch_bounds__(128) wgmma_latency_kernel(int iters, float* __
   if (threadIdx.x == 0) arch::st_global(out, static_cast<float>(t1 - t0) / iters);
   if (d[0] == 12345.f) arch::st_global(out + 1, d[1]);  // keeps the chain alive
 #endif
+}
+
+// ---------------------------------------------------------------------------------------------
+// wgmma operand bandwidth (sm_90a): whether a wgmma that reads A from shared memory (SS, as Hopper v3's
+// S = Q K^T reads Q) is bound by shared memory where the same wgmma with A in registers (RS) is not.
+//
+// Each warpgroup of the block runs `iters` rounds of kWgKSteps k steps (cycling through the tiles' kWgBK / 16
+// slices), each step one wgmma m64nNk16 into each of op_chains(N) accumulators (64 / N below N = 64: enough
+// independent wgmmas that the RS form is bound by the tensor pipe, not by one accumulator's chain), one commit
+// group a round, wait_group 1, as wgmma_peak_kernel does. B is a
+// K-major N x kWgBK tile of the warpgroup's own; A (SS) a K-major 64 x kWgBK tile both warpgroups read (Q
+// is one tile that both of v3's consumer warpgroups read), or (RS) registers. Operand bytes per wgmma:
+// N * 32 (B) plus 2,048 (A, SS). bench.model charges them at 128 B/clk per SM against the tensor pipe's
+// 4,096 FLOP/clk per SM: a wgmma needs N / 2 tensor cycles and (64 + N) / 4 (SS) or N / 4 (RS) shared-
+// memory cycles, so SS is bound by shared memory below N = 64 (at N = 16: 20 against 8 cycles), and the
+// two forms meet at N = 64, where v3's S runs. kOpSmemBytes of dynamic shared memory keeps one block an
+// SM. FLOPs = blocks * 2 * iters * kWgKSteps * op_chains(N) * (2 * 64 * N * 16).
+constexpr int kOpSmemBytes = 128 * 1024;  // > half of 227 KB: one block an SM, whatever N's registers allow
+__host__ __device__ constexpr int op_chains(int n) { return n >= 64 ? 1 : 64 / n; }
+
+template <int N, bool kSS>
+__global__ void __launch_bounds__(kWgThreads) wgmma_operand_kernel(int iters, float* __restrict__ out) {
+#if VA_HAS_WGMMA
+  static_assert((64 + 2 * N) * kWgBK * 2 <= kOpSmemBytes, "A and both B tiles fit the block's shared memory");
+  uint16_t* sm = arch::smem_dynamic<uint16_t>();
+  for (int i = threadIdx.x; i < (64 + 2 * N) * kWgBK; i += blockDim.x) sm[i] = 0x3c00;  // 2^-7 in bf16
+  arch::fence_proxy_async();  // generic-proxy stores -> the wgmma's async-proxy reads
+  arch::block_sync();
+  const int wg = threadIdx.x / 128;
+  const uint64_t desc_a = arch::wgmma_desc(sm, 128, (kWgBK / 8) * 128);
+  const uint64_t desc_b = arch::wgmma_desc(sm + (64 + wg * N) * kWgBK, 128, (kWgBK / 8) * 128);
+  const uint32_t one = 0x3c003c00u ^ (threadIdx.x & 1u);  // RS: from the thread id, so nothing folds
+  const uint32_t a[4] = {one, one ^ 2u, one ^ 4u, one ^ 6u};
+  constexpr int kChains = op_chains(N);
+  float d[kChains][N / 2] = {};
+#pragma unroll 1
+  for (int it = 0; it < iters; ++it) {  // sass-model: tile-loop
+    arch::wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < kWgKSteps; ++k) {
+      const uint32_t off = (k % (kWgBK / 16)) * 256;  // k step k: 2 core matrices on along K
+#pragma unroll
+      for (int c = 0; c < kChains; ++c) {
+        if constexpr (kSS)
+          arch::wgmma_ss<__nv_bfloat16, N, false>(d[c], arch::wgmma_desc_advance(desc_a, off),
+                                                  arch::wgmma_desc_advance(desc_b, off), true);
+        else
+          arch::wgmma_rs<__nv_bfloat16, N, false>(d[c], a, arch::wgmma_desc_advance(desc_b, off), true);
+      }
+    }
+    arch::wgmma_commit();
+    arch::wgmma_wait<1>();
+  }
+  arch::wgmma_wait<0>();
+  float sum = 0.f;
+#pragma unroll
+  for (int c = 0; c < kChains; ++c) {
+    pin_accumulators(d[c]);
+#pragma unroll
+    for (int j = 0; j < N / 2; ++j) sum += d[c][j];
+  }
+  arch::st_global(out + blockIdx.x * kWgThreads + threadIdx.x, sum);
+#endif
+}
+
+void launch_wgmma_operands(int n, bool ss, int blocks, int iters, float* out, cudaStream_t stream) {
+  const auto go = [&](auto kernel) {
+    arch::launch(kernel, dim3(blocks), dim3(kWgThreads), kOpSmemBytes, stream, iters, out);
+  };
+  switch (n * 2 + (ss ? 1 : 0)) {
+    case 16 * 2: go(wgmma_operand_kernel<16, false>); break;
+    case 16 * 2 + 1: go(wgmma_operand_kernel<16, true>); break;
+    case 32 * 2: go(wgmma_operand_kernel<32, false>); break;
+    case 32 * 2 + 1: go(wgmma_operand_kernel<32, true>); break;
+    case 64 * 2: go(wgmma_operand_kernel<64, false>); break;
+    case 64 * 2 + 1: go(wgmma_operand_kernel<64, true>); break;
+    case 256 * 2: go(wgmma_operand_kernel<256, false>); break;
+    case 256 * 2 + 1: go(wgmma_operand_kernel<256, true>); break;
+    default: throw std::invalid_argument("wgmma_operands: N must be 16, 32, 64 or 256, not " + std::to_string(n));
+  }
+}
+
+double wgmma_operand_flops(int blocks, int iters, int n) {
+  return double(blocks) * (kWgThreads / 128) * iters * kWgKSteps * op_chains(n) * (2.0 * 64 * n * 16);
 }
 
 void launch_wgmma_peak(int blocks, int iters, float* out, cudaStream_t stream) {

@@ -23,6 +23,11 @@ void launch_wgmma_peak(int blocks, int iters, float* out, cudaStream_t stream);
 // out[0] / out[2] = SM cycles per (m64n64k16 / m64n256k16 bf16 wgmma + wait_group 0), one warpgroup;
 // out: [4] fp32 (out[1], out[3] only keep the chains alive).
 void launch_wgmma_latency(int iters, float* out, cudaStream_t stream);
+// The wgmma operand probe (sm_90a only, like the two above): m64nNk16 bf16, N = 16, 32, 64 or 256, A from shared memory
+// (ss) or registers, one block of 2 warpgroups an SM (128 KB of dynamic shared memory); out: [blocks *
+// wgmma_peak_threads()] fp32, written once per thread. Throws std::invalid_argument for another N.
+void launch_wgmma_operands(int n, bool ss, int blocks, int iters, float* out, cudaStream_t stream);
+double wgmma_operand_flops(int blocks, int iters, int n);
 // The KV stream probe (csrc/ceilings/kv_stream.cu): `blocks` CTAs stream their shares of ntok rows of
 // row_bytes (pool[indices[t]], or pool[t] with idx_mode 0) through a `stages`-deep cp.async ring of bn-row
 // tiles; across: the lanes' layout over the rows (0: along a row, 1: across 8 rows); delay: SM cycles of
