@@ -547,19 +547,24 @@ def test_gpu_check_collect_makes_the_run_committable(tmp_path, monkeypatch, caps
 
 
 def test_the_ceilings_line_reads_the_wgmma_operand_probe(tmp_path):
-    """The collected ceilings line carries the operand probe: RS / SS rates, their ratio, and the shared-memory bytes per
-    clock per SM that SS moved (bench.model charges 128: SS at 0.40 of RS at N = 16 is exactly that; SS even with RS
-    at N = 16 means at least 320). An entry without the probe prints no operand part."""
+    """The collected ceilings line carries the operand probe: RS / SS rates, their ratio, and the shared-memory bytes
+    per clock per SM that SS moved (bench.model charges 128: SS at 0.40 of RS at N = 16 is exactly that; SS even with
+    RS at N = 16 means at least 320); and the copies-beside-operands timings. An entry without them prints neither."""
     from bench.core.ceilings import operand_bytes_per_clk
     from bench.gpu_run import gpu_results
     rates = {"RS N=16": 900.0, "SS N=16": 360.0, "RS N=32": 900.0, "SS N=32": 600.0, "RS N=64": 900.0,
              "SS N=64": 900.0, "RS N=256": 900.0, "SS N=256": 900.0}
-    (tmp_path / "ceilings.json").write_text(json.dumps({"copy_gbs": 4000.0, "wgmma_operand_tflops": rates}))
+    share = {"RS N=64": {"wgmma_us": 300.0, "copy_us": 200.0, "both_us": 301.0, "both_over_wgmma": 301 / 300},
+             "SS N=64": {"wgmma_us": 300.0, "copy_us": 250.0, "both_us": 375.0, "both_over_wgmma": 1.25}}
+    (tmp_path / "ceilings.json").write_text(json.dumps({"copy_gbs": 4000.0, "wgmma_operand_tflops": rates,
+                                                        "smem_share": share}))
     line = gpu_results.ceilings_line(tmp_path)
     assert "N=16 900/360 (0.40, 128 B/clk)" in line and "N=32 900/600 (0.67, 128 B/clk)" in line
+    assert "RS N=64 300 / 200 / 301 us (1.00), SS N=64 300 / 250 / 375 us (1.25)" in line
     assert operand_bytes_per_clk(16, 1.0) == 320.0 and operand_bytes_per_clk(64, 1.0) == 128.0
     (tmp_path / "ceilings.json").write_text(json.dumps({"copy_gbs": 4000.0}))
-    assert "operands" not in gpu_results.ceilings_line(tmp_path)
+    line = gpu_results.ceilings_line(tmp_path)
+    assert "operands" not in line and "copies" not in line
 
 
 def test_gpu_check_stage_skips_when_budget_spent(tmp_path):

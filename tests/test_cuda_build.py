@@ -309,21 +309,34 @@ def test_wgmma_ceiling_is_measured_on_sm90_only():
 
 @pytest.mark.gpu
 def test_the_wgmma_operand_rates_are_measured_on_sm90_only():
-    """The operand probe: eight finite rates (A from registers and from shared memory at N = 16, 32, 64, 256) on a
-    compute capability 9.0 GPU; an N it was not built for is refused by name; elsewhere a clear error."""
+    """The operand probe: eight finite rates (A from registers and from shared memory at N = 16, 32, 64, 256) and the
+    copies-beside-operands timings (wgmmas, copies, both: both no faster than either alone) on a compute capability 9.0
+    GPU; an N it was not built for, or a source too small for the copier, is refused by name; elsewhere a clear
+    error."""
     import torch
 
-    from bench.core.ceilings import WGMMA_OPERAND_NS, _probe_module, measure_wgmma_operand_tflops
+    from bench.core.ceilings import (WGMMA_OPERAND_NS, _probe_module, measure_smem_share,
+                                     measure_wgmma_operand_tflops)
     if tuple(torch.cuda.get_device_capability()) != (9, 0):
         with pytest.raises(RuntimeError, match="compute capability 9.0"):
             measure_wgmma_operand_tflops(reps=1, iters=4)
+        with pytest.raises(RuntimeError, match="compute capability 9.0"):
+            measure_smem_share(reps=1, iters=4)
         return
     rates = measure_wgmma_operand_tflops(reps=3, iters=256)
     assert sorted(rates) == sorted(f"{f} N={n}" for n in WGMMA_OPERAND_NS for f in ("RS", "SS"))
     assert all(10.0 < v < 5000.0 for v in rates.values()), rates
+    share = measure_smem_share(reps=3, iters=256)
+    assert sorted(share) == ["RS N=64", "SS N=64"]
+    for v in share.values():
+        assert v["copy_bytes"] > 0 and 0 < v["copy_us"] and 0 < v["wgmma_us"] <= v["both_us"] * 1.05, v
+    mod = _probe_module()
     out = torch.empty(256, dtype=torch.float32, device="cuda")
+    src = torch.zeros(mod.wgmma_operand_src_bytes(), dtype=torch.uint8, device="cuda")
     with pytest.raises(ValueError, match="N must be 16, 32, 64 or 256"):
-        _probe_module().wgmma_operands(out, 1, 1, 128, True)
+        mod.wgmma_operands(src, out, 1, 1, 0, 128, True)
+    with pytest.raises(RuntimeError, match="src: a contiguous CUDA tensor of at least"):
+        mod.wgmma_operands(src[:16], out, 1, 1, 1, 64, True)
 
 
 @pytest.mark.gpu

@@ -26,6 +26,10 @@ verify_attn.utils.cache_dir()/ceilings.json ($VERIFY_ATTN_CACHE, else $XDG_CACHE
   memory (SS), one block of 2 warpgroups an SM (wgmma_operand_kernel). The model charges
   SS operands at 128 B/clk per SM and reads SS below N = 64 as shared-memory bound: the
   bound it names for Hopper v3's pair (NOTES.md, "The wgmma operand probe").
+- smem_share (compute capability 9.0 only): the same kernel at N = 64 while a third
+  warpgroup lands cp.async copies from L2 into shared memory (a quarter of the operand
+  bytes): wgmmas alone, copies alone, both; whether copies landing and operand reads
+  share one budget, as the model adds them.
 """
 from __future__ import annotations
 
@@ -224,22 +228,70 @@ def measure_wgmma_operand_tflops(reps: int = 10, iters: int = 1024) -> dict[str,
     """Whole-GPU bf16 rate of wgmma m64nNk16 with A from registers and from shared memory ({"RS N=16": TFLOP/s,
     "SS N=16": ..., for N in WGMMA_OPERAND_NS}; csrc/ceilings/mma_peak.cu wgmma_operand_kernel, one block of 2
     warpgroups an SM). Compute capability 9.0 only."""
+    mod, blocks, src, out = _operand_probe()
+    rates = {}
+    for n in WGMMA_OPERAND_NS:
+        for ss in (False, True):
+            ms = _operand_ms(mod, src, out, blocks, iters, 0, n, ss, reps)
+            rates[f"{'SS' if ss else 'RS'} N={n}"] = mod.wgmma_operand_flops(blocks, iters, n) / (ms * 1e-3) / 1e12
+    return rates
+
+
+def _operand_probe():
+    """(the probe module, one block an SM, the copier's source: each block its own L2-resident slice, the sums)."""
     from verify_attn import device as vdevice
 
     if not _has_wgmma():
         raise RuntimeError(f"wgmma needs compute capability 9.0, this GPU is {torch.cuda.get_device_capability()}")
     mod = _probe_module()
     blocks = vdevice.query(torch.cuda.current_device()).sm_count
-    out = torch.empty((blocks * mod.wgmma_threads(),), dtype=torch.float32, device="cuda")
-    rates = {}
-    for n in WGMMA_OPERAND_NS:
-        for ss in (False, True):
-            out.fill_(float("nan"))
-            ms = _event_median_ms(lambda: mod.wgmma_operands(out, blocks, iters, n, ss), reps)
-            if not torch.isfinite(out).all():  # a build without sm_90a code leaves out unwritten
-                raise RuntimeError("wgmma_operands wrote no finite sums (was the probe built for sm_90a?)")
-            rates[f"{'SS' if ss else 'RS'} N={n}"] = mod.wgmma_operand_flops(blocks, iters, n) / (ms * 1e-3) / 1e12
-    return rates
+    src = torch.zeros(blocks * mod.wgmma_operand_src_bytes(), dtype=torch.uint8, device="cuda")
+    return mod, blocks, src, torch.empty((blocks * mod.wgmma_threads(),), dtype=torch.float32, device="cuda")
+
+
+def _operand_ms(mod, src, out, blocks: int, iters: int, copy_rounds: int, n: int, ss: bool, reps: int) -> float:
+    out.fill_(float("nan"))
+    ms = _event_median_ms(lambda: mod.wgmma_operands(src, out, blocks, iters, copy_rounds, n, ss), reps)
+    if not torch.isfinite(out).all():  # a build without sm_90a code leaves out unwritten
+        raise RuntimeError("wgmma_operands wrote no finite sums (was the probe built for sm_90a?)")
+    return ms
+
+
+SMEM_SHARE_COPY_FRACTION = 0.25  # copy bytes a block lands, as a fraction of the operand bytes its wgmmas read
+
+
+def operand_bytes_per_wgmma(n: int, ss: bool) -> int:
+    """Shared-memory bytes one warpgroup's wgmma m64nNk16 bf16 reads: B's N x 32, and A's 64 x 32 in the SS form."""
+    return n * 32 + (2048 if ss else 0)
+
+
+def measure_smem_share(reps: int = 10, iters: int = 1024, n: int = 64) -> dict[str, dict]:
+    """Whether copies landing in shared memory take the bandwidth wgmma operands read: the operand probe at N (RS and
+    SS) while its copier lands SMEM_SHARE_COPY_FRACTION of the wgmmas' operand bytes from L2, timed as wgmmas alone,
+    copies alone and both at once: {"SS N=64": {"wgmma_us", "copy_us", "both_us", "operand_bytes", "copy_bytes" (a
+    block's), "both_over_wgmma"}, "RS N=64": ...}. bench.model adds copies and operands on one 128 B/clk budget: SS at
+    N = 64 already fills it, so both at once take (1 + fraction) x the wgmmas' time (1.25); RS uses half of it, so the
+    copies fit beside (1.00). Copies on a path of their own: 1.00 for both."""
+    mod, blocks, src, out = _operand_probe()
+    chains = 64 // n if n < 64 else 1
+    res = {}
+    for ss in (False, True):
+        op_bytes = 2 * iters * 8 * chains * operand_bytes_per_wgmma(n, ss)
+        rounds = max(1, round(SMEM_SHARE_COPY_FRACTION * op_bytes / mod.wgmma_operand_copy_bytes()))
+        t = {k: _operand_ms(mod, src, out, blocks, i, r, n, ss, reps) * 1e3
+             for k, i, r in (("wgmma_us", iters, 0), ("copy_us", 0, rounds), ("both_us", iters, rounds))}
+        res[f"{'SS' if ss else 'RS'} N={n}"] = {**t, "operand_bytes": op_bytes,
+                                                "copy_bytes": rounds * mod.wgmma_operand_copy_bytes(),
+                                                "both_over_wgmma": t["both_us"] / t["wgmma_us"]}
+    return res
+
+
+def smem_share_line(share: dict[str, dict]) -> str:
+    """One line of the sharing probe: each form's wgmmas alone, copies alone, both, and both / wgmmas alone."""
+    parts = [f"{k} {v['wgmma_us']:.0f} / {v['copy_us']:.0f} / {v['both_us']:.0f} us ({v['both_over_wgmma']:.2f})"
+             for k, v in share.items()]
+    return ("copies beside wgmma operands, wgmmas / copies / both (both over wgmmas; the model: RS 1.00, SS 1.25): "
+            + ", ".join(parts))
 
 
 def operand_bytes_per_clk(n: int, ss_over_rs: float) -> float:
@@ -315,6 +367,7 @@ def get_ceilings(refresh: bool = False) -> Optional[dict]:
         for key, fn in (("wgmma_tflops", measure_wgmma_tflops),
                         ("wgmma_latency_cycles", measure_wgmma_latency_cycles),
                         ("wgmma_operand_tflops", measure_wgmma_operand_tflops),
+                        ("smem_share", measure_smem_share),
                         ("v3_cluster_residency", measure_v3_cluster_residency)):
             try:
                 probes[key] = fn()
@@ -322,7 +375,7 @@ def get_ceilings(refresh: bool = False) -> Optional[dict]:
                 probes[key] = None
                 probes[key + "_error"] = f"{type(e).__name__}: {e}"
     else:
-        for key in ("wgmma_tflops", "wgmma_latency_cycles", "wgmma_operand_tflops"):
+        for key in ("wgmma_tflops", "wgmma_latency_cycles", "wgmma_operand_tflops", "smem_share"):
             probes[key] = None
             probes[key + "_skipped"] = ("wgmma is sm_90a only; compute capability "
                                         f"{torch.cuda.get_device_capability()}")
@@ -340,7 +393,9 @@ def get_ceilings(refresh: bool = False) -> Optional[dict]:
                   "register-resident, 8 chains/warp, 8 CTAs/SM; wgmma (9.0 only): bf16 m64n256k16, A in "
                   "registers, 8 per commit group, wait_group 1, 1 CTA of 2 warpgroups per SM; wgmma operands (9.0 "
                   "only): bf16 m64nNk16, N 16/32/64/256, A in registers (RS) or shared memory (SS), 64 / N "
-                  "accumulators below N = 64, 1 CTA of 2 warpgroups per SM; CUDA events, median",
+                  "accumulators below N = 64, 1 CTA of 2 warpgroups per SM; smem share (9.0 only): the same at N = "
+                  "64 with a third warpgroup landing cp.async copies of 0.25 x the operand bytes from L2, alone and "
+                  "together; CUDA events, median",
     }
     entries = _load()  # re-read: another process may have written meanwhile
     entries[_key(name)] = entry
@@ -392,6 +447,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         if c.get("wgmma_operand_tflops"):
             print("  " + wgmma_operand_line(c["wgmma_operand_tflops"]) + " -- bench.model: python -m bench.model "
                   "--probes --arch sm_90a")
+        if c.get("smem_share"):
+            print("  " + smem_share_line(c["smem_share"]))
     else:
         why = c.get("wgmma_tflops_skipped") or c.get("wgmma_tflops_error") or "not measured (cached entry; --refresh)"
         print(f"  wgmma: {why}")

@@ -118,7 +118,7 @@ def peer_ratios(out: Path) -> list[str]:
 
 
 def ceilings_line(out: Path) -> Optional[str]:
-    from bench.core.ceilings import wgmma_operand_line
+    from bench.core.ceilings import smem_share_line, wgmma_operand_line
     c = _load(out, "ceilings")
     if not c:
         return None
@@ -133,7 +133,8 @@ def ceilings_line(out: Path) -> Optional[str]:
             f"{f('wgmma_tflops', lambda v: f'{v:.0f} TFLOP/s')}, cuBLAS {f('cublas_tflops', lambda v: f'{v:.0f}')}, "
             f"HMMA latency {f('hmma_latency_cycles', lambda v: f'{v:.1f} cyc')}, wgmma round "
             f"{f('wgmma_latency_cycles', lambda v: f'{v[0]:.0f}/{v[1]:.0f} cyc (N 64/256)')}"
-            + (f"; {wgmma_operand_line(c['wgmma_operand_tflops'])}" if c.get("wgmma_operand_tflops") else ""))
+            + (f"; {wgmma_operand_line(c['wgmma_operand_tflops'])}" if c.get("wgmma_operand_tflops") else "")
+            + (f"; {smem_share_line(c['smem_share'])}" if c.get("smem_share") else ""))
 
 
 def smoke_line(out: Path) -> Optional[str]:

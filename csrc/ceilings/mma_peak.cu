@@ -162,30 +162,60 @@ __global__ void __launch_bounds__(128) wgmma_latency_kernel(int iters, float* __
 
 // ---------------------------------------------------------------------------------------------
 // wgmma operand bandwidth (sm_90a): whether a wgmma that reads A from shared memory (SS, as Hopper v3's
-// S = Q K^T reads Q) is bound by shared memory where the same wgmma with A in registers (RS) is not.
+// S = Q K^T reads Q) is bound by shared memory where the same wgmma with A in registers (RS) is not, and
+// whether copies landing in shared memory take the same bandwidth.
 //
-// Each warpgroup of the block runs `iters` rounds of kWgKSteps k steps (cycling through the tiles' kWgBK / 16
-// slices), each step one wgmma m64nNk16 into each of op_chains(N) accumulators (64 / N below N = 64: enough
-// independent wgmmas that the RS form is bound by the tensor pipe, not by one accumulator's chain), one commit
-// group a round, wait_group 1, as wgmma_peak_kernel does. B is a
-// K-major N x kWgBK tile of the warpgroup's own; A (SS) a K-major 64 x kWgBK tile both warpgroups read (Q
-// is one tile that both of v3's consumer warpgroups read), or (RS) registers. Operand bytes per wgmma:
-// N * 32 (B) plus 2,048 (A, SS). bench.model charges them at 128 B/clk per SM against the tensor pipe's
-// 4,096 FLOP/clk per SM: a wgmma needs N / 2 tensor cycles and (64 + N) / 4 (SS) or N / 4 (RS) shared-
-// memory cycles, so SS is bound by shared memory below N = 64 (at N = 16: 20 against 8 cycles), and the
-// two forms meet at N = 64, where v3's S runs. kOpSmemBytes of dynamic shared memory keeps one block an
-// SM. FLOPs = blocks * 2 * iters * kWgKSteps * op_chains(N) * (2 * 64 * N * 16).
-constexpr int kOpSmemBytes = 128 * 1024;  // > half of 227 KB: one block an SM, whatever N's registers allow
+// Warpgroups 0 and 1 of the block each run `iters` rounds of kWgKSteps k steps (cycling through the tiles'
+// kWgBK / 16 slices), each step one wgmma m64nNk16 into each of op_chains(N) accumulators (64 / N below
+// N = 64: enough independent wgmmas that the RS form is bound by the tensor pipe, not by one accumulator's
+// chain), one commit group a round, wait_group 1, as wgmma_peak_kernel does. B is a K-major N x kWgBK tile
+// of the warpgroup's own; A (SS) a K-major 64 x kWgBK tile both warpgroups read (Q is one tile that both of
+// v3's consumer warpgroups read), or (RS) registers. Operand bytes per wgmma: N * 32 (B) plus 2,048 (A,
+// SS). bench.model charges them at 128 B/clk per SM against the tensor pipe's 4,096 FLOP/clk per SM: a
+// wgmma needs N / 2 tensor cycles and (64 + N) / 4 (SS) or N / 4 (RS) shared-memory cycles, so SS is bound
+// by shared memory below N = 64 (at N = 16: 20 against 8 cycles), and the two forms meet at N = 64, where
+// v3's S runs. FLOPs = blocks * 2 * iters * kWgKSteps * op_chains(N) * (2 * 64 * N * 16).
+//
+// Warpgroup 2, the copier, meanwhile lands `copy_rounds` rounds of 16 KB (8 16-byte cp.async a thread, at
+// most 3 rounds in flight) from the block's own 64 KB of `src` (L2-resident after the first round) into a
+// 64 KB ring, as v3's producer lands KV rows while its consumers' wgmmas read; with copy_rounds 0 it exits
+// at once. bench.model adds copies landing and operand reads on one 128 B/clk budget (Hopper v3's pair:
+// copies 1,152 of its 4,800 shared-memory cycles); timing copies alone, wgmmas alone and both together
+// tells whether they share it. kOpSmemBytes of dynamic shared memory keeps one block an SM.
+constexpr int kOpThreads = 384;
+constexpr int kOpRingBytes = 64 * 1024;
+constexpr int kOpCopyRoundBytes = 128 * 8 * 16;
+constexpr int kOpSmemBytes = 160 * 1024;  // > half of 227 KB: one block an SM, whatever N's registers allow
 __host__ __device__ constexpr int op_chains(int n) { return n >= 64 ? 1 : 64 / n; }
 
 template <int N, bool kSS>
-__global__ void __launch_bounds__(kWgThreads) wgmma_operand_kernel(int iters, float* __restrict__ out) {
+__global__ void __launch_bounds__(kOpThreads) wgmma_operand_kernel(int iters, int copy_rounds,
+                                                                   const uint4* __restrict__ src,
+                                                                   float* __restrict__ out) {
 #if VA_HAS_WGMMA
-  static_assert((64 + 2 * N) * kWgBK * 2 <= kOpSmemBytes, "A and both B tiles fit the block's shared memory");
+  constexpr int kTileWords = (64 + 2 * N) * kWgBK;
+  static_assert(kTileWords * 2 + kOpRingBytes <= kOpSmemBytes, "A, both B tiles and the ring fit");
   uint16_t* sm = arch::smem_dynamic<uint16_t>();
-  for (int i = threadIdx.x; i < (64 + 2 * N) * kWgBK; i += blockDim.x) sm[i] = 0x3c00;  // 2^-7 in bf16
+  for (int i = threadIdx.x; i < kTileWords; i += blockDim.x) sm[i] = 0x3c00;  // 2^-7 in bf16
   arch::fence_proxy_async();  // generic-proxy stores -> the wgmma's async-proxy reads
   arch::block_sync();
+  if (threadIdx.x >= 256) {  // the copier
+    uint8_t* ring = reinterpret_cast<uint8_t*>(sm + kTileWords);
+    const uint4* mine = src + static_cast<size_t>(blockIdx.x) * (kOpRingBytes / 16);
+    const int p = threadIdx.x - 256;
+#pragma unroll 1
+    for (int r = 0; r < copy_rounds; ++r) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int chunk = ((r * 8 + j) * 128 + p) % (kOpRingBytes / 16);
+        arch::cp_async_16(ring + chunk * 16, mine + chunk);
+      }
+      arch::cp_async_commit();
+      arch::cp_async_wait<2>();
+    }
+    arch::cp_async_wait<0>();
+    return;
+  }
   const int wg = threadIdx.x / 128;
   const uint64_t desc_a = arch::wgmma_desc(sm, 128, (kWgBK / 8) * 128);
   const uint64_t desc_b = arch::wgmma_desc(sm + (64 + wg * N) * kWgBK, 128, (kWgBK / 8) * 128);
@@ -223,9 +253,11 @@ __global__ void __launch_bounds__(kWgThreads) wgmma_operand_kernel(int iters, fl
 #endif
 }
 
-void launch_wgmma_operands(int n, bool ss, int blocks, int iters, float* out, cudaStream_t stream) {
+void launch_wgmma_operands(int n, bool ss, int blocks, int iters, int copy_rounds, const void* src, float* out,
+                           cudaStream_t stream) {
   const auto go = [&](auto kernel) {
-    arch::launch(kernel, dim3(blocks), dim3(kWgThreads), kOpSmemBytes, stream, iters, out);
+    arch::launch(kernel, dim3(blocks), dim3(kOpThreads), kOpSmemBytes, stream, iters, copy_rounds,
+                 static_cast<const uint4*>(src), out);
   };
   switch (n * 2 + (ss ? 1 : 0)) {
     case 16 * 2: go(wgmma_operand_kernel<16, false>); break;
@@ -243,6 +275,9 @@ void launch_wgmma_operands(int n, bool ss, int blocks, int iters, float* out, cu
 double wgmma_operand_flops(int blocks, int iters, int n) {
   return double(blocks) * (kWgThreads / 128) * iters * kWgKSteps * op_chains(n) * (2.0 * 64 * n * 16);
 }
+
+int wgmma_operand_copy_bytes() { return kOpCopyRoundBytes; }
+int wgmma_operand_src_bytes() { return kOpRingBytes; }
 
 void launch_wgmma_peak(int blocks, int iters, float* out, cudaStream_t stream) {
   arch::launch(wgmma_peak_kernel, dim3(blocks), dim3(kWgThreads), kWgSmemBytes, stream, iters, out);

@@ -24,10 +24,15 @@ void launch_wgmma_peak(int blocks, int iters, float* out, cudaStream_t stream);
 // out: [4] fp32 (out[1], out[3] only keep the chains alive).
 void launch_wgmma_latency(int iters, float* out, cudaStream_t stream);
 // The wgmma operand probe (sm_90a only, like the two above): m64nNk16 bf16, N = 16, 32, 64 or 256, A from shared memory
-// (ss) or registers, one block of 2 warpgroups an SM (128 KB of dynamic shared memory); out: [blocks *
-// wgmma_peak_threads()] fp32, written once per thread. Throws std::invalid_argument for another N.
-void launch_wgmma_operands(int n, bool ss, int blocks, int iters, float* out, cudaStream_t stream);
+// (ss) or registers, `iters` rounds in each of 2 warpgroups, while a third lands copy_rounds x
+// wgmma_operand_copy_bytes() from src (blocks x wgmma_operand_src_bytes(), each block its own slice) into shared
+// memory; one block an SM. out: [blocks * wgmma_peak_threads()] fp32, written once per wgmma thread. Throws
+// std::invalid_argument for another N.
+void launch_wgmma_operands(int n, bool ss, int blocks, int iters, int copy_rounds, const void* src, float* out,
+                           cudaStream_t stream);
 double wgmma_operand_flops(int blocks, int iters, int n);
+int wgmma_operand_copy_bytes();
+int wgmma_operand_src_bytes();
 // The KV stream probe (csrc/ceilings/kv_stream.cu): `blocks` CTAs stream their shares of ntok rows of
 // row_bytes (pool[indices[t]], or pool[t] with idx_mode 0) through a `stages`-deep cp.async ring of bn-row
 // tiles; across: the lanes' layout over the rows (0: along a row, 1: across 8 rows); delay: SM cycles of

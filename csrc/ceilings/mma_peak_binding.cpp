@@ -51,16 +51,21 @@ void wgmma_latency(torch::Tensor out, int64_t iters) {
                                  c10::cuda::getCurrentCUDAStream(out.get_device()).stream());
 }
 
-void wgmma_operands(torch::Tensor out, int64_t blocks, int64_t iters, int64_t n, bool ss) {
+void wgmma_operands(torch::Tensor src, torch::Tensor out, int64_t blocks, int64_t iters, int64_t copy_rounds,
+                    int64_t n, bool ss) {
   TORCH_CHECK(out.is_cuda() && out.scalar_type() == torch::kFloat32 && out.is_contiguous(),
               "out must be a contiguous float32 CUDA tensor");
-  TORCH_CHECK(blocks >= 1 && iters >= 1, "blocks and iters must be >= 1");
+  TORCH_CHECK(src.is_cuda() && src.is_contiguous() && src.numel() * src.element_size() >=
+                  blocks * va::ceil::wgmma_operand_src_bytes(),
+              "src: a contiguous CUDA tensor of at least blocks x ", va::ceil::wgmma_operand_src_bytes(), " bytes");
+  TORCH_CHECK(blocks >= 1 && iters >= 0 && copy_rounds >= 0, "blocks must be >= 1, iters and copy_rounds >= 0");
   TORCH_CHECK(out.numel() >= blocks * va::ceil::wgmma_peak_threads(), "out needs blocks * ",
               va::ceil::wgmma_peak_threads(), " elements");
   require_sm90(out);
   try {
     va::ceil::launch_wgmma_operands(static_cast<int>(n), ss, static_cast<int>(blocks), static_cast<int>(iters),
-                                    out.data_ptr<float>(), c10::cuda::getCurrentCUDAStream(out.get_device()).stream());
+                                    static_cast<int>(copy_rounds), src.data_ptr(), out.data_ptr<float>(),
+                                    c10::cuda::getCurrentCUDAStream(out.get_device()).stream());
   } catch (const std::invalid_argument& e) {
     TORCH_CHECK_VALUE(false, e.what());
   }
@@ -111,9 +116,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("wgmma_latency", &wgmma_latency,
         "cycles per (wgmma + wait_group 0) round, N = 64 into out[0], N = 256 into out[2] (out, iters)");
   m.def("wgmma_operands", &wgmma_operands,
-        "run the wgmma operand probe, m64nNk16 bf16 with A from shared memory (ss) or registers, sm_90a "
-        "(out, blocks, iters, n, ss)");
+        "run the wgmma operand probe, m64nNk16 bf16 with A from shared memory (ss) or registers, while a warpgroup "
+        "lands copy_rounds rounds of copies, sm_90a (src, out, blocks, iters, copy_rounds, n, ss)");
   m.def("wgmma_operand_flops", &va::ceil::wgmma_operand_flops, "FLOPs of one wgmma_operands launch (blocks, iters, n)");
+  m.def("wgmma_operand_copy_bytes", &va::ceil::wgmma_operand_copy_bytes, "bytes one block lands a copy round");
+  m.def("wgmma_operand_src_bytes", &va::ceil::wgmma_operand_src_bytes, "bytes of src a block copies from");
   m.def("kv_stream", &kv_stream, "the KV stream probe (pool, indices, out, row_bytes, bn, stages, across, "
         "idx_mode, delay, blocks)");
   m.def("read_bw", &read_bw, "every block reads its share of buf, repeats times (buf, out, blocks, repeats)");
