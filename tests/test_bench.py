@@ -562,9 +562,15 @@ def test_the_ceilings_line_reads_the_wgmma_operand_probe(tmp_path):
     assert "N=16 900/360 (0.40, 128 B/clk)" in line and "N=32 900/600 (0.67, 128 B/clk)" in line
     assert "RS N=64 300 / 200 / 301 us (1.00), SS N=64 300 / 250 / 375 us (1.25)" in line
     assert operand_bytes_per_clk(16, 1.0) == 320.0 and operand_bytes_per_clk(64, 1.0) == 128.0
+    for v in share.values():
+        v.update(operand_bytes=4096, copy_bytes=1024)
+    (tmp_path / "ceilings.json").write_text(json.dumps({"copy_gbs": 4000.0, "wgmma_operand_tflops": rates,
+                                                        "smem_share": share}))
+    probe = gpu_results.probe_lines(tmp_path)  # beside the model's readings, where nvcc and the SASS tools are
+    assert len(probe) == 2 or (len(probe) == 1 and "unavailable here" in probe[0]), probe
     (tmp_path / "ceilings.json").write_text(json.dumps({"copy_gbs": 4000.0}))
     line = gpu_results.ceilings_line(tmp_path)
-    assert "operands" not in line and "copies" not in line
+    assert "operands" not in line and "copies" not in line and gpu_results.probe_lines(tmp_path) == []
 
 
 def test_gpu_check_stage_skips_when_budget_spent(tmp_path):

@@ -243,6 +243,14 @@ def test_wgmma_operand_probe_is_read_shared_memory_bound_below_n64_with_a_from_s
         expect = min(1.0, (n / 2) / ((64 + n) / 4))
         assert ss.value / rs.value == pytest.approx(expect, abs=0.03)
         assert ss.bound == ("smem" if n < 64 else "tensor")
+    # the copies-beside-operands probe by the same constants: SS at N = 64 fills the 128 B/clk, RS half of it
+    assert probes.share_ratio(64, True, 0.25, H200) == pytest.approx(1.25)
+    assert probes.share_ratio(64, False, 0.25, H200) == pytest.approx(1.0)
+    assert probes.share_ratio(64, False, 1.5, H200) == pytest.approx(1.25)  # 64 x 2.5 B/clk on 128
+    rates = {p.name.split("[")[1].rstrip("]"): p.value for p in preds.values() if "operand" in p.name}
+    share = {"SS N=64": {"both_over_wgmma": 1.26, "operand_bytes": 4096, "copy_bytes": 1024}}
+    ops, cps = probes.measured_vs_model({"wgmma_operand_tflops": rates, "smem_share": share}, H200)
+    assert "N=16 0.40 (model 0.40)" in ops and "SS N=64 1.26 (model 1.25)" in cps
 
 
 def test_wgmma_probes_compile_to_nothing_off_sm90(capsys):

@@ -212,4 +212,20 @@ def collect(src: Path, dest_root: Optional[Path] = None, configs: Optional[Path]
             run_calibration(runs, json_path=str(dest / "calibration.json"))
             preds = predictions_of(json.loads((dest / "calibration.json").read_text()))
     print_table(dest, preds)
+    if calibrate:
+        for line in probe_lines(dest):
+            print(line)
     return 0
+
+
+def probe_lines(out: Path) -> list[str]:
+    """The ceiling probes that test a model constant (the wgmma operand probes) measured beside bench.model's readings
+    of the same kernels; a line saying why where the model cannot read them here (no nvcc or SASS tools)."""
+    c = _load(out, "ceilings")
+    if not c or not (c.get("wgmma_operand_tflops") or c.get("smem_share")):
+        return []
+    try:
+        from bench.model import devices, probes
+        return probes.measured_vs_model(c, devices.get_device("h200"))
+    except Exception as e:  # the measured line is in the table already; the model's side needs the toolkit
+        return [f"wgmma operand probes: the model's readings unavailable here ({type(e).__name__}: {e})"]

@@ -3,9 +3,9 @@
 `bench.ceilings` measures these kernels on a GPU (mma.sync and wgmma rates, the wgmma + wait round, wgmma with A
 from registers and from shared memory); this module reads the same kernels' SASS and predicts what those
 measurements should give, so the first GPU run checks the model's tensor-pipe constants (hmma interval, hgmma
-interval and latency) and its shared-memory charge for wgmma operands against the hardware, kernel by kernel. Each probe's loop carries a `// sass-model: tile-loop`
-marker; one loop iteration is simulated like a KV tile (`sim.simulate`) with the warps the probe's
-launch puts on one scheduler.
+interval and latency) and its shared-memory charge for wgmma operands against the hardware, kernel by kernel.
+Each probe's loop carries a `// sass-model: tile-loop` marker; one loop iteration is simulated like a KV tile
+(`sim.simulate`) with the warps the probe's launch puts on one scheduler.
 
     python -m bench.model --probes        # predicted probe readings per device
 """
@@ -172,3 +172,38 @@ def operand_rates(loops: dict[str, ProbeLoop], dev: DeviceModel, k: dict[str, in
                  smem_bytes=k["kOpSmemBytes"], blocks_per_sm=1,
                  name=f"wgmma_operand_tflops[{'SS' if ss else 'RS'} N={n}]")
             for n in OPERAND_NS for ss in (False, True)]
+
+
+def share_ratio(n: int, ss: bool, copy_fraction: float, dev: DeviceModel) -> float:
+    """The model's (wgmmas and copies together) / (wgmmas alone) for the operand probe at N whose copier lands
+    copy_fraction of the operand bytes (bench.core.ceilings.measure_smem_share): one 128 B/clk budget for operand reads
+    and copies landing, against the tensor pipe's N / 2 cycles a wgmma."""
+    tensor = 2 * 64 * n * 16 / dev.datasheet_mma_flop_per_clk_sm.value
+    operands = (n * 32 + (2048 if ss else 0)) / dev.smem_bytes_per_clk_sm.value
+    return max(tensor, operands * (1 + copy_fraction)) / max(tensor, operands)
+
+
+def measured_vs_model(ceilings: dict, dev: DeviceModel) -> list[str]:
+    """The operand probes bench.ceilings measured (ceilings.json: wgmma_operand_tflops, smem_share) beside the model's
+    readings of the same kernels: SS / RS at each N, and (copies and wgmmas together) / (wgmmas alone). Lines to print;
+    none where the entry has neither."""
+    lines = []
+    rates = ceilings.get("wgmma_operand_tflops") or {}
+    if rates:
+        preds = {p.name: p.value for p in operand_rates(read(dev.arch), dev, probe_constants())}
+        parts = []
+        for n in OPERAND_NS:
+            rs, ss = rates.get(f"RS N={n}"), rates.get(f"SS N={n}")
+            if rs and ss is not None:
+                model = preds[f"wgmma_operand_tflops[SS N={n}]"] / preds[f"wgmma_operand_tflops[RS N={n}]"]
+                parts.append(f"N={n} {ss / rs:.2f} (model {model:.2f})")
+        lines.append("wgmma operands, SS / RS measured (bench.model): " + ", ".join(parts))
+    share = ceilings.get("smem_share") or {}
+    if share:
+        parts = []
+        for key, v in share.items():
+            form, n = key.split(" N=")
+            frac = v["copy_bytes"] / v["operand_bytes"]
+            parts.append(f"{key} {v['both_over_wgmma']:.2f} (model {share_ratio(int(n), form == 'SS', frac, dev):.2f})")
+        lines.append("copies beside wgmma operands, both / wgmmas alone measured (bench.model): " + ", ".join(parts))
+    return lines
