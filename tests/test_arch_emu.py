@@ -1010,6 +1010,30 @@ def test_cluster_misuse_is_reported(emu, mode, needles, sched):
         assert "api_kernels.cu:" in err, err
 
 
+@pytest.mark.parametrize("mode,needle", [
+    (0, None),
+    (3, None),
+    (1, "ld_global of 4 bytes at 0x"),
+    (2, "st_global of 4 bytes at 0x"),
+], ids=["read-after-wait", "read-of-untouched-before-wait", "read-of-written-before-wait", "write-before-wait"])
+def test_programmatic_dependent_launch_order_is_checked(emu, mode, needle):
+    """A grid launched with launch_dependent: until a thread's grid_dependency_wait the grid before it may still run,
+    so the thread may not write global memory (mode 2) nor read what that grid wrote (mode 1); reading what it left
+    alone (mode 3) is fine, and anything after the wait (mode 0). The same kernel launched plainly: no rule."""
+    n = 32
+    a, b, out = np.zeros(n, np.float32), np.full(n, 7.0, np.float32), np.zeros(n, np.float32)
+    emu.register(a=a, b=b, out=out)
+    err = emu.try_call("pdl", a, b, n, mode, 1, out)
+    if needle is None:
+        assert err is None, err
+        np.testing.assert_array_equal(out, 1.0 + np.arange(n) if mode == 0 else np.full(n, 7.0))
+    else:
+        assert err is not None and needle in err and "before grid_dependency_wait in a kernel launched with " \
+            "programmatic dependent launch" in err and "api_kernels.cu:" in err, err
+        assert ("the previous kernel wrote these bytes" if mode == 1 else "may still read or write") in err, err
+    assert emu.try_call("pdl", a, b, n, mode, 0, out) is None
+
+
 def test_one_bulk_copy_between_ctas(cluster_dev):
     """k_cluster_misuse, mode 0: rank 0's st_shared stores (fenced before the cluster_sync) copied into rank 1."""
     out = np.full((32, 4), np.nan, np.float32)

@@ -573,6 +573,20 @@ def test_the_ceilings_line_reads_the_wgmma_operand_probe(tmp_path):
     assert "operands" not in line and "copies" not in line and gpu_results.probe_lines(tmp_path) == []
 
 
+def test_the_pdl_ab_line_pairs_the_plain_launch_with_the_default(tmp_path):
+    """The nopdl stage's rows (split kernel launched plainly) beside the splits stage's on the same backend and shape;
+    no line without both files or without a common row."""
+    from bench.gpu_run import gpu_results
+    row = {"ctx": 4000, "tree_nodes": 16, "layout": "page1"}
+    (tmp_path / "splits.json").write_text(json.dumps({"results": [
+        dict(row, backend="cuda@v3-cluster", median_us=8.0), dict(row, backend="cuda@v3:15", median_us=9.0)]}))
+    assert gpu_results.pdl_line(tmp_path) is None
+    (tmp_path / "nopdl.json").write_text(json.dumps({"results": [
+        dict(row, backend="cuda@v3-cluster", median_us=9.1), dict(row, backend="cuda@v1", median_us=20.0)]}))
+    assert gpu_results.pdl_line(tmp_path) == ("split kernel with / without programmatic dependent launch, 4k / 16 "
+                                              "nodes: cuda@v3-cluster 8.0 vs 9.1 us (-1.1)")
+
+
 def test_gpu_check_stage_skips_when_budget_spent(tmp_path):
     from bench.gpu_run import gpu_check
     st = gpu_check.Stage("x", ["python", "-c", "pass"], cap_s=10, min_s=15)

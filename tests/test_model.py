@@ -275,6 +275,12 @@ def test_calibrate_joins_measured_rows_with_predictions(tmp_path, capsys):
     assert rows[0]["ratio"] == pytest.approx(400.0 / rows[0]["predicted_us"])
     assert calibrate.calibrate([f]) == 0
     assert "meas/model" in capsys.readouterr().out
+    # a run that launched the split kernel with programmatic dependent launch says so (bench.verify's split_pdl): its
+    # rows are read with the PDL launch, one plain launch gap less; a run without the field predates it
+    f.write_text(json.dumps(dict(payload, split_pdl=True)))
+    dev = devices.get_device("h200")
+    assert rows[0]["predicted_us"] - calibrate.rows([f])[0]["predicted_us"] == pytest.approx(
+        dev.launch_us.value - dev.pdl_launch_us.value)
 
 
 def test_fp8_kernel_predicted_at_least_1_6x_over_bf16_on_sm120():
@@ -506,6 +512,24 @@ def test_the_model_reads_the_combine_each_launch_uses():
     assert d64 and all(k.combine is not None and not k.combine_pdl for k in d64), [k.name for k in d64]
     mla = [k for k in kernels.load("sm_120a", "mla576", "bf16", "page1") if k.tile.version == 1]
     assert mla and all(k.combine is not None and k.combine_pdl for k in mla)
+
+
+def test_the_model_reads_the_split_kernels_programmatic_launch():
+    """Every split kernel waits for the kernel before it first (griddepcontrol.wait, SASS ACQBULK) and is launched with
+    programmatic dependent launch (launch_shape.cuh): the model finds the wait in each kernel's SASS and charges its
+    launch pdl_launch_us, not launch_us; a kernel without the wait is charged the plain gap."""
+    _tools_or_skip()
+    from dataclasses import replace
+    from bench.model import call, kernels
+    from verify_attn.shapes import get_shape
+    for arch in ("sm_90a", "sm_120a"):
+        ks = kernels.load(arch, "mla576", "bf16", "page1")
+        assert ks and all(k.split_pdl for k in ks), [k.name for k in ks if not k.split_pdl]
+    km, dev = kernels.load("sm_90a", "mla576", "bf16", "page1")[0], devices.get_device("h200")
+    case = call.Case(get_shape("kimi-k2-tp8"), 4_000, 16)
+    pdl, plain = call.predict(km, dev, case), call.predict(replace(km, split_pdl=False), dev, case)
+    assert plain.launch_us - pdl.launch_us == pytest.approx(dev.launch_us.value - dev.pdl_launch_us.value)
+    assert plain.total_us - pdl.total_us == pytest.approx(dev.launch_us.value - dev.pdl_launch_us.value)
 
 
 def test_the_v1_combine_shares_a_rows_splits_over_four_warps(tmp_path):

@@ -30,6 +30,7 @@ from bench.core.measure import Row, Timer, run_combo, run_cpu_reference
 from bench.core.memory import available_bytes, fit_error, point_bytes, sweep_bytes  # noqa: F401
 from bench.core.timing import Timing, time_cuda
 from verify_attn import device as vdevice
+from verify_attn.backends.cuda import split_pdl
 from verify_attn.fp8 import kv_row_bytes
 from verify_attn.shapes import PRESETS, HeadShape, custom_shape, get_shape
 from verify_attn.tree import MAX_CHECKED_NODES, check_tree_sizes
@@ -354,7 +355,7 @@ def sweep(a: argparse.Namespace, *, kernel_device: Optional[str] = None, timer: 
         "shape": shape.to_dict(), "dtype": a.dtype, "kv_dtype": kv_dtype,
         "kv_row_bytes": kv_row_bytes(kv_dtype, shape.head_dim_qk, shape.head_dim_v, shape.mla), "tree_shape": a.tree_shape, "alloc": alloc, "batch": a.batch,
         "devices": [d.to_dict() for d in devices], "floor_device": primary, "notes": notes,
-        "argv": sys.argv[1:], "results": [r.to_dict() for r in rows], "model": model,
+        "argv": sys.argv[1:], "split_pdl": split_pdl(), "results": [r.to_dict() for r in rows], "model": model,
         "peers": {n: getattr(f, "peer", None) or {"why": getattr(f, "unavailable", None)} for n, f in outside.items()},
     }
 

@@ -28,6 +28,8 @@ the budget is skipped and said so. Stages, in order of value:
              v3-sm120, Hopper's v3
   splits     the split heuristic's A/B at 4k (1 and 16 nodes): v1, Hopper's v3 and v3-sm120 (roles tile), each at
              the old rule's 15 splits (cuda@v3:15) beside the heuristic's
+  nopdl      programmatic dependent launch's A/B: v1, Hopper's v3 and its cluster at 4k / 16 nodes with the split
+             kernel launched plainly (VERIFY_ATTN_NO_PDL=1), beside the splits stage's rows
   ncu        Nsight Compute on v1's bulk-loader and cp.async split kernels and both v3 kernels at 185k / 16 nodes
              (speed of light, shared-memory wavefronts and bank conflicts, warp stalls), if ncu is there
   peers      the serving engines' kernels beside ours at 185k / 16 nodes (issue 42): FA3 along SGLang's
@@ -276,9 +278,10 @@ def plan(out: Path, a: argparse.Namespace) -> list[Stage]:
               kernels=SMOKE_STEMS),   # healthy jobs ~10 s side by side; a generous timeout: a false 'hang' costs v3's rows
         Stage("tests", pytest + ["tests/test_arch_emu.py", "tests/test_cuda_gpu.py"], cap_s=60, needs="pytest",
               kernels=("*",)),
-        Stage("ceilings", [PY, "-m", "bench.ceilings", "--refresh", "--json", str(out / "ceilings.json")], cap_s=15),
-        Stage("kvstream", [PY, "-m", "bench.ceilings", "--kv-stream", str(out / "kv_stream.json")], cap_s=15,
-              min_s=10),
+        Stage("ceilings", [PY, "-m", "bench.ceilings", "--refresh", "--json", str(out / "ceilings.json")], cap_s=11,
+              min_s=8),
+        Stage("kvstream", [PY, "-m", "bench.ceilings", "--kv-stream", str(out / "kv_stream.json")], cap_s=11,
+              min_s=8),
         Stage("headline", v + ["--ctx", "185k", "--tree", "16", "--layout", "page1",
                                "--backend", "cuda@v2,cuda@v1,cuda@v0,cuda@m32n32w8s5,cuda@m32n16w8s8,cuda@m32n16w8s4,"
                                f"{V3},{V3_WARP},{V3_WG},{V3H},{V3C},triton,triton-serial", "--json",
@@ -292,6 +295,10 @@ def plan(out: Path, a: argparse.Namespace) -> list[Stage]:
         Stage("splits", v + ["--ctx", "4k", "--tree", "1,16", "--layout", "page1", "--backend",
                              f"cuda@v1:15,cuda@v1,{V3H}:15,{V3H},{V3C},{V3}:15,{V3}",
                              "--json", str(out / "splits.json")], cap_s=10, min_s=8),
+        # programmatic dependent launch's A/B: the same 4k rows with the split kernel launched plainly, beside the
+        # splits stage's (NOTES.md, "The split kernel on programmatic dependent launch", holds the prediction)
+        Stage("nopdl", ["env", "VERIFY_ATTN_NO_PDL=1", *v, "--ctx", "4k", "--tree", "16", "--layout", "page1",
+                        "--backend", f"cuda@v1,{V3H},{V3C}", "--json", str(out / "nopdl.json")], cap_s=8, min_s=6),
         Stage("ncu", ["ncu", "--clock-control", "none", "--target-processes", "all", "-k",
                       "regex:tree_verify_split", "--launch-skip", str(len(NCU_VERSIONS)), "-c", str(len(NCU_VERSIONS)),
                       *(a.ncu_args.split() if a.ncu_args else NCU_RAW), "--csv", "--log-file",

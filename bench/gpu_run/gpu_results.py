@@ -153,9 +153,25 @@ def smoke_line(out: Path) -> Optional[str]:
     return f"smoke {verdicts}" + (f"; quarantined for the rest of the run: {', '.join(q)}" if q else "")
 
 
+def pdl_line(out: Path) -> Optional[str]:
+    """Programmatic dependent launch's A/B: each row of the nopdl stage (split kernel launched plainly) beside the same
+    backend's row of the splits stage (the default launch)."""
+    plain, default = _load(out, "nopdl"), _load(out, "splits")
+    if not plain or not default:
+        return None
+    def key(r: dict) -> tuple:
+        return r["backend"], r["ctx"], r["tree_nodes"], r["layout"]
+
+    base = {key(r): r["median_us"] for r in default.get("results", []) if r.get("median_us")}
+    parts = [f"{r['backend']} {base[key(r)]:.1f} vs {r['median_us']:.1f} us ({base[key(r)] - r['median_us']:+.1f})"
+             for r in plain.get("results", []) if r.get("median_us") and key(r) in base]
+    return ("split kernel with / without programmatic dependent launch, 4k / 16 nodes: " + ", ".join(parts)) \
+        if parts else None
+
+
 def print_table(out: Path, predictions: Optional[dict] = None) -> None:
     rows = summary_rows(out, predictions)
-    extra = [x for x in (smoke_line(out), ceilings_line(out)) if x] + peer_ratios(out)
+    extra = [x for x in (smoke_line(out), ceilings_line(out), pdl_line(out)) if x] + peer_ratios(out)
     if rows or extra:
         print("\n".join(["", "short table (16-node rows; us = median per call, cold L2, CUDA graph):", *rows, *extra]))
 

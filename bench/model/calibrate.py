@@ -10,6 +10,7 @@ NOTES.md.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Iterable, Optional
 
@@ -69,6 +70,8 @@ def rows(paths: Optional[Iterable[Path]] = None, skipped: Optional[list] = None)
             except LookupError as e:  # a kernel the model cannot read (e.g. a loop without a readable trip count)
                 skipped.append(f"{f.name}: {r['backend']} {head} {r['layout']} ctx {r['ctx']}: {e}")
                 continue
+            if not pl.get("split_pdl", False):  # measured with the split kernel launched plainly (VERIFY_ATTN_NO_PDL,
+                km = replace(km, split_pdl=False)  # or before 2026-12-07, when it was the only launch)
             case = predict.Case(shape, r["ctx"], r["tree_nodes"], pl.get("batch", 1), r["layout"], r["page_size"],
                                 pl.get("tree_shape", "ddtree"), kv_dtype=kv_dtype)
             p = predict.predict(km, dev, case, cfg.get("num_splits") or None)

@@ -524,9 +524,10 @@ def predict(km: KernelModel, dev: DeviceModel, case: Case, num_splits: Optional[
     prologue = waves * pro_cycles / dev.clock_hz * 1e6
     main = main_cycles / dev.clock_hz * 1e6
     comb = combine_us(km, dev, case, S)
-    # the v1 combine is launched with programmatic dependent launch (launch_shape.cuh)
-    launch = dev.launch_us.value + ((dev.pdl_launch_us.value if km.combine_pdl else dev.launch_us.value)
-                                    if S > 1 else 0.0)
+    # the split kernel and the v1 combine are launched with programmatic dependent launch (launch_shape.cuh): each
+    # boundary costs pdl_launch_us, a plain one launch_us
+    launch = ((dev.pdl_launch_us.value if getattr(km, "split_pdl", False) else dev.launch_us.value)
+              + ((dev.pdl_launch_us.value if km.combine_pdl else dev.launch_us.value) if S > 1 else 0.0))
     total = main + prologue + comb + launch
     c = counts(case)
     qmma = any(i.op == "QMMA" for i in km.hot.instrs)  # e4m3 MMAs at the device's fp8 rate

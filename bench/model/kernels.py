@@ -41,6 +41,9 @@ class KernelModel:
     bank_degree: dict = field(default_factory=dict)
     bank_unresolved: int = 0      # accesses of the hot tile whose lanes' addresses could not be read
     combine_pdl: bool = False     # its combine is the v1 one, launched with programmatic dependent launch
+    # the split kernel itself is launched with programmatic dependent launch: its SASS waits for the kernel before it
+    # (griddepcontrol.wait, ACQBULK; launch_shape.cuh launches every split kernel that way)
+    split_pdl: bool = False
     # warp roles (kernel v3, Tile.loader 2: the math warps run `hot` / `cold`, the last warp the producer's loop):
     # per path, (the math path's instructions then the producer's, their spans, each instruction's copying lane)
     roles_hot: Optional[tuple] = None
@@ -110,6 +113,12 @@ def unreadable(arch: str, head: str, dtype: str, layout: str) -> list[tuple[str,
     return list(_UNREADABLE.get((arch, head, dtype, layout), ()))
 
 
+def waits_for_previous_grid(f: sass.Function) -> bool:
+    """The kernel runs griddepcontrol.wait (SASS ACQBULK): it is launched with programmatic dependent launch, and its
+    launch overlaps the end of the kernel before it (csrc/arch/launch.cuh launch_dependent)."""
+    return any(i.op == "ACQBULK" for i in f.instrs)
+
+
 @functools.lru_cache(maxsize=None)
 def load(arch: str, head: str, dtype: str, layout: str, knockout: int = 0) -> tuple[KernelModel, ...]:
     """Every split kernel (tile config) of one instantiation file, read from its cubin (`knockout`: a timing
@@ -144,6 +153,7 @@ def load(arch: str, head: str, dtype: str, layout: str, knockout: int = 0) -> tu
             except LookupError as e:
                 skipped.append((readable, f"kernel v3 (sm90): {e}"))
                 continue
+            km.split_pdl = waits_for_previous_grid(f)
             out.append(km)
             continue
         if tile.loader >= 2:  # kernel v3: the producer warp's loop, found from the SASS (bench/model/roles.py)
@@ -196,6 +206,7 @@ def load(arch: str, head: str, dtype: str, layout: str, knockout: int = 0) -> tu
                                               rare=pmk.rare, bulk_lanes=lanes) for c in (False, True))
             km.roles_hot, km.roles_cold = (_with_producer(p, producer, pv[k] if pv else None)
                                            for k, p in enumerate((hot, cold)))
+        km.split_pdl = waits_for_previous_grid(f)
         out.append(km)
     _UNREADABLE[(arch, head, dtype, layout)] = skipped
     if not out:

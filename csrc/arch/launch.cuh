@@ -27,20 +27,29 @@ void allow_dynamic_smem(Kernel kernel, size_t dyn_smem_bytes, const char* who) {
                              std::to_string(dyn_smem_bytes) + " B dynamic smem) failed: " + cudaGetErrorString(e));
   }
 }
-// cudaLaunchKernelEx with one launch attribute; `what` describes the launch in the error (CUDA-graph safe: no sync).
+// cudaLaunchKernelEx with launch attributes (up to 2: the cluster shape, programmatic dependent launch) after raising
+// the kernel's dynamic shared memory limit; `what` describes the launch in the error (CUDA-graph safe: no sync).
 template <class Kernel, class... Args>
 void launch_ex(Kernel kernel, dim3 grid, dim3 block, size_t dyn_smem_bytes, cudaStream_t stream,
-               const cudaLaunchAttribute& attr, const std::string& what, Args... args) {
+               const cudaLaunchAttribute* attrs, unsigned num_attrs, const std::string& what, Args... args) {
+  allow_dynamic_smem(kernel, dyn_smem_bytes, "launch");
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = dyn_smem_bytes;
   cfg.stream = stream;
-  cudaLaunchAttribute attrs[1] = {attr};
-  cfg.attrs = attrs;
-  cfg.numAttrs = 1;
+  cudaLaunchAttribute list[2] = {};
+  for (unsigned i = 0; i < num_attrs && i < 2; ++i) list[i] = attrs[i];
+  cfg.attrs = list;
+  cfg.numAttrs = num_attrs;
   const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, args...);
   if (e != cudaSuccess) throw std::runtime_error(what + " failed: " + cudaGetErrorString(e));
+}
+inline cudaLaunchAttribute programmatic_serialization() {
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  return attr;
 }
 }  // namespace detail
 #endif
@@ -73,13 +82,10 @@ void launch(Kernel kernel, dim3 grid, dim3 block, size_t dyn_smem_bytes, cudaStr
 #endif
 }
 
-// Launches kernel<<<grid, block, dyn_smem_bytes, stream>>>(args...) in thread-block clusters of shape `cluster`
-// (sm_90+; each grid dimension a multiple of the cluster's, at most 8 CTAs a cluster): the CTAs of a cluster run at
-// once, on SMs of one GPC, and may use each other's shared memory (cluster.cuh). Errors and CUDA-graph safety as
-// launch(). Emulation: a cluster's CTAs run together in one scheduler.
+namespace detail {
 template <class Kernel, class... Args>
-void launch_cluster(Kernel kernel, dim3 grid, dim3 block, size_t dyn_smem_bytes, cudaStream_t stream, dim3 cluster,
-                    Args... args) {
+void launch_cluster_impl(bool dependent, Kernel kernel, dim3 grid, dim3 block, size_t dyn_smem_bytes,
+                         cudaStream_t stream, dim3 cluster, Args... args) {
   if (grid.x == 0 || grid.y == 0 || grid.z == 0) return;
   if (cluster.x == 0 || cluster.y == 0 || cluster.z == 0 || grid.x % cluster.x != 0 || grid.y % cluster.y != 0 ||
       grid.z % cluster.z != 0 || cluster.x * cluster.y * cluster.z > 8) {
@@ -90,21 +96,39 @@ void launch_cluster(Kernel kernel, dim3 grid, dim3 block, size_t dyn_smem_bytes,
   }
 #if VA_EMULATION
   (void)stream;
-  ::va::emu::run_grid(grid, block, dyn_smem_bytes, [&]() { kernel(args...); }, cluster);
+  ::va::emu::run_grid(grid, block, dyn_smem_bytes, [&]() { kernel(args...); }, cluster, dependent);
 #else
-  detail::allow_dynamic_smem(kernel, dyn_smem_bytes, "launch_cluster");
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim.x = cluster.x;
-  attr.val.clusterDim.y = cluster.y;
-  attr.val.clusterDim.z = cluster.z;
-  detail::launch_ex(kernel, grid, block, dyn_smem_bytes, stream, attr,
-                    "va::arch::launch_cluster: kernel launch (grid " + std::to_string(grid.x) + "x" +
-                        std::to_string(grid.y) + "x" + std::to_string(grid.z) + ", cluster " +
-                        std::to_string(cluster.x) + "x" + std::to_string(cluster.y) + "x" +
-                        std::to_string(cluster.z) + ", smem " + std::to_string(dyn_smem_bytes) + " B)",
-                    args...);
+  cudaLaunchAttribute attrs[2] = {};
+  attrs[0].id = cudaLaunchAttributeClusterDimension;
+  attrs[0].val.clusterDim.x = cluster.x;
+  attrs[0].val.clusterDim.y = cluster.y;
+  attrs[0].val.clusterDim.z = cluster.z;
+  if (dependent) attrs[1] = programmatic_serialization();
+  launch_ex(kernel, grid, block, dyn_smem_bytes, stream, attrs, dependent ? 2 : 1,
+            std::string(dependent ? "va::arch::launch_cluster_dependent" : "va::arch::launch_cluster") +
+                ": kernel launch (grid " + std::to_string(grid.x) + "x" + std::to_string(grid.y) + "x" +
+                std::to_string(grid.z) + ", cluster " + std::to_string(cluster.x) + "x" + std::to_string(cluster.y) +
+                "x" + std::to_string(cluster.z) + ", smem " + std::to_string(dyn_smem_bytes) + " B)",
+            args...);
 #endif
+}
+}  // namespace detail
+
+// Launches kernel<<<grid, block, dyn_smem_bytes, stream>>>(args...) in thread-block clusters of shape `cluster`
+// (sm_90+; each grid dimension a multiple of the cluster's, at most 8 CTAs a cluster): the CTAs of a cluster run at
+// once, on SMs of one GPC, and may use each other's shared memory (cluster.cuh). Errors and CUDA-graph safety as
+// launch(). Emulation: a cluster's CTAs run together in one scheduler.
+template <class Kernel, class... Args>
+void launch_cluster(Kernel kernel, dim3 grid, dim3 block, size_t dyn_smem_bytes, cudaStream_t stream, dim3 cluster,
+                    Args... args) {
+  detail::launch_cluster_impl(false, kernel, grid, block, dyn_smem_bytes, stream, cluster, args...);
+}
+// The same with programmatic dependent launch (launch_dependent, below): the kernel calls grid_dependency_wait()
+// before its first global memory access.
+template <class Kernel, class... Args>
+void launch_cluster_dependent(Kernel kernel, dim3 grid, dim3 block, size_t dyn_smem_bytes, cudaStream_t stream,
+                              dim3 cluster, Args... args) {
+  detail::launch_cluster_impl(true, kernel, grid, block, dyn_smem_bytes, stream, cluster, args...);
 }
 
 // Launches a kernel that may start before the previous kernel on the stream has
@@ -112,21 +136,21 @@ void launch_cluster(Kernel kernel, dim3 grid, dim3 block, size_t dyn_smem_bytes,
 // grid_dependency_wait() before reading anything the previous kernel wrote, and
 // the previous kernel may call launch_dependents() once its CTAs are past the
 // point where the dependent's launch can overlap them. CUDA-graph safe (the
-// attribute becomes a programmatic edge when captured). Emulation: a plain launch
-// (kernels run one after the other).
+// attribute becomes a programmatic edge when captured). Emulation: kernels run one after the other, and a thread's
+// global memory access before its grid_dependency_wait() is reported.
 template <class Kernel, class... Args>
 void launch_dependent(Kernel kernel, dim3 grid, dim3 block, size_t dyn_smem_bytes, cudaStream_t stream,
                       Args... args) {
   if (grid.x == 0 || grid.y == 0 || grid.z == 0) return;
 #if VA_EMULATION
-  launch(kernel, grid, block, dyn_smem_bytes, stream, args...);
+  (void)stream;
+  ::va::emu::run_grid(grid, block, dyn_smem_bytes, [&]() { kernel(args...); }, dim3(1, 1, 1), true);
 #else
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  detail::launch_ex(kernel, grid, block, dyn_smem_bytes, stream, attr,
+  const cudaLaunchAttribute attr = detail::programmatic_serialization();
+  detail::launch_ex(kernel, grid, block, dyn_smem_bytes, stream, &attr, 1,
                     "va::arch::launch_dependent: kernel launch (grid " + std::to_string(grid.x) + "x" +
-                        std::to_string(grid.y) + "x" + std::to_string(grid.z) + ")",
+                        std::to_string(grid.y) + "x" + std::to_string(grid.z) + ", smem " +
+                        std::to_string(dyn_smem_bytes) + " B)",
                     args...);
 #endif
 }

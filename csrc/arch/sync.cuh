@@ -26,8 +26,11 @@ VA_DEVICE int atomic_add(int* p, int v, std::source_location loc = std::source_l
 // grid_dependency_wait: block until the kernel this one depends on has completed and its memory
 // is visible (a no-op when the launch had no programmatic dependency).
 // launch_dependents: let the dependent kernel's CTAs start launching.
-// The emulator runs kernels one after the other, so both are no-ops there.
-VA_DEVICE void grid_dependency_wait() {}
+// The emulator runs kernels one after the other; in a grid launched with launch_dependent it reports a thread's
+// global memory access before that thread's grid_dependency_wait.
+VA_DEVICE void grid_dependency_wait(std::source_location loc = std::source_location::current()) {
+  ::va::emu::grid_dependency_wait(loc);
+}
 VA_DEVICE void launch_dependents() {}
 VA_DEVICE void named_barrier_sync(int id, int count, std::source_location loc = std::source_location::current()) {
   ::va::emu::named_barrier(id, count, true, loc);

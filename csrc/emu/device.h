@@ -45,6 +45,9 @@ inline const ThreadCtx& cur() { return *tls_cur; }
 void block_sync(std::source_location loc);
 void threadfence();
 int atomic_add(int* p, int v, std::source_location loc);
+// griddepcontrol.wait: the calling thread may touch global memory from here on in a grid launched with programmatic
+// dependent launch (the emulator runs kernels one after the other; it checks the order, there is nothing to wait for)
+void grid_dependency_wait(std::source_location loc);
 inline void* smem_base() { return tls_cur->smem; }
 
 // ---- global memory (bounds- and alignment-checked against registered tensors)

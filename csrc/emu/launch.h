@@ -19,7 +19,10 @@ void run_grid(dim3 grid, dim3 block, size_t dyn_smem_bytes, const std::function<
 // The same with thread-block clusters of shape `cluster` (each grid dimension a multiple of the cluster's, 1 to 8
 // CTAs; std::runtime_error otherwise): a cluster's CTAs run together on one worker, interleaved by one scheduler, so
 // they can wait on each other (csrc/arch/cluster.cuh); each keeps its own shared memory and end-of-block checks, and a
-// deadlock is one of the whole cluster. The overload above is this one with a 1x1x1 cluster.
-void run_grid(dim3 grid, dim3 block, size_t dyn_smem_bytes, const std::function<void()>& body, dim3 cluster);
+// deadlock is one of the whole cluster. The overload above is this one with a 1x1x1 cluster. `dependent`: the grid was
+// launched with programmatic dependent launch (va::arch::launch_dependent); a global memory access by a thread before
+// its grid_dependency_wait is then an error.
+void run_grid(dim3 grid, dim3 block, size_t dyn_smem_bytes, const std::function<void()>& body, dim3 cluster,
+              bool dependent = false);
 
 }  // namespace va::emu

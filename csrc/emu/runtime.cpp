@@ -140,12 +140,19 @@ struct LaunchState {
   dim3 grid, block;
   dim3 cluster{1, 1, 1};  // thread-block cluster shape (1x1x1: a launch without clusters)
   size_t smem_bytes = 0;
+  // launched with programmatic dependent launch (va::arch::launch_dependent): until a thread's grid_dependency_wait
+  // the previous grid may still be running, so the thread may not write global memory, nor read what that grid wrote
+  bool dependent = false;
+  std::mutex written_mu;
+  std::vector<std::pair<uintptr_t, uintptr_t>> written;  // [lo, hi) of this grid's global stores and atomics
   std::mutex mu;
   std::vector<std::string> errors;  // first kMaxStoredErrors messages
   std::atomic<long long> error_count{0};
   std::atomic<bool> stop{false};
 };
 LaunchState* g_launch = nullptr;
+// the global bytes the last finished launch stored to, merged [lo, hi) ranges (under g_launch_mu)
+std::vector<std::pair<uintptr_t, uintptr_t>> g_prev_written;
 
 // ---------------------------------------------------------------------------
 // threads, warps, blocks
@@ -188,6 +195,7 @@ struct Fiber {
   unsigned wait_parity = 0;
   int wait_named = 0;          // kNamed: the named barrier's id
   int setmaxnreg_calls = 0;
+  bool dependency_waited = false;  // grid_dependency_wait ran (a dependent launch's global accesses may follow)
 };
 
 // A bulk copy (cp.async.bulk): its source bytes, read at issue, and where they land.
@@ -403,8 +411,33 @@ size_t natural_alignment(size_t bytes) {
   return a > 16 ? 16 : (a == 0 ? 1 : a);
 }
 
-bool check_global(Fiber* f, const void* p, size_t bytes, const char* what, std::source_location loc) {
+// A dependent grid's thread before its grid_dependency_wait: no global write, no read of what the previous grid wrote
+bool dependency_ok(Fiber* f, uintptr_t a, size_t bytes, bool write, const char* what, std::source_location loc) {
+  if (g_launch == nullptr || !g_launch->dependent || f->dependency_waited) return true;
+  bool hit = write;
+  if (!hit) {
+    auto it = std::upper_bound(g_prev_written.begin(), g_prev_written.end(), std::make_pair(a, UINTPTR_MAX));
+    hit = (it != g_prev_written.begin() && std::prev(it)->second > a) ||
+          (it != g_prev_written.end() && it->first < a + bytes);
+  }
+  if (hit)
+    report(*f->block, f, std::string(what) + " of " + std::to_string(bytes) + " bytes at " +
+                             hexaddr(reinterpret_cast<const void*>(a)) + " before grid_dependency_wait in a kernel "
+                             "launched with programmatic dependent launch: " +
+                             (write ? "the previous kernel may still read or write global memory"
+                                    : "the previous kernel wrote these bytes and may still be running"),
+           loc);
+  return !hit;
+}
+
+bool check_global(Fiber* f, const void* p, size_t bytes, const char* what, std::source_location loc,
+                  bool write = false) {
   const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  if (!dependency_ok(f, a, bytes, write, what, loc)) return false;
+  if (write) {
+    std::lock_guard<std::mutex> lk(g_launch->written_mu);
+    g_launch->written.emplace_back(a, a + bytes);
+  }
   const size_t align = natural_alignment(bytes);
   if (a % align != 0) {
     report(*f->block, f, std::string(what) + " of " + std::to_string(bytes) + " bytes at " + hexaddr(p) +
@@ -1493,9 +1526,11 @@ void setmaxnreg(int regs, bool inc, std::source_location loc) {
 
 void threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 
+void grid_dependency_wait(std::source_location) { cur_fiber()->dependency_waited = true; }
+
 int atomic_add(int* p, int v, std::source_location loc) {
   Fiber* f = cur_fiber();
-  if (!check_global(f, p, sizeof(int), "atomic_add", loc)) return 0;
+  if (!check_global(f, p, sizeof(int), "atomic_add", loc, true)) return 0;
   return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST);
 }
 
@@ -1505,7 +1540,7 @@ void ld_global(void* dst, const void* src, size_t bytes, std::source_location lo
 }
 
 void st_global(void* dst, const void* src, size_t bytes, std::source_location loc) {
-  if (check_global(cur_fiber(), dst, bytes, "st_global", loc)) std::memcpy(dst, src, bytes);
+  if (check_global(cur_fiber(), dst, bytes, "st_global", loc, true)) std::memcpy(dst, src, bytes);
 }
 
 void st_shared(void* dst, const void* src, size_t bytes, std::source_location loc) {
@@ -2122,7 +2157,8 @@ void run_grid(dim3 grid, dim3 block, size_t dyn_smem_bytes, const std::function<
   run_grid(grid, block, dyn_smem_bytes, body, dim3(1, 1, 1));
 }
 
-void run_grid(dim3 grid, dim3 block, size_t dyn_smem_bytes, const std::function<void()>& body, dim3 cluster) {
+void run_grid(dim3 grid, dim3 block, size_t dyn_smem_bytes, const std::function<void()>& body, dim3 cluster,
+              bool dependent) {
   const long long nthreads = static_cast<long long>(block.x) * block.y * block.z;
   if (nthreads < 1 || nthreads > kMaxThreadsPerBlock) {
     throw std::runtime_error("va::emu::run_grid: block of " + std::to_string(block.x) + "x" +
@@ -2152,6 +2188,7 @@ void run_grid(dim3 grid, dim3 block, size_t dyn_smem_bytes, const std::function<
   st.block = block;
   st.smem_bytes = dyn_smem_bytes;
   st.cluster = cluster;
+  st.dependent = dependent;
   g_launch = &st;
 
   int nworkers = settings().workers > 0 ? settings().workers
@@ -2179,6 +2216,14 @@ void run_grid(dim3 grid, dim3 block, size_t dyn_smem_bytes, const std::function<
   work(workers[0]);
   for (std::thread& t : threads) t.join();
   g_launch = nullptr;
+  std::sort(st.written.begin(), st.written.end());  // merged: the next launch's dependency checks search it
+  g_prev_written.clear();
+  for (const auto& r : st.written) {
+    if (!g_prev_written.empty() && r.first <= g_prev_written.back().second)
+      g_prev_written.back().second = std::max(g_prev_written.back().second, r.second);
+    else
+      g_prev_written.push_back(r);
+  }
 
   {
     std::lock_guard<std::mutex> lk(g_stats_mu);

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -91,11 +92,24 @@ void launch_one(const Params& p, const LaunchConfig& cfg, cudaStream_t stream) {
                                     "elements, got " + std::to_string(static_cast<int64_t>(p.page_size - 1) * s));
   }
   const dim3 grid(cfg.num_splits, m_tiles * p.num_kv_heads, p.batch);
-  if constexpr (kCluster > 1)
-    va::arch::launch_cluster(K::kernel, grid, dim3(Tr::kBlockThreads), Tr::smem_bytes(), stream, dim3(1, kCluster, 1),
-                             p, cfg.num_splits);
-  else
+  // programmatic dependent launch (the kernel waits for the previous one before touching global memory, so only its
+  // launch overlaps that kernel's end); VERIFY_ATTN_NO_PDL=1 in the environment launches it plainly (an A/B)
+  static const bool pdl = [] {
+    const char* v = std::getenv("VERIFY_ATTN_NO_PDL");
+    return v == nullptr || v[0] == '\0' || v[0] == '0';
+  }();
+  if constexpr (kCluster > 1) {
+    if (pdl)
+      va::arch::launch_cluster_dependent(K::kernel, grid, dim3(Tr::kBlockThreads), Tr::smem_bytes(), stream,
+                                         dim3(1, kCluster, 1), p, cfg.num_splits);
+    else
+      va::arch::launch_cluster(K::kernel, grid, dim3(Tr::kBlockThreads), Tr::smem_bytes(), stream,
+                               dim3(1, kCluster, 1), p, cfg.num_splits);
+  } else if (pdl) {
+    va::arch::launch_dependent(K::kernel, grid, dim3(Tr::kBlockThreads), Tr::smem_bytes(), stream, p, cfg.num_splits);
+  } else {
     va::arch::launch(K::kernel, grid, dim3(Tr::kBlockThreads), Tr::smem_bytes(), stream, p, cfg.num_splits);
+  }
   if (cfg.num_splits > 1) {
     const int pairs = p.total_q * p.num_q_heads;
     // v1 / v2 / v3 tiles: the v1 combine (a CTA of 4 warps per 128 columns of a row, programmatic dependent

@@ -154,6 +154,9 @@ inline constexpr int kSBarrier = 3, kPFullBarrier = 4, kPEmptyBarrier = 6;
 
 template <class Tr>
 __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel_v1(const Params p, const int num_splits) {
+  // launched with programmatic dependent launch (launch_shape.cuh): nothing below touches global memory before the
+  // previous kernel on the stream completed; only this grid's launch and start overlap its end
+  va::arch::grid_dependency_wait();
   using T = typename Tr::Elem;
   using KV = typename Tr::KvElem;  // K / V storage: T, or e4m3 codes (Tr::kFp8)
   // 16-bit MMA operand type: T, or f16 when e4m3 K / V are converted in registers (Tr::kFp8Deq)

@@ -52,6 +52,9 @@ namespace va::tv {
 
 template <class Tr>
 __global__ void __launch_bounds__(Tr::kThreads, 1) tree_verify_split_kernel_v2(const Params p, const int num_splits) {
+  // launched with programmatic dependent launch (launch_shape.cuh): nothing below touches global memory before the
+  // previous kernel on the stream completed; only this grid's launch and start overlap its end
+  va::arch::grid_dependency_wait();
   using T = typename Tr::Elem;
   using L = typename Tr::Layout;
   namespace arch = va::arch;

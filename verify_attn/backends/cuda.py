@@ -250,6 +250,12 @@ def resolve_config(p: Problem, config: Optional[KernelConfig], arch: Optional[st
 
 # ---------------------------------------------------------- availability ----
 
+def split_pdl() -> bool:
+    """Whether this process launches the split kernel with programmatic dependent launch (launch_shape.cuh reads the
+    same variable once a process): yes unless VERIFY_ATTN_NO_PDL is set to something other than '' or '0'."""
+    return os.environ.get("VERIFY_ATTN_NO_PDL", "") in ("", "0")
+
+
 def available() -> tuple[bool, str]:
     if not torch.cuda.is_available():
         return False, "no CUDA device (torch.cuda.is_available() is False)"

@@ -691,6 +691,24 @@ __global__ void k_cluster_ids(int* out) {
   cluster_sync();
 }
 
+// ---- programmatic dependent launch: a grid launched with launch_dependent may not write global memory, nor read what
+// the grid before it wrote, before its threads' grid_dependency_wait (the emulator reports both). k_pdl_writer writes
+// a; k_pdl_reader, mode 0: waits, then reads a; 1: reads a before the wait; 2: writes out before the wait; 3: reads b
+// (the writer left it alone) before the wait. Each thread then stores what it read.
+__global__ void k_pdl_writer(float* a, int n) {
+  for (int i = static_cast<int>(threadIdx.x); i < n; i += static_cast<int>(blockDim.x)) st_global(a + i, 1.0f + i);
+}
+__global__ void k_pdl_reader(const float* a, const float* b, int mode, float* out) {
+  const int t = static_cast<int>(threadIdx.x);
+  float v = -1.f;
+  if (mode == 1) v = ld_global(a + t);
+  if (mode == 2) st_global(out + t, 0.f);
+  if (mode == 3) v = ld_global(b + t);
+  grid_dependency_wait();
+  if (mode == 0) v = ld_global(a + t);
+  st_global(out + t, v);
+}
+
 }  // namespace va::emu_tests
 
 // ---- extern "C" entry points ---------------------------------------------------
@@ -822,6 +840,13 @@ VA_TEST_API const char* va_test_cluster_misuse(int mode, float* out) {
 VA_TEST_API const char* va_test_cluster_ids(int gx, int gy, int gz, int cx, int cy, int cz, int* out) {
   return guarded([&] {
     launch_cluster(k_cluster_ids, dim3(gx, gy, gz), dim3(32), 0, nullptr, dim3(cx, cy, cz), out);
+  });
+}
+VA_TEST_API const char* va_test_pdl(float* a, const float* b, int n, int mode, int dependent, float* out) {
+  return guarded([&] {
+    launch(k_pdl_writer, dim3(1), dim3(32), 0, nullptr, a, n);
+    if (dependent) launch_dependent(k_pdl_reader, dim3(1), dim3(n), 0, nullptr, a, b, mode, out);
+    else launch(k_pdl_reader, dim3(1), dim3(n), 0, nullptr, a, b, mode, out);
   });
 }
 VA_TEST_API const char* va_test_math(const float* x, const float* y, int n, float* out) {

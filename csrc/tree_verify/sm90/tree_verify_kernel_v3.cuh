@@ -130,6 +130,9 @@ VA_DEVICE void transpose_vt_half(const Vt& vt, const unsigned char* sKV, unsigne
 
 template <class Tr>
 __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel_v3(const Params p, const int num_splits) {
+  // launched with programmatic dependent launch (launch_shape.cuh): nothing below touches global memory before the
+  // previous kernel on the stream completed; only this grid's launch and start overlap its end
+  va::arch::grid_dependency_wait();
   using T = typename Tr::Elem;
   using KvT = typename Tr::KvElem;  // the cache's element: T, or e4m3 codes (uint8_t), also the wgmma operand type
   using L = typename Tr::Layout;
