@@ -434,9 +434,11 @@ bool check_global(Fiber* f, const void* p, size_t bytes, const char* what, std::
                   bool write = false) {
   const uintptr_t a = reinterpret_cast<uintptr_t>(p);
   if (!dependency_ok(f, a, bytes, write, what, loc)) return false;
-  if (write) {
+  if (write) {  // (a store right after the last one recorded extends it: epilogues store row by row)
     std::lock_guard<std::mutex> lk(g_launch->written_mu);
-    g_launch->written.emplace_back(a, a + bytes);
+    auto& w = g_launch->written;
+    if (!w.empty() && w.back().second == a) w.back().second = a + bytes;
+    else w.emplace_back(a, a + bytes);
   }
   const size_t align = natural_alignment(bytes);
   if (a % align != 0) {
