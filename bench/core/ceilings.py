@@ -273,10 +273,10 @@ def measure_smem_share(reps: int = 10, iters: int = 1024, n: int = 64) -> dict[s
     N = 64 already fills it, so both at once take (1 + fraction) x the wgmmas' time (1.25); RS uses half of it, so the
     copies fit beside (1.00). Copies on a path of their own: 1.00 for both."""
     mod, blocks, src, out = _operand_probe()
-    chains = 64 // n if n < 64 else 1
+    wgmmas = round(mod.wgmma_operand_flops(1, iters, n) / (2 * 64 * n * 16))  # a block's, both warpgroups
     res = {}
     for ss in (False, True):
-        op_bytes = 2 * iters * 8 * chains * operand_bytes_per_wgmma(n, ss)
+        op_bytes = wgmmas * operand_bytes_per_wgmma(n, ss)
         rounds = max(1, round(SMEM_SHARE_COPY_FRACTION * op_bytes / mod.wgmma_operand_copy_bytes()))
         t = {k: _operand_ms(mod, src, out, blocks, i, r, n, ss, reps) * 1e3
              for k, i, r in (("wgmma_us", iters, 0), ("copy_us", 0, rounds), ("both_us", iters, rounds))}
