@@ -188,13 +188,17 @@ def _has_wgmma() -> bool:
     return tuple(torch.cuda.get_device_capability()) == (9, 0)
 
 
+def _require_wgmma() -> None:
+    if not _has_wgmma():
+        raise RuntimeError(f"wgmma needs compute capability 9.0, this GPU is {torch.cuda.get_device_capability()}")
+
+
 def measure_wgmma_tflops(reps: int = 10, iters: int = 1024) -> float:
     """bf16 wgmma m64n256k16 rate of the whole GPU (csrc/ceilings/mma_peak.cu wgmma_peak_kernel),
     one block (2 warpgroups) per SM. Compute capability 9.0 only."""
     from verify_attn import device as vdevice
 
-    if not _has_wgmma():
-        raise RuntimeError(f"wgmma needs compute capability 9.0, this GPU is {torch.cuda.get_device_capability()}")
+    _require_wgmma()
     mod = _probe_module()
     blocks = vdevice.query(torch.cuda.current_device()).sm_count
     out = torch.full((blocks * mod.wgmma_threads(),), float("nan"), dtype=torch.float32, device="cuda")
@@ -207,8 +211,7 @@ def measure_wgmma_tflops(reps: int = 10, iters: int = 1024) -> float:
 def measure_wgmma_latency_cycles(iters: int = 1024) -> tuple[float, float]:
     """SM cycles of one (wgmma + wait_group 0) round, one warpgroup: (N = 64, N = 256). The model's
     HGMMA pipe time is N / 2 cycles; the rest is its hgmma_latency plus the round's issue."""
-    if not _has_wgmma():
-        raise RuntimeError(f"wgmma needs compute capability 9.0, this GPU is {torch.cuda.get_device_capability()}")
+    _require_wgmma()
     mod = _probe_module()
     out = torch.full((4,), float("nan"), dtype=torch.float32, device="cuda")
     vals = []
@@ -241,8 +244,7 @@ def _operand_probe():
     """(the probe module, one block an SM, the copier's source: each block its own L2-resident slice, the sums)."""
     from verify_attn import device as vdevice
 
-    if not _has_wgmma():
-        raise RuntimeError(f"wgmma needs compute capability 9.0, this GPU is {torch.cuda.get_device_capability()}")
+    _require_wgmma()
     mod = _probe_module()
     blocks = vdevice.query(torch.cuda.current_device()).sm_count
     src = torch.zeros(blocks * mod.wgmma_operand_src_bytes(), dtype=torch.uint8, device="cuda")

@@ -159,6 +159,7 @@ def pdl_line(out: Path) -> Optional[str]:
     plain, default = _load(out, "nopdl"), _load(out, "splits")
     if not plain or not default:
         return None
+
     def key(r: dict) -> tuple:
         return r["backend"], r["ctx"], r["tree_nodes"], r["layout"]
 

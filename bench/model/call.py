@@ -526,7 +526,7 @@ def predict(km: KernelModel, dev: DeviceModel, case: Case, num_splits: Optional[
     comb = combine_us(km, dev, case, S)
     # the split kernel and the v1 combine are launched with programmatic dependent launch (launch_shape.cuh): each
     # boundary costs pdl_launch_us, a plain one launch_us
-    launch = ((dev.pdl_launch_us.value if getattr(km, "split_pdl", False) else dev.launch_us.value)
+    launch = ((dev.pdl_launch_us.value if km.split_pdl else dev.launch_us.value)
               + ((dev.pdl_launch_us.value if km.combine_pdl else dev.launch_us.value) if S > 1 else 0.0))
     total = main + prologue + comb + launch
     c = counts(case)

@@ -179,7 +179,8 @@ def share_ratio(n: int, ss: bool, copy_fraction: float, dev: DeviceModel) -> flo
     copy_fraction of the operand bytes (bench.core.ceilings.measure_smem_share): one 128 B/clk budget for operand reads
     and copies landing, against the tensor pipe's N / 2 cycles a wgmma."""
     tensor = 2 * 64 * n * 16 / dev.datasheet_mma_flop_per_clk_sm.value
-    operands = (n * 32 + (2048 if ss else 0)) / dev.smem_bytes_per_clk_sm.value
+    operand_bytes = n * analysis.WGMMA_K_BYTES + (analysis.WGMMA_A_SMEM_BYTES if ss else 0)
+    operands = operand_bytes / dev.smem_bytes_per_clk_sm.value
     return max(tensor, operands * (1 + copy_fraction)) / max(tensor, operands)
 
 

@@ -45,6 +45,14 @@ void launch_ex(Kernel kernel, dim3 grid, dim3 block, size_t dyn_smem_bytes, cuda
   const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, args...);
   if (e != cudaSuccess) throw std::runtime_error(what + " failed: " + cudaGetErrorString(e));
 }
+inline cudaLaunchAttribute cluster_dimension(dim3 cluster) {
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = cluster.x;
+  attr.val.clusterDim.y = cluster.y;
+  attr.val.clusterDim.z = cluster.z;
+  return attr;
+}
 inline cudaLaunchAttribute programmatic_serialization() {
   cudaLaunchAttribute attr{};
   attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -98,12 +106,7 @@ void launch_cluster_impl(bool dependent, Kernel kernel, dim3 grid, dim3 block, s
   (void)stream;
   ::va::emu::run_grid(grid, block, dyn_smem_bytes, [&]() { kernel(args...); }, cluster, dependent);
 #else
-  cudaLaunchAttribute attrs[2] = {};
-  attrs[0].id = cudaLaunchAttributeClusterDimension;
-  attrs[0].val.clusterDim.x = cluster.x;
-  attrs[0].val.clusterDim.y = cluster.y;
-  attrs[0].val.clusterDim.z = cluster.z;
-  if (dependent) attrs[1] = programmatic_serialization();
+  const cudaLaunchAttribute attrs[2] = {cluster_dimension(cluster), programmatic_serialization()};
   launch_ex(kernel, grid, block, dyn_smem_bytes, stream, attrs, dependent ? 2 : 1,
             std::string(dependent ? "va::arch::launch_cluster_dependent" : "va::arch::launch_cluster") +
                 ": kernel launch (grid " + std::to_string(grid.x) + "x" + std::to_string(grid.y) + "x" +

@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "arch/launch.cuh"
 #include "ceilings/mma_peak.h"
 
 namespace va::ceil {
@@ -19,23 +20,16 @@ __global__ void cluster_residency_kernel(int* out) {
 int max_active_clusters(int threads, int smem_bytes, int cluster_size) {
   if (threads < 1 || threads > 1024 || smem_bytes < 0 || cluster_size < 1 || cluster_size > 8)
     throw std::invalid_argument("max_active_clusters: threads in 1..1024, smem_bytes >= 0, cluster_size in 1..8");
-  cudaError_t e = cudaFuncSetAttribute(cluster_residency_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       smem_bytes);
-  if (e != cudaSuccess)
-    throw std::runtime_error(std::string("max_active_clusters: cudaFuncSetAttribute: ") + cudaGetErrorString(e));
+  arch::detail::allow_dynamic_smem(cluster_residency_kernel, static_cast<size_t>(smem_bytes), "max_active_clusters");
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(cluster_size, 1, 1);
   cfg.blockDim = dim3(threads, 1, 1);
   cfg.dynamicSmemBytes = static_cast<size_t>(smem_bytes);
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim.x = cluster_size;
-  attr.val.clusterDim.y = 1;
-  attr.val.clusterDim.z = 1;
+  cudaLaunchAttribute attr = arch::detail::cluster_dimension(dim3(cluster_size, 1, 1));
   cfg.attrs = &attr;
   cfg.numAttrs = 1;
   int n = 0;
-  e = cudaOccupancyMaxActiveClusters(&n, cluster_residency_kernel, &cfg);
+  const cudaError_t e = cudaOccupancyMaxActiveClusters(&n, cluster_residency_kernel, &cfg);
   if (e != cudaSuccess)
     throw std::runtime_error(std::string("max_active_clusters: cudaOccupancyMaxActiveClusters: ") +
                              cudaGetErrorString(e));

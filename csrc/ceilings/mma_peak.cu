@@ -92,15 +92,22 @@ __device__ __forceinline__ void pin_accumulators(float (&d)[M]) {
   for (int j = 0; j < M; ++j) asm volatile("" : "+f"(d[j])::"memory");
 }
 
-// B (kWgN x kWgBK bf16, K-major, no swizzle): core matrices of 8 rows x 16 B; LBO 128 B between the
-// core matrices along K, SBO (kWgBK / 8) * 128 B between groups of 8 rows. 0x3c00 is 2^-7 in bf16.
-__device__ __forceinline__ uint64_t wgmma_peak_fill_b() {
-  uint16_t* sb = arch::smem_dynamic<uint16_t>();
-  for (int i = threadIdx.x; i < kWgN * kWgBK; i += blockDim.x) sb[i] = 0x3c00;
+// The first `words` bf16 of dynamic shared memory set to 0x3c00 (2^-7), fenced for the wgmma's async proxy and
+// published to the block: the probes' operand tiles.
+__device__ __forceinline__ uint16_t* fill_operand_tiles(int words) {
+  uint16_t* sm = arch::smem_dynamic<uint16_t>();
+  for (int i = threadIdx.x; i < words; i += blockDim.x) sm[i] = 0x3c00;
   arch::fence_proxy_async();  // generic-proxy stores -> the wgmma's async-proxy reads
   arch::block_sync();
-  return arch::wgmma_desc(sb, 128, (kWgBK / 8) * 128);
+  return sm;
 }
+// An operand tile of rows x kWgBK bf16, K-major, no swizzle: core matrices of 8 rows x 16 B; LBO 128 B between the
+// core matrices along K, SBO (kWgBK / 8) * 128 B between groups of 8 rows.
+__device__ __forceinline__ uint64_t operand_desc(const uint16_t* tile) {
+  return arch::wgmma_desc(tile, 128, (kWgBK / 8) * 128);
+}
+// B (kWgN x kWgBK) of the peak and latency kernels.
+__device__ __forceinline__ uint64_t wgmma_peak_fill_b() { return operand_desc(fill_operand_tiles(kWgN * kWgBK)); }
 
 __global__ void __launch_bounds__(kWgThreads) wgmma_peak_kernel(int iters, float* __restrict__ out) {
 #if VA_HAS_WGMMA  // csrc/arch/wgmma.cuh: sm_90a device code
@@ -195,10 +202,7 @@ __global__ void __launch_bounds__(kOpThreads) wgmma_operand_kernel(int iters, in
 #if VA_HAS_WGMMA
   constexpr int kTileWords = (64 + 2 * N) * kWgBK;
   static_assert(kTileWords * 2 + kOpRingBytes <= kOpSmemBytes, "A, both B tiles and the ring fit");
-  uint16_t* sm = arch::smem_dynamic<uint16_t>();
-  for (int i = threadIdx.x; i < kTileWords; i += blockDim.x) sm[i] = 0x3c00;  // 2^-7 in bf16
-  arch::fence_proxy_async();  // generic-proxy stores -> the wgmma's async-proxy reads
-  arch::block_sync();
+  uint16_t* sm = fill_operand_tiles(kTileWords);
   if (threadIdx.x >= 256) {  // the copier
     uint8_t* ring = reinterpret_cast<uint8_t*>(sm + kTileWords);
     const uint4* mine = src + static_cast<size_t>(blockIdx.x) * (kOpRingBytes / 16);
@@ -217,8 +221,7 @@ __global__ void __launch_bounds__(kOpThreads) wgmma_operand_kernel(int iters, in
     return;
   }
   const int wg = threadIdx.x / 128;
-  const uint64_t desc_a = arch::wgmma_desc(sm, 128, (kWgBK / 8) * 128);
-  const uint64_t desc_b = arch::wgmma_desc(sm + (64 + wg * N) * kWgBK, 128, (kWgBK / 8) * 128);
+  const uint64_t desc_a = operand_desc(sm), desc_b = operand_desc(sm + (64 + wg * N) * kWgBK);
   const uint32_t one = 0x3c003c00u ^ (threadIdx.x & 1u);  // RS: from the thread id, so nothing folds
   const uint32_t a[4] = {one, one ^ 2u, one ^ 4u, one ^ 6u};
   constexpr int kChains = op_chains(N);
