@@ -237,6 +237,44 @@ def test_mma_matches_matrix_product_of_fragments(dev, bf16):
     np.testing.assert_allclose(D2, A @ B + want, **tol)
 
 
+def test_mma_e4m3_and_its_f16_form_match_the_matrix_product(dev):
+    """mma.m16n8k32 .e4m3 from its fragments (PTX ISA #mma-16832-a / -b: byte i of a[r] is row g + 8 (r % 2), k 4t
+    + i + 16 (r / 2); of b[r], k 4t + i + 16 r, n g), in all three forms of csrc/arch/mma.cuh: the instruction, the
+    kF16 one (on sm_90 the f16 MMAs) and mma_m16n8k32_e4m3_on_f16 itself, whose f16 fragments permute k the same way
+    for A and B. Random codes (NaN codes left out) and a random C: within fp32 rounding of the sums' magnitude."""
+    import torch
+
+    def codes(shape):
+        x = RNG.integers(0, 256, size=shape, dtype=np.uint8)
+        x[(x & 0x7F) == 0x7F] = 0xB8  # NaN codes -> -1.0
+        return x, torch.from_numpy(x).view(torch.float8_e4m3fn).double().numpy()
+
+    a_codes, A = codes((16, 32))
+    b_codes, B = codes((32, 8))  # [k][n]
+    C = RNG.standard_normal((16, 8)).astype(np.float32)
+    a = np.zeros((32, 4), np.uint32)
+    b = np.zeros((32, 2), np.uint32)
+    c = np.zeros((32, 4), np.float32)
+    for lane in range(32):
+        g, t = lane >> 2, lane % 4
+        for r in range(4):
+            a[lane, r] = sum(int(a_codes[g + 8 * (r & 1), 4 * t + i + 16 * (r >> 1)]) << (8 * i) for i in range(4))
+        for r in range(2):
+            b[lane, r] = sum(int(b_codes[4 * t + i + 16 * r, g]) << (8 * i) for i in range(4))
+        for i in range(4):
+            c[lane, i] = C[c_elem(lane, i)]
+    d = np.full((32, 12), np.nan, np.float32)
+    dev.register(a=a, b=b, c=c, d=d)
+    dev.call("mma_e4m3", a, b, c, d)
+    want, mag = A @ B + C, np.abs(A) @ np.abs(B) + np.abs(C)
+    for form in range(3):
+        got = np.zeros((16, 8))
+        for lane in range(32):
+            for i in range(4):
+                got[c_elem(lane, i)] = d[lane, 4 * form + i]
+        assert (np.abs(got - want) <= 4e-7 * mag + 1e-30).all(), (form, np.abs(got - want).max())
+
+
 # ldmatrix .m8n8 .b16 (PTX ISA "ldmatrix"): lanes 8j..8j+7 give the row
 # addresses of matrix j; lane l receives (row l//4, cols 2(l%4), 2(l%4)+1) of
 # each matrix, or with .trans (rows 2(l%4), 2(l%4)+1, col l//4).

@@ -89,17 +89,17 @@ def test_smoke_jobs_name_the_tiles_their_versions_pin():
                            Path("/tmp/s"), arch="sm_90a")
     got = [(j.backend, j.kv_dtype, j.tile) for j in jobs]
     roles = cuda.tile_name(cuda.v3_sm120_tile("mla576", "sm_90a"))
-    wg_e4m3 = cuda.tile_name(cuda.v3_sm120_tile("mla576e4m3", "sm_90a"))
+    roles_e4m3 = cuda.tile_name(cuda.v3_sm120_tile("mla576e4m3", "sm_90a"))
     assert got == [("cuda@v3-sm120", "bf16", roles), ("cuda@v3", "bf16", cuda.tile_name(vb.V3_SM90_TILE)),
-                   ("cuda@v3-sm120", "fp8_e4m3", wg_e4m3), ("cuda@v3", "fp8_e4m3", cuda.tile_name(vb.V3_SM90_TILE)),
+                   ("cuda@v3-sm120", "fp8_e4m3", roles_e4m3), ("cuda@v3", "fp8_e4m3", cuda.tile_name(vb.V3_SM90_TILE)),
                    ("cuda@m32n16w9s4", "bf16", "m32n16w9s4")]
-    assert (roles, wg_e4m3) == ("m32n16w20s4", "m32n32w12s4")
+    assert (roles, roles_e4m3) == ("m32n16w20s4", "m32n32w20s4")
     assert jobs[0].quarantine_keys() == ["v3-sm120/bf16", "m32n16w20s4/bf16"]
     assert jobs[-1].quarantine_keys() == ["m32n16w9s4/bf16"]   # a tile-named job: one entry
     a = jobs[2].argv
     assert a[a.index("--backend") + 1] == f"cuda@v3-sm120,cuda@v3-sm120:{smoke.MANY_SPLITS}"
     assert a[a.index("--kv-dtype") + 1] == "fp8_e4m3" and "--json" in a and "--no-model" in a
-    # on the RTX the sm_120 pin is the math-roles tile for e4m3 too
+    # on the RTX, as on the H200, the sm_120 pin is the math-roles tile for e4m3 too
     assert smoke.make_jobs(["cuda@v3-sm120"], ["fp8_e4m3"], Path("/tmp/s"), arch="sm_120a")[0].tile == "m32n32w20s4"
     assert smoke.tile_of("triton", "bf16", "sm_90a") is None and smoke.tile_of("cuda", "bf16", "sm_90a") is None
 

@@ -142,25 +142,24 @@ V3_TILE = Tile(32, 16, 2, 4, 4, version=1, sn=1, bars=2, loader=2)
 # same roles, 89,664 B (e4m3) / 100,928 B (656); built for sm_90a too, where nvcc lowers the e4m3 MMAs to f16 HMMAs
 # (the H200 runs the same source as the sm_120 proxy): backend "cuda@m32n32w9s4"
 V3_FP8_TILE = Tile(32, 32, 4, 2, 4, version=1, sn=2, bars=2, loader=2)
-# ... the 656-byte rows' one is sm_120a's alone: on sm_90a nvcc's lowering of the e4m3 MMAs to f16 HMMAs needs more
-# than the 168 registers 9 warps allow and spills (40 B); the H200 runs it for correctness under
-# VERIFY_ATTN_ANY_TILE_ARCH=1 (its bf16 and e4m3 tiles are the proxies with timings)
+# ... the 656-byte rows' one is sm_120a's alone: on sm_90a, with the 168 registers 9 warps allow, it spills 12 B
+# (40 B before P V ran on arch::E4m3OnSm90::kF16); the H200 runs it for correctness under VERIFY_ATTN_ANY_TILE_ARCH=1
 _V3_656_TILE = Tile(32, 32, 4, 2, 4, version=1, sn=2, bars=2, loader=2, archs=("sm_120a",))
 # kernel v3 with a producer warpgroup (TileMlaV3Wg / TileMlaV3WgFp8): the producer's 4 warps drop to 40 registers
 # (setmaxnreg.dec), the 8 math warps rise to 232 and run v1's two-tile loop on v1's sm_120 tiles (bf16: 32 x 16, S
 # warps 4 x 2, Q 72 registers; e4m3 / 656: 32 x 32, S warps 2 x 2 x 2): 90,560 / 89,664 / 100,928 B.
-# Backends "cuda@m32n16w12s4" (bf16) and "cuda@m32n32w12s4" (fp8)
+# Backends "cuda@m32n16w12s4" (bf16) and "cuda@m32n32w12s4" (fp8; on 656-byte rows the H200's "cuda@v3-sm120": there
+# ptxas's lowering of the e4m3 MMAs spilled 12 B at 232 registers, arch::E4m3OnSm90::kF16 none)
 V3_WG_TILE = Tile(32, 16, 2, 4, 4, version=1, sn=2, bars=2, loader=3)
 V3_WG_FP8_TILE = Tile(32, 32, 4, 2, 4, version=1, sn=2, bars=2, loader=3)
 # ... and with math roles on e4m3 rows (TileMlaV3RolesFp8): S warps 2 (dims) x 2 (tokens) x 2 (M), 8 PV warps:
 # 99,520 B (two sets of partial scores: its S warps issue S(i + 1) before the softmax of i); backend "cuda@m32n32w20s4",
-# and "cuda@v3-sm120" on sm_120a (backends/cuda.py, v3_sm120_tile). sm_120a's alone: at 112 registers sm_90a's f16
-# lowering of the e4m3 MMAs spills 72 B (the H200 runs it under VERIFY_ATTN_ANY_TILE_ARCH=1, for correctness). The same
-# tile on 656-byte rows (100,544 B): the S warps hand over one unscaled f16 P, each PV warp scales it by its own block's
-# scales (traits.h, k656Roles)
-V3_ROLES_FP8_TILE = Tile(32, 32, 8, 2, 4, version=1, sn=2, bars=2, loader=4, archs=("sm_120a",))
-# (656-byte rows: sm_120a's, as v1's e4m3-MMA 656 tile is; at 232 registers sm_90a's f16 lowering spills 12 B)
-_V3_WG_656_TILE = Tile(32, 32, 4, 2, 4, version=1, sn=2, bars=2, loader=3, archs=("sm_120a",))
+# and "cuda@v3-sm120" on either arch (backends/cuda.py, v3_sm120_tile). On sm_90a, which lowers the e4m3 MMAs to f16
+# HMMAs, P V runs on arch::E4m3OnSm90::kF16: ptxas's own lowering spilled 72 B at 112 registers
+V3_ROLES_FP8_TILE = Tile(32, 32, 8, 2, 4, version=1, sn=2, bars=2, loader=4)
+# The same tile on 656-byte rows (100,544 B): the S warps hand over one unscaled f16 P, each PV warp scales it by its own
+# block's scales (traits.h, k656Roles). sm_120a's: on sm_90a it spills 20 B (88 B before kF16)
+_V3_ROLES_656_TILE = Tile(32, 32, 8, 2, 4, version=1, sn=2, bars=2, loader=4, archs=("sm_120a",))
 # kernel v3 with math roles (TileMlaV3Roles, 20 warps; setmaxnreg: the launch's 96 registers to 32 for the producer
 # warpgroup, 112 for the math warps): 8 S warps (S split 2 (dims) x 2 (tokens) x 2 (M), and the softmax) and 8 PV warps
 # (64 Dv columns each), P double-buffered between them on named barriers, so the softmax of a tile runs under P V's MMAs
@@ -200,7 +199,7 @@ TILES: dict[str, list[Tile]] = {
     # 656-byte rows: sm_120's tile on e4m3 MMAs (per-block scales on S's block sums and on P, RoPE in q's type;
     # 4 stages, two tiles in flight, 100,864 B); the f16 tile is the H200's and the exact one
     "mla576x656": [Tile(32, 32, 4, 2, 4, version=1, sn=2, archs=("sm_120a",)), _FP8_F16_TILE, _V3_656_TILE,
-                   _V3_WG_656_TILE, V3_ROLES_FP8_TILE],
+                   V3_WG_FP8_TILE, _V3_ROLES_656_TILE],
     # GQA: the f16 tile with deeper rings than MLA's (a GQA stage is 4.6-17 KB): 6 stages at d128, 4 at d256 (5
     # would pass sm_120's 99 KB), the 3-stage tile kept; d64 on 4 warps (8 would leave each 8 Dv columns, under
     # the n16 pair of ldmatrix .trans: TileFp8F16W4)

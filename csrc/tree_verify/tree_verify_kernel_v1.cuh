@@ -583,17 +583,20 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
 
   // ---- S(t) = Q K^T over this warp's dims -> partial scores in shared memory ---
   using SAcc = float[Tr::kSAcc][Tr::kSMT][Tr::kSN8][4];
-  auto mma = [](float (&acc)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
-    if constexpr (Tr::kE4m3Mma) arch::mma_m16n8k32_e4m3(acc, a, b, acc);
+  // (e4m3 on sm_90, which lowers the instruction to f16 HMMAs: S as ptxas lowers it, P V in place; arch::E4m3OnSm90)
+  auto mma = [](float (&acc)[4], const uint32_t (&a)[4], const uint32_t (&b)[2], auto on_sm90) {
+    if constexpr (Tr::kE4m3Mma) arch::mma_m16n8k32_e4m3<decltype(on_sm90)::value>(acc, a, b, acc);
     else arch::mma_m16n8k16<M16>(acc, a, b, acc);
   };
+  using SOnSm90 = std::integral_constant<arch::E4m3OnSm90, arch::E4m3OnSm90::kPtxas>;
+  using PvOnSm90 = std::integral_constant<arch::E4m3OnSm90, arch::E4m3OnSm90::kF16>;
   // one S k step of this warp's m tiles for the n tiles j (B fragment b0) and j + 1 (b1)
   auto mma_pair = [&](float (&acc)[Tr::kSMT][Tr::kSN8][4], int j, int qstep, const uint32_t (&b0)[2],
                       const uint32_t (&b1)[2]) {
 #pragma unroll
     for (int i = 0; i < Tr::kSMT; ++i) {
-      mma(acc[i][j], qf[i][qstep], b0);
-      mma(acc[i][j + 1], qf[i][qstep], b1);
+      mma(acc[i][j], qf[i][qstep], b0, SOnSm90{});
+      mma(acc[i][j + 1], qf[i][qstep], b1, SOnSm90{});
     }
   };
   // f16 path: 4 e4m3 codes of K (one token, dims 4c .. 4c + 3 of a 16-dim block) -> the B fragment of
@@ -733,11 +736,11 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
             uint32_t b[2];
             k_frag(b0[hf], b);
 #pragma unroll
-            for (int i = 0; i < Tr::kSMT; ++i) mma(sacc[a][i][j], qf[i][2 * kk + hf], b);
+            for (int i = 0; i < Tr::kSMT; ++i) mma(sacc[a][i][j], qf[i][2 * kk + hf], b, SOnSm90{});
           }
         } else {
 #pragma unroll
-          for (int i = 0; i < Tr::kSMT; ++i) mma(sacc[a][i][j], qf[i][kk], b0);
+          for (int i = 0; i < Tr::kSMT; ++i) mma(sacc[a][i][j], qf[i][kk], b0, SOnSm90{});
         }
       }
     }
@@ -1073,8 +1076,8 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
         const uint32_t b0[2] = {vb[kk][j / 2][0], vb[kk][j / 2][1]}, b1[2] = {vb[kk][j / 2][2], vb[kk][j / 2][3]};
 #pragma unroll
         for (int i = 0; i < Tr::MS; ++i) {
-          mma(oacc[i][j], pa[kk][i], b0);
-          mma(oacc[i][j + 1], pa[kk][i], b1);
+          mma(oacc[i][j], pa[kk][i], b0, PvOnSm90{});
+          mma(oacc[i][j + 1], pa[kk][i], b1, PvOnSm90{});
         }
       }
   };

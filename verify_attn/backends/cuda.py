@@ -123,9 +123,9 @@ KERNEL_VERSIONS = {"v0": 0, "v1": 1, "v2": 2, "v3": 3}
 # (LOADER 4: 8 S warps, 8 PV warps, a producer warpgroup), the producer-warpgroup tile (LOADER 3: setmaxnreg gives 8
 # math warps 232 registers and v1's two-tile loop), the one-producer-warp tile (LOADER 2). On the RTX PRO 6000 that is
 # the math-roles tile for every format; on the H200, the proxy of the sm_120 kernel (the same source built for sm_90a,
-# never the Hopper v3), the math-roles tile for bf16 / fp16 and the producer-warpgroup tile for e4m3 (the e4m3
-# math-roles tile is sm_120a's: it spills on sm_90a). The 656-byte-row tiles are sm_120a's alone (the H200 runs them
-# under VERIFY_ATTN_ANY_TILE_ARCH=1, for correctness).
+# never the Hopper v3), the math-roles tile for bf16 / fp16 and e4m3, and the producer-warpgroup tile for 656-byte
+# rows (their math-roles and one-producer-warp tiles are sm_120a's: they spill on sm_90a, which the H200 runs under
+# VERIFY_ATTN_ANY_TILE_ARCH=1, for correctness).
 V3_SM120 = "v3-sm120"
 V3_SM120_LOADERS = (4, 3, 2)
 # Hopper's v3 as a 2-CTA cluster (issue 40; build.V3_SM90_CLUSTER_TILE): the two 64-row CTAs of a split share each

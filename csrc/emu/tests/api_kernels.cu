@@ -36,6 +36,22 @@ __global__ void k_mma(const uint32_t* a, const uint32_t* b, const float* c, floa
   for (int i = 0; i < 4; ++i) st_global(d + l * 8 + 4 + i, fd[i]);
 }
 
+// ---- mma m16n8k32 e4m3, fragments per lane as k_mma's: d[l][0..3] the instruction (arch::E4m3OnSm90::kPtxas),
+// [4..7] the kF16 form (on sm_90 the f16 MMAs, elsewhere the instruction), [8..11] mma_m16n8k32_e4m3_on_f16 itself
+__global__ void k_mma_e4m3(const uint32_t* a, const uint32_t* b, const float* c, float* d) {
+  const int l = lane_id();
+  uint32_t fa[4], fb[2];
+  float fc[4], fd[3][4];
+  for (int i = 0; i < 4; ++i) fa[i] = ld_global(a + l * 4 + i);
+  for (int i = 0; i < 2; ++i) fb[i] = ld_global(b + l * 2 + i);
+  for (int i = 0; i < 4; ++i) fc[i] = ld_global(c + l * 4 + i);
+  mma_m16n8k32_e4m3(fd[0], fa, fb, fc);
+  mma_m16n8k32_e4m3<E4m3OnSm90::kF16>(fd[1], fa, fb, fc);
+  mma_m16n8k32_e4m3_on_f16(fd[2], fa, fb, fc);
+  for (int f = 0; f < 3; ++f)
+    for (int i = 0; i < 4; ++i) st_global(d + l * 12 + 4 * f + i, fd[f][i]);
+}
+
 // ---- ldmatrix: src is an smem image of n16 16-byte chunks; lane l passes
 // smem + row_off[l] (bytes); out [32][4] ------------------------------------
 __global__ void k_ldmatrix(const uint4* src, int n16, const int* row_off, int variant, int trans,
@@ -728,6 +744,9 @@ VA_TEST_API const char* va_test_mma(int bf16, const uint32_t* a, const uint32_t*
     if (bf16) launch(k_mma<__nv_bfloat16>, dim3(1), dim3(32), 0, nullptr, a, b, c, d);
     else launch(k_mma<__half>, dim3(1), dim3(32), 0, nullptr, a, b, c, d);
   });
+}
+VA_TEST_API const char* va_test_mma_e4m3(const uint32_t* a, const uint32_t* b, const float* c, float* d) {
+  return guarded([&] { launch(k_mma_e4m3, dim3(1), dim3(32), 0, nullptr, a, b, c, d); });
 }
 VA_TEST_API const char* va_test_ldmatrix(const uint4* src, int n16, const int* row_off, int variant, int trans,
                              uint32_t* out) {
