@@ -76,9 +76,9 @@ REPO = Path(__file__).resolve().parents[2]
 PY = sys.executable
 # kernel v3 (issue 39, the sm_120 kernel: math warps and a producer), on the H200 as the proxy of the same source:
 # cuda@v3-sm120 is the tile the model reads fastest that the arch runs (verify_attn/backends/cuda.py, v3_sm120_tile):
-# the math-roles tile (8 S warps, 8 PV warps, a producer warpgroup) for bf16, the producer-warpgroup tile for e4m3 on
-# the H200; in headline, sweep, splits, ncu, the knockouts (its producer honours the no-load and no-index bits) and the
-# e4m3 stage. The one-producer-warp tile (168 registers, one tile at a time) and the producer-warpgroup tile
+# the math-roles tile (8 S warps, 8 PV warps, a producer warpgroup) for bf16 and e4m3, the producer-warpgroup tile for
+# 656-byte rows on the H200; in headline, sweep, splits, ncu, the knockouts (its producer honours the no-load and
+# no-index bits) and the e4m3 and 656-byte stages. The one-producer-warp tile (168 registers, one tile at a time) and the producer-warpgroup tile
 # (setmaxnreg, v1's two-tile loop) in headline beside it.
 V3 = "cuda@v3-sm120"
 V3_WARP = "cuda@m32n16w9s4"
@@ -91,8 +91,9 @@ V3H = "cuda@v3"
 V3C = "cuda@v3-cluster"
 # the smoke stage (bench/gpu_run/smoke.py): every kernel no GPU has run yet, once, each in its own process under a
 # timeout, before anything else touches the GPU; a hang or crash is quarantined from the later stages
-SMOKE_BACKENDS = (V3, V3_WARP, V3_WG, V3H, V3C, f"{V3}/fp8_e4m3", f"{V3H}/fp8_e4m3")
-SMOKE_STEMS = ("mla576_bf16_page1", "mla576_bf16_paged", "mla576e4m3_bf16_page1", "mla576e4m3_bf16_paged")
+SMOKE_BACKENDS = (V3, V3_WARP, V3_WG, V3H, V3C, f"{V3}/fp8_e4m3", f"{V3H}/fp8_e4m3", f"{V3}/fp8_mla656")
+SMOKE_STEMS = ("mla576_bf16_page1", "mla576_bf16_paged", "mla576e4m3_bf16_page1", "mla576e4m3_bf16_paged",
+               "mla576x656_bf16_page1")
 # the ncu stage: one warm call, then one profiled call, of each of these versions
 NCU_VERSIONS = ("m32n32w8s5", "v1", V3.split("@")[1], V3H.split("@")[1], V3C.split("@")[1])
 PLAN_CAP_S = 480.0          # the default plan's caps add up to at most this (tests/test_bench.py checks)
@@ -319,8 +320,9 @@ def plan(out: Path, a: argparse.Namespace) -> list[Stage]:
         Stage("fp8", v + ["--ctx", "16k,185k", "--tree", "16", "--layout", "page1,paged", "--kv-dtype", "fp8_e4m3",
                           "--backend", f"cuda,cuda@m32n32w8s3,{V3},{V3H},triton", "--json", str(out / "fp8.json")],
               cap_s=25),
+        # (656-byte rows: the arch's default, the f16 tile, and the sm_120 v3's proxy, which sm_90a now builds)
         Stage("fp8_656", v + ["--ctx", "185k", "--tree", "16", "--layout", "page1", "--kv-dtype", "fp8_mla656",
-                              "--backend", "cuda,triton", "--json", str(out / "fp8_656.json")], cap_s=15),
+                              "--backend", f"cuda,{V3},triton", "--json", str(out / "fp8_656.json")], cap_s=15),
         Stage("gqa", v + ["--shape", "llama3-70b-tp8", "--ctx", "16k,185k", "--tree", "16", "--layout", "page1",
                           "--backend", "cuda,triton", "--json", str(out / "gqa.json")], cap_s=15),
         Stage("gqa_fp8", v + ["--shape", "llama3-70b-tp8", "--ctx", "16k,185k", "--tree", "16", "--layout", "page1",
