@@ -157,8 +157,8 @@ V3_WG_FP8_TILE = Tile(32, 32, 4, 2, 4, version=1, sn=2, bars=2, loader=3)
 # and "cuda@v3-sm120" on either arch (backends/cuda.py, v3_sm120_tile). On sm_90a, which lowers the e4m3 MMAs to f16
 # HMMAs, P V runs on arch::E4m3OnSm90::kF16: ptxas's own lowering spilled 72 B at 112 registers
 V3_ROLES_FP8_TILE = Tile(32, 32, 8, 2, 4, version=1, sn=2, bars=2, loader=4)
-# The same tile on 656-byte rows (100,544 B): the S warps hand over one unscaled f16 P, each PV warp scales it by its own
-# block's scales (traits.h, k656Roles). sm_120a's: on sm_90a it spills 20 B (88 B before kF16)
+# The same tile on 656-byte rows (100,544 B): the S warps hand over one unscaled f16 P, each PV warp scales it by its
+# own block's scales (traits.h, k656Roles). sm_120a's: on sm_90a it spills 20 B (88 B before kF16)
 _V3_ROLES_656_TILE = Tile(32, 32, 8, 2, 4, version=1, sn=2, bars=2, loader=4, archs=("sm_120a",))
 # kernel v3 with math roles (TileMlaV3Roles, 20 warps; setmaxnreg: the launch's 96 registers to 32 for the producer
 # warpgroup, 112 for the math warps): 8 S warps (S split 2 (dims) x 2 (tokens) x 2 (M), and the softmax) and 8 PV warps

@@ -78,8 +78,8 @@ PY = sys.executable
 # cuda@v3-sm120 is the tile the model reads fastest that the arch runs (verify_attn/backends/cuda.py, v3_sm120_tile):
 # the math-roles tile (8 S warps, 8 PV warps, a producer warpgroup) for bf16 and e4m3, the producer-warpgroup tile for
 # 656-byte rows on the H200; in headline, sweep, splits, ncu, the knockouts (its producer honours the no-load and
-# no-index bits) and the e4m3 and 656-byte stages. The one-producer-warp tile (168 registers, one tile at a time) and the producer-warpgroup tile
-# (setmaxnreg, v1's two-tile loop) in headline beside it.
+# no-index bits) and the e4m3 and 656-byte stages. The one-producer-warp tile (168 registers, one tile at a time) and
+# the producer-warpgroup tile (setmaxnreg, v1's two-tile loop) in headline beside it.
 V3 = "cuda@v3-sm120"
 V3_WARP = "cuda@m32n16w9s4"
 V3_WG = "cuda@m32n16w12s4"
