@@ -417,13 +417,15 @@ def test_atomic_add_across_blocks(dev):
     assert sorted(olds.tolist()) == list(range(blocks * n))
 
 
-def test_math_exp2_max_pack(dev):
+def test_math_exp2_max_pack_rcp(dev):
     n = 200
     x = (RNG.standard_normal(n) * 20).astype(np.float32)
     x[:4] = [-200.0, 0.0, 1.0, -126.5]  # -126.5: 2^x is subnormal -> flushed to zero (ftz)
+    # rcp_approx: 1 / 3e38 is subnormal -> 0; a subnormal input is 0 -> inf (ftz); powers of two exact
+    x[6:10] = [3e38, -1e-40, 0.25, -1024.0]
     y = RNG.standard_normal(n).astype(np.float32)
     y[5] = np.nan
-    out = np.zeros((n, 4), np.float32)
+    out = np.zeros((n, 5), np.float32)
     dev.register(x=x, y=y, out=out)
     dev.call("math", x, y, n, out)
     want = np.exp2(x.astype(np.float64))
@@ -435,6 +437,14 @@ def test_math_exp2_max_pack(dev):
     ok = ~np.isnan(y)
     np.testing.assert_array_equal(out[ok, 3], bf16_bits_to_f32(f32_to_bf16_bits(y[ok])))
     assert np.isnan(out[5, 3])
+    with np.errstate(divide="ignore"):
+        xf = np.where(np.abs(x) < np.finfo(np.float32).tiny, np.copysign(0.0, x), x).astype(np.float64)
+        want = 1.0 / xf
+    want[np.abs(want) < np.finfo(np.float32).tiny] = 0.0
+    # rcp.approx.ftz: max error 1 ulp on the hardware; the emulator rounds 1 / x correctly
+    np.testing.assert_allclose(out[:, 4], want, rtol=1.2e-7 if isinstance(dev, Emu) else 2.4e-7)
+    assert out[1, 4] == np.inf and out[7, 4] == -np.inf and out[6, 4] == 0.0
+    assert out[8, 4] == 4.0 and out[9, 4] == -1.0 / 1024
 
 
 def test_block_reduce_and_pipeline_correct(dev):

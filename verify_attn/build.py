@@ -155,11 +155,11 @@ V3_WG_FP8_TILE = Tile(32, 32, 4, 2, 4, version=1, sn=2, bars=2, loader=3)
 # ... and with math roles on e4m3 rows (TileMlaV3RolesFp8): S warps 2 (dims) x 2 (tokens) x 2 (M), 8 PV warps:
 # 99,520 B (two sets of partial scores: its S warps issue S(i + 1) before the softmax of i); backend "cuda@m32n32w20s4",
 # and "cuda@v3-sm120" on either arch (backends/cuda.py, v3_sm120_tile). On sm_90a, which lowers the e4m3 MMAs to f16
-# HMMAs, P V runs on arch::E4m3OnSm90::kF16: ptxas's own lowering spilled 72 B at 112 registers
-V3_ROLES_FP8_TILE = Tile(32, 32, 8, 2, 4, version=1, sn=2, bars=2, loader=4)
+# HMMAs, P V runs on arch::E4m3OnSm90::kF16: ptxas's own lowering spilled 72 B at 112 registers.
 # The same tile on 656-byte rows (100,544 B): the S warps hand over one unscaled f16 P, each PV warp scales it by its
-# own block's scales (traits.h, k656Roles). sm_120a's: on sm_90a it spills 20 B (88 B before kF16)
-_V3_ROLES_656_TILE = Tile(32, 32, 8, 2, 4, version=1, sn=2, bars=2, loader=4, archs=("sm_120a",))
+# own block's scales (traits.h, k656Roles). Built for sm_90a too since its PV warps take rcp.approx reciprocals,
+# rescale O before building P's fragments and run P V m tile by m tile (20 B of spills before, 88 B before kF16)
+V3_ROLES_FP8_TILE = Tile(32, 32, 8, 2, 4, version=1, sn=2, bars=2, loader=4)
 # kernel v3 with math roles (TileMlaV3Roles, 20 warps; setmaxnreg: the launch's 96 registers to 32 for the producer
 # warpgroup, 112 for the math warps): 8 S warps (S split 2 (dims) x 2 (tokens) x 2 (M), and the softmax) and 8 PV warps
 # (64 Dv columns each), P double-buffered between them on named barriers, so the softmax of a tile runs under P V's MMAs
@@ -199,7 +199,7 @@ TILES: dict[str, list[Tile]] = {
     # 656-byte rows: sm_120's tile on e4m3 MMAs (per-block scales on S's block sums and on P, RoPE in q's type;
     # 4 stages, two tiles in flight, 100,864 B); the f16 tile is the H200's and the exact one
     "mla576x656": [Tile(32, 32, 4, 2, 4, version=1, sn=2, archs=("sm_120a",)), _FP8_F16_TILE, _V3_656_TILE,
-                   V3_WG_FP8_TILE, _V3_ROLES_656_TILE],
+                   V3_WG_FP8_TILE, V3_ROLES_FP8_TILE],
     # GQA: the f16 tile with deeper rings than MLA's (a GQA stage is 4.6-17 KB): 6 stages at d128, 4 at d256 (5
     # would pass sm_120's 99 KB), the 3-stage tile kept; d64 on 4 warps (8 would leave each 8 Dv columns, under
     # the n16 pair of ldmatrix .trans: TileFp8F16W4)

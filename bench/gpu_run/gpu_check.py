@@ -76,9 +76,9 @@ REPO = Path(__file__).resolve().parents[2]
 PY = sys.executable
 # kernel v3 (issue 39, the sm_120 kernel: math warps and a producer), on the H200 as the proxy of the same source:
 # cuda@v3-sm120 is the tile the model reads fastest that the arch runs (verify_attn/backends/cuda.py, v3_sm120_tile):
-# the math-roles tile (8 S warps, 8 PV warps, a producer warpgroup) for bf16 and e4m3, the producer-warpgroup tile for
-# 656-byte rows on the H200; in headline, sweep, splits, ncu, the knockouts (its producer honours the no-load and
-# no-index bits) and the e4m3 and 656-byte stages. The one-producer-warp tile (168 registers, one tile at a time) and
+# the math-roles tile (8 S warps, 8 PV warps, a producer warpgroup) for every format, on the RTX PRO 6000 and the H200
+# alike; in headline, sweep, splits, ncu, the knockouts (its producer honours the no-load and no-index bits) and the
+# e4m3 and 656-byte stages. The one-producer-warp tile (168 registers, one tile at a time) and
 # the producer-warpgroup tile (setmaxnreg, v1's two-tile loop) in headline beside it.
 V3 = "cuda@v3-sm120"
 V3_WARP = "cuda@m32n16w9s4"
@@ -320,7 +320,7 @@ def plan(out: Path, a: argparse.Namespace) -> list[Stage]:
         Stage("fp8", v + ["--ctx", "16k,185k", "--tree", "16", "--layout", "page1,paged", "--kv-dtype", "fp8_e4m3",
                           "--backend", f"cuda,cuda@m32n32w8s3,{V3},{V3H},triton", "--json", str(out / "fp8.json")],
               cap_s=25),
-        # (656-byte rows: the arch's default, the f16 tile, and the sm_120 v3's proxy, which sm_90a now builds)
+        # (656-byte rows: the arch's default, the f16 tile, and the sm_120 v3's proxy: the RTX's math-roles tile)
         Stage("fp8_656", v + ["--ctx", "185k", "--tree", "16", "--layout", "page1", "--kv-dtype", "fp8_mla656",
                               "--backend", f"cuda,{V3},triton", "--json", str(out / "fp8_656.json")], cap_s=15),
         Stage("gqa", v + ["--shape", "llama3-70b-tp8", "--ctx", "16k,185k", "--tree", "16", "--layout", "page1",

@@ -27,6 +27,23 @@ VA_DEVICE float exp2_approx(float x) {
 #endif
 }
 
+// 1 / x, rcp.approx.ftz.f32 (max error 1 ulp on the hardware; subnormal inputs and results flush to zero, so
+// 1 / a subnormal is inf). One MUFU.RCP: an IEEE division (x / y, or rcp.rn) adds a slow-path subroutine call,
+// and the registers the call pins can push a tight loop into spills. For scale factors, not for results that
+// must round correctly. The emulator returns the correctly rounded 1 / x, flushed the same way.
+// https://docs.nvidia.com/cuda/parallel-thread-execution/#floating-point-instructions-rcp-approx-ftz-f64
+VA_DEVICE float rcp_approx(float x) {
+#if VA_EMULATION
+  if (std::fpclassify(x) == FP_SUBNORMAL) x = std::signbit(x) ? -0.0f : 0.0f;
+  const float r = 1.0f / x;
+  return std::fpclassify(r) == FP_SUBNORMAL ? (std::signbit(r) ? -0.0f : 0.0f) : r;
+#else
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(x));
+  return r;
+#endif
+}
+
 // max with fmaxf's NaN rule (a NaN operand loses to a number).
 VA_DEVICE float max_f(float a, float b) {
 #if VA_EMULATION

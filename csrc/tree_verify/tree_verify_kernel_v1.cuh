@@ -836,8 +836,8 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
   };
   // the reference of this warp's own block (a select: pv_blk is warp-uniform, and an indexed register array would
   // go to local memory)
-  // (656-byte rows on the math-roles tile: the PV warp's own reference of its block, and its P factor kPBlk / it)
-  [[maybe_unused]] float own_ref = 0.f, own_inv = 0.f;
+  // (656-byte rows on the math-roles tile: the PV warp's own reference of its block)
+  [[maybe_unused]] float own_ref = 0.f;
   [[maybe_unused]] auto pv_ref = [&]() {
     if constexpr (Tr::k656Roles) return own_ref;
     return pv_blk == 0 ? blk_ref[0] : pv_blk == 1 ? blk_ref[1] : pv_blk == 2 ? blk_ref[2] : blk_ref[3];
@@ -979,25 +979,31 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
   // e4m3: V's B fragments come from ldmatrix .trans .b16 over 4 matrices of 8 tokens x 16 dims (lane l
   // gives the row of token l), joined by byte permutes: register pair {0, 1} for the chunk's even dims
   // (n8 accumulator 2c), {2, 3} for its odd dims (2c + 1), tokens in fp8_pv_token_of_k order.
+  // 656-byte rows on the math-roles tile: this warp's block work (blk_prep's, for one block), before rescale_o(tile)
+  // and pv_load(tile). Lane l reads token l's scale of the block from the stage (each row carries its scales), the
+  // warp takes the tile's largest |scale|, and the block's reference moves when the tile passes it (pv_ratio: O's
+  // rescale in rescale_o(tile)); pv_w is token `lane`'s P factor, its scale x 2^8 / the reference. The reciprocals
+  // are rcp.approx (1 ulp): an IEEE division's slow-path call pinned registers, and the PV warps' loop spilled.
+  [[maybe_unused]] float pv_w = 0.f;
+  [[maybe_unused]] auto pv_blk_work = [&](int tile) {
+    const KV* sKs = sK + (tile % STAGES) * Smem::kStageElems;
+    const float sc = *reinterpret_cast<const float*>(sKs + lane * Smem::kKPitch + 512 + 4 * pv_blk);
+    float tmx = fabsf(sc);
+#pragma unroll
+    for (int x = 1; x < 32; x <<= 1) tmx = arch::max_f(tmx, arch::shfl_xor(tmx, x));
+    pv_ratio = 1.f;
+    if (tmx > own_ref) {  // sass-model: cold (the block's scales pass its reference: the first tiles)
+      pv_ratio = own_ref * arch::rcp_approx(tmx);
+      own_ref = tmx;
+    }
+    // (> 0: a block whose scales are all 0 keeps factor 0)
+    pv_w = own_ref > 0.f ? sc * (kPBlk * arch::rcp_approx(own_ref)) : 0.f;
+  };
   auto pv_load = [&](int tile) {
     const PE* sPt = sP + pbuf(tile) * BM * Smem::kPPitch;
     if constexpr (Tr::k656Roles) {
       static_assert(Tr::kPKSteps == 1, "656-byte rows: a 32-token tile is one e4m3 k step of P V");
-      // 656-byte rows on the math-roles tile: this warp's block work (blk_prep's, for one block). Lane l reads token
-      // l's scale of the block from the stage (each row carries its scales), the warp takes the tile's largest |scale|,
-      // and the block's reference moves when the tile passes it (pv_ratio: O's rescale in rescale_o(tile)).
-      const KV* sKs = sK + (tile % STAGES) * Smem::kStageElems;
-      const float sc = *reinterpret_cast<const float*>(sKs + lane * Smem::kKPitch + 512 + 4 * pv_blk);
-      float tmx = fabsf(sc);
-#pragma unroll
-      for (int x = 1; x < 32; x <<= 1) tmx = arch::max_f(tmx, arch::shfl_xor(tmx, x));
-      pv_ratio = 1.f;
-      if (tmx > own_ref) {  // sass-model: cold (the block's scales pass its reference: the first tiles)
-        pv_ratio = own_ref / tmx;
-        own_ref = tmx;
-        own_inv = kPBlk / tmx;  // (> 0: a block whose scales are all 0 keeps factor 0)
-      }
-      const float w = sc * own_inv;  // token `lane`'s P factor: its scale x 2^8 / the reference
+      const float w = pv_w;
       // A register r of m tile i: row 16 i + lane / 4 + 8 (r & 1), k positions 16 (r >> 1) + 4c .. + 3 (c = lane % 4),
       // which hold tokens fp8_pv_token_of_k(k) = 16 (r >> 1) + 2c + (e & 1) + 8 (e >> 1), e = 0 .. 3
       // (P x factor in f16x2 products ran 54 fewer instructions a tile, but ptxas then spilled the S warps' loop at 112
@@ -1069,6 +1075,20 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
     }
   };
   auto pv_mma = [&]() {
+    if constexpr (Tr::k656Roles) {
+      // m tile by m tile: on sm_90 each product runs as f16 MMAs (PvOnSm90), and this order converts one m tile's P
+      // codes at a time; the n-chunk order below held both m tiles' f16 P beside V and O, which spilled at 112
+      // registers
+#pragma unroll
+      for (int i = 0; i < Tr::MS; ++i)
+#pragma unroll
+        for (int j = 0; j < Tr::kON8; j += 2) {
+          const uint32_t b0[2] = {vb[0][j / 2][0], vb[0][j / 2][1]}, b1[2] = {vb[0][j / 2][2], vb[0][j / 2][3]};
+          mma(oacc[i][j], pa[0][i], b0, PvOnSm90{});
+          mma(oacc[i][j + 1], pa[0][i], b1, PvOnSm90{});
+        }
+      return;
+    }
 #pragma unroll
     for (int kk = 0; kk < Tr::kPKSteps; ++kk)
 #pragma unroll
@@ -1155,8 +1175,14 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
     } else {
       for (int it = 0; it < ntiles; ++it) {  // sass-model: pv-loop
         arch::named_barrier_sync(kPFullBarrier + (it & 1), Tr::kThreads);  // P(it), alpha(it)
-        pv_load(it);
-        rescale_o(it);  // alpha(it) read
+        if constexpr (Tr::k656Roles) {  // O's rescale before P's fragments are built (fewer registers live at once)
+          pv_blk_work(it);
+          rescale_o(it);  // alpha(it) read
+          pv_load(it);
+        } else {
+          pv_load(it);
+          rescale_o(it);  // alpha(it) read
+        }
         release(it);    // V(it) in registers: the PV warps' part of EMPTY
         if (it + 2 < ntiles) arch::named_barrier_arrive(kPEmptyBarrier + (it & 1), Tr::kThreads);
         pv_mma();

@@ -122,10 +122,9 @@ KERNEL_VERSIONS = {"v0": 0, "v1": 1, "v2": 2, "v3": 3}
 # every format: the fastest of its tiles by the model that the device's arch runs, in this order: the math-roles tile
 # (LOADER 4: 8 S warps, 8 PV warps, a producer warpgroup), the producer-warpgroup tile (LOADER 3: setmaxnreg gives 8
 # math warps 232 registers and v1's two-tile loop), the one-producer-warp tile (LOADER 2). On the RTX PRO 6000 that is
-# the math-roles tile for every format; on the H200, the proxy of the sm_120 kernel (the same source built for sm_90a,
-# never the Hopper v3), the math-roles tile for bf16 / fp16 and e4m3, and the producer-warpgroup tile for 656-byte
-# rows (their math-roles and one-producer-warp tiles are sm_120a's: they spill on sm_90a, which the H200 runs under
-# VERIFY_ATTN_ANY_TILE_ARCH=1, for correctness).
+# the math-roles tile for every format, and on the H200 too: there it is the proxy of the sm_120 kernel (the same source
+# and tile built for sm_90a, never the Hopper v3). (The 656-byte rows' one-producer-warp tile is sm_120a's: it spills
+# on sm_90a, which runs it under VERIFY_ATTN_ANY_TILE_ARCH=1, for correctness.)
 V3_SM120 = "v3-sm120"
 V3_SM120_LOADERS = (4, 3, 2)
 # Hopper's v3 as a 2-CTA cluster (issue 40; build.V3_SM90_CLUSTER_TILE): the two 64-row CTAs of a split share each
@@ -150,7 +149,7 @@ def split_pin(version: str) -> tuple[str, Optional[int]]:
 
 def v3_sm120_tile(head: str, arch: str) -> Optional[vb.Tile]:
     """The tile "v3-sm120" pins for `head` on `arch`: the first of V3_SM120_LOADERS the arch runs, else (no such tile
-    built for the arch: the 656-byte rows on sm_90a) the first compiled, which resolve_config refuses unless
+    built for the arch) the first compiled, which resolve_config refuses unless
     VERIFY_ATTN_ANY_TILE_ARCH is set; None for a head without v3 tiles (GQA)."""
     tiles = [next((x for x in vb.TILES[head] if x.version == 1 and x.loader == ld), None) for ld in V3_SM120_LOADERS]
     tiles = [x for x in tiles if x is not None]

@@ -358,17 +358,18 @@ __global__ void k_atomic(int* counter, int* olds) {
   threadfence();
 }
 
-// ---- math: out [n][4] = exp2_approx(x), max_f(x, y), pack2/unpack2 round trip
+// ---- math: out [n][5] = exp2_approx(x), max_f(x, y), pack2/unpack2 round trip, rcp_approx(x)
 __global__ void k_math(const float* x, const float* y, int n, float* out) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n) return;
   const float a = ld_global(x + i), b = ld_global(y + i);
   float lo, hi;
   unpack2<__nv_bfloat16>(pack2<__nv_bfloat16>(a, b), lo, hi);
-  st_global(out + i * 4 + 0, exp2_approx(a));
-  st_global(out + i * 4 + 1, max_f(a, b));
-  st_global(out + i * 4 + 2, lo);
-  st_global(out + i * 4 + 3, hi);
+  st_global(out + i * 5 + 0, exp2_approx(a));
+  st_global(out + i * 5 + 1, max_f(a, b));
+  st_global(out + i * 5 + 2, lo);
+  st_global(out + i * 5 + 3, hi);
+  st_global(out + i * 5 + 4, rcp_approx(a));
 }
 
 // ---- wgmma: each warpgroup of the block computes D (64 x N) = A (64 x 32) B (32 x N) [+ 0.5] in two k16
