@@ -341,6 +341,8 @@ def test_warp_shuffles_and_votes(dev):
     dev.register(v=v, arg=arg, out=out)
     dev.call("warp", v, arg, 5, n, out)  # butterfly all-reduce on floats
     assert (out[:32] == v[:32].sum()).all() and (out[32:] == v[32:].sum()).all()
+    dev.call("warp", v, arg, 6, n, out)  # lane_id_fresh (%laneid) and lane_id agree
+    np.testing.assert_array_equal(out, lanes * 101)
 
 
 NAN16 = np.full(4, 0xFFFFFFFF, np.uint32)

@@ -140,11 +140,10 @@ _V1_BULK_N32 = Tile(32, 32, 4, 2, 5, version=1, sn=2, archs=("sm_90a",), bars=1,
 V3_TILE = Tile(32, 16, 2, 4, 4, version=1, sn=1, bars=2, loader=2)
 # kernel v3 on e4m3 and 656-byte rows (TileMlaV3Fp8): the e4m3-MMA tile's math (32 tokens, S warps 2 x 2 x 2) on the
 # same roles, 89,664 B (e4m3) / 100,928 B (656); built for sm_90a too, where nvcc lowers the e4m3 MMAs to f16 HMMAs
-# (the H200 runs the same source as the sm_120 proxy): backend "cuda@m32n32w9s4"
+# (the H200 runs the same source as the sm_120 proxy): backend "cuda@m32n32w9s4". (On 656-byte rows, with the 168
+# registers 9 warps allow, it spilled 12 B on sm_90a until its S recomputed the lane's K address each tile,
+# arch::lane_id_fresh; 40 B before P V ran on arch::E4m3OnSm90::kF16)
 V3_FP8_TILE = Tile(32, 32, 4, 2, 4, version=1, sn=2, bars=2, loader=2)
-# ... the 656-byte rows' one is sm_120a's alone: on sm_90a, with the 168 registers 9 warps allow, it spills 12 B
-# (40 B before P V ran on arch::E4m3OnSm90::kF16); the H200 runs it for correctness under VERIFY_ATTN_ANY_TILE_ARCH=1
-_V3_656_TILE = Tile(32, 32, 4, 2, 4, version=1, sn=2, bars=2, loader=2, archs=("sm_120a",))
 # kernel v3 with a producer warpgroup (TileMlaV3Wg / TileMlaV3WgFp8): the producer's 4 warps drop to 40 registers
 # (setmaxnreg.dec), the 8 math warps rise to 232 and run v1's two-tile loop on v1's sm_120 tiles (bf16: 32 x 16, S
 # warps 4 x 2, Q 72 registers; e4m3 / 656: 32 x 32, S warps 2 x 2 x 2): 90,560 / 89,664 / 100,928 B.
@@ -198,7 +197,7 @@ TILES: dict[str, list[Tile]] = {
                    _V2_FP8_TILE, V3_FP8_TILE, V3_WG_FP8_TILE, V3_ROLES_FP8_TILE, V3_SM90_TILE],
     # 656-byte rows: sm_120's tile on e4m3 MMAs (per-block scales on S's block sums and on P, RoPE in q's type;
     # 4 stages, two tiles in flight, 100,864 B); the f16 tile is the H200's and the exact one
-    "mla576x656": [Tile(32, 32, 4, 2, 4, version=1, sn=2, archs=("sm_120a",)), _FP8_F16_TILE, _V3_656_TILE,
+    "mla576x656": [Tile(32, 32, 4, 2, 4, version=1, sn=2, archs=("sm_120a",)), _FP8_F16_TILE, V3_FP8_TILE,
                    V3_WG_FP8_TILE, V3_ROLES_FP8_TILE],
     # GQA: the f16 tile with deeper rings than MLA's (a GQA stage is 4.6-17 KB): 6 stages at d128, 4 at d256 (5
     # would pass sm_120's 99 KB), the 3-stage tile kept; d64 on 4 warps (8 would leave each 8 Dv columns, under

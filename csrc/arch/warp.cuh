@@ -22,6 +22,19 @@ VA_DEVICE int lane_id() {
   return static_cast<int>(threadIdx.x) & (kWarpSize - 1);
 #endif
 }
+// lane_id() again, as a read the compiler may neither merge with other reads nor hoist out of a loop (%laneid,
+// asm volatile): a lane-derived address computed from it in a loop body is recomputed there each iteration (a few
+// integer instructions) instead of being held in a register across the loop, which ptxas, short of registers, spills
+// rather than rematerializes.
+VA_DEVICE int lane_id_fresh() {
+#if VA_EMULATION
+  return ::va::emu::cur().lane;
+#else
+  unsigned r;
+  asm volatile("mov.u32 %0, %%laneid;\n" : "=r"(r));
+  return static_cast<int>(r);
+#endif
+}
 VA_DEVICE int warp_id() {
 #if VA_EMULATION
   return ::va::emu::cur().warp;

@@ -626,7 +626,13 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
   // MMAs of q's type, summed at the end with each block's sum times the token's scale of the block: in sacc[0].
   [[maybe_unused]] auto s656_mma = [&](int tile, SAcc& sacc, auto&& mid) {
     const KV* sKs = sK + (tile % STAGES) * Smem::kStageElems;
-    const KV* sKw = sKs + (ws_n * Tr::kSTok + b_addr.row) * Smem::kKPitch + s_dim0(0) + 2 * b_addr.col;
+    // (kLean: the lane's K address recomputed each tile from %laneid; held across the loop, ptxas spilled a word of
+    // the one-producer-warp tile's 168 registers on sm_90a, where each e4m3 MMA runs as f16 HMMAs)
+    const h::RowCol kb_addr = [&] {
+      if constexpr (kLean) return h::ldsm_b_addr(arch::lane_id_fresh());
+      else return b_addr;
+    }();
+    const KV* sKw = sKs + (ws_n * Tr::kSTok + kb_addr.row) * Smem::kKPitch + s_dim0(0) + 2 * kb_addr.col;
     float racc[Tr::kSMT][Tr::kSN8][4];
 #pragma unroll
     for (int i = 0; i < Tr::kSMT; ++i)
@@ -651,8 +657,8 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {  // RoPE bytes 528 + 2 (d - 512): this warp's 16-dim half hf
         uint32_t bb[4];
-        arch::ldmatrix_x4(bb, sKs + (ws_n * Tr::kSTok + b_addr.row + j * 8) * Smem::kKPitch + 528 + 64 * ws_k +
-                                  32 * hf + 2 * b_addr.col);
+        arch::ldmatrix_x4(bb, sKs + (ws_n * Tr::kSTok + kb_addr.row + j * 8) * Smem::kKPitch + 528 + 64 * ws_k +
+                                  32 * hf + 2 * kb_addr.col);
         // K's bf16 values as they are for bf16 q; for fp16 q converted to f16 (exact within f16's range)
         auto kv = [](uint32_t x) { return std::is_same_v<T, __nv_bfloat16> ? x : arch::bf16x2_to_f16x2(x); };
         const uint32_t b0[2] = {kv(bb[0]), kv(bb[1])}, b1[2] = {kv(bb[2]), kv(bb[3])};
@@ -1087,19 +1093,19 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
           mma(oacc[i][j], pa[0][i], b0, PvOnSm90{});
           mma(oacc[i][j + 1], pa[0][i], b1, PvOnSm90{});
         }
-      return;
-    }
+    } else {
 #pragma unroll
-    for (int kk = 0; kk < Tr::kPKSteps; ++kk)
+      for (int kk = 0; kk < Tr::kPKSteps; ++kk)
 #pragma unroll
-      for (int j = 0; j < Tr::kON8; j += 2) {
-        const uint32_t b0[2] = {vb[kk][j / 2][0], vb[kk][j / 2][1]}, b1[2] = {vb[kk][j / 2][2], vb[kk][j / 2][3]};
+        for (int j = 0; j < Tr::kON8; j += 2) {
+          const uint32_t b0[2] = {vb[kk][j / 2][0], vb[kk][j / 2][1]}, b1[2] = {vb[kk][j / 2][2], vb[kk][j / 2][3]};
 #pragma unroll
-        for (int i = 0; i < Tr::MS; ++i) {
-          mma(oacc[i][j], pa[kk][i], b0, PvOnSm90{});
-          mma(oacc[i][j + 1], pa[kk][i], b1, PvOnSm90{});
+          for (int i = 0; i < Tr::MS; ++i) {
+            mma(oacc[i][j], pa[kk][i], b0, PvOnSm90{});
+            mma(oacc[i][j + 1], pa[kk][i], b1, PvOnSm90{});
+          }
         }
-      }
+    }
   };
 
   // the second half of a two-barrier iteration, after the barrier that publishes S(it + 1): PV(it), then the softmax

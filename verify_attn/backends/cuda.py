@@ -123,8 +123,7 @@ KERNEL_VERSIONS = {"v0": 0, "v1": 1, "v2": 2, "v3": 3}
 # (LOADER 4: 8 S warps, 8 PV warps, a producer warpgroup), the producer-warpgroup tile (LOADER 3: setmaxnreg gives 8
 # math warps 232 registers and v1's two-tile loop), the one-producer-warp tile (LOADER 2). On the RTX PRO 6000 that is
 # the math-roles tile for every format, and on the H200 too: there it is the proxy of the sm_120 kernel (the same source
-# and tile built for sm_90a, never the Hopper v3). (The 656-byte rows' one-producer-warp tile is sm_120a's: it spills
-# on sm_90a, which runs it under VERIFY_ATTN_ANY_TILE_ARCH=1, for correctness.)
+# and tile built for sm_90a, never the Hopper v3). Every v3 tile of every format builds for both archs.
 V3_SM120 = "v3-sm120"
 V3_SM120_LOADERS = (4, 3, 2)
 # Hopper's v3 as a 2-CTA cluster (issue 40; build.V3_SM90_CLUSTER_TILE): the two 64-row CTAs of a split share each

@@ -76,7 +76,7 @@ __global__ void k_ldmatrix(const uint4* src, int n16, const int* row_off, int va
 }
 
 // ---- warp collectives: mode 0 shfl_xor, 1 shfl, 2 ballot, 3 any, 4 all,
-// 5 shfl_xor on floats; in/arg/out [blockDim] ------------------------------
+// 5 shfl_xor on floats, 6 lane_id_fresh() x 100 + lane_id(); in/arg/out [blockDim] --
 __global__ void k_warp(const int* in, const int* arg, int mode, int* out) {
   const int t = threadIdx.x;
   const int v = ld_global(in + t);
@@ -94,6 +94,7 @@ __global__ void k_warp(const int* in, const int* arg, int mode, int* out) {
       r = static_cast<int>(f);
       break;
     }
+    case 6: r = lane_id_fresh() * 100 + lane_id(); break;
     default: r = -1;
   }
   warp_sync();
