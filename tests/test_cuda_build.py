@@ -10,6 +10,8 @@ torch's extension cache), so reruns take seconds.
 from __future__ import annotations
 
 import json
+import re
+import shlex
 import subprocess
 import sys
 
@@ -68,6 +70,11 @@ def test_parse_ptxas_and_budget_rule():
     assert split.dynamic_smem == vb.smem_bytes(vb.Tile(32, 16, 2, 2, 3), 576, 512, True)
     assert any("spills" in p for p in split.problems())
     assert comb.name == "combine fp16 dv128" and comb.smem_bytes == 1024 and comb.problems() == []
+    # a spilling kernel's report names the command that places its register peak, whose --function matches it alone
+    hint = shlex.split(vb.spill_hint(split))
+    assert hint[:5] == ["python", "-m", "bench.model.regs", "x", "--arch"] and hint[5] == "sm_120a"
+    pattern = re.compile(hint[hint.index("--function") + 1])
+    assert pattern.search(split.mangled) and not pattern.search(comb.mangled)
     # the per-arch shared memory limit: 100 KB fails on sm_120a, passes on sm_90a
     big = vb.KernelReport("k", "sm_120a", 100, 100 * 1024, 0, 100 * 1024, 0, 0, 0, "x.cu", "k")
     assert big.problems() and not vb.KernelReport(**{**big.__dict__, "arch": "sm_90a"}).problems()

@@ -488,6 +488,13 @@ class KernelReport:
 _ELEM = {"13__nv_bfloat16": "bf16", "6__half": "fp16"}
 
 
+def spill_hint(r: KernelReport) -> str:
+    """The command that places a spilling kernel's register peak (bench/model/regs.py: live registers per SASS
+    instruction, by source line)."""
+    return (f"python -m bench.model.regs {Path(r.source).stem} --arch {r.arch} --function '^{r.mangled}$' --inner "
+            "--top 8")
+
+
 def tile_of_mangled(mangled: str) -> Tile:
     """The tile config of a split kernel from its mangled name: TileConfig<BM, BN, WM, WN, STAGES> (v0)
     or TileConfigV1<BM, BN, W, STAGES, KSPLIT, SN[, FP8_MMA[, BARS[, LOADER]]]> (v1) or TileConfigV2<BM, BN, WG, STAGES>."""
@@ -776,6 +783,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 2
     if bad:
         print(f"{len(bad)} kernel(s) over budget", file=sys.stderr)
+        for r in bad:
+            if r.spill_stores or r.spill_loads:
+                print(f"  {r.name} {r.arch}: where its registers peak, by source line:\n    "
+                      f"{spill_hint(r)}", file=sys.stderr)
         return 1
     print(f"{len(reps)} kernel entries ok (no spills, smem within limits)", file=sys.stderr)
     return 0
