@@ -1,24 +1,14 @@
 """bench.model.regs: live vector registers per SASS instruction, on synthetic listings with known answers."""
 from __future__ import annotations
 
-import textwrap
-
 import pytest
 
 from bench.model import regs, sass
+from test_model import _sass
 
 
 def _fn(body: str, src: str = "/k.cuh") -> sass.Function:
-    out = [".text._Z6kernelv:"]
-    for addr, raw in enumerate(textwrap.dedent(body).strip().splitlines()):
-        raw = raw.strip()
-        if raw.endswith(":"):
-            out.append(raw)
-            continue
-        line, ins = raw.split("|", 1)
-        out.append(f'\t//## File "{src}", line {int(line)}')
-        out.append(f"        /*{16 * addr:04x}*/                   {ins.strip()} ;")
-    return sass.parse("\n".join(out) + "\n")["_Z6kernelv"]
+    return sass.parse(_sass(body, src))["_Z6kernelv"]
 
 
 def _counts(f: sass.Function) -> list[int]:
