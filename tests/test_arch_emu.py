@@ -844,6 +844,36 @@ def test_wgmma_e4m3_matches_matrix_product(wgmma_dev, n, ss):
         assert (np.abs(got[wg] - want) <= 4e-7 * mag + 1e-30).all()
 
 
+def test_pv_with_swapped_operands_v_transposed_in_registers(wgmma_dev):
+    """P V swapped for e4m3 (csrc/tree_verify/sm90/pv_swap.cuh, a building block for Hopper's v3): O^T = V^T P^T by
+    wgmma .e4m3 with V^T's A fragments from V's token-major rows (ldmatrix .trans and byte permutes, no transposed
+    copy) and P^T K-major with its tokens in fp8_pv_token_of_k order. O^T's rows come out as vt_dim_of_row says. With
+    P^T's tokens in their natural order instead (mode 1) the product is wrong: the two operands must permute k alike."""
+    import torch
+
+    def codes(shape):
+        c = RNG.integers(0, 256, size=shape, dtype=np.uint8)
+        c[(c & 0x7F) == 0x7F] = 0x38  # NaN codes -> 1.0
+        return c, torch.from_numpy(c).view(torch.float8_e4m3fn).double().numpy()
+
+    v, V = codes((64, 64))  # [tokens][dims]
+    p, P = codes((64, 64))  # [rows][tokens]
+    want, mag = V.T @ P.T, np.abs(V).T @ np.abs(P).T  # O^T [dims][rows]
+    dim_of_row = [2 * r if r < 8 else 2 * (r - 8) + 1 for r in range(16)]
+    for mode in (0, 1):
+        out = np.full((128, 32), np.nan, np.float32)
+        wgmma_dev.register(v=v, p=p, out=out)
+        err = wgmma_dev.try_call("wgmma_vt_swap", v, p, mode, out)
+        assert err is None, err
+        got = np.full((64, 64), np.nan)
+        for tid in range(128):
+            for i in range(32):
+                r, c = wgmma_d_elem(tid, i)
+                got[16 * (r // 16) + dim_of_row[r % 16], c] = out[tid, i]
+        ok = (np.abs(got - want) <= 4e-7 * mag + 1e-30).all()
+        assert ok == (mode == 0), (mode, np.nanmax(np.abs(got - want)))
+
+
 def test_wgmma_needs_whole_warpgroups(emu):
     err, _, _ = _wgmma_case(emu, True, 32, False, False, threads=96)
     assert err is not None and "whole warpgroups" in err, err

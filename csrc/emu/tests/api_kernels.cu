@@ -14,6 +14,7 @@
 #include <string>
 
 #include "arch/arch.cuh"
+#include "tree_verify/sm90/pv_swap.cuh"
 #include "emu/c_api.h"
 
 namespace va::emu_tests {
@@ -595,6 +596,51 @@ __global__ void k_wgmma_e4m3(const uint8_t* a, const uint8_t* b, int ss, int pad
 }
 
 
+// ---- P V with its operands swapped (csrc/tree_verify/sm90/pv_swap.cuh): one warpgroup computes O^T (64 dims x 64
+// rows) = V^T P^T over 64 tokens (two k32 steps) by wgmma .e4m3 m64n64k32, A = V^T from registers by
+// vt_a_fragment_e4m3 out of V's token-major rows in the stages' core-matrix layout (token t's 16-byte chunk c at
+// (t % 8) 16 + (t / 8) 512 + c 128), B = P^T K-major with each 32-token step's tokens in fp8_pv_token_of_k order.
+// v [64 tokens][64 dims], p [64 rows][64 tokens] (e4m3 codes); out [128][32] D fragments (row rho of warp q's 16:
+// dim 16 q + vt_dim_of_row(rho)). mode 1: P^T's tokens in their natural order (the mismatch the layout rules out).
+__global__ void k_wgmma_vt_swap(const uint8_t* v, const uint8_t* p, int mode, float* out) {
+  constexpr int kTok = 64, kDims = 64, kRows = 64, lbo = 128, sbo = (kTok / 16) * 128;
+  unsigned char* sm = smem_dynamic<unsigned char>();
+  unsigned char* sv = sm;                     // V: 64 tokens x 64 dims, K-major core matrices (k = dims)
+  unsigned char* sp = sm + kTok * kDims;      // P^T: n = row, k = kappa
+  for (int c = threadIdx.x; c < kTok * kDims / 16; c += blockDim.x) {
+    const int t = c / (kDims / 16), ch = c % (kDims / 16);
+    cp_async_16(sv + (t % 8) * 16 + (t / 8) * ((kDims / 16) * 128) + ch * lbo, v + t * kDims + 16 * ch);
+  }
+  cp_async_commit();
+  for (int c = threadIdx.x; c < kRows * kTok / 16; c += blockDim.x) {
+    const int n = c / (kTok / 16), kc = c % (kTok / 16);
+    uint32_t w[4] = {0u, 0u, 0u, 0u};
+    for (int b = 0; b < 16; ++b) {
+      const int kappa = 16 * kc + b;
+      const int tok = mode & 1 ? kappa : 32 * (kappa / 32) + host::fp8_pv_token_of_k(kappa % 32);
+      w[b / 4] |= static_cast<uint32_t>(ld_global(p + n * kTok + tok)) << (8 * (b % 4));
+    }
+    st_shared(sp + (n % 8) * 16 + (n / 8) * sbo + kc * lbo, uint4{w[0], w[1], w[2], w[3]});
+  }
+  cp_async_wait<0>();
+  fence_proxy_async();
+  block_sync();
+  const int q = (threadIdx.x / 32) % 4, l = lane_id();
+  uint32_t fa[2][4];
+  for (int s = 0; s < 2; ++s) {  // lane l: token 32 s + l's chunk of dims 16 q .. 16 q + 15
+    const int t = 32 * s + l;
+    va::tv::vt_a_fragment_e4m3(fa[s], sv + (t % 8) * 16 + (t / 8) * ((kDims / 16) * 128) + q * lbo);
+  }
+  float d[kRows / 2];
+  for (int i = 0; i < kRows / 2; ++i) d[i] = 0.f;
+  const uint64_t db = wgmma_desc(sp, lbo, sbo);
+  wgmma_fence();
+  for (int s = 0; s < 2; ++s) wgmma_rs<uint8_t, kRows, false>(d, fa[s], wgmma_desc_advance(db, 2 * s * lbo), s > 0);
+  wgmma_commit();
+  wgmma_wait<0>();
+  for (int i = 0; i < kRows / 2; ++i) st_global(out + threadIdx.x * (kRows / 2) + i, d[i]);
+}
+
 // ---- thread-block clusters: two CTAs (128 threads each) share each tile of `ntiles` (1,024 floats) through a
 // 2-stage ring. CTA rank r copies half r of the tile from global memory by cp.async (16 bytes a thread), fences it for
 // the async proxy, meets its block at a barrier, and its thread 0 copies the half into the same offset of the peer's
@@ -846,6 +892,9 @@ VA_TEST_API const char* va_test_wgmma_e4m3(int n, const uint8_t* a, const uint8_
     else if (n == 256) launch(k_wgmma_e4m3<256>, dim3(1), dim3(threads), smem, nullptr, a, b, ss, pad, out);
     else throw std::invalid_argument("va_test_wgmma_e4m3: n = 32 or 256");
   });
+}
+VA_TEST_API const char* va_test_wgmma_vt_swap(const uint8_t* v, const uint8_t* p, int mode, float* out) {
+  return guarded([&] { launch(k_wgmma_vt_swap, dim3(1), dim3(128), 16 * 1024, nullptr, v, p, mode, out); });
 }
 VA_TEST_API const char* va_test_cluster_swap(const float* src, int clusters, int ntiles, int mode, float* out) {
   return guarded([&] {
