@@ -95,6 +95,10 @@ def _worker(rank: int, world: int, port: int, backend: str, fn, args, result_q) 
     try:
         res = fn(TPGroup(rank, world), *args)
         result_q.put((rank, "ok", res if rank == 0 else None))
+        # every rank done with its collectives before any tears its process group down: a gloo rank whose peer had
+        # already gone aborted in its own teardown once (exit -6, "terminate called without an active exception",
+        # after it had reported its result; CI, 2026-12-07). A rank that failed instead is terminated by launch().
+        dist.barrier()
     except BaseException as e:  # report, then re-raise so the process exits non-zero
         import traceback
         result_q.put((rank, "error", traceback.format_exc()))
