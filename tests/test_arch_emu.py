@@ -237,20 +237,22 @@ def test_mma_matches_matrix_product_of_fragments(dev, bf16):
     np.testing.assert_allclose(D2, A @ B + want, **tol)
 
 
+def e4m3_codes(shape, nan_to: int = 0x38) -> tuple[np.ndarray, np.ndarray]:
+    """Random e4m3 codes of `shape` (NaN codes replaced by `nan_to`, 0x38 = 1.0) and their values in float64."""
+    import torch
+
+    c = RNG.integers(0, 256, size=shape, dtype=np.uint8)
+    c[(c & 0x7F) == 0x7F] = nan_to
+    return c, torch.from_numpy(c).view(torch.float8_e4m3fn).double().numpy()
+
+
 def test_mma_e4m3_and_its_f16_form_match_the_matrix_product(dev):
     """mma.m16n8k32 .e4m3 from its fragments (PTX ISA #mma-16832-a / -b: byte i of a[r] is row g + 8 (r % 2), k 4t
     + i + 16 (r / 2); of b[r], k 4t + i + 16 r, n g), in all three forms of csrc/arch/mma.cuh: the instruction, the
     kF16 one (on sm_90 the f16 MMAs) and mma_m16n8k32_e4m3_on_f16 itself, whose f16 fragments permute k the same way
     for A and B. Random codes (NaN codes left out) and a random C: within fp32 rounding of the sums' magnitude."""
-    import torch
-
-    def codes(shape):
-        x = RNG.integers(0, 256, size=shape, dtype=np.uint8)
-        x[(x & 0x7F) == 0x7F] = 0xB8  # NaN codes -> -1.0
-        return x, torch.from_numpy(x).view(torch.float8_e4m3fn).double().numpy()
-
-    a_codes, A = codes((16, 32))
-    b_codes, B = codes((32, 8))  # [k][n]
+    a_codes, A = e4m3_codes((16, 32), nan_to=0xB8)  # NaN codes -> -1.0
+    b_codes, B = e4m3_codes((32, 8), nan_to=0xB8)  # [k][n]
     C = RNG.standard_normal((16, 8)).astype(np.float32)
     a = np.zeros((32, 4), np.uint32)
     b = np.zeros((32, 2), np.uint32)
@@ -821,15 +823,8 @@ def test_wgmma_e4m3_matches_matrix_product(wgmma_dev, n, ss):
     """wgmma .e4m3 (k32): two accumulating steps on random codes (NaN codes left out), A from mma.m16n8k32
     fragments or shared memory, B K-major with padded strides; each of two warpgroups computes the product
     (fp32 accumulation: within fp32 rounding of the sums' magnitude)."""
-    import torch
-
-    def codes(shape):
-        c = RNG.integers(0, 256, size=shape, dtype=np.uint8)
-        c[(c & 0x7F) == 0x7F] = 0x38  # NaN codes -> 1.0
-        return c, torch.from_numpy(c).view(torch.float8_e4m3fn).double().numpy()
-
-    a, A = codes((64, 64))
-    b, B = codes((n, 64))  # K-major: n rows of k
+    a, A = e4m3_codes((64, 64))
+    b, B = e4m3_codes((n, 64))  # K-major: n rows of k
     out = np.full((256, n // 2), -1.0, np.float32)
     wgmma_dev.register(a=a, b=b, out=out)
     err = wgmma_dev.try_call("wgmma_e4m3", n, a, b, int(ss), 16, 256, out)
@@ -849,15 +844,8 @@ def test_pv_with_swapped_operands_v_transposed_in_registers(wgmma_dev):
     wgmma .e4m3 with V^T's A fragments from V's token-major rows (ldmatrix .trans and byte permutes, no transposed
     copy) and P^T K-major with its tokens in fp8_pv_token_of_k order. O^T's rows come out as vt_dim_of_row says. With
     P^T's tokens in their natural order instead (mode 1) the product is wrong: the two operands must permute k alike."""
-    import torch
-
-    def codes(shape):
-        c = RNG.integers(0, 256, size=shape, dtype=np.uint8)
-        c[(c & 0x7F) == 0x7F] = 0x38  # NaN codes -> 1.0
-        return c, torch.from_numpy(c).view(torch.float8_e4m3fn).double().numpy()
-
-    v, V = codes((64, 64))  # [tokens][dims]
-    p, P = codes((64, 64))  # [rows][tokens]
+    v, V = e4m3_codes((64, 64))  # [tokens][dims]
+    p, P = e4m3_codes((64, 64))  # [rows][tokens]
     want, mag = V.T @ P.T, np.abs(V).T @ np.abs(P).T  # O^T [dims][rows]
     dim_of_row = [2 * r if r < 8 else 2 * (r - 8) + 1 for r in range(16)]
     for mode in (0, 1):

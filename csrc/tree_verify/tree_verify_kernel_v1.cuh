@@ -982,9 +982,6 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
   // that publishes the next tile's partial scores, so the MMAs can issue the moment it opens.
   uint32_t pa[Tr::kPKSteps][Tr::MS][4];
   uint32_t vb[Tr::kPKSteps][Tr::kON8 / 2][4];
-  // e4m3: V's B fragments come from ldmatrix .trans .b16 over 4 matrices of 8 tokens x 16 dims (lane l
-  // gives the row of token l), joined by byte permutes: register pair {0, 1} for the chunk's even dims
-  // (n8 accumulator 2c), {2, 3} for its odd dims (2c + 1), tokens in fp8_pv_token_of_k order.
   // 656-byte rows on the math-roles tile: this warp's block work (blk_prep's, for one block), before rescale_o(tile)
   // and pv_load(tile). Lane l reads token l's scale of the block from the stage (each row carries its scales), the
   // warp takes the tile's largest |scale|, and the block's reference moves when the tile passes it (pv_ratio: O's
@@ -1005,6 +1002,9 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
     // (> 0: a block whose scales are all 0 keeps factor 0)
     pv_w = own_ref > 0.f ? sc * (kPBlk * arch::rcp_approx(own_ref)) : 0.f;
   };
+  // e4m3: V's B fragments come from ldmatrix .trans .b16 over 4 matrices of 8 tokens x 16 dims (lane l
+  // gives the row of token l), joined by byte permutes: register pair {0, 1} for the chunk's even dims
+  // (n8 accumulator 2c), {2, 3} for its odd dims (2c + 1), tokens in fp8_pv_token_of_k order.
   auto pv_load = [&](int tile) {
     const PE* sPt = sP + pbuf(tile) * BM * Smem::kPPitch;
     if constexpr (Tr::k656Roles) {

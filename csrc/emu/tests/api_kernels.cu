@@ -607,9 +607,10 @@ __global__ void k_wgmma_vt_swap(const uint8_t* v, const uint8_t* p, int mode, fl
   unsigned char* sm = smem_dynamic<unsigned char>();
   unsigned char* sv = sm;                     // V: 64 tokens x 64 dims, K-major core matrices (k = dims)
   unsigned char* sp = sm + kTok * kDims;      // P^T: n = row, k = kappa
+  auto v_chunk = [&](int t, int ch) { return sv + (t % 8) * 16 + (t / 8) * ((kDims / 16) * 128) + ch * lbo; };
   for (int c = threadIdx.x; c < kTok * kDims / 16; c += blockDim.x) {
     const int t = c / (kDims / 16), ch = c % (kDims / 16);
-    cp_async_16(sv + (t % 8) * 16 + (t / 8) * ((kDims / 16) * 128) + ch * lbo, v + t * kDims + 16 * ch);
+    cp_async_16(v_chunk(t, ch), v + t * kDims + 16 * ch);
   }
   cp_async_commit();
   for (int c = threadIdx.x; c < kRows * kTok / 16; c += blockDim.x) {
@@ -628,8 +629,7 @@ __global__ void k_wgmma_vt_swap(const uint8_t* v, const uint8_t* p, int mode, fl
   const int q = (threadIdx.x / 32) % 4, l = lane_id();
   uint32_t fa[2][4];
   for (int s = 0; s < 2; ++s) {  // lane l: token 32 s + l's chunk of dims 16 q .. 16 q + 15
-    const int t = 32 * s + l;
-    va::tv::vt_a_fragment_e4m3(fa[s], sv + (t % 8) * 16 + (t / 8) * ((kDims / 16) * 128) + q * lbo);
+    va::tv::vt_a_fragment_e4m3(fa[s], v_chunk(32 * s + l, q));
   }
   float d[kRows / 2];
   for (int i = 0; i < kRows / 2; ++i) d[i] = 0.f;
