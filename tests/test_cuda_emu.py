@@ -1256,7 +1256,8 @@ def test_v3h_hopper_prefetches_the_next_pairs_rows_it_copies_later(emu, page):
                          ids=["bf16-1s", "bf16-3s", "e4m3-1s", "e4m3-2s"])
 def test_v3h_hopper_phantom_block_runs_no_wgmma(emu, kv_dtype, splits):
     # the emulator counts each warp's wgmma. A real 64-token block costs warpgroup 0 or 1 its S (4 warps x 36 k16
-    # steps; e4m3 18 k32) and both warpgroups its P V (2 x 4 warps x 4 k16 steps; e4m3 2 k32): 176 (e4m3 88). A
+    # steps; e4m3 18 k32) and both warpgroups its P V (2 x 4 warps x 4 k16 steps; e4m3 2 k32 x 4 m64 tiles of O^T):
+    # 176 (e4m3 136). A
     # split with an odd block count runs its last pair with a phantom block past the end, which issues none
     # (until 2026-12-06 it ran its S and both P1 V on zeros: 176 more a phantom). 300 + 7 tokens: 5 blocks in one
     # split; 3 splits of 128 tokens, 2 + 2 + 1; e4m3 2 splits: 192 + 115, 3 + 2 blocks.
@@ -1270,7 +1271,7 @@ def test_v3h_hopper_phantom_block_runs_no_wgmma(emu, kv_dtype, splits):
     blocks = [h + c for h, c, _ in split_tiles(307, 300, splits, 64)]  # (per_iter 1: each split's real blocks)
     assert sum(b % 2 for b in blocks) >= 1  # a phantom block in the call
     m_tiles = -(-7 * 8 // 64)
-    per_block = 4 * (18 if fp8 else 36) + 2 * 4 * (2 if fp8 else 4)
+    per_block = 4 * (18 if fp8 else 36) + 2 * 4 * (2 * 4 if fp8 else 4)
     assert emu.stats()["mma"] == m_tiles * per_block * sum(blocks), (emu.stats(), blocks)
 
 
@@ -1530,12 +1531,12 @@ def test_v3c_cluster_every_named_barrier_and_wgmma_wait_removed_is_caught(emu):
 
 
 # ---- Hopper's v3 on e4m3 caches (issue 40): wgmma .e4m3 for S and P V, the same seesaw ----
-# Q quantized per row into the core-matrix layout; each block's rows land (16-byte cp.async) in a 36 KB stage, whose
-# FULL / EMPTY mbarriers cover the rows (EMPTY: the warpgroup whose S reads them, and the 4 producer warps once they
-# transposed the block's V); the producer writes V^T (K-major, st.shared, fence.proxy.async) into a V^T buffer per
-# stage, in halves with their own VFULL / VEMPTY (the 16-bit kernel's half rule: stage 0's dims 0-255 and stage 1's
-# 256-511 are the early halves); P goes between the warpgroups as e4m3 A fragments in a buffer of its own. The
-# e4m3-MMA tolerance (Q and P rounded to e4m3 like v2's). Each test name carries "v3h" and "e4m3".
+# Q quantized per row into the core-matrix layout; each block's rows land (16-byte cp.async) in a 36 KB stage, pair i
+# in slot i % 2 (two stages a slot), whose FULL / EMPTY mbarriers cover the rows (EMPTY: all 8 consumer warps, each
+# once it loaded its V^T fragments of the block). P V runs swapped, O^T = V^T P^T: V^T's A fragments by ldmatrix
+# .trans from the rows, P^T (stored by the warpgroup whose softmax made it, st.shared, fence.proxy.async) from a P
+# buffer per stage of each slot; O^T's columns are rows, rescaled by alphas each warpgroup publishes. The e4m3-MMA
+# tolerance (Q and P rounded to e4m3 like v2's). Each test name carries "v3h" and "e4m3".
 V3H_E4M3_CASES = [
     (CaseSpec((54,), (5,), "bushy", dtype=BF, kv_dtype="fp8_e4m3", seed=420, **MLA), 1, "forward", "wait"),
     (CaseSpec((97, 3), (7, 2), "chain", dtype=FP, kv_dtype="fp8_e4m3", page_size=5, seed=421, **MLA), 3,
@@ -1562,103 +1563,81 @@ def test_v3h_hopper_e4m3_matches_reference(emu, i):
 
 @pytest.mark.parametrize("page", [1, 3, 16])
 def test_v3h_hopper_e4m3_prefetches_the_pair_after_next(emu, page):
-    # with e4m3 caches the producer copies pair i + 1 at the end of iteration i (once pair i's S and transposition
-    # freed the stages), so it prefetches the rows of pair i + 2 there: 373 + 7 tokens in one split are pairs 0-2, and
-    # only iteration 0 prefetches (pair 2: tokens 256 .. 379). A 576-byte row spans 5 or 6 128-byte lines: its bytes
-    # 0, 128 .. 512 and 575, 6 prefetches a row. A row's first and last lines hold bytes of the rows beside it in the
-    # cache, so a few bytes of other copies count as prefetched too (up to 10% more here)
-    case = make_case(CaseSpec((373,), (7,), "bushy", dtype=BF, kv_dtype="fp8_e4m3", page_size=page, seed=52, **MLA))
+    # with e4m3 caches the producer copies pairs 0 and 1 before its loop and pair i + 2 in iteration i (into pair i's
+    # slot, once all of pair i's reads freed it), so it prefetches the rows of pair i + 3 there: 500 + 7 tokens in one
+    # split are pairs 0-3, and only iteration 0 prefetches (pair 3: tokens 384 .. 506). A 576-byte row spans 5 or 6
+    # 128-byte lines: its bytes 0, 128 .. 512 and 575, 6 prefetches a row. A row's first and last lines hold bytes of
+    # the rows beside it in the cache, so a few bytes of other copies count as prefetched too (up to 10% more here)
+    case = make_case(CaseSpec((500,), (7,), "bushy", dtype=BF, kv_dtype="fp8_e4m3", page_size=page, seed=52, **MLA))
     emu.reset_stats()
     out, lse = _run(case, cfg(1, *V3H))
     check_e4m3_mma_against_reference(out, lse, case)
     st = emu.prefetch_stats()
-    after, row = 380 - 4 * 64, 576
+    after, row = 507 - 6 * 64, 576
     assert st["l2_prefetches"] == after * 6, st
     assert 0.95 * after * row <= st["cp_async16_src_prefetched"] <= 1.1 * after * row, st
 
 
-# The planted bugs on Hopper's v3 with e4m3 caches (373 + 7 tokens in one split: 6 blocks, 3 pairs; no phantom block,
-# whose zero P would hide a wrong V^T). The producer transposes warpgroup 0's V^T half of stage 0 (dims 0-255, its
-# early half); warpgroup 0 its own half of stage 1 (dims 0-255) after it issued P0 V0L (since 2026-12-06, twenty-third
-# session: until then the producer did), warpgroup 1 its own (dims 256-511) right after its S. Calls, per thread:
-# - mbarrier_wait: warpgroup 0 (threads 0-127) 3i its FULL wait of pair i (stage 0's rows), 3i + 1 its VFULL wait
-#   before P0 V0L, 3i + 2 its FULL wait of stage 1 (before transposing its dims of block 2i + 1); warpgroup 1
-#   (128-255) 2i its FULL wait of stage 1 (its S), 2i + 1 of stage 0 (before transposing its dims of block 2i). A
-#   producer thread, iteration i (transposing pair i's stage 0, copying pair i + 1 into each stage once freed): i = 0:
-#   FULL 0 (0), EMPTY 0 (1), EMPTY 1 (2); i = 1: FULL 0 (3), VEMPTY (0, early) (4), EMPTY 0 (5), EMPTY 1 (6); i = 2:
-#   FULL 0 (7), VEMPTY (0, early) (8), no EMPTY waits.
-# - fence_proxy_async: a producer thread's i follows its V^T stores of pair i; a consumer's 0 follows its quantized Q
-#   (st_shared); then warpgroup 0's 2i + 1 after its FULL wait (the conservative reading, not modelled for
-#   noinc-tied copies) and 2i + 2 after its V^T half; warpgroup 1's 3i + 1 likewise, 3i + 2 and 3i + 3 after its two
-#   V^T halves.
-# - named barriers: 0 Q staged; warpgroup 0 3i + 1 bar.arrive P0, 3i + 2 its own barrier before its V^T stores, 3i + 3
-#   bar.sync P1; warpgroup 1 3i + 1 its own barrier before its V^T stores, 3i + 2 bar.sync P0, 3i + 3 bar.arrive P1.
-# The consumers' wgmma waits at the end of pairs 0 and 1 are implied by their next S's wait, which retires the same
-# wgmmas before anything rewrites their operands (warpgroup 0's V^T half of stage 1 is its own since 2026-12-06; the
-# producer's refill of stage 0's waits, through VEMPTY, for warpgroup 0's release after that S); the last pair's is
-# caught. Warpgroup 0's FULL wait of stage 1 (3i + 2) shows only while warpgroup 1, whose S waits on the same phase
-# first in every other schedule (the emulator lands a phase's copies for all once one thread waited), is held far back:
-# (wait, stalled-mid), pairs 1 and 2. Pair 0's comes after the Q barrier, from which warpgroup 1's wait is its next
-# step, so no schedule here shows it alone; the same code's later pairs do.
+# The planted bugs on Hopper's v3 with e4m3 caches (373 + 7 tokens in one split: 6 blocks, 3 pairs, pairs 0 and 2 in
+# slot 0; no phantom block, whose zero P would hide a wrong operand). Calls, per thread:
+# - mbarrier_wait: warpgroup 0 (threads 0-127) 2i its FULL wait of block 2i (its S), 2i + 1 of block 2i + 1 (before
+#   its V^T fragments of it); warpgroup 1 (128-255) 2i of block 2i + 1 (its S), 2i + 1 of block 2i. The second of each
+#   pair is implied: warpgroup 0's by its bar.sync on P1, which warpgroup 1 reaches after its own wait on the same
+#   phase; warpgroup 1's by its first (each producer thread copies a pair's first block before its second, and its
+#   noinc arrive counts once every copy it issued landed). A producer thread copies pairs 0 and 1 before its loop and
+#   pair i + 2 in iteration i, after its EMPTY waits on pair i's slot: calls 0 and 1 here (the slots case below, 4
+#   pairs: 0-3, both slots).
+# - fence_proxy_async: a consumer's 0 follows its quantized Q (st_shared); then per pair 2i + 1 after its S's FULL
+#   wait (the conservative reading, not modelled for noinc-tied copies) and 2i + 2 after its P^T stores.
+# - wgmma_wait, per pair (every warp of this case takes the a1 rescale's wait in every pair): 7i its S, 7i + 1 and
+#   7i + 2 the wait<1> before each k32 step of the first P V, 7i + 3 the a1 rescale's wait<0> (its P V in flight), 7i
+#   + 4 and 7i + 5 the second P V's, 7i + 6 the pair's end. The wait<1>s bound the A registers in flight for ptxas (the
+#   GPU may read them until retired; the emulator reads them at issue and cannot tell); the pair's end is implied by
+#   the next S's wait<0> for pairs 0 and 1.
+# - named barriers: 0 Q staged; warpgroup 0 3i + 1 bar.arrive P0, 3i + 2 its own barrier after its P0 stores, 3i + 3
+#   bar.sync P1, 10 its own barrier before the epilogue's 1 / l; warpgroup 1 3i + 1 bar.sync P0, 3i + 2 bar.arrive
+#   P1, 3i + 3 its own barrier after its P1 stores, 10 its epilogue's.
 V3H_E4M3_MODES = V3H_MODES + (("wait", "starve-last"), ("wait", "stalled-mid"))
 V3H_E4M3_FAULT_CASE = CaseSpec((373,), (7,), "bushy", dtype=BF, kv_dtype="fp8_e4m3", seed=427, **MLA)
+V3H_E4M3_SLOTS_CASE = CaseSpec((500,), (7,), "bushy", dtype=BF, kv_dtype="fp8_e4m3", seed=427, **MLA)
 
 
-def _v3h_e4m3_missed(emu, fault, threads, calls, modes=V3H_E4M3_MODES):
-    return _v3_missed(emu, fault, threads, calls, spec=V3H_E4M3_FAULT_CASE, tile=V3H, caught=_caught_e4m3, modes=modes)
+def _v3h_e4m3_missed(emu, fault, threads, calls, modes=V3H_E4M3_MODES, spec=V3H_E4M3_FAULT_CASE):
+    return _v3_missed(emu, fault, threads, calls, spec=spec, tile=V3H, caught=_caught_e4m3, modes=modes)
 
 
-def _v3h_e4m3_calls(n: int, implied=()):
-    return [-1, *(c for c in range(n) if c not in implied)]
-
-
-def test_v3h_hopper_e4m3_consumer_skipping_a_full_or_vfull_wait_is_caught(emu):
-    missed = _v3h_e4m3_missed(emu, "skip_mbarrier_wait", V3H_MATH, [-1, *range(6)])
-    assert not missed, f"consumers skipping FULL / VFULL wait(s) {missed} went unnoticed"
-    # one warpgroup alone. Warpgroup 1's FULL waits of stage 0 (2i + 1) are implied by its FULL wait of stage 1 just
-    # before: each producer thread copies a pair's stage 0 before its stage 1, and its noinc arrive on stage 1's FULL
-    # counts once every copy it issued landed (the PTX rule the emulator keeps)
-    for role, implied in ((V3H_WG0, (2,)), (V3H_WG1, (1, 3, 5))):  # (warpgroup 0's 2: pair 0's FULL of stage 1, above)
-        missed = _v3h_e4m3_missed(emu, "skip_mbarrier_wait", role, _v3h_e4m3_calls(9 if role == V3H_WG0 else 6, implied))
-        assert not missed, f"warpgroup {role} skipping FULL / VFULL wait(s) {missed} went unnoticed"
+def test_v3h_hopper_e4m3_consumer_skipping_a_full_wait_is_caught(emu):
+    # both warpgroups, and each alone: the FULL wait before its S (2i); the second of each pair is implied (above)
+    for role in (V3H_MATH, V3H_WG0, V3H_WG1):
+        missed = _v3h_e4m3_missed(emu, "skip_mbarrier_wait", role, [-1, 0, 2, 4])
+        assert not missed, f"threads {role} skipping FULL wait(s) {missed} went unnoticed"
 
 
 def test_v3h_hopper_e4m3_producer_skipping_a_wait_is_caught(emu):
-    # its FULL waits (transposing rows not yet landed), VEMPTY waits (V^T overwritten under a P V), EMPTY waits (rows
-    # overwritten under an S or a transposition)
-    missed = _v3h_e4m3_missed(emu, "skip_mbarrier_wait", V3H_PRODUCER, _v3h_e4m3_calls(9))
+    # its EMPTY waits (pair i + 2 copied over rows pair i's S or V^T fragments still read): 4 pairs, both slots
+    missed = _v3h_e4m3_missed(emu, "skip_mbarrier_wait", V3H_PRODUCER, [-1, *range(4)], spec=V3H_E4M3_SLOTS_CASE)
     assert not missed, f"producer skipping wait(s) {missed} went unnoticed"
 
 
 def test_v3h_hopper_e4m3_missing_proxy_fence_or_wgmma_wait_is_caught(emu):
-    missed = _v3h_e4m3_missed(emu, "skip_fence_proxy_async", V3H_PRODUCER, [-1, *range(3)], modes=STRICT_MODES)
-    assert not missed, f"the producer's V^T fence(s) {missed} skipped went unnoticed"
     assert not _v3h_e4m3_missed(emu, "skip_fence_proxy_async", V3H_MATH, [-1, 0], modes=STRICT_MODES), \
         "the fence after the quantized Q went unnoticed"
-    missed = _v3h_e4m3_missed(emu, "skip_fence_proxy_async", V3H_WG0, [2, 4, 6], modes=STRICT_MODES)
-    assert not missed, f"warpgroup 0's V^T fence(s) {missed} skipped went unnoticed"
-    missed = _v3h_e4m3_missed(emu, "skip_fence_proxy_async", V3H_WG1, [2, 3, 5, 6], modes=STRICT_MODES)
-    assert not missed, f"warpgroup 1's V^T fence(s) {missed} skipped went unnoticed"
-    # per pair: S (3i), the middle P V wait (3i + 1), the pair's last (3i + 2; pair 0's and 1's implied)
-    missed = _v3h_e4m3_missed(emu, "skip_wgmma_wait", V3H_MATH, _v3h_e4m3_calls(9, implied=(2, 5)))
-    assert not missed, f"wgmma wait(s) {missed} skipped went unnoticed"
+    for role in (V3H_WG0, V3H_WG1):  # after its P^T stores, every pair
+        missed = _v3h_e4m3_missed(emu, "skip_fence_proxy_async", role, [2, 4, 6], modes=STRICT_MODES)
+        assert not missed, f"warpgroup {role}'s P^T fence(s) {missed} skipped went unnoticed"
+        # each S's, each a1 rescale's, the last pair's end (the epilogue reads O^T)
+        missed = _v3h_e4m3_missed(emu, "skip_wgmma_wait", role, [-1, 0, 3, 7, 10, 14, 17, 20])
+        assert not missed, f"warpgroup {role}'s wgmma wait(s) {missed} skipped went unnoticed"
 
 
 def test_v3h_hopper_e4m3_every_named_barrier_removed_is_caught(emu):
     assert not _v3h_e4m3_missed(emu, "skip_named_barrier", V3H_MATH, [0], modes=STRICT_MODES), "the Q barrier removed"
-    missed = _v3h_e4m3_missed(emu, "skip_named_barrier", V3H_WG0, [3, 6], modes=STRICT_MODES)
-    assert not missed, f"warpgroup 0's bar.sync call(s) {missed} removed went unnoticed"
-    missed = _v3h_e4m3_missed(emu, "skip_named_barrier", V3H_WG1, [2, 5], modes=STRICT_MODES)
-    assert not missed, f"warpgroup 1's bar.sync call(s) {missed} removed went unnoticed"
-    # its own barrier before it rewrites its V^T halves, pairs 1 and 2 (pair 0's has no P V before it to wait for):
-    # with it gone, three of its warps run a pair ahead of the first and rewrite what that warp's P V still reads
-    # (shown only with that warp held back: lagging-head, and for pair 2 stalled-head)
-    missed = _v3h_e4m3_missed(emu, "skip_named_barrier", V3H_WG1, [4, 7], modes=V3H_WARP_LAG_MODES)
-    assert not missed, f"warpgroup 1's own barrier call(s) {missed} removed went unnoticed"
-    # warpgroup 0's likewise (pairs 1 and 2), before it rewrites its V^T half of stage 1 under its P1 V1L of the pair
-    # before
-    missed = _v3h_e4m3_missed(emu, "skip_named_barrier", V3H_WG0, [5, 8], modes=V3H_WARP_LAG_MODES)
-    assert not missed, f"warpgroup 0's own barrier call(s) {missed} removed went unnoticed"
+    # every hand-off and each warpgroup's own barrier, every pair, and the epilogue's (its own barrier, removed, lets
+    # a warp read a row's 1 / l before the row's warp wrote it: shown with one warp held back)
+    for role in (V3H_WG0, V3H_WG1):
+        missed = _v3h_e4m3_missed(emu, "skip_named_barrier", role, list(range(1, 11)),
+                                  modes=V3H_E4M3_MODES + V3H_WARP_LAG_MODES)
+        assert not missed, f"warpgroup {role}'s named barrier call(s) {missed} removed went unnoticed"
     missed = _v3h_e4m3_missed(emu, "named_barrier_miscount", V3H_MATH, [-1, 0, 1, 2, 3], modes=STRICT_MODES)
     assert not missed, f"named barrier call(s) {missed} with a wrong count went unnoticed"
 
@@ -1674,7 +1653,7 @@ V3H_WARP_LAG_MODES = (("issue", "lagging-tail"), ("wait", "lagging-tail"), ("iss
 def test_v3h_hopper_phantom_pair_under_every_schedule(emu, kv_dtype):
     # a phantom pair after real ones (300 + 7 tokens: pairs 0-2, the last with a phantom block; two requests of 3 and
     # 2 blocks), under every schedule and landing mode. A phantom pair runs no P1 V1L, so warpgroup 0 has no wait on
-    # stage 1's late half (FULL; e4m3: its V^T half's VFULL); when it still released that half (2026-12-06, the
+    # stage 1's late half (FULL; e4m3: the phantom block's); when it still released that half (2026-12-06, the
     # first phantom build) it could complete the half's EMPTY phase of the last pair before the producer waited on
     # the one before it, which then waited for a parity the barrier had moved past: a deadlock in (issue,
     # starve-last), and for e4m3 in the warp-ahead schedules too
@@ -1692,19 +1671,19 @@ def test_v3h_hopper_phantom_pair_under_every_schedule(emu, kv_dtype):
 
 
 def test_v3h_hopper_e4m3_phantom_pair_barrier_or_wait_removed_is_caught(emu):
-    # A phantom pair (300 + 7 tokens: 5 blocks, pair 2's second block past the end): warpgroup 1 transposes stage 0's
-    # dims 256-511 into the V^T half its P0 V0R of pair 1 read, after its own named barrier (its call 7: after 0 Q,
-    # per real pair 3i + 1 that barrier, 3i + 2 bar.sync P0 and 3i + 3 bar.arrive P1), as in a real pair. Removed,
-    # three warps of the warpgroup run ahead of another (lagging-tail, lagging-head) and rewrite what its P0 V0R of
-    # pair 1 still reads: wrong sums (the other schedules keep the warps too close to show it). The phantom pair's FULL
-    # wait of stage 1 (warpgroup 1's mbarrier_wait call 4) is the only wait on the phantom block's zero copies: without
-    # it they are still in flight when the block exits (the emulator's exit check). Its FULL wait of stage 0 (call 5)
-    # is implied by call 4, as in a real pair (each producer thread copies a pair's stage 0 before its stage 1, and
-    # its noinc arrive on stage 1 counts once every copy it issued landed)
+    # A phantom pair (300 + 7 tokens: 5 blocks, pair 2's second block past the end): warpgroup 1 runs P0 V0R alone
+    # after its bar.sync on P0 (its named barrier call 7: after 0 Q and pairs 0 and 1's 1-6), and warpgroup 0 its P0
+    # V0L after its own barrier (call 8). Removed, warpgroup 1 reads P0, its stats and alphas before they are written,
+    # and warpgroup 0's warps read P0^T before every warp stored its part. The phantom pair's FULL wait of block 5
+    # (warpgroup 1's mbarrier_wait call 4) is the only wait on the phantom block's zero copies: without it they are
+    # still in flight when the block exits (the emulator's exit check). Its FULL wait of block 4 (call 5) is implied
+    # by call 4, as in a real pair (each producer thread copies a pair's first block before its second, and its noinc
+    # arrive on the second counts once every copy it issued landed)
     spec = CaseSpec((300,), (7,), "bushy", dtype=BF, kv_dtype="fp8_e4m3", seed=428, **MLA)
-    missed = _v3_missed(emu, "skip_named_barrier", V3H_WG1, [-1, 7], spec=spec, tile=V3H, caught=_caught_e4m3,
-                        modes=V3H_WARP_LAG_MODES + V3H_E4M3_MODES)
-    assert not missed, f"warpgroup 1's phantom-pair barrier call(s) {missed} removed went unnoticed"
+    for role, calls in ((V3H_WG1, [-1, 7]), (V3H_WG0, [-1, 8])):
+        missed = _v3_missed(emu, "skip_named_barrier", role, calls, spec=spec, tile=V3H, caught=_caught_e4m3,
+                            modes=V3H_WARP_LAG_MODES + V3H_E4M3_MODES)
+        assert not missed, f"warpgroup {role}'s phantom-pair barrier call(s) {missed} removed went unnoticed"
     missed = _v3_missed(emu, "skip_mbarrier_wait", V3H_WG1, [4], spec=spec, tile=V3H, caught=_caught_e4m3,
                         modes=V3H_E4M3_MODES)
     assert not missed, "warpgroup 1's FULL wait on the phantom block removed went unnoticed"

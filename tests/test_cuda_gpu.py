@@ -229,8 +229,9 @@ def test_kernel_v3_fp8_matches_reference(version, kv_dtype, monkeypatch):
 
 
 def test_hopper_v3_e4m3_matches_reference():
-    """Hopper's v3 on e4m3 caches (wgmma .e4m3; the producer and warpgroup 1 transpose V into V^T buffers), page 64 at
-    20k and page 1 at 3k, the e4m3-MMA tolerance. sm_90a only."""
+    """Hopper's v3 on e4m3 caches (wgmma .e4m3; P V swapped, O^T = V^T P^T with V^T's A fragments built from the
+    rows in registers, the real wgmma's register operands), page 64 at 20k and page 1 at 3k, the e4m3-MMA
+    tolerance. sm_90a only."""
     from verify_attn.backends import cuda
 
     if torch.cuda.get_device_capability() != (9, 0):

@@ -468,14 +468,14 @@ def test_hopper_v3s_phantom_pair_runs_warpgroup_0s_block_alone(kv_dtype):
     """Hopper's v3 runs a pair whose second block lies past the split's end (an odd block count's last pair) without
     a wgmma on that block: the model's phantom path (`sass-model: phantom` / `real` blocks) holds warpgroup 0's S and
     both warpgroups' P0 V, i.e. warpgroup 1 issues no S and neither warpgroup a P1 V. Per pair on the hot path:
-    warpgroup 0 S (36 k16 steps; e4m3 18 k32) and 8 P V (4 + 4; e4m3 2 + 2), warpgroup 1 the same; on the phantom
-    path warpgroup 0 S and 4 P V (e4m3 2), warpgroup 1 4 P V (e4m3 2) and no S. The hot and masked paths leave the
-    phantom blocks out."""
+    warpgroup 0 S (36 k16 steps; e4m3 18 k32) and 8 P V (4 + 4; e4m3, swapped, 2 k32 steps x 4 m64 tiles of O^T
+    each: 8 + 8), warpgroup 1 the same; on the phantom path warpgroup 0 S and 4 P V (e4m3 8), warpgroup 1 4 P V
+    (e4m3 8) and no S. The hot and masked paths leave the phantom blocks out."""
     _tools_or_skip()
     from bench.model import kernels, sass
     km = next(k for k in kernels.load("sm_90a", "mla576e4m3" if kv_dtype != "bf16" else "mla576", "bf16", "page1")
               if k.tile.version == 3)
-    s_steps, pv_steps = (18, 2) if kv_dtype != "bf16" else (36, 4)
+    s_steps, pv_steps = (18, 8) if kv_dtype != "bf16" else (36, 4)
 
     def gmmas(roles):
         body, spans, *_ = roles

@@ -192,7 +192,7 @@ TILES: dict[str, list[Tile]] = {
     # The e4m3-MMA tile is sm_120's (4 stages, two barriers per tile: two tiles in flight in 91 KB): on sm_90
     # nvcc lowers its MMAs to f16 HMMAs (no e4m3 rate there). The f16 tile keeps Q and P exact (any arch); the H200's
     # default is kernel v2 on wgmma .e4m3 (DEFAULT_TILE).
-    # Hopper's v3 (V3_SM90_TILE) too, on wgmma .e4m3: its producer transposes each block's V into V^T buffers
+    # Hopper's v3 (V3_SM90_TILE) too, on wgmma .e4m3: P V swapped (O^T = V^T P^T, V^T's fragments from the rows)
     "mla576e4m3": [Tile(32, 32, 4, 2, 4, version=1, sn=2, archs=("sm_120a",)), _FP8_F16_TILE,  # f16: the exact one
                    _V2_FP8_TILE, V3_FP8_TILE, V3_WG_FP8_TILE, V3_ROLES_FP8_TILE, V3_SM90_TILE],
     # 656-byte rows: sm_120's tile on e4m3 MMAs (per-block scales on S's block sums and on P, RoPE in q's type;
@@ -287,12 +287,12 @@ def smem_bytes(tile: Tile, dqk: int, dv: int, shared_kv: bool, kv_bytes: int = 2
     pad, elem = 8, 2
     if tile.version == 3:  # KernelTraitsV3: Q + STAGES x BN rows (no pad) + row stats + 8 mask words + mbarriers
         bm = tile.cta_m   # (a cluster tile: one CTA's)
+        if kv_bytes == 1:  # e4m3: 2 slots of STAGES stages, an e4m3 P^T buffer per stage of each slot, row stats, mask
+            #                words, Q's row scales, alphas and 1 / l per warpgroup and row; FULL / EMPTY per buffer
+            bufs = 2 * tile.num_stages
+            return ((bm + bufs * tile.block_n) * dqk + 2 * 2 * bm * 4 + bm * 8 * 4 + bufs * bm * tile.block_n
+                    + bm * 4 + 2 * 2 * bm * 4 + 2 * bufs * 8)
         base = ((bm + tile.num_stages * tile.block_n) * dqk * kv_bytes + 2 * 2 * bm * 4 + bm * 8 * 4)
-        if kv_bytes == 1:  # e4m3: + V^T per stage (k32 steps x Dv / 8 x 288), e4m3 P per stage, Q's row scales, and
-            #                FULL / EMPTY per stage + VFULL / VEMPTY per stage half
-            return (base + tile.num_stages * (tile.block_n // 32) * (dv // 8) * 288
-                    + tile.num_stages * tile.block_m * tile.block_n + tile.block_m * 4
-                    + (2 * tile.num_stages + 2 * tile.num_stages * 2) * 8)
         # FULL and EMPTY per stage half (a cluster: + FULL_PEER per stage half, SENT per stage)
         return base + 2 * tile.num_stages * 2 * 8 + (3 * tile.num_stages * 8 if tile.cluster > 1 else 0)
     if tile.version == 2:  # KernelTraitsV2: Q (BM rows) + STAGES x BN KV rows (core-matrix layout, no pad)

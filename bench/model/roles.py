@@ -334,12 +334,15 @@ def barrier_offset(ins: Instr) -> Optional[int]:
     """The immediate offset of an mbarrier operand `[URx+0xOFF]` (`[URx]`: 0) of a SYNCS or ARRIVES: which barrier of
     the kernel's shared-memory plan an arrive or wait names. This takes every mbarrier as addressed from one base,
     as a CUTLASS-style shared-storage struct is (FlashMLA's `plan`); None where the address is not register +
-    immediate (`[Rx+URZ+0xOFF]`, the zero uniform register between them, counts as register + immediate)."""
+    immediate (`[Rx+URZ+0xOFF]`, the zero uniform register between them, counts as register + immediate, and so does
+    `[Rx+URy+0xOFF]`: a register index over a row of barriers, such as Hopper v3 e4m3's slots, pair i's barriers at
+    slot i % 2, is folded onto the row's first, which plays the same part in the one steady-state iteration the
+    model simulates)."""
     for o in ins.operands:
         m = re.match(r"^\[\s*U?R\d+\s*(?:\+\s*(0x[0-9a-f]+|\d+)\s*)?\]$", o.strip())
         if m:
             return int(m.group(1), 0) if m.group(1) else 0
-        m = re.match(r"^\[\s*R\d+\s*\+\s*URZ\s*\+\s*(0x[0-9a-f]+|\d+)\s*\]$", o.strip())
+        m = re.match(r"^\[\s*R\d+\s*\+\s*UR(?:Z|\d+)\s*\+\s*(0x[0-9a-f]+|\d+)\s*\]$", o.strip())
         if m:
             return int(m.group(1), 0)
     return None

@@ -98,8 +98,8 @@ VA_DEVICE void mask_m64_scores(const Params& p, float (&s)[kSAccN], int tok0, in
 // The epilogue of a wgmma m64 accumulator (kernels v2 and Hopper's v3): this thread's two rows (warp wq's 16 rows,
 // fragment row qg and qg + 8) and its columns col0 + 8 j, +1 of O (oacc, kOAccN floats: 4 per n8 block), divided by
 // the row's l and times `scale`; with one split straight to out (and the lse, by `lse_lane`), else into the split's
-// workspace rows for the combine.
-template <class T, int kOAccN>
+// workspace rows for the combine. kStoreO false: the lse alone (O stored by store_m64_cols).
+template <class T, int kOAccN, bool kStoreO = true>
 VA_DEVICE void store_m64_rows(const Params& p, int num_splits, int split, int row0, int nrows, int qo_begin, int kvh,
                               int wq, int qg, int col0, bool lse_lane, const float (&oacc)[kOAccN],
                               const float (&m_run)[2], const float (&l_run)[2], float scale) {
@@ -120,7 +120,7 @@ VA_DEVICE void store_m64_rows(const Params& p, int num_splits, int split, int ro
     if (direct) {
       T* o = static_cast<T*>(p.out) + qrow * p.o_stride_tok + head * p.o_stride_head + col0;
 #pragma unroll
-      for (int j = 0; j < kOAccN / 4; ++j)
+      for (int j = 0; j < (kStoreO ? kOAccN / 4 : 0); ++j)
         arch::st_global(reinterpret_cast<uint32_t*>(o + 8 * j),
                         arch::pack2<T>(oacc[4 * j + 2 * hf] * inv, oacc[4 * j + 2 * hf + 1] * inv));
       if (p.lse != nullptr && lse_lane)
@@ -129,12 +129,49 @@ VA_DEVICE void store_m64_rows(const Params& p, int num_splits, int split, int ro
       const int64_t prow = (static_cast<int64_t>(split) * p.total_q + qrow) * p.num_q_heads + head;
       float* o = ws_o + prow * p.head_dim_v + col0;
 #pragma unroll
-      for (int j = 0; j < kOAccN / 4; ++j)
+      for (int j = 0; j < (kStoreO ? kOAccN / 4 : 0); ++j)
         arch::st_global(reinterpret_cast<float2*>(o + 8 * j),
                         make_float2(oacc[4 * j + 2 * hf] * inv, oacc[4 * j + 2 * hf + 1] * inv));
       if (lse_lane) arch::st_global(ws_lse + prow, lse2);
     }
   }
+}
+
+// The epilogue of O^T (Hopper's v3 on e4m3: O^T = V^T P^T, kOTiles m64 tiles of dims, N = the CTA's 64 rows): this
+// thread's columns, rows 8 j + 2 qt + c of the CTA's, at dims dim0 + 64 mt and + 1 (accumulator rows qg and qg + 8 of
+// its warp's 16 in each tile, o[32 mt + 4 j + c] and o[32 mt + 4 j + 2 + c]), times inv_of_row[row] (1 / l and the
+// scales); with one split to out, else into the split's workspace rows. The lse: store_m64_rows<..., false>.
+template <class T, int kOTiles>
+VA_DEVICE void store_m64_cols(const Params& p, int num_splits, int split, int row0, int nrows, int qo_begin, int kvh,
+                              int qt, int dim0, const float (&o)[kOTiles * 32], const float* inv_of_row) {
+  namespace arch = va::arch;
+  const int group = p.group;
+  const bool direct = num_splits == 1;
+  float* ws_o = direct ? nullptr : ws_partial_o(p);
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const int n = 8 * j + 2 * qt + c, grow = row0 + n;
+      if (grow >= nrows) continue;
+      const int qrow = qo_begin + grow / group;
+      const int head = kvh * group + grow % group;
+      const float inv = inv_of_row[n];
+      if (direct) {
+        T* out = static_cast<T*>(p.out) + qrow * p.o_stride_tok + head * p.o_stride_head + dim0;
+#pragma unroll
+        for (int mt = 0; mt < kOTiles; ++mt)
+          arch::st_global(reinterpret_cast<uint32_t*>(out + 64 * mt),
+                          arch::pack2<T>(o[32 * mt + 4 * j + c] * inv, o[32 * mt + 4 * j + 2 + c] * inv));
+      } else {
+        const int64_t prow = (static_cast<int64_t>(split) * p.total_q + qrow) * p.num_q_heads + head;
+        float* out = ws_o + prow * p.head_dim_v + dim0;
+#pragma unroll
+        for (int mt = 0; mt < kOTiles; ++mt)
+          arch::st_global(reinterpret_cast<float2*>(out + 64 * mt),
+                          make_float2(o[32 * mt + 4 * j + c] * inv, o[32 * mt + 4 * j + 2 + c] * inv));
+      }
+    }
 }
 
 // e4m3 caches on wgmma (kernel v2 and Hopper's v3): Q quantized per row (scale amax / 448, like v1's e4m3 tiles; a

@@ -1,8 +1,8 @@
-// P V with its operands swapped, for e4m3 caches on wgmma: a building block for Hopper's v3 (NOTES.md, "Hopper's v3 on
-// e4m3: P V with the operands swapped"), not yet used by a kernel.
+// P V with its operands swapped, for e4m3 caches on wgmma: Hopper's v3 on e4m3 (sm90/tree_verify_kernel_v3.cuh, pv_swap;
+// NOTES.md, "Hopper's v3 on e4m3: P V with the operands swapped").
 //
 // wgmma takes e4m3 B operands K-major only, so O (rows x dims) = P V needs V with its tokens contiguous per dim, and
-// Hopper's v3 transposes each block's V into a V^T buffer (32 KB read and 32 KB written a block). Swapped:
+// Hopper's v3 transposed each block's V into a V^T buffer (32 KB read and 32 KB written a block) until 2026-12-07. Swapped:
 // O^T (dims x rows) = V^T (dims x tokens) P^T (tokens x rows). V^T is then the A operand, which wgmma may take from
 // registers, and P^T the B operand, K-major: P's rows with their tokens contiguous, a 4 KB e4m3 tile a block.
 //

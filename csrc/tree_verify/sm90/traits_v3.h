@@ -76,21 +76,25 @@ struct KernelTraitsV3 {
   // ---- e4m3 (kFp8): wgmma .e4m3 takes K-major operands only, and a 576-byte row is 4.5 128-byte lines, so the rows
   // sit in v2's no-swizzle core-matrix layout (traits.h, KernelTraitsV2): token t's 16-byte chunk c (16 dims) at
   // (t / 8) kGroupBytes + 128 c + 16 (t % 8). S = Q K^T reads Q and a stage K-major (LBO 128, SBO kGroupBytes, a k32
-  // step +256). The producer transposes each block's V (dims 0-511) into a V^T buffer, K-major for P V: per k32 step
-  // (32 tokens), dim d, k position kappa (the tokens in fp8_pv_token_of_k order, where P's A fragment has them) at
-  // (d / 8) kVtSbo + (kappa / 16) kVtLbo + 16 (d % 8) + kappa % 16 (v2's strides, conflict-free both ways). P is
-  // exchanged through a buffer of its own (e4m3, A-fragment order), Q's row scales beside it.
+  // step +256). P V runs with its operands swapped, O^T = V^T P^T (sm90/pv_swap.cuh): V^T's A fragments come from the
+  // stage's rows by ldmatrix .trans, and P^T, the B operand, is K-major in a P buffer: row n, k position kappa (the
+  // block's tokens in fp8_pv_token_of_k order a 32-token step) at (n / 8) kPSbo + (kappa / 16) 128 + 16 (n % 8) +
+  // kappa % 16 (LBO 128, a k32 step +256). A P buffer a stage of each slot (the other warpgroup's P V of pair i
+  // may still read P0 when warpgroup 0 writes pair i + 1's), Q's row scales, and the softmax's per-row alpha
+  // and 1 / l beside them: O^T's columns are rows, so each thread scales 16 rows it did not compute.
   static constexpr int kChunks = DQK * int(sizeof(KvElem)) / 16;        // 16-byte chunks a KV row: 36 (e4m3)
   static constexpr int kRowBytes = DQK * int(sizeof(KvElem));
   // e4m3's L2 prefetch of a row: every 128-byte line it touches at any alignment (traits.h kLineLanes' rule): its
   // bytes 0, 128, ... and its last, 6 lines for 576 bytes
   static constexpr int kRowLines = (kRowBytes + 127) / 128 + 1;
   static constexpr int kGroupBytes = kChunks * 128;                     // 8 tokens x a row's chunks (e4m3)
-  static constexpr int kVtLbo = 144, kVtSbo = 288;                      // e4m3: V^T's core-matrix strides
-  static constexpr size_t kVtStepBytes = size_t(DV / 8) * kVtSbo;       // V^T of one k32 step (32 tokens), all Dv
-  static constexpr size_t kVtBytes = kFp8 ? kPKSteps * kVtStepBytes : 0;  // one block's V^T (e4m3): 36 KB
   static constexpr size_t kPBytes = kFp8 ? size_t(BM) * BN : 0;         // one block's P, e4m3 (e4m3: 4 KB)
-  // P stored as the A fragments of the k32 steps of P V, scaled by kPScale (the exact max: P <= 1; v2's choice)
+  // e4m3: pair i's blocks in slot i % 2 (two stages each), so that the producer copies pair i + 2 once pair i's rows
+  // are read (their last readers are the P V's V^T fragments, at the pair's end); 16-bit: one slot
+  static constexpr int kSlots = kFp8 ? 2 : 1;
+  static constexpr int kPSbo = (BN / 16) * 128;                         // e4m3 P^T: 8 rows x the block's 64 tokens
+  static constexpr int kOTiles = kODV / 64;                             // e4m3 O^T: 4 m64 tiles of dims a warpgroup
+  // P stored scaled by kPScale (the exact max: P <= 1; v2's choice)
   static constexpr float kPScale = 256.f;
 
   static constexpr size_t kOperandBytes = kFp8 ? size_t(BM / 8) * kGroupBytes : size_t(kDimBlocks) * kBlockBytes;
@@ -98,19 +102,22 @@ struct KernelTraitsV3 {
   static constexpr size_t kQ = 0;
   static constexpr size_t kKV = kOperandBytes;          // Q: 72 KB (e4m3: 36 KB)
   // per-row statistics a warpgroup publishes for the other: its block's row max and row sum, (2 warpgroups, 2, BM)
-  static constexpr size_t kStats = kKV + size_t(STAGES) * kStageBytes;
+  static constexpr size_t kStats = kKV + size_t(kSlots * STAGES) * kStageBytes;
   static constexpr size_t kMask = kStats + size_t(2) * 2 * BM * sizeof(float);
-  static constexpr size_t kVt = kMask + size_t(BM) * kMaskStage * sizeof(uint32_t);  // e4m3: STAGES V^T buffers
-  static constexpr size_t kP = kVt + size_t(STAGES) * kVtBytes;                       // e4m3: STAGES P buffers
-  static constexpr size_t kQScale = kP + size_t(STAGES) * kPBytes;                    // e4m3: Q's row scales
+  // e4m3: P buffers [slot][stage], then Q's row scales, then (warpgroup, BM) floats twice: the alpha of the block
+  // each warpgroup's softmax ran (its rows' rescale), and at the end each row's 1 / l
+  static constexpr size_t kP = kMask + size_t(BM) * kMaskStage * sizeof(uint32_t);
+  static constexpr size_t kQScale = kP + size_t(kSlots * STAGES) * kPBytes;
+  static constexpr size_t kAlpha = kQScale + (kFp8 ? size_t(BM) * sizeof(float) : 0);
+  static constexpr size_t kInvL = kAlpha + (kFp8 ? size_t(2) * BM * sizeof(float) : 0);
   // 16-bit: FULL x STAGES x 2 halves, then EMPTY x STAGES x 2 halves (a stage's early and late half, each with its
-  // own barriers, so the producer refills one while the other is still read). e4m3: FULL / EMPTY per stage (the
-  // rows: S's and the transposition's), then VFULL / VEMPTY per stage and V^T half (the P V wgmmas')
-  static constexpr size_t kBars = kQScale + (kFp8 ? size_t(BM) * sizeof(float) : 0);
+  // own barriers, so the producer refills one while the other is still read). e4m3: FULL / EMPTY per stage (every
+  // reader of the rows: S, and both warpgroups' V^T fragments)
+  static constexpr size_t kBars = kInvL + (kFp8 ? size_t(2) * BM * sizeof(float) : 0);
   // (a 2-CTA cluster, 16-bit: + LANDED per stage half, this CTA's own copies of it landed, which its producer
   // forwards to the peer; + SENT per stage, the peer's rows of this CTA's gather landed there, so this CTA may write P
   // over them)
-  static constexpr int kNumBars = kFp8 ? 2 * STAGES + 2 * STAGES * kHalves
+  static constexpr int kNumBars = kFp8 ? 2 * kSlots * STAGES
                                        : 2 * STAGES * kHalves + (kCluster > 1 ? STAGES * kHalves + STAGES : 0);
   static constexpr size_t kTotal = kBars + size_t(kNumBars) * sizeof(uint64_t);
   static constexpr size_t smem_bytes() { return kTotal; }
@@ -123,7 +130,8 @@ struct KernelTraitsV3 {
   static_assert(size_t(BM) * BN * 2 <= size_t(kBlockBytes), "P (BM x BN, 16-bit) fits the RoPE dim block");
   static_assert(kKV % 1024 == 0 && kStageBytes % 512 == 0, "operands start on 512-byte (swizzled: 1024) boundaries");
   static_assert(kFp8 || kStageBytes % 1024 == 0, "swizzled operands start on 1024-byte atoms");
-  static_assert(!kFp8 || (kVt % 16 == 0 && kP % 16 == 0 && kVtBytes % 16 == 0), "e4m3 buffers: 16-byte aligned");
+  static_assert(!kFp8 || (kP % 16 == 0 && kPBytes % 16 == 0 && kAlpha % 16 == 0), "e4m3 buffers: 16-byte aligned");
+  static_assert(!kFp8 || (kODV % 64 == 0 && BM == 64), "e4m3 O^T: m64 tiles of dims, N = the CTA's 64 rows");
   static_assert(kBars % 8 == 0, "mbarriers: 8-byte aligned");
   // the launch's pool is ptxas's count a thread (65536 / 384, in units of 8: 168) x the block, not the SM's 64 K:
   // setmaxnreg.inc waits until the pool has the registers (tests/test_model_roles.py reads the SASS's counts too)

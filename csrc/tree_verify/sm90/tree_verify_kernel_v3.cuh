@@ -42,8 +42,8 @@
 //     hand-offs (bar.arrive by the publishing warpgroup, bar.sync by the other: 256); 4, warpgroup 0's 128 threads
 //     before its P overwrites the RoPE dims its S read (a warp's wgmma wait retires its own part only: the
 //     emulator's warp-ahead schedule caught warp 0 writing P under warps 1-3's S; warpgroup 1's bar.sync on P0 already
-//     orders its warps' S before its P; e4m3, whose P has a buffer of its own: before its V^T stores of stage 1);
-//     5, warpgroup 1's 128 threads before its V^T stores of a pair (e4m3).
+//     orders its warps' S before its P; e4m3, whose P has buffers of its own: after its P0 stores, below);
+//     5, warpgroup 1's 128 threads after its P1 stores (e4m3).
 //     The only CTA-wide barrier is the one after the mbarriers' init.
 //   * A phantom pair (an odd block count's last: block 2i + 1 past the split's end) runs no wgmma on its phantom
 //     block: warpgroup 1 waits for the block's (zero) rows to land and issues no S, neither warpgroup hands P1 over
@@ -58,24 +58,32 @@
 // also runs fence.proxy.async after its FULL wait (the conservative reading of the PTX memory model: the wait acquires
 // the copies, the fence orders them before this thread's async-proxy reads; one cheap fence a block). The emulator
 // treats noinc-tied copies as the barrier's own writes (visible to wgmma once the phase is awaited), so it does not
-// check that fence; it checks the one after Q. The P exchange is read back into registers (wgmma's A from
-// registers), so no generic write is ever read by the async proxy.
+// check that fence; it checks the one after Q. The 16-bit P exchange is read back into registers (wgmma's A from
+// registers), so no generic write is read by the async proxy there; e4m3's P^T is (each writer fences its stores).
 // e4m3 caches (Tr::kFp8, per-tensor scales; traits_v3.h): both products on wgmma .e4m3 (k32), the same seesaw.
 //   * Q quantized per row (v2's scale amax / 448, stage_q_e4m3) and the stages in v2's no-swizzle core-matrix layout
 //     (a 576-byte row is 4.5 lines of 128 bytes); S: 18 k32 wgmma m64n64k32 a block.
-//   * The producer copies a block's rows (8 tokens x 4 consecutive 16-byte chunks a warp instruction) into a 36 KB
-//     stage with FULL / EMPTY mbarriers per stage. e4m3 operands are K-major only, so each block's V (dims 0-511) is
-//     transposed into a V^T buffer per stage (VtTransposer, tree_verify_kernel.cuh; k position kappa holds token
-//     fp8_pv_token_of_k(kappa), where P's A fragment has it): the producer transposes warpgroup 0's dims of stage 0
-//     (0-255, its early half; VFULL / VEMPTY), warpgroup 1 its own (256-511 of both blocks) right after its S, while
-//     warpgroup 0 runs its softmax, and warpgroup 0 its dims of stage 1 after it issued P0 V0L, while warpgroup 1
-//     runs the softmax it waits for (each consumer warpgroup behind a barrier of its own 128 threads, ids 5 and 4:
-//     its warps have retired the P V of the pair before that read the half). A stage's EMPTY counts every warp that
-//     read its rows (stage 0: warpgroup 0's S, the producer's and warpgroup 1's transpositions; stage 1: warpgroup
-//     1's S and transposition, warpgroup 0's transposition), so the producer refills it with pair i + 1 in
-//     iteration i (the loop's `arrive-ahead` marker tells bench.model) and prefetches pair i + 2's rows into L2.
-//   * P V: 2 k32 wgmma m64n256k32 a block, P from registers as e4m3 (x 2^8: the exact max, P <= 1), exchanged through
-//     a 4 KB buffer of its own; the epilogue scales by v_scale / 2^8.
+//   * P V with its operands swapped (NOTES.md, "Hopper's v3 on e4m3: P V with the operands swapped"): e4m3 B operands
+//     are K-major only, so O = P V would need V tokens-contiguous per dim (until 2026-12-07 each block's V was
+//     transposed into V^T buffers: 32 KB read and 32 KB written a block). Instead each warpgroup accumulates O^T (its
+//     256 dims x the 64 rows: 4 m64 tiles, N = 64, 128 fp32 registers a thread as O) += V^T P^T: A = V^T from
+//     registers, built from the stage's rows by ldmatrix .trans and byte permutes (vt_a_fragment_e4m3, sm90/pv_swap.cuh;
+//     the k positions are the tokens in fp8_pv_token_of_k order, where P's A fragment has them), B = P^T from a P
+//     buffer (K-major: row n's tokens contiguous), which the warpgroup that ran the softmax stores (4-byte words of its
+//     A fragments, fenced). 8 wgmma m64n64k32 a block and warpgroup, committed a k32 step, at most two steps in flight.
+//   * O^T's columns are rows: each thread scales 16 rows it did not compute. A warpgroup publishes its block's alpha
+//     per row beside its row max and sum (warpgroup 0 its a0 before bar.arrive P0, warpgroup 1 its a1 before
+//     bar.arrive P1); each thread reads its 16 rows' factors and rescales O^T when any of its warp's differs from 1
+//     (the exact max: P <= 1, stored x kPScale, v2's choice). Warpgroup 1's order is O_R a0, P0 V0R, then (only when a1
+//     differs from 1, after retiring P0 V0R) O_R a1, then P1 V1R: P0 in shared memory is at block 2i's max, and
+//     warpgroup 0 reads it too.
+//   * Buffers in two slots (pair i in slot i % 2, two 36 KB stages each; its FULL / EMPTY barriers' phase i / 2): a
+//     block's rows are read to the pair's end (the P V's fragments), so the producer copies pair i + 2 into pair i's
+//     slot once every consumer warp freed it (EMPTY counts all 8: each after loading its fragments of the block, its S
+//     before), and prefetches pair i + 3's rows into L2. The P buffers follow the slots: warpgroup 1's P0 V0R of pair
+//     i may still read P0 when warpgroup 0 writes pair i + 1's.
+//   * Each warpgroup's own barrier (ids 4 and 5) follows its P store, so that its own P V reads every warp's; the
+//     epilogue passes 1 / l per row through shared memory behind the same barriers and stores O^T's columns.
 // A 2-CTA cluster (Tr::kCluster 2, TileConfigV3<128, ...>; 16-bit caches; NOTES.md, "Hopper's v3 as a 2-CTA
 // cluster"): the two 64-row CTAs of a split's 128 rows share each block's gather. A CTA with no rows of its own still
 // runs, as padding, so that both always do.
@@ -104,29 +112,15 @@
 #include "../request.cuh"
 #include "../tree_verify_kernel.cuh"
 #include "../tree_verify_kernel_v1.cuh"  // TokenCursor
+#include "pv_swap.cuh"
 #include "traits_v3.h"
 
 namespace va::tv {
 
 // Named barriers of kernel v3 (sm90): Q staged by the consumers, the seesaw's two hand-offs, warpgroup 0's own
-// barrier before P0 overwrites the RoPE dims its S read (e4m3: before its V^T stores of stage 1), and (e4m3)
-// warpgroup 1's before its V^T stores of a pair
+// barrier before P0 overwrites the RoPE dims its S read (e4m3: after its P0 stores, before its P0 V0L reads them), and
+// (e4m3) warpgroup 1's after its P1 stores
 inline constexpr int kV3QBarrier = 1, kV3P0Barrier = 2, kV3P1Barrier = 3, kV3WgBarrier = 4, kV3Wg1Barrier = 5;
-
-// e4m3: dims [256 dv, 256 dv + 256) of the block in `stage` (landed rows) into the stage's V^T buffer, both k32 steps
-// (VtTransposer of the warpgroup doing it: its warp w takes the 16-dim chunks w, w + 4, ...), then this thread's
-// proxy fence: its V^T stores (generic proxy) ordered before the wgmma's (async-proxy) reads, which a later barrier
-// or arrival publishes
-template <class Tr, class Vt>
-VA_DEVICE void transpose_vt_half(const Vt& vt, const unsigned char* sKV, unsigned char* sVt, int stage, int dv) {
-  constexpr int kHalfChunks = Tr::kODV / 16;  // 16 chunks of 16 dims in a V^T half
-  const int c0 = dv * kHalfChunks;
-#pragma unroll
-  for (int kk = 0; kk < Tr::kPKSteps; ++kk)
-    vt.template run<kHalfChunks / 4>(sKV + stage * Tr::kStageBytes + 4 * kk * Tr::kGroupBytes + 128 * c0,
-                                     sVt + stage * Tr::kVtBytes + kk * Tr::kVtStepBytes + 2 * c0 * Tr::kVtSbo);
-  va::arch::fence_proxy_async();
-}
 
 template <class Tr>
 __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel_v3(const Params p, const int num_splits) {
@@ -163,14 +157,11 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
   const int lane = arch::lane_id();
   const int warp = arch::warp_id();
   unsigned char* smem = arch::smem_dynamic<unsigned char>();
-  // 16-bit: FULL (stage, half) at sFull[2 stage + half], EMPTY likewise at sEmpty. e4m3: FULL / EMPTY per stage (the
-  // rows), VFULL / VEMPTY (stage, V^T half) at [2 stage + half] (used: stage 0's half 0, the producer's for
-  // warpgroup 0). Pair i is phase i of each
-  constexpr int kRowBars = Tr::kFp8 ? STAGES : STAGES * Tr::kHalves;
+  // 16-bit: FULL (stage, half) at sFull[2 stage + half], EMPTY likewise at sEmpty; pair i is phase i of each. e4m3:
+  // FULL / EMPTY per buffer (slot, stage) at [2 slot + stage]; pair i (slot i % 2) is phase i / 2 of its slot's
+  constexpr int kRowBars = Tr::kFp8 ? Tr::kSlots * STAGES : STAGES * Tr::kHalves;
   uint64_t* sFull = reinterpret_cast<uint64_t*>(smem + Tr::kBars);
   uint64_t* sEmpty = sFull + kRowBars;
-  [[maybe_unused]] uint64_t* sVFull = sEmpty + kRowBars;
-  [[maybe_unused]] uint64_t* sVEmpty = sVFull + STAGES * Tr::kHalves;
   // the cluster: FULL_PEER (stage, half) at sFullPeer[2 stage + half], the peer's rows of the half landed here (one
   // arrival, this CTA's producer announcing their bytes); SENT (stage), the rows this CTA forwarded of the stage's
   // late half landed in the peer (one arrival, from the peer), so that P may overwrite the RoPE block they came from
@@ -189,21 +180,15 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
     for (int b = 0; b < kRowBars; ++b) {
       arch::mbarrier_init(sFull + b, Tr::kProducerThreads);  // every producer thread, once its copies landed
       // 16-bit: one lane of each warp of the warpgroup reading it last (the cluster: in both CTAs, since this CTA's
-      // producer refills the peer's half too). e4m3: of each warp that read the stage's rows: stage 0, warpgroup 0
-      // (its S), the producer and warpgroup 1 (their transpositions); stage 1, warpgroup 1 (its S and its
-      // transposition, one arrival) and warpgroup 0 (its transposition)
-      arch::mbarrier_init(sEmpty + b, Tr::kFp8 ? (b == 0 ? 3 : 2) * (Tr::kWarps / 2) : Tr::kCluster * Tr::kWarps / 2);
+      // producer refills the peer's half too). e4m3: of every consumer warp, each once it loaded its V^T fragments of
+      // the stage (its S, if the stage is its warpgroup's, came before)
+      arch::mbarrier_init(sEmpty + b, Tr::kFp8 ? Tr::kWarps : Tr::kCluster * Tr::kWarps / 2);
       if constexpr (kPair) arch::mbarrier_init(sFullPeer + b, 1);  // this CTA's producer thread 0 (expect_tx)
     }
     if constexpr (kPair) {
       for (int s = 0; s < STAGES; ++s) arch::mbarrier_init(sSent + s, 1);  // one lane of the peer's reader
       arch::fence_mbarrier_init_cluster();  // ... visible to the peer at the cluster barrier below
     }
-    if constexpr (Tr::kFp8)
-      for (int b = 0; b < STAGES * Tr::kHalves; ++b) {
-        arch::mbarrier_init(sVFull + b, Tr::kProducerThreads);  // every producer thread, its V^T stores fenced
-        arch::mbarrier_init(sVEmpty + b, Tr::kWarps / 2);       // one lane of each warp of the warpgroup reading it
-      }
   }
   // initialised before any arrival: the CTA's only block-wide barrier (the cluster: both CTAs', before either
   // arrives on or copies into the other's barriers)
@@ -373,78 +358,78 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
       // the 16-bit producer's whole-page shortcut: here the model read it 65.8 -> 75.8 us, its linear walk of the
       // shortcut's branch and the row walk's giving the id loads a false register dependency (two rows a block, so
       // the shortcut saves one id load a block)
-      auto load_ids = [&](int t, int32_t (&ids)[RJ]) {
-        TokenCursor<L> c = cur[t % STAGES].stepping_as(by8);
+      // (next: the block a pair after the one its stage's cursor names)
+      auto load_ids = [&](int t, int32_t (&ids)[RJ], bool next = false) {
+        TokenCursor<L> at = cur[t % STAGES];
+        if (next) at.advance();
+        TokenCursor<L> c = at.stepping_as(by8);
 #pragma unroll
         for (int j = 0; j < RJ; ++j, c.advance()) ids[j] = id_clamped(c.pos);
       };
-      // block t's rows into `stage`, then this thread's arrival on the stage's FULL once they landed; the stage's
-      // cursors move on to the next pair
+      // block t's rows into `stage` of its pair's slot (t / 2 % 2), then this thread's arrival on that buffer's FULL
+      // once they landed; the stage's cursors move on to the next pair
       auto copy_block = [&](int t, int stage, const int32_t (&ids)[RJ]) {
-        if (!(kKnockout & kKoNoLoad) || t < STAGES) {
+        const int buf = (t / STAGES) % Tr::kSlots * STAGES + stage;
+        if (!(kKnockout & kKoNoLoad) || t < Tr::kSlots * STAGES) {
           TokenCursor<L> c = cur[stage].stepping_as(by8);
 #pragma unroll
           for (int j = 0; j < RJ; ++j, c.advance()) {
             const bool valid = tok_of(t, j) < range.end;  // past the end: zeros land (P is 0 there; 0 x NaN would not be)
             const KV* src = kbase + c.row_offset(ids[j], k_sb32, k_st32);
-            unsigned char* dst = sKV + stage * Tr::kStageBytes + (2 * pw + j) * Tr::kGroupBytes + cl * 128 + tok8 * 16;
+            unsigned char* dst = sKV + buf * Tr::kStageBytes + (2 * pw + j) * Tr::kGroupBytes + cl * 128 + tok8 * 16;
 #pragma unroll
             for (int m = 0; m < kRowChunkIters; ++m) arch::cp_async_16_zfill(dst + m * 512, src + m * 64, valid);
           }
         }
         cur[stage].advance();
-        arch::cp_async_mbarrier_arrive_noinc(sFull + stage);
+        arch::cp_async_mbarrier_arrive_noinc(sFull + buf);
       };
-      // warpgroup 0's V^T half of stage 0 (dims 0-255, the stage's early half); each consumer warpgroup transposes
-      // its own others (warpgroup 0 stage 1's dims 0-255, warpgroup 1 dims 256-511 of both). Warp pw takes the
-      // 16-dim chunks pw, pw + 4, ... of the half, both k32 steps
-      const VtTransposer<4, Tr::kGroupBytes, Tr::kVtLbo, Tr::kVtSbo> vt(lane, pw);
-      unsigned char* sVt = smem + Tr::kVt;
-      static_assert(Tr::dv_half_of(0, 0) == 0, "dims 0-255: stage 0's half 0");
-      // the pair's rows: pair 0's before the loop, pair i + 1's in iteration i once their stage is free
-      {
-        int32_t ids[STAGES][RJ];
+      // pairs 0 and 1 (one a slot) before the loop, pair i + 2 in iteration i, into pair i's slot once it is free
+      // (unrolled: bench.model takes a role's loop for its steady state). Row ids a pair ahead of their copies: pair i
+      // + 3's load in iteration i, so that no copy waits on its id's load (the model read the producer's loop at 1,645
+      // cycles an iteration stalled on them when pair i + 2's were loaded in iteration i, with only the EMPTY waits,
+      // which pass at once in the steady state, between load and use)
+      int32_t ids[STAGES][RJ];
 #pragma unroll
-        for (int st = 0; st < STAGES; ++st) load_ids(st, ids[st]);
+      for (int t = 0; t <= Tr::kSlots * STAGES; t += STAGES) {
+        if (t >= 2 * npairs) break;
 #pragma unroll
-        for (int st = 0; st < STAGES; ++st) copy_block(st, st, ids[st]);
+        for (int st = 0; st < STAGES; ++st) load_ids(t + st, ids[st]);
+        if (t == Tr::kSlots * STAGES) break;  // (pair 2's ids: for iteration 0)
+#pragma unroll
+        for (int st = 0; st < STAGES; ++st) copy_block(t + st, st, ids[st]);
       }
-      TokenCursor<L> pf_cur = cursor(range.begin + 2 * STAGES * BN + pt);  // row pt of pair i + 2 (iteration i)
-      for (int i = 0; i < npairs; ++i) {
-        const uint32_t parity = static_cast<uint32_t>(i) & 1u;
-        // pair i + 1's row ids (copied at the end of this iteration: the transposition below hides the loads)
-        int32_t ids[STAGES][RJ];
-        if (i + 1 < npairs) {
+      static_assert(Tr::kSlots == 2, "e4m3 producer: pair i + 2 into pair i's slot");
+      TokenCursor<L> pf_cur = cursor(range.begin + 3 * STAGES * BN + pt);  // row pt of pair i + 3 (iteration i)
+      for (int i = 0; i + 2 < npairs; ++i) {
+        const uint32_t parity = static_cast<uint32_t>(i >> 1) & 1u;  // pair i's phase of its slot's barriers
+        const int slot = i % Tr::kSlots;
+        // pair i + 2's row ids (loaded an iteration ago), and pair i + 3's for the next
+        int32_t cur_ids[STAGES][RJ];
 #pragma unroll
-          for (int st = 0; st < STAGES; ++st) load_ids(2 * i + 2 + st, ids[st]);
+        for (int st = 0; st < STAGES; ++st)
+#pragma unroll
+          for (int j = 0; j < RJ; ++j) cur_ids[st][j] = ids[st][j];
+        if (i + 3 < npairs) {
+#pragma unroll
+          for (int st = 0; st < STAGES; ++st) load_ids(2 * i + 6 + st, ids[st], true);  // (cursors: pair i + 2)
         }
-        // row pt of pair i + 2 (prefetched below, so that pair i + 2's copies, issued in iteration i + 1, read L2)
-        const int pf_tok = range.begin + (2 * i + 4) * BN + pt;
-        const bool prefetch = i + 2 < npairs && pf_tok < range.end && !(kKnockout & kKoNoLoad);
+        // row pt of pair i + 3 (prefetched below, so that its copies, issued in iteration i + 1, read L2)
+        const int pf_tok = range.begin + (2 * i + 6) * BN + pt;
+        const bool prefetch = i + 3 < npairs && pf_tok < range.end && !(kKnockout & kKoNoLoad);
         const int32_t pf_id = prefetch ? id_clamped(pf_cur.pos) : 0;  // (pf_tok < range.end: never clamped)
-        // pair i's V^T of warpgroup 0's dims of stage 0 (its early half, freed in the middle of pair i - 1); then
-        // stage 0's rows are read no more by this warp. Pair i + 1's blocks go into each stage as soon as every warp
-        // that reads its rows is done (stage 0: warpgroup 0's S, this transposition and warpgroup 1's; stage 1:
-        // warpgroup 1's S and transposition, warpgroup 0's)
+        // each of pair i + 2's blocks into its stage of the slot once every consumer warp loaded its V^T fragments of
+        // pair i's block there (EMPTY, pair i's phase; S came before them)
 #pragma unroll
         for (int stage = 0; stage < STAGES; ++stage) {
-          if (stage == 0) {
-            arch::mbarrier_wait(sFull + 0, parity);  // the block's rows landed (every thread's)
-            // warpgroup 0 released this V^T half in pair i - 1
-            if (i > 0) arch::mbarrier_wait(sVEmpty + 0, parity ^ 1u);
-            transpose_vt_half<Tr>(vt, sKV, sVt, 0, 0);  // (fenced: before the wgmma's reads VFULL publishes)
-            arch::mbarrier_arrive(sVFull + 0);
-            arch::mbarrier_arrive_warp(sEmpty + 0);
-          } else if (prefetch) {  // the row's lines (a 576-byte row spans 5 or 6)
+          if (stage == 1 && prefetch) {  // the row's lines (a 576-byte row spans 5 or 6)
             const KV* row = kv_head + pf_cur.row_offset(pf_id, k_sb32, k_st32);
 #pragma unroll
             for (int b = 0; b < Tr::kRowLines; ++b)
               arch::prefetch_l2(row + (128 * b < Tr::kRowBytes ? 128 * b : Tr::kRowBytes - 1));
           }
-          if (i + 1 < npairs) {  // pair i + 1's block into the stage (EMPTY phase i)
-            arch::mbarrier_wait(sEmpty + stage, parity);
-            copy_block(2 * i + 2 + stage, stage, ids[stage]);  // sass-model: arrive-ahead (FULL: pair i + 1's)
-          }
+          arch::mbarrier_wait(sEmpty + slot * STAGES + stage, parity);
+          copy_block(2 * i + 4 + stage, stage, cur_ids[stage]);  // sass-model: arrive-ahead (FULL: pair i + 2's)
         }
         pf_cur.advance();
       }
@@ -487,16 +472,13 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
   arch::named_barrier_sync(kV3QBarrier, Tr::kThreads);       // ... everyone's (and the mask words)
 
   // ---- descriptors (sm90/traits_v3.h): K-major for S (Q and K), MN-major for P V (this warpgroup's 256 dims); e4m3:
-  // the core-matrix layout for S (LBO 128, SBO kGroupBytes), and the V^T buffers' (K-major) for P V ----
+  // the core-matrix layout for S (LBO 128, SBO kGroupBytes), and P^T's (K-major, the B operand of O^T = V^T P^T) ----
   const uint64_t q_desc = Tr::kFp8 ? arch::wgmma_desc(smem + Tr::kQ, 128, Tr::kGroupBytes)
                                    : arch::wgmma_desc_sw128(smem + Tr::kQ, 16, kAtom);
   const uint64_t k_desc0 = Tr::kFp8 ? arch::wgmma_desc(sKV, 128, Tr::kGroupBytes) : arch::wgmma_desc_sw128(sKV, 16, kAtom);
   const uint64_t v_desc0 =
-      Tr::kFp8 ? arch::wgmma_desc(smem + Tr::kVt + wg * (Tr::kODV / 8) * Tr::kVtSbo, Tr::kVtLbo, Tr::kVtSbo)
+      Tr::kFp8 ? arch::wgmma_desc(smem + Tr::kP, 128, Tr::kPSbo)
                : arch::wgmma_desc_sw128(sKV + wg * (Tr::kODV / Tr::kDimBlock) * kBlockBytes, kBlockBytes, kAtom);
-
-  // e4m3: this warpgroup's transposer of its own V^T halves (warp wq takes the chunks wq, wq + 4, ...)
-  [[maybe_unused]] const VtTransposer<4, Tr::kGroupBytes, Tr::kVtLbo, Tr::kVtSbo> vt_wg(lane, wq);
 
   // ---- softmax state: rows qg and qg + 8 of the warp's 16, the same in both warpgroups ----
   // (e4m3: x K's scale and the Q row's)
@@ -513,27 +495,27 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
   }
   const uint32_t* my_mask[2] = {sMask + (wq * 16 + qg) * kMaskStage, sMask + (wq * 16 + qg + 8) * kMaskStage};
   float m_run[2] = {h::neg_inf(), h::neg_inf()}, l_run[2] = {0.f, 0.f};
-  float oacc[kOAccN];
+  float oacc[kOAccN];  // e4m3: O^T, m64 tile mt (dims 64 mt ..) at o_tile(mt)
 #pragma unroll
   for (int i = 0; i < kOAccN; ++i) oacc[i] = 0.f;
+  [[maybe_unused]] auto o_tile = [&](int mt) -> float (&)[BM / 2] {
+    return *reinterpret_cast<float (*)[BM / 2]>(oacc + mt * (BM / 2));
+  };
   float sacc[kSAccN];
 
   // per-row statistics a warpgroup publishes: (warpgroup, {row max, row sum}, row)
   float* sStat = reinterpret_cast<float*>(smem + Tr::kStats);
   auto stat_at = [&](int g, int kind, int hf) { return sStat + (g * 2 + kind) * BM + wq * 16 + qg + 8 * hf; };
-  // P of the block in `stage`, in A-fragment order: k step kk, thread tw's 4 registers as one 16-byte word (16-bit:
-  // in the stage's RoPE dim block; e4m3: in the stage's P buffer)
+  // 16-bit: P of the block in `stage`, in A-fragment order, in the stage's RoPE dim block: k step kk, thread tw's 4
+  // registers as one 16-byte word
   auto p_at = [&](int stage) {
-    unsigned char* base = Tr::kFp8 ? smem + Tr::kP + stage * Tr::kPBytes
-                                   : sKV + stage * Tr::kStageBytes + Tr::kPBlock * kBlockBytes;
-    return reinterpret_cast<uint4*>(base) + tw;
+    return reinterpret_cast<uint4*>(sKV + stage * Tr::kStageBytes + Tr::kPBlock * kBlockBytes) + tw;
   };
 
   // S of the block in `stage` over all 576 dims (Q and K from shared memory): the k steps of the stage's early half
   // once it landed, then the late half's once that landed; committed and retired. e4m3: the 18 k32 steps once the
-  // block landed; release_rows: this warp's arrival on the stage's EMPTY (warpgroup 0's; warpgroup 1 arrives once it
-  // also transposed its dims of the block)
-  auto s_gemm = [&](int stage, uint32_t parity, bool release_rows) {
+  // block landed (`stage`: the buffer, slot and stage)
+  auto s_gemm = [&](int stage, uint32_t parity) {
     const uint64_t kd = arch::wgmma_desc_advance(k_desc0, stage * Tr::kStageBytes);
     arch::wgmma_fence_operand(sacc);
     if constexpr (Tr::kFp8) {
@@ -573,33 +555,36 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
     arch::wgmma_commit();
     arch::wgmma_wait<0>();
     arch::wgmma_fence_operand(sacc);
-    if constexpr (Tr::kFp8) {
-      // (warpgroup 1 frees its block's rows once it also transposed its dims of them)
-      if (release_rows) arch::mbarrier_arrive_warp(sEmpty + stage);
-    } else {
-      (void)release_rows;
-    }
   };
   // O += P V over this warpgroup's 256 dims of the block in `stage` (A = P from registers), issued, not committed.
-  // e4m3: from the stage's V^T buffer once the producer published this warpgroup's half of it (VFULL)
-  // fence: a wgmma_fence first (the first P V after register writes; e4m3: after the VFULL wait). half: the stage's
-  // half (0 early, 1 late) holding this warpgroup's dims (a constant at each call, so the barrier's address is too);
-  // e4m3: -1, no VFULL wait (warpgroup 1 transposed its halves itself)
-  auto pv_issue = [&](int stage, const uint32_t (&pa)[kPKSteps][4], uint32_t parity, bool fence, int half) {
-    if constexpr (Tr::kFp8) {
-      if (half >= 0) arch::mbarrier_wait(sVFull + Tr::kHalves * stage + half, parity);
-      if (fence || half >= 0) arch::wgmma_fence();
-      const uint64_t vd = arch::wgmma_desc_advance(v_desc0, stage * Tr::kVtBytes);
+  // fence: a wgmma_fence first (the first P V after register writes)
+  auto pv_issue = [&](int stage, const uint32_t (&pa)[kPKSteps][4], bool fence) {
+    if (fence) arch::wgmma_fence();
+    const uint64_t vd = arch::wgmma_desc_advance(v_desc0, stage * Tr::kStageBytes);
 #pragma unroll
-      for (int kk = 0; kk < kPKSteps; ++kk)
-        arch::wgmma_rs<KvT, Tr::kODV, false>(oacc, pa[kk], arch::wgmma_desc_advance(vd, kk * Tr::kVtStepBytes), true);
-    } else {
-      (void)parity, (void)half;
-      if (fence) arch::wgmma_fence();
-      const uint64_t vd = arch::wgmma_desc_advance(v_desc0, stage * Tr::kStageBytes);
+    for (int kk = 0; kk < kPKSteps; ++kk)
+      arch::wgmma_rs<T, Tr::kODV, true>(oacc, pa[kk], arch::wgmma_desc_advance(vd, kk * 2 * kAtom), true);
+  };
+  // e4m3: O^T += V^T P^T over this warpgroup's 256 dims of the block in buffer `buf` (sm90/pv_swap.cuh): each k32
+  // step, warp wq's A fragments of its 16 dims of each m64 tile (dims 256 wg + 64 mt + 16 wq ..., lane l passing token
+  // 32 kk + l's chunk) from the stage's rows, then 4 wgmma m64n64k32 (B: P^T of the buffer), committed a step. At most
+  // two steps in flight (wgmma_wait<1> before a step's fragments): their A registers stay live until retired, and four
+  // steps' (64) beside O^T's 128 left ptxas too few (it serialized the wgmmas and spilled)
+  auto pv_swap = [&](int buf) {
+    const unsigned char* rows = sKV + buf * Tr::kStageBytes + (wg * Tr::kODV / 16 + wq) * 128 + (lane & 7) * 16;
+    const uint64_t pd = arch::wgmma_desc_advance(v_desc0, buf * Tr::kPBytes);
 #pragma unroll
-      for (int kk = 0; kk < kPKSteps; ++kk)
-        arch::wgmma_rs<T, Tr::kODV, true>(oacc, pa[kk], arch::wgmma_desc_advance(vd, kk * 2 * kAtom), true);
+    for (int kk = 0; kk < kPKSteps; ++kk) {
+      arch::wgmma_wait<1>();
+      uint32_t a[Tr::kOTiles][4];
+      const unsigned char* tok = rows + ((Tr::kKStep * kk + lane) >> 3) * Tr::kGroupBytes;
+#pragma unroll
+      for (int mt = 0; mt < Tr::kOTiles; ++mt) vt_a_fragment_e4m3(a[mt], tok + mt * (64 / 16) * 128);
+      arch::wgmma_fence();
+#pragma unroll
+      for (int mt = 0; mt < Tr::kOTiles; ++mt)
+        arch::wgmma_rs<KvT, BM, false>(o_tile(mt), a[mt], arch::wgmma_desc_advance(pd, kk * 256), true);
+      arch::wgmma_commit();
     }
   };
   // the scores of block `blk` (from sacc) in log2 units, masked; and their row maxima over the quad
@@ -670,14 +655,22 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
       for (int i = 0; i < kOAccN; ++i) oacc[i] *= alpha[(i % 4) >> 1];
     }
   };
-  auto publish = [&](int stage, const uint32_t (&pa)[kPKSteps][4], const float (&tmax)[2], const float (&rsum)[2]) {
-    uint4* dst = p_at(stage);
-#pragma unroll
-    for (int kk = 0; kk < kPKSteps; ++kk) dst[kk * 128] = make_uint4(pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3]);
+  auto publish_stats = [&](const float (&tmax)[2], const float (&rsum)[2]) {
     if (qt == 0) {
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) *stat_at(wg, 0, hf) = tmax[hf], *stat_at(wg, 1, hf) = rsum[hf];
     }
+  };
+  auto fetch_stats = [&](float (&tmax)[2], float (&rsum)[2]) {
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) tmax[hf] = *stat_at(1 - wg, 0, hf), rsum[hf] = *stat_at(1 - wg, 1, hf);
+  };
+  // 16-bit: P in A-fragment order into the stage's RoPE block (p_at), its row max and sum beside it
+  auto publish = [&](int stage, const uint32_t (&pa)[kPKSteps][4], const float (&tmax)[2], const float (&rsum)[2]) {
+    uint4* dst = p_at(stage);
+#pragma unroll
+    for (int kk = 0; kk < kPKSteps; ++kk) dst[kk * 128] = make_uint4(pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3]);
+    publish_stats(tmax, rsum);
   };
   auto fetch = [&](int stage, uint32_t (&pb)[kPKSteps][4], float (&tmax)[2], float (&rsum)[2]) {
     const uint4* src = p_at(stage);
@@ -686,30 +679,70 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
       const uint4 v = src[kk * 128];
       pb[kk][0] = v.x, pb[kk][1] = v.y, pb[kk][2] = v.z, pb[kk][3] = v.w;
     }
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf) tmax[hf] = *stat_at(1 - wg, 0, hf), rsum[hf] = *stat_at(1 - wg, 1, hf);
+    fetch_stats(tmax, rsum);
   };
-  // this warp has no wgmma left that reads this half of the stage (e4m3: of the stage's V^T): one lane frees it for
-  // the producer
-  uint64_t* const sHalfEmpty = Tr::kFp8 ? sVEmpty : sEmpty;
+  // e4m3: P as P^T, the B operand, into buffer `buf`'s P (traits_v3.h: row n, k position kappa at (n / 8) kPSbo +
+  // (kappa / 16) 128 + 16 (n % 8) + kappa % 16): A register r of step kk is row wq 16 + qg + 8 (r % 2), k 32 kk + 16
+  // (r / 2) + 4 qt .. + 3, one 4-byte word (a warp's store: 8 rows x 16 bytes, 128 bytes in a row); its row max and
+  // sum, and the block's alpha of its rows, beside it; then this thread's proxy fence (the stores, generic proxy,
+  // before the wgmma's async-proxy reads that a later barrier orders)
+  [[maybe_unused]] float* sAlpha = reinterpret_cast<float*>(smem + Tr::kAlpha);
+  auto publish_pt = [&](int buf, const uint32_t (&pa)[kPKSteps][4], const float (&tmax)[2], const float (&rsum)[2],
+                        const float (&alpha)[2]) {
+    unsigned char* dst = smem + Tr::kP + buf * Tr::kPBytes + ((wq * 16 + qg) >> 3) * Tr::kPSbo + (qg & 7) * 16 + 4 * qt;
+#pragma unroll
+    for (int kk = 0; kk < kPKSteps; ++kk)
+#pragma unroll
+      for (int r = 0; r < 4; ++r)
+        arch::st_shared(dst + (r & 1) * Tr::kPSbo + (2 * kk + (r >> 1)) * 128, pa[kk][r]);
+    publish_stats(tmax, rsum);
+    if (qt == 0) {
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) sAlpha[wg * BM + wq * 16 + qg + 8 * hf] = alpha[hf];
+    }
+    arch::fence_proxy_async();
+  };
+  // e4m3: O^T's columns (rows 8 j + 2 qt, + 1 of this thread) times the factors f[row] (BM floats: a warpgroup's
+  // alphas, published by the row's softmax), when any of the warp's differs from 1 (the exact max: a block that
+  // raised a row's max). wait: retire this warp's P V first (it is in flight only then)
+  auto scale_cols = [&](const float* f, bool wait) {
+    float c[BM / 8][2];
+    bool one = true;
+#pragma unroll
+    for (int j = 0; j < BM / 8; ++j) {
+      const float2 v = *reinterpret_cast<const float2*>(f + 8 * j + 2 * qt);
+      c[j][0] = v.x, c[j][1] = v.y;
+      one = one && v.x == 1.f && v.y == 1.f;
+    }
+    // (cold for the model, yet taken when a block raises the max of any of the warp's 16 rows: most of a split's early
+    // blocks, ~16 ln n of n for i.i.d. scores. Read as always taken, the model gives the same time: shared memory binds)
+    if (arch::any(!one)) {  // sass-model: cold
+      if (wait) {
+        arch::wgmma_wait<0>();
+        arch::wgmma_fence_operand(oacc);
+      }
+#pragma unroll
+      for (int i = 0; i < kOAccN; ++i) oacc[i] *= c[(i % (BM / 2)) / 4][i & 1];
+    }
+  };
+  // e4m3: the other warpgroup's block (bar.sync on its hand-off), its step of the running max and sum replayed
+  auto take_stats = [&](int bar, float (&a)[2]) {
+    float otmax[2], orsum[2];
+    arch::named_barrier_sync(bar, Tr::kThreads);
+    fetch_stats(otmax, orsum);
+    update(otmax, a);
+    add_sum(orsum, a);
+  };
+  // this warp has no wgmma left that reads this half of the stage: one lane frees it for the producer
   auto release = [&](int stage, int half) {
-    arch::mbarrier_arrive_warp(sHalfEmpty + Tr::kHalves * stage + half);
+    arch::mbarrier_arrive_warp(sEmpty + Tr::kHalves * stage + half);
     // the cluster: the peer's producer refills its half of this CTA's stage too
-    if constexpr (kPair) arch::mbarrier_arrive_cluster_warp(at_peer(sHalfEmpty + Tr::kHalves * stage + half));
+    if constexpr (kPair) arch::mbarrier_arrive_cluster_warp(at_peer(sEmpty + Tr::kHalves * stage + half));
   };
   // the cluster: before this warpgroup's P overwrites the RoPE block of `stage`, the rows this CTA forwarded from it
   // have landed in the peer (SENT; every thread waits, each writes P)
   [[maybe_unused]] auto wait_sent = [&](int stage, uint32_t parity) {
     if constexpr (kPair) arch::mbarrier_wait(sSent + stage, parity);
-  };
-
-  // warpgroup 1, e4m3: its V^T half of block 2i (stage 0's dims 256-511) once stage 0's rows landed (implied by its
-  // FULL wait of stage 1 before: each producer thread copies a pair's stage 0 before its stage 1, and its noinc arrive
-  // counts once all its copies landed; kept explicit), fenced, then its arrival on stage 0's EMPTY
-  auto own_vt_stage0 = [&](uint32_t parity) {
-    arch::mbarrier_wait(sFull + 0, parity);
-    transpose_vt_half<Tr>(vt_wg, sKV, smem + Tr::kVt, 0, 1);  // (fenced)
-    arch::mbarrier_arrive_warp(sEmpty + 0);
   };
   // warpgroup 1: warpgroup 0's P0, its max and sums (bar.sync P0), and WG0's step of the running max and sum replayed
   auto take_p0 = [&](uint32_t (&pb)[kPKSteps][4], float (&a0)[2]) {
@@ -720,156 +753,211 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
     add_sum(orsum, a0);
   };
 
-  // ---- main loop: one pair of blocks an iteration (WG0: block 2i in stage 0, WG1: 2i + 1 in stage 1) ----
-  for (int i = 0; i < npairs; ++i) {  // sass-model: tile-loop tiles=2
-    const uint32_t parity = static_cast<uint32_t>(i) & 1u;
-    float s[kSAccN], tmax[2], rsum[2], a0[2], a1[2], otmax[2], orsum[2];
-    uint32_t pa[kPKSteps][4], pb[kPKSteps][4];
-    // the pair's second block lies past the split's end (an odd block count): warpgroup 1's block is zeros with every
-    // score masked, so its P is 0 and its max -inf. Neither warpgroup runs a wgmma on it nor hands its P over; the
-    // FULL waits stay as in any pair, the EMPTY arrivals as far as they are safe (block-uniform)
-    const bool phantom = 2 * i + 1 >= ntiles;
-    if (wg == 0) {
-      s_gemm(0, parity, true);  // block 2i: stage 0's L half (dims 0-255), then its R half and RoPE
-      scores(2 * i, s, tmax);
-      update(tmax, a0);
-      probs(s, pa, rsum);
-      add_sum(rsum, a0);
-      // every warp of this warpgroup has retired its S, which read the RoPE dims P0 is about to overwrite (a warp's
-      // wgmma wait covers its own part of the warpgroup's wgmma only). Warpgroup 1 needs no such barrier: its bar.sync
-      // on P0 below already waits for all of its warps, each past its S. (e4m3: P has a buffer of its own)
-      if constexpr (!Tr::kFp8) arch::named_barrier_sync(kV3WgBarrier, 128);
-      wait_sent(0, parity);
-      publish(0, pa, tmax, rsum);
-      arch::named_barrier_arrive(kV3P0Barrier, Tr::kThreads);  // P0, its max and sums out for WG1
-      rescale_o(a0);
-      arch::wgmma_fence_operand(oacc);
-      pv_issue(0, pa, parity, true, 0);  // O_L = O_L a0 + P0 V0L (stage 0's early half)
-      arch::wgmma_commit();
-      arch::wgmma_fence_operand(oacc);
-      if (phantom) {  // sass-model: phantom
-        // (no block 2i + 1: no P1 to take, nor P1 V1L). Stage 1's late half is not released: no refill follows the
-        // last pair, and with no wait on that half's FULL (16-bit) or VFULL (e4m3) before it, this warpgroup could
-        // complete the half's EMPTY phase of this pair before the producer's wait on the phase before it, which would
-        // then wait for a parity the barrier has moved past (the emulator's warp-ahead schedules deadlocked so)
-        arch::wgmma_wait<0>();  // P0 V0L retired
+  if constexpr (Tr::kFp8) {
+    // ---- e4m3 main loop: one pair of blocks an iteration, pair i in slot i % 2 (WG0: block 2i in buffer b0, WG1:
+    // 2i + 1 in b1), its barriers' phase i / 2. P V swapped (pv_swap): each warpgroup's O^T += V^T P^T, V^T from the
+    // stage's rows (ldmatrix), P^T from the P buffers ----
+    for (int i = 0; i < npairs; ++i) {  // sass-model: tile-loop tiles=2
+      const uint32_t parity = static_cast<uint32_t>(i >> 1) & 1u;
+      const int b0 = i % Tr::kSlots * STAGES, b1 = b0 + 1;
+      float s[kSAccN], tmax[2], rsum[2], a0[2], a1[2];
+      uint32_t pa[kPKSteps][4];
+      // (as the 16-bit loop's: the pair's second block past the split's end, run without a wgmma or a hand-off)
+      const bool phantom = 2 * i + 1 >= ntiles;
+      if (wg == 0) {
+        s_gemm(b0, parity);  // block 2i (its FULL wait)
+        scores(2 * i, s, tmax);
+        update(tmax, a0);
+        probs(s, pa, rsum);
+        add_sum(rsum, a0);
+        // P0^T, its max, sums and alphas (fenced) for both warpgroups: WG1 (bar.arrive P0), and this warpgroup's own
+        // P0 V0L (its own barrier: every warp's stores in). The P buffer was last read by pair i - 2's P V, retired
+        // before the hand-offs of pair i - 1
+        publish_pt(b0, pa, tmax, rsum, a0);
+        arch::named_barrier_arrive(kV3P0Barrier, Tr::kThreads);
+        arch::named_barrier_sync(kV3WgBarrier, 128);
+        scale_cols(sAlpha, false);  // O_L a0 (its P V of pair i - 1 retired)
         arch::wgmma_fence_operand(oacc);
-        release(0, 0);
-      } else {  // sass-model: real
-        if constexpr (Tr::kFp8) {
-          // e4m3: its own V^T half of block 2i + 1 (stage 1's dims 0-255) while warpgroup 1 runs the softmax it
-          // waits for. Once the block's rows landed, and every warp of this warpgroup retired its P1 V1L of pair
-          // i - 1, which read this half (its own barrier); fenced, and its bar.sync on P1 below orders every warp's
-          // stores before the P1 V1L that reads them
-          arch::mbarrier_wait(sFull + 1, parity);
-          arch::named_barrier_sync(kV3WgBarrier, 128);
-          transpose_vt_half<Tr>(vt_wg, sKV, smem + Tr::kVt, 1, 0);  // (fenced)
+        pv_swap(b0);  // O_L^T += V0L^T P0^T
+        arch::mbarrier_arrive_warp(sEmpty + b0);  // block 2i's rows: this warp's S retired, its fragments loaded
+        if (!phantom) {  // sass-model: real
+          arch::mbarrier_wait(sFull + b1, parity);  // block 2i + 1 landed (before this warp reads its rows)
+          take_stats(kV3P1Barrier, a1);             // WG1's P1, max and sums
+          scale_cols(sAlpha + BM, true);            // O_L a1 (WG1's alphas: the same running max), P0 V0L retired
+          pv_swap(b1);  // O_L^T += V1L^T P1^T
+          arch::mbarrier_arrive_warp(sEmpty + b1);
         }
-        arch::named_barrier_sync(kV3P1Barrier, Tr::kThreads);  // WG1's P1, max and sums
-        // e4m3: stage 1's rows, read no more by this warp (its FULL wait came first: see above)
-        if constexpr (Tr::kFp8) arch::mbarrier_arrive_warp(sEmpty + 1);
-        fetch(1, pb, otmax, orsum);
-        update(otmax, a1);
-        add_sum(orsum, a1);
-        arch::wgmma_wait<0>();  // P0 V0L retired: O may be rescaled, stage 0's L half is read no more
-        arch::wgmma_fence_operand(oacc);
-        release(0, 0);  // (only this warpgroup reads stage 0's L half: the producer refills it for pair i + 1)
-        rescale_o(a1);
-        pv_issue(1, pb, parity, true, Tr::kFp8 ? -1 : 1);  // O_L = O_L a1 + P1 V1L (stage 1's late half)
-        arch::wgmma_commit();
         arch::wgmma_wait<0>();
         arch::wgmma_fence_operand(oacc);
-        // stage 1's L half and RoPE: its last reader (warpgroup 1's S1 and P1 came before P1 out). (e4m3: the V^T
-        // half is this warpgroup's own, rewritten only by it after its barrier)
-        if constexpr (!Tr::kFp8) release(1, 1);
-      }
-    } else if (phantom) {  // sass-model: phantom
-      // the pair's second block lies past the split's end: no S1, no P1 (nor its hand-off: warpgroup 0 skips its
-      // bar.sync), no P1 V1R; only P0 V0R. The block's (zero) rows still must have landed, so that no copy into the
-      // stage outlives its readers, and with them (each producer thread copies a pair's stage 0 before its stage 1)
-      // stage 0's rows, which this warpgroup reads (P0 V0R) or transposes (e4m3)
-      if constexpr (Tr::kFp8) {
-        arch::mbarrier_wait(sFull + 1, parity);
-        // (as in a real pair: every warp retired its P V of pair i - 1, which read the V^T half transposed below)
+      } else if (phantom) {  // sass-model: phantom
+        // no S1, no P1 (nor its hand-off), no P1 V1R: P0 V0R alone. The block's zero rows still must have landed (no
+        // copy into the stage outlives the block), and with them block 2i's (as below)
+        arch::mbarrier_wait(sFull + b1, parity);
+        take_stats(kV3P0Barrier, a0);  // WG0's P0, max, sums and alphas
+        scale_cols(sAlpha, false);     // O_R a0
+        arch::mbarrier_wait(sFull + b0, parity);
+        arch::wgmma_fence_operand(oacc);
+        pv_swap(b0);  // O_R^T += V0R^T P0^T
+        arch::mbarrier_arrive_warp(sEmpty + b0);
+        arch::wgmma_wait<0>();
+        arch::wgmma_fence_operand(oacc);
+      } else {  // sass-model: real
+        s_gemm(b1, parity);  // block 2i + 1
+        scores(2 * i + 1, s, tmax);
+        take_stats(kV3P0Barrier, a0);  // WG0's P0, max, sums and alphas
+        update(tmax, a1);
+        probs(s, pa, rsum);
+        add_sum(rsum, a1);
+        // O_R a0 (its P V of pair i - 1 retired): WG0's alphas, read before bar.arrive P1 (WG0 rewrites them after its
+        // bar.sync on P1), and once the scores are P (32 registers fewer beside O)
+        scale_cols(sAlpha, false);
+        // P1^T, max, sums and alphas out for WG0 (bar.arrive P1) and this warpgroup's own P1 V1R (its barrier)
+        publish_pt(b1, pa, tmax, rsum, a1);
+        arch::named_barrier_arrive(kV3P1Barrier, Tr::kThreads);
         arch::named_barrier_sync(kV3Wg1Barrier, 128);
-        arch::mbarrier_arrive_warp(sEmpty + 1);  // stage 1's rows: nothing to read in them
-        own_vt_stage0(parity);
-      } else {
+        arch::mbarrier_wait(sFull + b0, parity);  // block 2i landed (implied by b1's: each producer thread copies a
+                                                  // pair's first block before its second; kept explicit)
+        arch::wgmma_fence_operand(oacc);
+        pv_swap(b0);  // O_R^T += V0R^T P0^T, at the max of block 2i
+        arch::mbarrier_arrive_warp(sEmpty + b0);
+        scale_cols(sAlpha + BM, true);  // O_R a1 (its own alphas), P0 V0R retired first
+        pv_swap(b1);  // O_R^T += V1R^T P1^T
+        arch::mbarrier_arrive_warp(sEmpty + b1);
+        arch::wgmma_wait<0>();
+        arch::wgmma_fence_operand(oacc);
+      }
+    }
+  } else {
+    // ---- main loop: one pair of blocks an iteration (WG0: block 2i in stage 0, WG1: 2i + 1 in stage 1) ----
+    for (int i = 0; i < npairs; ++i) {  // sass-model: tile-loop tiles=2
+      const uint32_t parity = static_cast<uint32_t>(i) & 1u;
+      float s[kSAccN], tmax[2], rsum[2], a0[2], a1[2], otmax[2], orsum[2];
+      uint32_t pa[kPKSteps][4], pb[kPKSteps][4];
+      // the pair's second block lies past the split's end (an odd block count): warpgroup 1's block is zeros with every
+      // score masked, so its P is 0 and its max -inf. Neither warpgroup runs a wgmma on it nor hands its P over; the
+      // FULL waits stay as in any pair, the EMPTY arrivals as far as they are safe (block-uniform)
+      const bool phantom = 2 * i + 1 >= ntiles;
+      if (wg == 0) {
+        s_gemm(0, parity);  // block 2i: stage 0's L half (dims 0-255), then its R half and RoPE
+        scores(2 * i, s, tmax);
+        update(tmax, a0);
+        probs(s, pa, rsum);
+        add_sum(rsum, a0);
+        // every warp of this warpgroup has retired its S, which read the RoPE dims P0 is about to overwrite (a warp's
+        // wgmma wait covers its own part of the warpgroup's wgmma only). Warpgroup 1 needs no such barrier: its bar.sync
+        // on P0 below already waits for all of its warps, each past its S
+        arch::named_barrier_sync(kV3WgBarrier, 128);
+        wait_sent(0, parity);
+        publish(0, pa, tmax, rsum);
+        arch::named_barrier_arrive(kV3P0Barrier, Tr::kThreads);  // P0, its max and sums out for WG1
+        rescale_o(a0);
+        arch::wgmma_fence_operand(oacc);
+        pv_issue(0, pa, true);  // O_L = O_L a0 + P0 V0L (stage 0's early half)
+        arch::wgmma_commit();
+        arch::wgmma_fence_operand(oacc);
+        if (phantom) {  // sass-model: phantom
+          // (no block 2i + 1: no P1 to take, nor P1 V1L). Stage 1's late half is not released: no refill follows the
+          // last pair, and with no wait on that half's FULL before it, this warpgroup could
+          // complete the half's EMPTY phase of this pair before the producer's wait on the phase before it, which would
+          // then wait for a parity the barrier has moved past (the emulator's warp-ahead schedules deadlocked so)
+          arch::wgmma_wait<0>();  // P0 V0L retired
+          arch::wgmma_fence_operand(oacc);
+          release(0, 0);
+        } else {  // sass-model: real
+          arch::named_barrier_sync(kV3P1Barrier, Tr::kThreads);  // WG1's P1, max and sums
+          fetch(1, pb, otmax, orsum);
+          update(otmax, a1);
+          add_sum(orsum, a1);
+          arch::wgmma_wait<0>();  // P0 V0L retired: O may be rescaled, stage 0's L half is read no more
+          arch::wgmma_fence_operand(oacc);
+          release(0, 0);  // (only this warpgroup reads stage 0's L half: the producer refills it for pair i + 1)
+          rescale_o(a1);
+          pv_issue(1, pb, true);  // O_L = O_L a1 + P1 V1L (stage 1's late half)
+          arch::wgmma_commit();
+          arch::wgmma_wait<0>();
+          arch::wgmma_fence_operand(oacc);
+          // stage 1's L half and RoPE: its last reader (warpgroup 1's S1 and P1 came before P1 out)
+          release(1, 1);
+        }
+      } else if (phantom) {  // sass-model: phantom
+        // the pair's second block lies past the split's end: no S1, no P1 (nor its hand-off: warpgroup 0 skips its
+        // bar.sync), no P1 V1R; only P0 V0R. The block's (zero) rows still must have landed, so that no copy into the
+        // stage outlives its readers, and with them (each producer thread copies a pair's stage 0 before its stage 1)
+        // stage 0's rows, which this warpgroup reads (P0 V0R)
 #pragma unroll
         // (the cluster: FULL_PEER, which covers both CTAs' rows, as in s_gemm; no SENT: no P1)
         for (int half = 0; half < Tr::kHalves; ++half)
           arch::mbarrier_wait((kPair ? sFullPeer : sFull) + Tr::kHalves * 1 + half, parity);
         arch::fence_proxy_async();  // (as s_gemm's: the landed rows ordered before this warpgroup's wgmma reads)
-      }
-      take_p0(pb, a0);
-      rescale_o(a0);
-      arch::wgmma_fence_operand(oacc);
-      pv_issue(0, pb, parity, true, -1);  // O_R += P0 V0R (stage 0's late half)
-      arch::wgmma_commit();
-      arch::wgmma_wait<0>();
-      arch::wgmma_fence_operand(oacc);
-      if constexpr (!Tr::kFp8) release(1, 0), release(0, 1);  // (as in any pair)
-    } else {  // sass-model: real
-      s_gemm(1, parity, false);  // block 2i + 1: stage 1's R half, then its L half and RoPE
-      scores(2 * i + 1, s, tmax);
-      if constexpr (Tr::kFp8) {
-        // its own V^T halves (dims 256-511 of both blocks) while warpgroup 0 runs its softmax. First a barrier of the
-        // warpgroup's own: every warp has retired its P V of pair i - 1, which read these halves. (Until 2026-12-06
-        // this leaned on S1 instead: "this warp's S1 completed, so every warp issued it, each after retiring its last
-        // P V". Nothing in PTX makes a warp's wgmma wait for the warpgroup's other warps, and the emulator, which runs
-        // each warp's slice as that warp issues it, showed the overlap once the first warp of each warpgroup was held
-        // back: lagging-head, warp 4's P0 V0R operand rewritten by warps 5-7.) Fenced before the arrivals that free
-        // the rows and before bar.sync P0, which orders the stores before every warp's P V
-        arch::named_barrier_sync(kV3Wg1Barrier, 128);
-        transpose_vt_half<Tr>(vt_wg, sKV, smem + Tr::kVt, 1, 1);  // (fenced)
-        arch::mbarrier_arrive_warp(sEmpty + 1);  // stage 1's rows: its S and this transposition done
-        own_vt_stage0(parity);
-      }
-      take_p0(pb, a0);
-      update(tmax, a1);    // this block's
-      probs(s, pa, rsum);
-      add_sum(rsum, a1);
-      wait_sent(1, parity);
-      publish(1, pa, tmax, rsum);
-      arch::named_barrier_arrive(kV3P1Barrier, Tr::kThreads);  // P1, its max and sums out for WG0
-      float a01[2] = {a0[0] * a1[0], a0[1] * a1[1]};
-      rescale_o(a01);
-      if (arch::any(a1[0] != 1.f || a1[1] != 1.f)) {  // sass-model: cold (P0 to the pair's max)
+        take_p0(pb, a0);
+        rescale_o(a0);
+        arch::wgmma_fence_operand(oacc);
+        pv_issue(0, pb, true);  // O_R += P0 V0R (stage 0's late half)
+        arch::wgmma_commit();
+        arch::wgmma_wait<0>();
+        arch::wgmma_fence_operand(oacc);
+        release(1, 0), release(0, 1);  // (as in any pair)
+      } else {  // sass-model: real
+        s_gemm(1, parity);  // block 2i + 1: stage 1's R half, then its L half and RoPE
+        scores(2 * i + 1, s, tmax);
+        take_p0(pb, a0);
+        update(tmax, a1);    // this block's
+        probs(s, pa, rsum);
+        add_sum(rsum, a1);
+        wait_sent(1, parity);
+        publish(1, pa, tmax, rsum);
+        arch::named_barrier_arrive(kV3P1Barrier, Tr::kThreads);  // P1, its max and sums out for WG0
+        float a01[2] = {a0[0] * a1[0], a0[1] * a1[1]};
+        rescale_o(a01);
+        if (arch::any(a1[0] != 1.f || a1[1] != 1.f)) {  // sass-model: cold (P0 to the pair's max)
 #pragma unroll
-        for (int kk = 0; kk < kPKSteps; ++kk)
+          for (int kk = 0; kk < kPKSteps; ++kk)
 #pragma unroll
-          for (int r = 0; r < 4; ++r) {  // A register r: row half r % 2
-            if constexpr (Tr::kFp8) {  // 4 e4m3 codes (exact in f16), scaled, re-quantized
-              float x[4];
-              arch::unpack2<__half>(arch::e4m3x2_to_f16x2(pb[kk][r] & 0xFFFFu), x[0], x[1]);
-              arch::unpack2<__half>(arch::e4m3x2_to_f16x2(pb[kk][r] >> 16), x[2], x[3]);
-              pb[kk][r] = arch::cvt_e4m3x4(x[0] * a1[r & 1], x[1] * a1[r & 1], x[2] * a1[r & 1], x[3] * a1[r & 1]);
-            } else {
+            for (int r = 0; r < 4; ++r) {  // A register r: row half r % 2
               float lo, hi;
               arch::unpack2<T>(pb[kk][r], lo, hi);
               pb[kk][r] = arch::pack2<T>(lo * a1[r & 1], hi * a1[r & 1]);
             }
-          }
+        }
+        arch::wgmma_fence_operand(oacc);
+        pv_issue(1, pa, true);  // O_R += P1 V1R (stage 1's early half)
+        arch::wgmma_commit();
+        pv_issue(0, pb, false);  // O_R += P0 V0R (stage 0's late half)
+        arch::wgmma_commit();
+        arch::wgmma_wait<1>();  // P1 V1R retired: stage 1's R half is read no more
+        release(1, 0);
+        arch::wgmma_wait<0>();
+        arch::wgmma_fence_operand(oacc);
+        release(0, 1);  // stage 0's R half and RoPE (P0 fetched before, S0 retired before P0 out)
       }
-      arch::wgmma_fence_operand(oacc);
-      pv_issue(1, pa, parity, true, -1);  // O_R += P1 V1R (stage 1's early half)
-      arch::wgmma_commit();
-      pv_issue(0, pb, parity, false, -1);  // O_R += P0 V0R (stage 0's late half)
-      arch::wgmma_commit();
-      arch::wgmma_wait<1>();  // P1 V1R retired: stage 1's R half is read no more
-      if constexpr (!Tr::kFp8) release(1, 0);  // (e4m3: its own V^T half, rewritten only by this warpgroup)
-      arch::wgmma_wait<0>();
-      arch::wgmma_fence_operand(oacc);
-      if constexpr (!Tr::kFp8) release(0, 1);  // stage 0's R half and RoPE (P0 fetched before, S0 retired before P0 out)
     }
   }
   arch::launch_dependents();  // the combine may start launching; it waits for this grid's writes
 
-  // ---- epilogue: this thread's rows, its warpgroup's columns 8j + 2 qt, +1 (e4m3: O was summed from P x kPScale on V's
-  // codes) ----
-  store_m64_rows<T, kOAccN>(p, num_splits, split, row0, nrows, qo_begin, kvh, wq, qg, wg * Tr::kODV + 2 * qt,
-                            wg == 0 && qt == 0, oacc, m_run, l_run,
-                            Tr::kFp8 ? kv_scale(p.v_scale_ptr, p.v_scale) / Tr::kPScale : 1.f);
+  // ---- epilogue: this thread's rows, its warpgroup's columns 8j + 2 qt, +1. e4m3: O^T, summed from P x kPScale on
+  // V's codes: each row's 1 / l (times the scales) from the row's softmax thread through shared memory (the
+  // warpgroup's own barrier), then this thread's columns (rows 8 j + 2 qt, + 1) at dims 2 qg, + 1 of its 16 in each
+  // m64 tile (vt_dim_of_row), and the lse from the rows' threads ----
+  if constexpr (Tr::kFp8) {
+    float* inv = reinterpret_cast<float*>(smem + Tr::kInvL) + wg * BM;
+    const float vscale = kv_scale(p.v_scale_ptr, p.v_scale) / Tr::kPScale;
+    if (qt == 0) {
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) inv[wq * 16 + qg + 8 * hf] = h::row_inv_l(l_run[hf]) * vscale;
+    }
+    if (wg == 0)
+      arch::named_barrier_sync(kV3WgBarrier, 128);
+    else
+      arch::named_barrier_sync(kV3Wg1Barrier, 128);
+    static_assert(vt_dim_of_row(8) == 1 && vt_dim_of_row(1) == 2, "O^T rows qg, qg + 8: dims 2 qg, 2 qg + 1");
+    store_m64_cols<T, Tr::kOTiles>(p, num_splits, split, row0, nrows, qo_begin, kvh, qt, wg * Tr::kODV + wq * 16 + 2 * qg,
+                                   oacc, inv);
+    store_m64_rows<T, kOAccN, false>(p, num_splits, split, row0, nrows, qo_begin, kvh, wq, qg, 0, wg == 0 && qt == 0,
+                                     oacc, m_run, l_run, 1.f);
+  } else {
+    store_m64_rows<T, kOAccN>(p, num_splits, split, row0, nrows, qo_begin, kvh, wq, qg, wg * Tr::kODV + 2 * qt,
+                              wg == 0 && qt == 0, oacc, m_run, l_run, 1.f);
+  }
   // the cluster: neither CTA leaves while the other may still arrive on its barriers (its last releases, SENT)
   if constexpr (kPair) arch::cluster_sync();
 }
