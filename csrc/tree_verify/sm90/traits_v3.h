@@ -59,16 +59,13 @@ struct KernelTraitsV3 {
   static constexpr int kSKSteps = DQK / kKStep;        // 36 k16 (18 k32) wgmma steps of S
   static constexpr int kPKSteps = BN / kKStep;         // 4 k16 (2 k32) steps of P V
   // a stage's two halves: dims 0-255 (L: dim blocks 0-3) and dims 256-575 (R: 4-7, with the RoPE block 8), or, for
-  // stage 1, R alone and L with RoPE; each half has a FULL and an EMPTY mbarrier (e4m3: the V^T buffers' halves,
-  // below)
+  // stage 1, R alone and L with RoPE; each half has a FULL and an EMPTY mbarrier (16-bit; e4m3 has them per stage)
   static constexpr int kHalves = 2;
   static constexpr int kHalfBlocks = kODV / kDimBlock;   // 4 dim blocks in a 256-dim half
   // the half of `stage` dim block b belongs to: 0 the early one (stage 0's L, stage 1's R), 1 the late (the rest)
   static constexpr int half_of(int stage, int b) {
     return b >= kPBlock ? 1 : ((b < kHalfBlocks) == (stage == 0) ? 0 : 1);
   }
-  // the Dv half (0: dims 0-255, 1: 256-511) that is `stage`'s half h (e4m3's V^T halves follow the same rule)
-  static constexpr int dv_half_of(int stage, int h) { return (stage == 0) == (h == 0) ? 0 : 1; }
   // producer: 8 threads per 128-byte line (a token's dim block), 16 tokens per pass, kRowsPerThread passes
   // (e4m3: 8 tokens x 4 consecutive 16-byte chunks a warp instruction, 2 tokens a thread, below)
   static constexpr int kRowsPerThread = kFp8 ? 2 : BN / (kProducerThreads / 8);  // 4 (e4m3: 2)

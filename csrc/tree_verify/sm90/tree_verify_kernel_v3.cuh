@@ -703,8 +703,8 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
     arch::fence_proxy_async();
   };
   // e4m3: O^T's columns (rows 8 j + 2 qt, + 1 of this thread) times the factors f[row] (BM floats: a warpgroup's
-  // alphas, published by the row's softmax), when any of the warp's differs from 1 (the exact max: a block that
-  // raised a row's max). wait: retire this warp's P V first (it is in flight only then)
+  // alphas, published by the row's softmax), when any the warp reads differs from 1 (its lanes read all 64 rows; the
+  // exact max: a block that raised a row's max). wait: retire this warp's P V first (it is in flight only then)
   auto scale_cols = [&](const float* f, bool wait) {
     float c[BM / 8][2];
     bool one = true;
@@ -714,8 +714,8 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
       c[j][0] = v.x, c[j][1] = v.y;
       one = one && v.x == 1.f && v.y == 1.f;
     }
-    // (cold for the model, yet taken when a block raises the max of any of the warp's 16 rows: most of a split's early
-    // blocks, ~16 ln n of n for i.i.d. scores. Read as always taken, the model gives the same time: shared memory binds)
+    // (cold for the model, yet taken when a block raises the max of any of the CTA's 64 rows: most of a split's
+    // blocks, ~64 ln n of n for i.i.d. scores. Read as always taken, the model gives the same time: shared memory binds)
     if (arch::any(!one)) {  // sass-model: cold
       if (wait) {
         arch::wgmma_wait<0>();
