@@ -389,17 +389,21 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
       // + 3's load in iteration i, so that no copy waits on its id's load (the model read the producer's loop at 1,645
       // cycles an iteration stalled on them when pair i + 2's were loaded in iteration i, with only the EMPTY waits,
       // which pass at once in the steady state, between load and use)
+      static_assert(Tr::kSlots == 2, "e4m3 producer: pair i + 2 into pair i's slot");
       int32_t ids[STAGES][RJ];
 #pragma unroll
-      for (int t = 0; t <= Tr::kSlots * STAGES; t += STAGES) {
-        if (t >= 2 * npairs) break;
+      for (int pair = 0; pair < Tr::kSlots; ++pair) {
+        if (pair < npairs) {
 #pragma unroll
-        for (int st = 0; st < STAGES; ++st) load_ids(t + st, ids[st]);
-        if (t == Tr::kSlots * STAGES) break;  // (pair 2's ids: for iteration 0)
+          for (int st = 0; st < STAGES; ++st) load_ids(STAGES * pair + st, ids[st]);
 #pragma unroll
-        for (int st = 0; st < STAGES; ++st) copy_block(t + st, st, ids[st]);
+          for (int st = 0; st < STAGES; ++st) copy_block(STAGES * pair + st, st, ids[st]);
+        }
       }
-      static_assert(Tr::kSlots == 2, "e4m3 producer: pair i + 2 into pair i's slot");
+      if (Tr::kSlots < npairs) {  // pair 2's ids, for iteration 0
+#pragma unroll
+        for (int st = 0; st < STAGES; ++st) load_ids(STAGES * Tr::kSlots + st, ids[st]);
+      }
       TokenCursor<L> pf_cur = cursor(range.begin + 3 * STAGES * BN + pt);  // row pt of pair i + 3 (iteration i)
       for (int i = 0; i + 2 < npairs; ++i) {
         const uint32_t parity = static_cast<uint32_t>(i >> 1) & 1u;  // pair i's phase of its slot's barriers
@@ -476,7 +480,7 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
   const uint64_t q_desc = Tr::kFp8 ? arch::wgmma_desc(smem + Tr::kQ, 128, Tr::kGroupBytes)
                                    : arch::wgmma_desc_sw128(smem + Tr::kQ, 16, kAtom);
   const uint64_t k_desc0 = Tr::kFp8 ? arch::wgmma_desc(sKV, 128, Tr::kGroupBytes) : arch::wgmma_desc_sw128(sKV, 16, kAtom);
-  const uint64_t v_desc0 =
+  const uint64_t pvb_desc0 =  // P V's B operand: V (16-bit), P^T (e4m3)
       Tr::kFp8 ? arch::wgmma_desc(smem + Tr::kP, 128, Tr::kPSbo)
                : arch::wgmma_desc_sw128(sKV + wg * (Tr::kODV / Tr::kDimBlock) * kBlockBytes, kBlockBytes, kAtom);
 
@@ -560,7 +564,7 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
   // fence: a wgmma_fence first (the first P V after register writes)
   auto pv_issue = [&](int stage, const uint32_t (&pa)[kPKSteps][4], bool fence) {
     if (fence) arch::wgmma_fence();
-    const uint64_t vd = arch::wgmma_desc_advance(v_desc0, stage * Tr::kStageBytes);
+    const uint64_t vd = arch::wgmma_desc_advance(pvb_desc0, stage * Tr::kStageBytes);
 #pragma unroll
     for (int kk = 0; kk < kPKSteps; ++kk)
       arch::wgmma_rs<T, Tr::kODV, true>(oacc, pa[kk], arch::wgmma_desc_advance(vd, kk * 2 * kAtom), true);
@@ -572,7 +576,7 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
   // steps' (64) beside O^T's 128 left ptxas too few (it serialized the wgmmas and spilled)
   auto pv_swap = [&](int buf) {
     const unsigned char* rows = sKV + buf * Tr::kStageBytes + (wg * Tr::kODV / 16 + wq) * 128 + (lane & 7) * 16;
-    const uint64_t pd = arch::wgmma_desc_advance(v_desc0, buf * Tr::kPBytes);
+    const uint64_t pd = arch::wgmma_desc_advance(pvb_desc0, buf * Tr::kPBytes);
 #pragma unroll
     for (int kk = 0; kk < kPKSteps; ++kk) {
       arch::wgmma_wait<1>();
@@ -672,14 +676,14 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
     for (int kk = 0; kk < kPKSteps; ++kk) dst[kk * 128] = make_uint4(pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3]);
     publish_stats(tmax, rsum);
   };
-  auto fetch = [&](int stage, uint32_t (&pb)[kPKSteps][4], float (&tmax)[2], float (&rsum)[2]) {
+  // 16-bit: the other warpgroup's P from `stage` (after its hand-off)
+  auto fetch_p = [&](int stage, uint32_t (&pb)[kPKSteps][4]) {
     const uint4* src = p_at(stage);
 #pragma unroll
     for (int kk = 0; kk < kPKSteps; ++kk) {
       const uint4 v = src[kk * 128];
       pb[kk][0] = v.x, pb[kk][1] = v.y, pb[kk][2] = v.z, pb[kk][3] = v.w;
     }
-    fetch_stats(tmax, rsum);
   };
   // e4m3: P as P^T, the B operand, into buffer `buf`'s P (traits_v3.h: row n, k position kappa at (n / 8) kPSbo +
   // (kappa / 16) 128 + 16 (n % 8) + kappa % 16): A register r of step kk is row wq 16 + qg + 8 (r % 2), k 32 kk + 16
@@ -725,7 +729,8 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
       for (int i = 0; i < kOAccN; ++i) oacc[i] *= c[(i % (BM / 2)) / 4][i & 1];
     }
   };
-  // e4m3: the other warpgroup's block (bar.sync on its hand-off), its step of the running max and sum replayed
+  // the other warpgroup's block (bar.sync on its hand-off: P0 or P1), its step of the running max and sum replayed
+  // (16-bit: its P then from fetch_p)
   auto take_stats = [&](int bar, float (&a)[2]) {
     float otmax[2], orsum[2];
     arch::named_barrier_sync(bar, Tr::kThreads);
@@ -743,14 +748,6 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
   // have landed in the peer (SENT; every thread waits, each writes P)
   [[maybe_unused]] auto wait_sent = [&](int stage, uint32_t parity) {
     if constexpr (kPair) arch::mbarrier_wait(sSent + stage, parity);
-  };
-  // warpgroup 1: warpgroup 0's P0, its max and sums (bar.sync P0), and WG0's step of the running max and sum replayed
-  auto take_p0 = [&](uint32_t (&pb)[kPKSteps][4], float (&a0)[2]) {
-    float otmax[2], orsum[2];
-    arch::named_barrier_sync(kV3P0Barrier, Tr::kThreads);
-    fetch(0, pb, otmax, orsum);
-    update(otmax, a0);
-    add_sum(orsum, a0);
   };
 
   if constexpr (Tr::kFp8) {
@@ -831,7 +828,7 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
     // ---- main loop: one pair of blocks an iteration (WG0: block 2i in stage 0, WG1: 2i + 1 in stage 1) ----
     for (int i = 0; i < npairs; ++i) {  // sass-model: tile-loop tiles=2
       const uint32_t parity = static_cast<uint32_t>(i) & 1u;
-      float s[kSAccN], tmax[2], rsum[2], a0[2], a1[2], otmax[2], orsum[2];
+      float s[kSAccN], tmax[2], rsum[2], a0[2], a1[2];
       uint32_t pa[kPKSteps][4], pb[kPKSteps][4];
       // the pair's second block lies past the split's end (an odd block count): warpgroup 1's block is zeros with every
       // score masked, so its P is 0 and its max -inf. Neither warpgroup runs a wgmma on it nor hands its P over; the
@@ -864,10 +861,8 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
           arch::wgmma_fence_operand(oacc);
           release(0, 0);
         } else {  // sass-model: real
-          arch::named_barrier_sync(kV3P1Barrier, Tr::kThreads);  // WG1's P1, max and sums
-          fetch(1, pb, otmax, orsum);
-          update(otmax, a1);
-          add_sum(orsum, a1);
+          take_stats(kV3P1Barrier, a1);  // WG1's P1, max and sums
+          fetch_p(1, pb);
           arch::wgmma_wait<0>();  // P0 V0L retired: O may be rescaled, stage 0's L half is read no more
           arch::wgmma_fence_operand(oacc);
           release(0, 0);  // (only this warpgroup reads stage 0's L half: the producer refills it for pair i + 1)
@@ -889,7 +884,8 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
         for (int half = 0; half < Tr::kHalves; ++half)
           arch::mbarrier_wait((kPair ? sFullPeer : sFull) + Tr::kHalves * 1 + half, parity);
         arch::fence_proxy_async();  // (as s_gemm's: the landed rows ordered before this warpgroup's wgmma reads)
-        take_p0(pb, a0);
+        take_stats(kV3P0Barrier, a0);  // WG0's P0, max and sums
+        fetch_p(0, pb);
         rescale_o(a0);
         arch::wgmma_fence_operand(oacc);
         pv_issue(0, pb, true);  // O_R += P0 V0R (stage 0's late half)
@@ -900,7 +896,8 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
       } else {  // sass-model: real
         s_gemm(1, parity);  // block 2i + 1: stage 1's R half, then its L half and RoPE
         scores(2 * i + 1, s, tmax);
-        take_p0(pb, a0);
+        take_stats(kV3P0Barrier, a0);  // WG0's P0, max and sums
+        fetch_p(0, pb);
         update(tmax, a1);    // this block's
         probs(s, pa, rsum);
         add_sum(rsum, a1);
