@@ -306,6 +306,14 @@ def plan(out: Path, a: argparse.Namespace) -> list[Stage]:
                       str(out / ("ncu_source.csv" if a.ncu_args and "source" in a.ncu_args else "ncu_raw.csv")),
                       PY, "-m", "bench.ncu_probe", "--warm", "--versions", ",".join(NCU_VERSIONS)],
               cap_s=25, min_s=20, needs="ncu", kernels=("mla576_bf16_page1",)),
+        # e4m3 caches (issue 17): the e4m3 kernels and Triton's dequantizing one, against the fp8 floors; the arch's
+        # default (the H200's: kernel v2 on wgmma .e4m3) next to the f16 tile it replaced there (m32 n32 w8 s3), and
+        # Hopper's v3 on wgmma .e4m3 (issue 40), page 1 and paged. Before the peers: issue 40's
+        # e4m3 goal (>= 1.6x over bf16 v3) needs these rows beside headline's, and after the peers a 440 s budget with
+        # --knockout left this stage no time
+        Stage("fp8", v + ["--ctx", "16k,185k", "--tree", "16", "--layout", "page1,paged", "--kv-dtype", "fp8_e4m3",
+                          "--backend", f"cuda,cuda@m32n32w8s3,{V3},{V3H},triton", "--json", str(out / "fp8.json")],
+              cap_s=25, min_s=12),
         # the serving engines' kernels beside ours, same process, inputs and timing (issue 42; bench/benchmark/peers.py):
         # the headline point first, then the grid; peers absent on the device give 'unsupported' rows saying why
         Stage("peers", v + ["--ctx", "185k", "--tree", "16", "--layout", "page1", "--backend", PEERS_BACKENDS,
@@ -314,12 +322,6 @@ def plan(out: Path, a: argparse.Namespace) -> list[Stage]:
                                   "--backend", PEERS_BACKENDS, "--reps", "10", "--longest-first",
                                   "--json", str(out / "peers_sweep.json"), "--csv", str(out / "peers_sweep.csv"),
                                   "--plot", str(out / "peers_sweep.png")], cap_s=30, min_s=20),
-        # e4m3 caches (issue 17): the e4m3 kernels and Triton's dequantizing one, against the fp8 floors; the arch's
-        # default (the H200's: kernel v2 on wgmma .e4m3) next to the f16 tile it replaced there (m32 n32 w8 s3), and
-        # Hopper's v3 on wgmma .e4m3 (issue 40), page 1 and paged
-        Stage("fp8", v + ["--ctx", "16k,185k", "--tree", "16", "--layout", "page1,paged", "--kv-dtype", "fp8_e4m3",
-                          "--backend", f"cuda,cuda@m32n32w8s3,{V3},{V3H},triton", "--json", str(out / "fp8.json")],
-              cap_s=25),
         # (656-byte rows: the arch's default, the f16 tile, and the sm_120 v3's proxy: the RTX's math-roles tile)
         Stage("fp8_656", v + ["--ctx", "185k", "--tree", "16", "--layout", "page1", "--kv-dtype", "fp8_mla656",
                               "--backend", f"cuda,{V3},triton", "--json", str(out / "fp8_656.json")], cap_s=15),
