@@ -116,8 +116,9 @@ def build_gpu_library() -> Path:
 
     major, minor = torch.cuda.get_device_capability()
     arch = f"{major}{minor}" + ("a" if major >= 9 else "")
-    key = hashlib.sha256(SRC.read_bytes() + b"".join(
-        f.read_bytes() for f in sorted((cuda_emu.CSRC / "arch").glob("*.cuh"))) + arch.encode()).hexdigest()[:16]
+    # (every header under csrc: the test kernels include tree_verify's sm90/pv_swap.cuh and host/fp8.h besides arch/)
+    headers = sorted(f for ext in ("*.cuh", "*.h", "*.inc") for f in Path(cuda_emu.CSRC).rglob(ext))
+    key = hashlib.sha256(SRC.read_bytes() + b"".join(f.read_bytes() for f in headers) + arch.encode()).hexdigest()[:16]
     lib = cuda_emu.cache_root() / f"gpu-api-tests-{key}" / "libva_api_tests_gpu.so"
     if not lib.exists():
         lib.parent.mkdir(parents=True, exist_ok=True)
@@ -395,6 +396,18 @@ def test_shared_memory_is_nan_filled_at_every_block_start(emu):
     emu.lib.va_emu_set_num_workers(1)  # blocks one after another on one worker: smem buffer reused
     emu.call("smem_peek", blocks, n, out)
     assert (out == 0xFFFFFFFF).all()
+
+
+@pytest.mark.parametrize("smem_bytes", [0, 48 * 1024])
+def test_dynamic_smem_base_is_1024_aligned(dev, smem_bytes):
+    """arch::smem_dynamic's base in the shared window is 1024-byte aligned: the 128-byte swizzle repeats every 1024
+    bytes of the address, and the swizzled wgmma descriptors and copies (Hopper's v3) work on offsets from this base.
+    Only a GPU has shared-window addresses."""
+    if isinstance(dev, Emu):
+        pytest.skip("the emulator's swizzles work on offsets: only a GPU has a shared-window address to check")
+    out = np.full(1, -2, np.int32)
+    dev.call("smem_base", smem_bytes, out)
+    assert out[0] == 0, f"dynamic shared memory starts at {out[0]} mod 1024"
 
 
 def test_ids_grid_and_block_dims(dev):

@@ -323,14 +323,16 @@ VA_DEVICE void st_shared(void* p, const T& v) {
 }
 #endif
 
-// Base of the block's dynamic shared memory (128-byte aligned). Kernels use no
-// static __shared__ variables, so the dynamic size passed to launch() is all.
+// Base of the block's dynamic shared memory, 1024-byte aligned in the shared window: the 128-byte swizzle's pattern
+// repeats every 1024 bytes of the address (bits 4-6 XOR bits 7-9), and the swizzled wgmma descriptors (base offset
+// 0) and copies (sw128_*) work on offsets from this base. Kernels use no static __shared__ variables, so the
+// dynamic size passed to launch() is all.
 template <class T>
 VA_DEVICE T* smem_dynamic() {
 #if VA_EMULATION
   return reinterpret_cast<T*>(::va::emu::smem_base());
 #else
-  extern __shared__ __align__(128) unsigned char va_dynamic_smem[];
+  extern __shared__ __align__(1024) unsigned char va_dynamic_smem[];
   return reinterpret_cast<T*>(va_dynamic_smem);
 #endif
 }

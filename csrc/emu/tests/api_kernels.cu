@@ -337,6 +337,18 @@ __global__ void k_crash(long long addr) {
   if (threadIdx.x == 5) *reinterpret_cast<volatile int*>(addr) = 1;
 }
 
+// ---- smem_base: the dynamic shared memory's shared-window address mod 1024 -------------------------------------
+// The 128-byte swizzle XORs address bits 4-6 with bits 7-9, so its pattern repeats every 1024 bytes of the address,
+// not of the offset: wgmma's swizzled descriptors (base offset 0) and the copies' sw128 offsets agree only on a
+// 1024-aligned base, which smem_dynamic declares. The emulator swizzles offsets, so only a GPU can read this.
+__global__ void k_smem_base(int* out) {
+#if VA_EMULATION
+  if (threadIdx.x == 0) st_global(out, -1);
+#else
+  if (threadIdx.x == 0) st_global(out, static_cast<int>(__cvta_generic_to_shared(smem_dynamic<unsigned char>()) & 1023u));
+#endif
+}
+
 // ---- ids: out [grid blocks * block threads][8] ------------------------------
 __global__ void k_ids(int* out) {
   const int b = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
@@ -858,6 +870,9 @@ VA_TEST_API const char* va_test_ldmatrix_oob(int smem_bytes, int offset_bytes, u
 VA_TEST_API const char* va_test_crash(int addr) {
   return guarded([&] { launch(k_crash, dim3(1), dim3(32), 0, nullptr, static_cast<long long>(addr)); });
 
+}
+VA_TEST_API const char* va_test_smem_base(int smem_bytes, int* out) {
+  return guarded([&] { launch(k_smem_base, dim3(1), dim3(32), size_t(smem_bytes), nullptr, out); });
 }
 VA_TEST_API const char* va_test_ids(int gx, int gy, int gz, int bx, int by, int bz, int* out) {
   return guarded([&] { launch(k_ids, dim3(gx, gy, gz), dim3(bx, by, bz), 0, nullptr, out); });
