@@ -275,9 +275,10 @@ def test_mma_e4m3_and_its_f16_form_match_the_matrix_product(dev):
         for lane in range(32):
             for i in range(4):
                 got[c_elem(lane, i)] = d[lane, 4 * form + i]
-        # (a GPU: its tensor cores align and truncate inside each MMA's fp32 sum (Fasi et al., "Numerical behavior
-        # of NVIDIA tensor cores", 2021), a few ulps of the magnitude; a wrong fragment is ~0.2 of it)
-        tol = 4e-7 if isinstance(dev, Emu) else 2.0 ** -17
+        # (a GPU: on sm_90 every form is f16 MMAs, whose tensor cores align and truncate inside each fp32 sum (Fasi
+        # et al., "Numerical behavior of NVIDIA tensor cores", 2021), a few ulps of the magnitude; where form 0 is a
+        # native e4m3 MMA (sm_89, sm_120) its sums keep ~14 bits, wgmma_e4m3_tol's bound; a wrong fragment is ~0.2)
+        tol = 4e-7 if isinstance(dev, Emu) else 2.0 ** -17 if form or _capability() == (9, 0) else 2.0 ** -7
         assert (np.abs(got - want) <= tol * mag + 1e-30).all(), (form, np.max(np.abs(got - want) / mag))
 
 
@@ -464,7 +465,8 @@ def test_math_exp2_max_pack_rcp(dev):
     # rcp.approx.ftz: max error 1 ulp on the hardware; the emulator rounds 1 / x correctly
     np.testing.assert_allclose(out[:, 4], want, rtol=1.2e-7 if isinstance(dev, Emu) else 2.4e-7)
     assert out[1, 4] == np.inf and out[7, 4] == -np.inf and out[6, 4] == 0.0
-    assert out[8, 4] == 4.0 and out[9, 4] == -1.0 / 1024
+    if isinstance(dev, Emu):   # (exact here; PTX promises a GPU 1 ulp, which the bound above holds it to)
+        assert out[8, 4] == 4.0 and out[9, 4] == -1.0 / 1024
 
 
 def test_block_reduce_and_pipeline_correct(dev):
@@ -831,6 +833,12 @@ def test_wgmma_ptx_include_is_generated_from_its_script():
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     assert (gen.with_name("wgmma_ptx.inc")).read_text() == mod.render()
+
+
+def _capability() -> tuple[int, int]:
+    import torch
+
+    return torch.cuda.get_device_capability()
 
 
 def wgmma_e4m3_tol(dev) -> float:
