@@ -63,7 +63,11 @@ FP8_LSE_ATOL: dict[tuple[str, torch.dtype], float] = {
 # tests/test_cuda_emu.py) the measured max |out - ref| / max |ref| is 1.9-3.3% and max |lse - ref|
 # 0.007-0.061 nat (largest for a request that sees one token: its LSE is that score, with its error);
 # `python -m pytest -s -q tests/test_cuda_emu.py -k fp8_e4m3_matches` prints them per case.
-# Bounds: 2x those. A K or V scale off by 10% exceeds them (tested).
+# Bounds: 2x those. A K or V scale off by 10% exceeds them (tested). Against the exact reference this bound is the
+# test cases', not every call's: `python -m bench.emu_sweep --tiles mla-e4m3-v3h --cases 1500 --seed 2913` (random
+# prefixes of 0-600 tokens) reads p99 5.1% and max 6.95%, the max a 9-key call on which v1's e4m3-MMA tile, v3's
+# math-roles tile and Hopper's v3 err identically (the format's rounding, no kernel's). check_e4m3_mma below judges
+# the kernels against the q-rounded reference instead.
 FP8_MMA_REL_TOL = 0.06   # max |out - ref| <= FP8_MMA_REL_TOL * max |ref|, per call
 FP8_MMA_LSE_ATOL = 0.12
 
