@@ -42,6 +42,19 @@ TILES: dict[str, tuple[dict, Optional[str], tuple[int, int, int, int], bool]] = 
     "mla-bf16-v2": (dict(hq=8, hkv=1, dqk=576, dv=512, mla=True), None, (64, 32, 8, 3), False),
     "mla-bf16-v3h": (dict(hq=8, hkv=1, dqk=576, dv=512, mla=True), None, (64, 64, 12, 2), False),
     "mla-e4m3-v3h": (dict(hq=8, hkv=1, dqk=576, dv=512, mla=True), "fp8_e4m3", (64, 64, 12, 2), True),
+    # Hopper's v3 as a 2-CTA cluster ("cuda@v3-cluster"; 16-bit caches): the emulator runs a cluster's CTAs together
+    "mla-bf16-v3c": (dict(hq=8, hkv=1, dqk=576, dv=512, mla=True), None, (128, 64, 12, 2), False),
+    # sm_120's v3 tiles (the RTX's, and the H200's "cuda@v3-sm120" proxy): one producer warp (w9), a producer
+    # warpgroup (w12), math roles (w20, the pin); e4m3 and 656-byte rows on e4m3 MMAs
+    "mla-bf16-v3-w9": (dict(hq=8, hkv=1, dqk=576, dv=512, mla=True), None, (32, 16, 9, 4), False),
+    "mla-bf16-v3-w12": (dict(hq=8, hkv=1, dqk=576, dv=512, mla=True), None, (32, 16, 12, 4), False),
+    "mla-bf16-v3-roles": (dict(hq=8, hkv=1, dqk=576, dv=512, mla=True), None, (32, 16, 20, 4), False),
+    "mla-e4m3-v3-w9": (dict(hq=8, hkv=1, dqk=576, dv=512, mla=True), "fp8_e4m3", (32, 32, 9, 4), True),
+    "mla-e4m3-v3-w12": (dict(hq=8, hkv=1, dqk=576, dv=512, mla=True), "fp8_e4m3", (32, 32, 12, 4), True),
+    "mla-e4m3-v3-roles": (dict(hq=8, hkv=1, dqk=576, dv=512, mla=True), "fp8_e4m3", (32, 32, 20, 4), True),
+    "mla-656-v3-w9": (dict(hq=8, hkv=1, dqk=576, dv=512, mla=True), "fp8_mla656", (32, 32, 9, 4), True),
+    "mla-656-v3-w12": (dict(hq=8, hkv=1, dqk=576, dv=512, mla=True), "fp8_mla656", (32, 32, 12, 4), True),
+    "mla-656-v3-roles": (dict(hq=8, hkv=1, dqk=576, dv=512, mla=True), "fp8_mla656", (32, 32, 20, 4), True),
 }
 SCHEDULES = ("forward", "warp-ahead", "warp-ahead-reverse", "random", "reverse")
 
@@ -51,6 +64,7 @@ class TileResult:
     cases: int = 0
     failures: int = 0
     rel: list = None   # max |err| / max |ref| per case
+    worst: str = ""    # the case with the largest of them (its spec id and split count), to rerun it alone
 
     def quantile(self, q: float) -> float:
         r = sorted(self.rel)
@@ -72,7 +86,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     a = build_parser().parse_args(argv)
     if a.list:
         for k, (head, kv, tile, mma) in TILES.items():
-            print(f"{k:16} {kv or 'bf16/fp16':10} tile {tile}  head {head}{'  (e4m3-MMA tolerance)' if mma else ''}")
+            print(f"{k:18} {kv or 'bf16/fp16':10} tile {tile}  head {head}{'  (e4m3-MMA tolerance)' if mma else ''}")
         return 0
     names = list(TILES) if a.tiles == "all" else [x.strip() for x in a.tiles.split(",") if x.strip()]
     bad = [x for x in names if x not in TILES]
@@ -129,6 +143,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                                                        num_warps=tile[2], num_stages=tile[3]))
             ref, _ = reference_verify(case.problem())
             rel = float((out.double() - ref).abs().max() / ref.abs().max())
+            if rel > max(r.rel, default=-1.0):
+                r.worst = f"case {k} (seed {spec.seed}): {spec.id}, {splits} splits, {SCHEDULES[k % len(SCHEDULES)]}"
             r.rel.append(rel)
             if mma:
                 ref_q, ref_q_lse = reference_e4m3_mma(case.problem())
@@ -140,11 +156,11 @@ def main(argv: Optional[list[str]] = None) -> int:
             r.failures += 1
             print(f"FAIL {name} {spec.id} splits {splits}: {type(e).__name__}: {str(e)[:240]}")
     print(f"\nbench.emu_sweep (emulator, not a GPU): seed {a.seed}, {a.cases} cases per tile, {time.time() - t0:.0f} s")
-    print(f"{'tile':16} {'cases':>5} {'fail':>4} {'p50':>7} {'p90':>7} {'p99':>7} {'max':>7}   max |err| / max |ref|")
+    print(f"{'tile':18} {'cases':>5} {'fail':>4} {'p50':>7} {'p90':>7} {'p99':>7} {'max':>7}   (max |err| / max |ref| per call) the worst call")
     for n in names:
         r = results[n]
-        print(f"{n:16} {r.cases:>5} {r.failures:>4} {r.quantile(.5):>7.4f} {r.quantile(.9):>7.4f} "
-              f"{r.quantile(.99):>7.4f} {max(r.rel, default=float('nan')):>7.4f}")
+        print(f"{n:18} {r.cases:>5} {r.failures:>4} {r.quantile(.5):>7.4f} {r.quantile(.9):>7.4f} "
+              f"{r.quantile(.99):>7.4f} {max(r.rel, default=float('nan')):>7.4f}   {r.worst}")
     return 1 if any(r.failures for r in results.values()) else 0
 
 
