@@ -13,8 +13,8 @@ the budget is skipped and said so. Stages, in order of value:
              once, each in its own process under a timeout, at 1.5k; one that hangs or crashes is quarantined:
              dropped from every later stage, its GPU tests skipped (VERIFY_ATTN_QUARANTINE), so it cannot take
              the session's other measurements with it
-  tests      pytest -m gpu on the wgmma layouts (tests/test_arch_emu.py) and the cuda backend
-             (tests/test_cuda_gpu.py: matrix, trees, odd lengths, splits, graphs, versions); a test still
+  tests      pytest -m gpu on the cuda backend (tests/test_cuda_gpu.py: matrix, trees, odd lengths, splits,
+             graphs, versions), then the device API's PTX semantics (tests/test_arch_emu.py); a test still
              running after 20 s dumps its stack into tests.log (faulthandler), where a hang would sit
   ceilings   bench/core/ceilings.py: copy bandwidth, bf16 mma.sync / wgmma / cuBLAS rates, HMMA and
              wgmma latency, L2 and DRAM read bandwidth (the model's calibration inputs)
@@ -277,7 +277,10 @@ def plan(out: Path, a: argparse.Namespace) -> list[Stage]:
         Stage("smoke", [PY, "-m", "bench.gpu_run.smoke", "--backend", ",".join(SMOKE_BACKENDS), "--json",
                         str(out / "smoke.json"), "--out", str(out / "smoke"), "--timeout-s", "30"], cap_s=40, min_s=15,
               kernels=SMOKE_STEMS),   # healthy jobs ~10 s side by side; a generous timeout: a false 'hang' costs v3's rows
-        Stage("tests", pytest + ["tests/test_arch_emu.py", "tests/test_cuda_gpu.py"], cap_s=60, needs="pytest",
+        # (the kernels' tests first: smoke has already run each never-run kernel alone and quarantined any that hung,
+        # while the arch tests' never-run cluster and mbarrier kernels have no such guard, and a hang there would
+        # take every test after it)
+        Stage("tests", pytest + ["tests/test_cuda_gpu.py", "tests/test_arch_emu.py"], cap_s=60, needs="pytest",
               kernels=("*",)),
         Stage("ceilings", [PY, "-m", "bench.ceilings", "--refresh", "--json", str(out / "ceilings.json")], cap_s=11,
               min_s=8),
