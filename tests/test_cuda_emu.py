@@ -1530,6 +1530,33 @@ def test_v3c_cluster_every_named_barrier_and_wgmma_wait_removed_is_caught(emu):
     assert not missed, f"wgmma wait(s) {missed} skipped went unnoticed"
 
 
+def test_v3c_cluster_p_stores_unfenced_before_the_peers_refill_are_caught(emu):
+    # Each warpgroup writes its P over its stage's RoPE block with st.shared (the generic proxy); the other warpgroup
+    # releases that block, and the peer's forward refills its half by a bulk copy (the async proxy). PTX orders the two
+    # writes only through the writer's fence_proxy_async before the hand-off, in `publish`. A consumer thread's fence
+    # calls are 0 (Q), then per pair i 3i + 1 and 3i + 2 (after its two FULL_PEER waits: the conservative reading the
+    # emulator does not need) and 3i + 3 (publish). Each of pairs 0 and 1's publish fences, skipped by one warpgroup,
+    # fails the bulk copy's destination check; pair 2's P is never refilled (the last pair), so its fence is idle.
+    case = make_case(V3C_FAULT_CASE)
+    missed = []
+    for role in (V3H_WG0, V3H_WG1):
+        for nth in (3, 6):
+            why = []
+            for landing, sched in STRICT_MODES:
+                emu.set_cp_async_landing(landing)
+                emu.set_schedule(sched)
+                emu.set_fault("skip_fence_proxy_async", nth, threads=role)
+                try:
+                    _run(case, cfg(1, *V3C))
+                except RuntimeError as e:
+                    why.append(str(e))
+                    assert emu.fault_hits() > 0
+            if not any("cp.async.bulk.shared::cluster destination" in w and "written by st.shared" in w for w in why):
+                missed.append((role, nth))
+    emu.clear_faults()
+    assert not missed, f"unfenced P stores before the peer's refill went unnoticed: {missed}"
+
+
 # ---- Hopper's v3 on e4m3 caches (issue 40): wgmma .e4m3 for S and P V, the same seesaw ----
 # Q quantized per row into the core-matrix layout; each block's rows land (16-byte cp.async) in a 36 KB stage, pair i
 # in slot i % 2 (two stages a slot), whose FULL / EMPTY mbarriers cover the rows (EMPTY: all 8 consumer warps, each

@@ -318,6 +318,7 @@ struct Block {
   // cp.async marks above: cp_async_mbarrier_arrive_noinc clears those, never these
   std::vector<int32_t> word_writer;
   std::vector<long long> word_epoch;   // kUnfencedAtRelease: published by a release before the writer's fence
+  std::vector<long long> word_store_epoch;  // the writer's fence count at the store (kept when word_epoch is not)
   std::vector<WgLog> wg_logs;  // per warpgroup
   std::map<size_t, Mbar> mbars;  // by shared-memory offset
   NamedBar named[16];
@@ -793,6 +794,28 @@ void check_async_proxy_read(Fiber* f, size_t off, const char* which, const char*
   }
 }
 
+// A write through the async proxy (a bulk copy's destination: `bytes` at shared offset `off` of block `t`, the
+// caller's or another CTA's of its cluster) over bytes an st_shared wrote: their writer must have executed
+// fence_proxy_async since the store (word_store_epoch; a release between the store and the fence, such as a hand-off
+// to another warp, does not matter here: the fence orders the store before the copy once the release that frees the
+// bytes for the copy follows it), else the generic write may land after the copy's. (PTX: accesses to the same memory
+// through different proxies are ordered only by a proxy fence.) A fence after the freeing release is a bug this check
+// does not see when the emulator runs the fence before the copy's issue.
+void check_async_proxy_write(Fiber* f, const Block& t, size_t off, size_t bytes, const char* which,
+                             std::source_location loc) {
+  for (size_t w = off / 4; w < (off + bytes + 3) / 4 && w < t.word_writer.size(); ++w) {
+    if (t.word_writer[w] == 0) continue;
+    const Fiber& gw = t.fibers[t.word_writer[w] - 1];
+    if (gw.proxy_fences <= t.word_store_epoch[w]) {
+      fatal(f, std::string(which) + " at shared offset " + std::to_string(off) + (&t == f->block ? "" : " of another CTA") +
+                   ": bytes " + std::to_string(4 * w) + ".." + std::to_string(4 * w + 3) +
+                   " were written by st.shared of thread " + std::to_string(t.word_writer[w] - 1) +
+                   " without fence_proxy_async since (the async proxy's write may land before that generic-proxy write)",
+            loc);
+    }
+  }
+}
+
 // Reads one 16-byte core-matrix row at shared offset `off` into out[] (8 16-bit or 16 e4m3 elements): bounds,
 // alignment and async-proxy visibility checked; records the bytes for the retire-time check.
 template <int kKind>
@@ -1138,6 +1161,7 @@ class Worker {
       b.chunk_epoch.assign(st.smem_bytes / 16 + 1, 0);
       b.word_writer.assign(st.smem_bytes / 4 + 4, 0);
       b.word_epoch.assign(st.smem_bytes / 4 + 4, 0);
+      b.word_store_epoch.assign(st.smem_bytes / 4 + 4, 0);
       b.wg_logs.assign(static_cast<size_t>((nthreads + 127) / 128), WgLog{});
       b.fibers = fibers_.data() + static_cast<size_t>(r) * nthreads;
       b.warps.resize(nwarps);
@@ -1558,6 +1582,7 @@ void st_shared(void* dst, const void* src, size_t bytes, std::source_location lo
   for (size_t w = off / 4; w < (off + bytes) / 4; ++w) {
     b.word_writer[w] = f->tc.linear_tid + 1;
     b.word_epoch[w] = f->proxy_fences;
+    b.word_store_epoch[w] = f->proxy_fences;
     f->unfenced_words.push_back(w);
   }
   // a whole chunk stored: no byte of an earlier cp.async is left in it (a partial store keeps that mark too)
@@ -1868,6 +1893,8 @@ void bulk_copy_g2s(void* smem_dst, const void* gmem_src, uint32_t bytes, void* b
   }
   Mbar* m = mbar_at(f, bar, "cp.async.bulk", loc);
   if (m == nullptr || !check_smem(f, smem_dst, bytes, "cp.async.bulk destination", loc)) return;
+  check_async_proxy_write(f, b, static_cast<size_t>(static_cast<unsigned char*>(smem_dst) - b.smem), bytes,
+                          "cp.async.bulk destination", loc);
   BulkCopy c;
   c.dst = static_cast<unsigned char*>(smem_dst);
   c.data.resize(bytes);
@@ -2050,6 +2077,7 @@ void bulk_copy_s2cluster(uint32_t dst, const void* src, uint32_t bytes, uint32_t
   const size_t soff = static_cast<size_t>(s - b.smem);
   for (size_t off = soff; off < soff + bytes; off += 16)
     check_async_proxy_read(f, off, "cp.async.bulk.shared::cluster source", "the bulk copy's", loc);
+  check_async_proxy_write(f, *d.block, d.off, bytes, "cp.async.bulk.shared::cluster destination", loc);
   BulkCopy c;
   c.dst = d.block->smem + d.off;
   c.data.assign(s, s + bytes);  // read at issue
