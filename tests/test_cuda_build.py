@@ -335,8 +335,8 @@ def test_the_wgmma_operand_rates_are_measured_on_sm90_only():
     assert all(10.0 < v < 5000.0 for v in rates.values()), rates
     share = measure_smem_share(reps=3, iters=256)
     assert sorted(share) == ["RS N=64", "SS N=64"]
-    for v in share.values():
-        assert v["copy_bytes"] > 0 and 0 < v["copy_us"] and 0 < v["wgmma_us"] <= v["both_us"] * 1.05, v
+    for v in share.values():   # (separate timed runs of a few reps each: 15% for their noise, not a physics bound)
+        assert v["copy_bytes"] > 0 and 0 < v["copy_us"] and 0 < v["wgmma_us"] <= v["both_us"] * 1.15, v
     mod = _probe_module()
     out = torch.empty(256, dtype=torch.float32, device="cuda")
     src = torch.zeros(mod.wgmma_operand_src_bytes(), dtype=torch.uint8, device="cuda")
