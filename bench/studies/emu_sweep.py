@@ -156,7 +156,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             r.failures += 1
             print(f"FAIL {name} {spec.id} splits {splits}: {type(e).__name__}: {str(e)[:240]}")
     print(f"\nbench.emu_sweep (emulator, not a GPU): seed {a.seed}, {a.cases} cases per tile, {time.time() - t0:.0f} s")
-    print(f"{'tile':18} {'cases':>5} {'fail':>4} {'p50':>7} {'p90':>7} {'p99':>7} {'max':>7}   (max |err| / max |ref| per call) the worst call")
+    print(f"{'tile':18} {'cases':>5} {'fail':>4} {'p50':>7} {'p90':>7} {'p99':>7} {'max':>7}   "
+          "(max |err| / max |ref| per call) the worst call")
     for n in names:
         r = results[n]
         print(f"{n:18} {r.cases:>5} {r.failures:>4} {r.quantile(.5):>7.4f} {r.quantile(.9):>7.4f} "

@@ -807,10 +807,12 @@ void check_async_proxy_write(Fiber* f, const Block& t, size_t off, size_t bytes,
     if (t.word_writer[w] == 0) continue;
     const Fiber& gw = t.fibers[t.word_writer[w] - 1];
     if (gw.proxy_fences <= t.word_store_epoch[w]) {
-      fatal(f, std::string(which) + " at shared offset " + std::to_string(off) + (&t == f->block ? "" : " of another CTA") +
-                   ": bytes " + std::to_string(4 * w) + ".." + std::to_string(4 * w + 3) +
+      fatal(f, std::string(which) + " at shared offset " + std::to_string(off) +
+                   (&t == f->block ? "" : " of another CTA") + ": bytes " + std::to_string(4 * w) + ".." +
+                   std::to_string(4 * w + 3) +
                    " were written by st.shared of thread " + std::to_string(t.word_writer[w] - 1) +
-                   " without fence_proxy_async since (the async proxy's write may land before that generic-proxy write)",
+                   " without fence_proxy_async since (the async proxy's write may land before that generic-proxy"
+                   " write)",
             loc);
     }
   }
