@@ -973,6 +973,22 @@ def _v3_missed(emu, fault: str, threads: tuple[int, int], calls, spec=V3_FAULT_C
     return missed
 
 
+@pytest.mark.parametrize("tile", [*V3_TILES, V1_BULK32], ids=[*V3_TILE_IDS, "v1-bulk"])
+def test_q_staging_unfenced_before_the_bulk_refill_is_caught(emu, tile):
+    # Q is staged by cp.async (the generic proxy) in the last pipeline stages and read by ldmatrix; bulk copies (the
+    # async proxy) then refill those stages. PTX orders the two only by each math thread's fence_proxy_async before
+    # the barrier that frees the stages, its only proxy fence (call 0): skipped by every math thread, the refill's
+    # destination check names the unfenced cp.async bytes.
+    math = V3_ROLES[tile][0] if tile in V3_ROLES else (0, 256)
+    case = make_case(V3_FAULT_CASE)
+    emu.set_fault("skip_fence_proxy_async", 0, threads=math)
+    with pytest.raises(RuntimeError, match="landed by a cp.async of thread .* not executed fence_proxy_async"):
+        _run(case, cfg(1, *tile))
+    assert emu.fault_hits() > 0
+    emu.clear_faults()
+    _run(case, cfg(1, *tile))   # (and the kernel as built passes)
+
+
 @pytest.mark.parametrize("tile", V3_TILES, ids=V3_TILE_IDS)
 def test_v3_math_warp_skipping_its_full_wait_is_caught(emu, tile):
     # (1) every math thread skips its FULL wait of tile n (n = 0 .. 5: tiles 0-3 in their stage's first phase, 4 and 5

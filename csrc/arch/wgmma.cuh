@@ -180,8 +180,9 @@ VA_DEVICE void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 #endif
 }
+// (sm_90 and later, not only where wgmma is: sm_120a's bulk copies are async-proxy writes too)
 VA_DEVICE void fence_proxy_async() {
-#if VA_HAS_WGMMA
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 #endif
 }

@@ -803,6 +803,19 @@ void check_async_proxy_read(Fiber* f, size_t off, const char* which, const char*
 // does not see when the emulator runs the fence before the copy's issue.
 void check_async_proxy_write(Fiber* f, const Block& t, size_t off, size_t bytes, const char* which,
                              std::source_location loc) {
+  // bytes a cp.async (the generic proxy) landed, not tied to an mbarrier phase: their copying thread's fence since
+  for (size_t c = off / 16; c <= (off + bytes - 1) / 16 && c < t.chunk_writer.size(); ++c) {
+    if (t.chunk_writer[c] == 0) continue;
+    const Fiber& cw = t.fibers[t.chunk_writer[c] - 1];
+    if (cw.proxy_fences <= t.chunk_epoch[c]) {
+      fatal(f, std::string(which) + " at shared offset " + std::to_string(off) +
+                   (&t == f->block ? "" : " of another CTA") + ": bytes " + std::to_string(16 * c) + ".." +
+                   std::to_string(16 * c + 15) + " were landed by a cp.async of thread " +
+                   std::to_string(t.chunk_writer[c] - 1) + " that has not executed fence_proxy_async since (the"
+                   " async proxy's write may land before that generic-proxy write)",
+            loc);
+    }
+  }
   for (size_t w = off / 4; w < (off + bytes + 3) / 4 && w < t.word_writer.size(); ++w) {
     if (t.word_writer[w] == 0) continue;
     const Fiber& gw = t.fibers[t.word_writer[w] - 1];

@@ -420,17 +420,23 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
 
   // ---- prologue: the Q tile is staged in the last kQStages pipeline stages,
   // loaded to registers, then those stages get their KV tiles -------------------
+  // (the inits fenced for the bulk copies' complete_tx, which the async proxy performs: fence.mbarrier_init, as
+  // CUTLASS's fence_barrier_init, before the barrier that lets any thread copy)
   if constexpr (Tr::kBulk) {
-    if (tid == 0)
+    if (tid == 0) {
       for (int s = 0; s < STAGES; ++s) arch::mbarrier_init(sBar + s, BN);
+      arch::fence_mbarrier_init_cluster();
+    }
     arch::block_sync();  // initialised before any thread arrives or copies
   }
   if constexpr (Tr::kProducer) {
-    if (tid == 0)
+    if (tid == 0) {
       for (int s = 0; s < STAGES; ++s) {
         arch::mbarrier_init(sBar + s, BN);            // FULL: the producer's BN lanes (and the row bytes)
         arch::mbarrier_init(sEmpty + s, Tr::kWarps);  // EMPTY: one lane per math warp
       }
+      arch::fence_mbarrier_init_cluster();
+    }
     arch::block_sync();  // initialised before any thread arrives or copies: the CTA's only block-wide barrier
     if constexpr (Tr::kProducerWG) {
       // the producer warpgroup gives registers back, all four produce; the math
@@ -566,6 +572,10 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
         arch::ldmatrix_x4(qf[i][kk], sQ + ((ws_m * Tr::kSMT + i) * 16 + a_addr.row) * Smem::kQPitch +
                                          ws_k * Tr::kSDims + kk * 16 + a_addr.col);
   }
+  // Bulk copies (the async proxy) refill the staging stages, over Q's cp.async bytes and the ldmatrix reads above
+  // (the generic proxy): each thread's proxy fence before the barrier that frees them (PTX orders accesses through
+  // two proxies only by such a fence)
+  if constexpr (Tr::kBulk || Tr::kProducer) arch::fence_proxy_async();
   // the staging stages are free again: needed only when a prologue tile refills them here; else
   // the first refill (tile STAGES - 1, in the main loop) comes after the loop's own barriers
   if constexpr (Tr::kProducer) {
