@@ -80,6 +80,26 @@ def test_parse_ptxas_and_budget_rule():
     assert big.problems() and not vb.KernelReport(**{**big.__dict__, "arch": "sm_90a"}).problems()
 
 
+_V3_MANGLED = ("_ZN2va2tv27tree_verify_split_kernel_v3INS0_14KernelTraitsV3I13__nv_bfloat16NS0_10HeadConfigILi576ELi512"
+               "ELb1EEENS_4host11Page1LayoutENS0_12TileConfigV3ILi64ELi64ELi2EEELb0EEEEEvNS0_6ParamsEi")
+
+
+@pytest.mark.parametrize("regs,ok", [(168, True), (160, False)])
+def test_a_setmaxnreg_tile_must_be_launched_with_the_registers_its_budget_moves(regs, ok):
+    """Hopper's v3 (384 threads: 168 registers a thread, moved to 64 for the producer and 216 for the consumers): a
+    ptxas report of fewer fails the build report (on a GPU the consumers' setmaxnreg.inc would wait forever)."""
+    text = (f"ptxas info    : Compiling entry function '{_V3_MANGLED}' for 'sm_90a'\n"
+            "    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
+            f"ptxas info    : Used {regs} registers, used 6 barriers\n")
+    (rep,) = vb.parse_ptxas(text, "x.cu")
+    assert rep.expect_regs == 168 and (rep.problems() == []) == ok, rep.problems()
+    # every setmaxnreg tile's expectation, against the budgets the kernels' static_asserts hold (traits.h, traits_v3.h)
+    for tiles in vb.TILES.values():
+        for t in tiles:
+            want = {12: 168, 20: 96}.get(t.num_warps) if (t.version == 3 or t.loader >= 3) else 0
+            assert vb.setmaxnreg_launch_regs(t) == want, t
+
+
 def test_every_tile_config_fits_the_archs_it_targets():
     for head, tiles in vb.TILES.items():
         dqk, dv, shared = vb.HEADS[head]

@@ -467,6 +467,7 @@ class KernelReport:
     source: str
     mangled: str
     targets_arch: bool = True  # False: a tile meant for other archs only (its smem is not checked here)
+    expect_regs: int = 0       # a setmaxnreg tile: the registers its budget moves (setmaxnreg_launch_regs), else 0
 
     def problems(self) -> list[str]:
         """What fails the report: spills, local memory, smem over the arch's limit, for a tile built to run on
@@ -479,6 +480,9 @@ class KernelReport:
             out.append(f"spills ({self.spill_stores} B stores, {self.spill_loads} B loads)")
         if self.local_bytes:
             out.append(f"{self.local_bytes} B local memory")
+        if self.expect_regs and self.registers != self.expect_regs:
+            out.append(f"{self.registers} registers, but its setmaxnreg budget moves {self.expect_regs} a thread "
+                       "(with fewer, the math warps' setmaxnreg.inc would wait forever on a GPU)")
         lim = SMEM_LIMIT.get(self.arch)
         if self.targets_arch and lim is not None and self.smem_bytes > lim:
             out.append(f"shared memory {self.smem_bytes} B > {lim} B limit")
@@ -567,6 +571,16 @@ def _describe(mangled: str) -> tuple[str, int]:
     return mangled, 0
 
 
+def setmaxnreg_launch_regs(t: Tile) -> int:
+    """The registers a thread of a setmaxnreg tile must be launched with (0 for a tile without setmaxnreg): its budget
+    (traits.h kLaunchRegs, traits_v3.h) moves the launch's whole pool, 65,536 over its warpgroups' threads in 8s,
+    between the producer and the math warpgroups. ptxas launching it with fewer leaves the pool short, and the math
+    warps' setmaxnreg.inc waits for registers that never come: a hang on a GPU that no emulator shows."""
+    if not (t.version == 3 or (t.version == 1 and t.loader >= 3)):
+        return 0
+    return 65536 // (128 * ((t.num_warps + 3) // 4)) // 8 * 8
+
+
 def parse_ptxas(text: str, source: str) -> list[KernelReport]:
     out: list[KernelReport] = []
     cur: Optional[dict] = None
@@ -587,10 +601,11 @@ def parse_ptxas(text: str, source: str) -> list[KernelReport]:
             s = re.search(r"(\d+) bytes smem", line)
             cur["smem"] = int(s.group(1)) if s else 0
             name, dyn = _describe(cur["mangled"])
-            targets = ("tree_verify_split_kernel" not in cur["mangled"] or
-                       _compiled_tile(cur["mangled"]).targets(cur["arch"]))
+            tile = _compiled_tile(cur["mangled"]) if "tree_verify_split_kernel" in cur["mangled"] else None
+            targets = tile is None or tile.targets(cur["arch"])
             out.append(KernelReport(name, cur["arch"], cur["regs"], cur["smem"] + dyn, cur["smem"], dyn,
-                                    cur["ss"], cur["sl"], cur["stack"], source, cur["mangled"], targets))
+                                    cur["ss"], cur["sl"], cur["stack"], source, cur["mangled"], targets,
+                                    setmaxnreg_launch_regs(tile) if tile is not None else 0))
             cur = None
     return out
 
