@@ -677,8 +677,9 @@ __global__ void __launch_bounds__(Tr::kBlockThreads, 1) tree_verify_split_kernel
       arch::st_shared(dst + kk * 128, make_uint4(pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3]));
     // the cluster: the peer's bulk copy (the async proxy) refills this RoPE block once the other warpgroup releases
     // it, so this thread's proxy fence before the hand-off that leads there, or these generic stores may land after
-    // the copy's (this CTA's own producer refills by cp.async, the generic proxy, which needs none)
-    if constexpr (kPair) arch::fence_proxy_async();
+    // the copy's (this CTA's own producer refills by cp.async, the generic proxy, which needs none). The knockouts
+    // that leave rows uncopied (kKoNoLoad, kKoHalfRows): the next S's wgmma reads these bytes as K, so the same fence
+    if constexpr (kPair || (kKnockout & (kKoNoLoad | kKoHalfRows))) arch::fence_proxy_async();
     publish_stats(tmax, rsum);
   };
   // 16-bit: the other warpgroup's P from `stage` (after its hand-off)
