@@ -294,9 +294,6 @@ struct Warp {
   long long wg_issued = 0;
 };
 
-// word_epoch of st_shared bytes whose writer released them (a barrier, an mbarrier arrive) before fencing them
-constexpr long long kUnfencedAtRelease = std::numeric_limits<long long>::max();
-
 struct Block {
   uint3 idx{};
   int nthreads = 0;
@@ -317,8 +314,8 @@ struct Block {
   // since by a cp.async or bulk copy), and that thread's fence_proxy_async count at the store. Kept apart from the
   // cp.async marks above: cp_async_mbarrier_arrive_noinc clears those, never these
   std::vector<int32_t> word_writer;
-  std::vector<long long> word_epoch;   // kUnfencedAtRelease: published by a release before the writer's fence
-  std::vector<long long> word_store_epoch;  // the writer's fence count at the store (kept when word_epoch is not)
+  std::vector<long long> word_epoch;   // the writer's fence count at the store
+  std::vector<char> word_released;     // published by a release (a barrier, an mbarrier arrive) before its fence
   std::vector<WgLog> wg_logs;  // per warpgroup
   std::map<size_t, Mbar> mbars;  // by shared-memory offset
   NamedBar named[16];
@@ -781,8 +778,8 @@ void check_async_proxy_read(Fiber* f, size_t off, const char* which, const char*
   for (size_t w = 4 * c; w < 4 * c + 4; ++w) {
     if (b.word_writer[w] == 0) continue;
     const Fiber& gw = b.fibers[b.word_writer[w] - 1];
-    if (gw.proxy_fences <= b.word_epoch[w]) {
-      const bool released = b.word_epoch[w] == kUnfencedAtRelease;
+    if (b.word_released[w] || gw.proxy_fences <= b.word_epoch[w]) {
+      const bool released = b.word_released[w];
       fatal(f, std::string(which) + " at shared offset " + std::to_string(off) + ": bytes " + std::to_string(4 * w) +
                    ".." + std::to_string(4 * w + 3) + " were written by st.shared of thread " +
                    std::to_string(b.word_writer[w] - 1) +
@@ -796,7 +793,7 @@ void check_async_proxy_read(Fiber* f, size_t off, const char* which, const char*
 
 // A write through the async proxy (a bulk copy's destination: `bytes` at shared offset `off` of block `t`, the
 // caller's or another CTA's of its cluster) over bytes an st_shared wrote: their writer must have executed
-// fence_proxy_async since the store (word_store_epoch; a release between the store and the fence, such as a hand-off
+// fence_proxy_async since the store (word_epoch; a release between the store and the fence, such as a hand-off
 // to another warp, does not matter here: the fence orders the store before the copy once the release that frees the
 // bytes for the copy follows it), else the generic write may land after the copy's. (PTX: accesses to the same memory
 // through different proxies are ordered only by a proxy fence.) A fence after the freeing release is a bug this check
@@ -819,7 +816,7 @@ void check_async_proxy_write(Fiber* f, const Block& t, size_t off, size_t bytes,
   for (size_t w = off / 4; w < (off + bytes + 3) / 4 && w < t.word_writer.size(); ++w) {
     if (t.word_writer[w] == 0) continue;
     const Fiber& gw = t.fibers[t.word_writer[w] - 1];
-    if (gw.proxy_fences <= t.word_store_epoch[w]) {
+    if (gw.proxy_fences <= t.word_epoch[w]) {
       fatal(f, std::string(which) + " at shared offset " + std::to_string(off) +
                    (&t == f->block ? "" : " of another CTA") + ": bytes " + std::to_string(4 * w) + ".." +
                    std::to_string(4 * w + 3) +
@@ -1176,7 +1173,7 @@ class Worker {
       b.chunk_epoch.assign(st.smem_bytes / 16 + 1, 0);
       b.word_writer.assign(st.smem_bytes / 4 + 4, 0);
       b.word_epoch.assign(st.smem_bytes / 4 + 4, 0);
-      b.word_store_epoch.assign(st.smem_bytes / 4 + 4, 0);
+      b.word_released.assign(st.smem_bytes / 4 + 4, 0);
       b.wg_logs.assign(static_cast<size_t>((nthreads + 127) / 128), WgLog{});
       b.fibers = fibers_.data() + static_cast<size_t>(r) * nthreads;
       b.warps.resize(nwarps);
@@ -1466,11 +1463,11 @@ static bool skipped_by_fault(FaultKind kind, int& calls) {
 
 // A release (block_sync, a named barrier, an mbarrier arrive) by a thread whose st_shared bytes it has not fenced yet:
 // the fence must come before the release that publishes them (a reader acquiring through it may run its wgmma before
-// any later fence), so those bytes stay invisible to the async proxy until written again (kUnfencedAtRelease)
+// any later fence), so those bytes stay invisible to the async proxy until written again (word_released)
 void publish_generic(Fiber* f) {
   Block& b = *f->block;
   for (const size_t w : f->unfenced_words)
-    if (b.word_writer[w] == f->tc.linear_tid + 1 && b.word_epoch[w] == f->proxy_fences) b.word_epoch[w] = kUnfencedAtRelease;
+    if (b.word_writer[w] == f->tc.linear_tid + 1 && b.word_epoch[w] == f->proxy_fences) b.word_released[w] = 1;
   f->unfenced_words.clear();
 }
 
@@ -1597,7 +1594,7 @@ void st_shared(void* dst, const void* src, size_t bytes, std::source_location lo
   for (size_t w = off / 4; w < (off + bytes) / 4; ++w) {
     b.word_writer[w] = f->tc.linear_tid + 1;
     b.word_epoch[w] = f->proxy_fences;
-    b.word_store_epoch[w] = f->proxy_fences;
+    b.word_released[w] = 0;
     f->unfenced_words.push_back(w);
   }
   // a whole chunk stored: no byte of an earlier cp.async is left in it (a partial store keeps that mark too)
