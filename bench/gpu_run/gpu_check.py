@@ -311,9 +311,9 @@ def plan(out: Path, a: argparse.Namespace) -> list[Stage]:
               cap_s=25, min_s=20, needs="ncu", kernels=("mla576_bf16_page1",)),
         # e4m3 caches (issue 17): the e4m3 kernels and Triton's dequantizing one, against the fp8 floors; the arch's
         # default (the H200's: kernel v2 on wgmma .e4m3) next to the f16 tile it replaced there (m32 n32 w8 s3), and
-        # Hopper's v3 on wgmma .e4m3 (issue 40), page 1 and paged. Before the peers: issue 40's
-        # e4m3 goal (>= 1.6x over bf16 v3) needs these rows beside headline's, and after the peers a 440 s budget with
-        # --knockout left this stage no time
+        # Hopper's v3 on wgmma .e4m3 (issue 40), page 1 and paged. Before the peers: issue 40's e4m3 goal (>= 1.6x
+        # over bf16 v3) needs these rows beside headline's, and after the peers a 440 s budget with --knockout left
+        # this stage no time
         Stage("fp8", v + ["--ctx", "16k,185k", "--tree", "16", "--layout", "page1,paged", "--kv-dtype", "fp8_e4m3",
                           "--backend", f"cuda,cuda@m32n32w8s3,{V3},{V3H},triton", "--json", str(out / "fp8.json")],
               cap_s=25, min_s=12),
