@@ -103,6 +103,11 @@ def test_match_reference_device():
     assert rl.match_reference("NVIDIA H200").name == "H200"
     assert rl.match_reference("NVIDIA RTX PRO 6000 Blackwell Workstation Edition").name.startswith("RTX PRO 6000")
     assert rl.match_reference("NVIDIA A100-SXM4-80GB") is None
+    # the device tool's nvidia-h100-x1 is an H100 SXM5 (3.35 TB/s): its own floor, not the H200's; the PCIe and NVL
+    # parts share the name but not the memory or SM count
+    h100 = rl.match_reference("NVIDIA H100 80GB HBM3")
+    assert h100 is rl.H100 and h100.mem_bw_gbs == 3350.0 and h100 not in rl.REFERENCE_DEVICES
+    assert rl.match_reference("NVIDIA H100 PCIe") is None and rl.match_reference("NVIDIA H100 NVL") is None
 
 
 # ---------------------------------------------------------------- ctx parser, timing helpers
@@ -464,6 +469,16 @@ def test_gpu_check_dry_run(capsys, tmp_path, monkeypatch):
         assert f"  {stage} " in text
     assert str(tmp_path / "o") in text and not (tmp_path / "o").exists()   # nothing run, nothing written
     assert "caps add up to" in text and "kernel instantiations" in text
+
+
+def test_gpu_check_names_the_device_model_its_rows_meet():
+    """The device tool lends H100s as well as H200s: the run's first line says which model's predictions its rows
+    are compared with, or that none describes the GPU."""
+    from bench.gpu_run import gpu_check
+    assert "the H200 model" in gpu_check.model_device_line("NVIDIA H200")
+    assert "the H100 model" in gpu_check.model_device_line("NVIDIA H100 80GB HBM3")
+    assert "--arch h100" in gpu_check.model_device_line("NVIDIA H100 80GB HBM3")
+    assert gpu_check.model_device_line("NVIDIA A100-SXM4-80GB").startswith("no device model describes")
 
 
 def test_gpu_check_default_plan_fits_the_device_window():

@@ -180,7 +180,7 @@ def test_simulator_latency_vs_throughput(src):
 
 
 def test_device_constants_all_carry_a_source():
-    for d in devices.DEVICES.values():
+    for d in devices.MODELLED.values():
         for name, c in d.constants().items():
             assert c["kind"] in ("published", "derived", "measured", "assumed"), name
             assert len(c["source"]) > 20, f"{d.key}.{name} needs a real source"
@@ -245,6 +245,41 @@ def test_cli_json_schema_and_v0_prediction_ranges(tmp_path):
                                    "mufu", "alu", "combine", "prologue", "launch")
         # v0 at the headline shape is latency-bound well short of the floor on both devices (NOTES.md)
         assert 0.05 < e["frac_of_floor"][dev] < 0.6
+
+
+def test_the_h100_is_the_h200s_die_with_its_own_hbm():
+    """The device tool lends H100s (nvidia-h100-x1) as well as H200s: the H100's model is the H200's (one GH100 die,
+    its measured constants) except the datasheet DRAM bandwidth; the streaming fraction is the H200's, as an
+    assumption with the H200's range. CUDA's names pick the model a run's rows are compared with."""
+    h100, h200 = devices.get_device("h100"), devices.get_device("h200")
+    assert devices.get_device("h100-sxm") is h100 and h100.arch == "sm_90a" and "h100" not in devices.DEVICES
+    differ = {k for k, c in h100.constants().items() if c != h200.constants()[k]}
+    assert differ == {"dram_gbs", "dram_efficiency"}
+    assert h100.dram_gbs.value == 3350 and h100.dram_efficiency.kind == "assumed"
+    assert h100.dram_efficiency.value == h200.dram_efficiency.value
+    assert h100.dram_efficiency.range == h200.dram_efficiency.range
+    for name, key in (("NVIDIA H200", "h200"), ("NVIDIA H100 80GB HBM3", "h100"),
+                      ("NVIDIA RTX PRO 6000 Blackwell Server Edition", "rtx-pro-6000"),
+                      ("NVIDIA H100 PCIe", None), ("NVIDIA H100 NVL", None), ("NVIDIA A100-SXM4-80GB", None),
+                      (None, None)):
+        d = devices.device_for_gpu(name)
+        assert (d.key if d else None) == key, name
+
+
+def test_cli_reads_the_arch_on_a_named_device(tmp_path):
+    """`--arch h100` reads the sm_90a cubins on the H100's model: the same kernel's tile as on the H200, its DRAM
+    term longer (3.35 against 4.8 TB/s), and no H200 goal judged from it."""
+    _tools_or_skip()
+    from bench.model.__main__ import main
+    out = tmp_path / "model.json"
+    assert main(["--arch", "h200,h100", "--ctx", "185k", "--tree", "16", "--kernel", "cluster2", "--no-bands",
+                 "--json", str(out)]) == 0
+    d = json.loads(out.read_text())
+    assert set(d["devices"]) == {"h200", "h100"} and {e["arch"] for e in d["kernels"]} == {"sm_90a"}
+    us = {next(iter(e["predicted_us"])): e for e in d["kernels"]}
+    assert us["h100"]["per_tile"] == us["h200"]["per_tile"]
+    assert us["h100"]["predicted_us"]["h100"] > us["h200"]["predicted_us"]["h200"]
+    assert us["h100"]["floor_us"]["h100"] > us["h200"]["floor_us"]["h200"]
 
 
 def test_cli_rejects_bad_flags(capsys):

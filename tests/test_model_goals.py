@@ -61,3 +61,13 @@ def test_goals_command_reads_the_paged_rows_itself(capsys):
     for ps in (16, 64):
         line = next(x for x in out.splitlines() if f"RTX PRO 6000 Blackwell bf16 paged {ps} within 5%" in x)
         assert "not read" not in line and ("met" in line or "MISSED" in line), line
+
+
+def test_a_reading_on_another_part_of_the_arch_is_not_the_reference_devices_goal():
+    """`--arch h100` reads the sm_90a cubins on the H100 model: its rows carry the arch of the H200's goals but are
+    not the H200's, so they neither meet nor miss one (the H100's DRAM makes the same kernel slower)."""
+    bf = _payload("bf16", [("sm_90a", "split bf16 576x512 page1 v3", 16, "page1", 1, 70.0, 60, 80, 52.1, 214e6, 5e10)])
+    for e in bf["kernels"]:
+        e["detail"] = {"h100": e["detail"].pop("h200")}
+        e["band"] = {"h100": e["band"].pop("h200")}
+    assert _by_name(goals.evaluate([bf]))["H200 bf16, 16 nodes"].met is None

@@ -197,7 +197,10 @@ def gpu_devices(measure: bool) -> tuple[list[rl.Device], Optional[str], list[str
     props = vdevice.query(torch.cuda.current_device())   # cuda-python: SMs, L2
     name = props.name
     l2_mb = props.l2_bytes / 1e6
-    primary = rl.match_reference(name).name if rl.match_reference(name) else None
+    known = rl.match_reference(name)
+    primary = known.name if known else None
+    if known is not None and known not in devs:   # a known part that is not a reference device (an H100)
+        devs.append(known)
     if measure:
         try:
             from bench.core.ceilings import get_ceilings
@@ -370,15 +373,20 @@ def model_rows(shape: HeadShape, combos: list, dtype: torch.dtype, batch: int, n
     if dtype not in (torch.bfloat16, torch.float16):
         return []
     try:
+        from bench.benchmark import measured as bm
         from bench.model import predict
-        from bench.model.devices import DEVICES
+        from bench.model.devices import DEVICES, device_for_gpu
     except ImportError as e:
         notes.append(f"model predictions skipped ({e})")
         return []
+    # the reference devices, the GPU at hand where a model describes it (an H100), and any modelled device with
+    # committed results (so that its measurements have a reading beside them)
+    here = device_for_gpu(torch.cuda.get_device_name()) if torch.cuda.is_available() else None
+    dks = list(dict.fromkeys([*DEVICES, *([here.key] if here else []), *bm.measured_devices()]))
     out, can_read = [], True
     for ctx, nodes, (lay, ps) in sorted(set(combos)):
         preds = {}
-        for dk in DEVICES if can_read else ():
+        for dk in dks if can_read else ():
             try:
                 p = predict(dk, ctx=ctx, tree_nodes=nodes, shape=shape, layout=lay, page_size=ps, batch=batch,
                             kv_dtype=kv_dtype or ("bf16" if dtype == torch.bfloat16 else "fp16"))

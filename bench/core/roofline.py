@@ -59,6 +59,15 @@ H200 = Device(
     source="NVIDIA datasheet: 4.8 TB/s, 989 TFLOP/s dense bf16",
 )
 REFERENCE_DEVICES: tuple[Device, ...] = (RTX_PRO_6000, H200)
+# H100 SXM5 (sm_90, 132 SMs, 50 MB L2; the device tool's nvidia-h100-x1, "NVIDIA H100 80GB HBM3"): 3.35 TB/s HBM3
+# and 989 TFLOP/s dense BF16, NVIDIA datasheet. Not a reference device (the tables carry the two above): the floor of
+# a run on one. The H100 PCIe (114 SMs, 2.0 TB/s) and NVL (3.9 TB/s) share its name and are not it.
+H100 = Device(
+    name="H100", sms=132, mem_bw_gbs=3350.0, mma_tflops=989.0, l2_mb=50.0,
+    source="NVIDIA H100 SXM5 datasheet: 3.35 TB/s, 989 TFLOP/s dense bf16",
+)
+KNOWN_DEVICES: tuple[Device, ...] = REFERENCE_DEVICES + (H100,)
+_OTHER_PARTS = {"H100": ("pcie", "nvl")}
 
 
 @dataclass(frozen=True)
@@ -185,10 +194,11 @@ def floor(counts: Counts, device: Device) -> Floor:
 
 
 def match_reference(gpu_name: str) -> Optional[Device]:
-    """The reference device whose name the GPU's name contains (e.g. 'NVIDIA H200' -> H200)."""
+    """The known device whose name the GPU's name contains (e.g. 'NVIDIA H200' -> H200, 'NVIDIA H100 80GB HBM3' ->
+    H100; the H100 PCIe and NVL -> None)."""
     n = gpu_name.lower()
-    for d in REFERENCE_DEVICES:
-        if d.name.lower() in n:
+    for d in KNOWN_DEVICES:
+        if d.name.lower() in n and not any(x in n for x in _OTHER_PARTS.get(d.name, ())):
             return d
     return None
 

@@ -1,7 +1,9 @@
 """python -m bench.gpu_check: one prepared command for a short GPU window.
 
-A lent GPU machine (one H200) comes with 15 minutes of device time in all, of which its
-start takes minutes; so this is one command, with a time cap per stage and a global
+A lent GPU machine (one H200, or one H100 SXM5: the device tool's first call that names no
+kind gets an H100, so name kind nvidia-h200 to test the H200's predictions; an H100 run is
+compared with the H100's model, `bench.model --arch h100`) comes with 15 minutes of device
+time in all, of which its start takes minutes; so this is one command, with a time cap per stage and a global
 budget (default 460 s; the caps of the default plan add up to <= 480 s, a test checks
 it). A stage that fails is recorded and the next one runs; a stage that no longer fits
 the budget is skipped and said so. Stages, in order of value:
@@ -54,7 +56,7 @@ gpu_check_results.tar.gz. The short table prints last. Without a GPU (or with --
 it prints the plan with every stage's cap and exits 0.
 
 Back on the CPU machine, `python -m bench.gpu_check --collect DIR` unpacks a returned run
-into bench/results/h200/ (committable), the tuned configs into autotune/configs/, and
+into bench/results/<device>/ (h200/, h100-80gb-hbm3/; committable), the tuned configs into autotune/configs/, and
 prints the table again with the model's predictions.
 """
 from __future__ import annotations
@@ -140,6 +142,17 @@ def verify_stems(argv: list[str]) -> tuple[str, ...]:
     head = vb.head_key(shape.head_dim_qk, shape.head_dim_v, shape.mla, kv if kv.startswith("fp8") else False)
     layouts = [x.strip() for x in arg("--layout", "page1").split(",") if x.strip()]
     return tuple(vb.instantiation_file(arg("--dtype", "bf16"), head, lay).stem for lay in layouts) if head else ()
+
+
+def model_device_line(gpu_name: str) -> str:
+    """Which device model this run's rows are compared with (bench.model.devices.device_for_gpu): the H200's
+    predictions hold for an H200 only; an H100 (the device tool's nvidia-h100-x1) has its own."""
+    from bench.model.devices import device_for_gpu
+    d = device_for_gpu(gpu_name)
+    if d is None:
+        return f"no device model describes {gpu_name}: its rows are not compared with predictions"
+    return (f"compared with the {d.name} model (python -m bench.model --arch {d.key}; NOTES.md holds its predictions, "
+            "written before this run)")
 
 
 def jit_set_of(stages: list[Stage]) -> list[str]:
@@ -592,8 +605,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     jit = jit_set_of(stages)
     env = stage_env(jit)
     env["VA_GPU_CHECK_TEST_LIBS"] = "1" if any(s.name.startswith("tests") for s in stages) else "0"
-    print(f"[gpu_check] {torch.cuda.get_device_name()}, torch {torch.__version__}; JIT set: {len(jit)} files",
-          flush=True)
+    print(f"[gpu_check] {torch.cuda.get_device_name()}, torch {torch.__version__}; JIT set: {len(jit)} files; "
+          f"{model_device_line(torch.cuda.get_device_name())}", flush=True)
     t_end = time.perf_counter() + a.budget_s
     quarantine: set = set()
     for st in stages:

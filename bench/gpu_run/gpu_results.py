@@ -243,6 +243,9 @@ def probe_lines(out: Path) -> list[str]:
         return []
     try:
         from bench.model import devices, probes
-        return probes.measured_vs_model(c, devices.get_device("h200"))
+        dev = devices.device_for_gpu(c.get("device", "H200"))
+        if dev is None:
+            return [f"wgmma operand probes: no device model describes {c['device']}; the model's readings not shown"]
+        return probes.measured_vs_model(c, dev)
     except Exception as e:  # the measured line is in the table already; the model's side needs the toolkit
         return [f"wgmma operand probes: the model's readings unavailable here ({type(e).__name__}: {e})"]

@@ -51,7 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m bench.model", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--arch", default="sm_120a,sm_90a",
-                    help="cubin archs to read: sm_120a (-> RTX PRO 6000), sm_90a (-> H200); default both")
+                    help="cubin archs to read: sm_120a (-> RTX PRO 6000), sm_90a (-> H200); default both. A device "
+                         "key reads its arch's cubins on that device: h100 (sm_90a on the H100 SXM5, the device "
+                         "tool's nvidia-h100-x1), h200, rtx-pro-6000")
     ap.add_argument("--ctx", default="185k", help="prefix lengths: 185k | 4k,16k,185k | 1k..256k; k = 1,000 tokens")
     ap.add_argument("--tree", default="16", help="tree node counts, comma-separated (default 16)")
     ap.add_argument("--shape", default="kimi-k2-tp8", help=f"head-shape preset: {', '.join(PRESETS)}")
@@ -194,11 +196,13 @@ def _layouts(spec: str, page_size: int) -> list[tuple[str, int]]:
 def _archs(spec: str) -> list[tuple[str, devices.DeviceModel]]:
     out = []
     for a in [x.strip() for x in spec.split(",") if x.strip()]:
-        devs = [d for d in devices.DEVICES.values() if d.arch == a]
+        devs = [d for d in devices.DEVICES.values() if d.arch == a] or \
+            [d for d in devices.MODELLED.values() if d.key == a.lower()]
         if not devs:
             raise ValueError(f"--arch: no device model for {a!r}; known: "
-                             f"{', '.join(sorted({d.arch for d in devices.DEVICES.values()}))}")
-        out += [(a, d) for d in devs]
+                             f"{', '.join(sorted({d.arch for d in devices.DEVICES.values()}))} or a device: "
+                             f"{', '.join(devices.MODELLED)}")
+        out += [(d.arch, d) for d in devs]
     if not out:
         raise ValueError("--arch names no arch")
     return out
@@ -297,7 +301,7 @@ def goal_paged_payload(a: argparse.Namespace, payloads: list[dict]) -> Optional[
     entries = []
     for arch, dev in _archs(a.arch):
         b = rows.get((arch, "bf16", 185_000, 16, "page1"))
-        if b is None:
+        if b is None or dev.key not in devices.DEVICES:   # (the goals are the reference devices')
             continue
         tile = next(k.tile for k in kernels.load(arch, head, a.dtype, "page1") if k.name == b.kernel)
         km = kernels.find(arch, head, a.dtype, "paged", tile)
@@ -447,7 +451,7 @@ def print_table(payload: dict, per_tile: bool) -> None:
 
 
 def print_constants() -> None:
-    for d in devices.DEVICES.values():
+    for d in devices.MODELLED.values():
         print(f"{d.name} ({d.key}, {d.arch}):")
         for k, c in d.constants().items():
             lo = c["value"] if c["lo"] is None else c["lo"]
@@ -538,7 +542,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     if a.knockout:
         print(f"\nknockout variant {a.knockout} (VA_TV_KNOCKOUT): a timing experiment whose results are wrong by design; "
               "compare with bench.knockout's measured rows, not with the goals")
-    elif a.shape == "kimi-k2-tp8" and a.batch == 1 and 185_000 in parse_ctx(a.ctx):
+    elif a.shape == "kimi-k2-tp8" and a.batch == 1 and 185_000 in parse_ctx(a.ctx) \
+            and any(d.key in devices.DEVICES for _, d in _archs(a.arch)):
         from .goals import print_goals
         paged = goal_paged_payload(a, payloads) if "bf16" in kvs else None
         if paged is not None:

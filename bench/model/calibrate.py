@@ -33,11 +33,8 @@ def _payloads(paths: Optional[Iterable[Path]]) -> list[tuple[Path, dict]]:
 
 
 def device_of(gpu_name: Optional[str]) -> Optional[devices.DeviceModel]:
-    n = (gpu_name or "").lower()
-    for d in devices.DEVICES.values():
-        if d.name.lower() in n or d.key.replace("-", " ") in n:
-            return d
-    return None
+    """The device model a run's rows are predicted on (devices.device_for_gpu); None: the rows are not compared."""
+    return devices.device_for_gpu(gpu_name)
 
 
 def rows(paths: Optional[Iterable[Path]] = None, skipped: Optional[list] = None) -> list[dict]:

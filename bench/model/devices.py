@@ -319,15 +319,51 @@ RTX_PRO_6000 = DeviceModel(
            "(DESIGN.md section 5): the workstation card's sustained clock under tensor load may sit below 2.617 GHz.",),
 )
 
+# The H100 SXM5 (the device tool's `nvidia-h100-x1`, "NVIDIA H100 80GB HBM3"; a session's first plain `run` gets one):
+# the same GH100 die as the H200 (132 SMs, the same clocks, 700 W, tensor and shared-memory rates), with 3.35 TB/s of
+# HBM3 instead of 4.8 TB/s of HBM3e and 50 MB of L2. Every constant the die sets is the H200's, measured there; the
+# DRAM bandwidth is the datasheet's, and the streaming fraction the H200's measured one (the workplace's device notes
+# saw the same device-to-device copy fraction on both parts). No H100 figure here is this project's measurement.
+H100 = replace(
+    H200, key="h100", name="H100",
+    dram_gbs=Const(3350, "published", "NVIDIA H100 SXM5 datasheet: 3.35 TB/s HBM3 (80 GB)"),
+    dram_efficiency=Const(4171 / 4800, "assumed",
+                          "the H200's measured read-sweep fraction (4,171 of 4,800 GB/s, " + H200_RUN + "); the "
+                          "workplace's device notes (.library/device/KINDS.md, 2026-11) saw one device-to-device "
+                          "copy fraction on both parts: ~3.0 of 3.35 TB/s on the H100, ~4.3 of 4.8 on the H200 "
+                          "(0.90 each, bytes read + written)",
+                          lo=3810 / 4800, hi=4568 / 4800, why_range="the H200's range (its fractions)"),
+    notes=("the H200's model (the same GH100 die: 132 SMs, clocks, tensor and shared-memory rates, latencies, all "
+           "measured on this project's H200) with the H100 SXM5's HBM3: 3.35 TB/s; not yet measured on an H100",),
+)
+
+# DEVICES: the reference device of each arch (what `--arch sm_90a` and every table read); MODELLED adds the parts a
+# device model exists for beside them (`--arch h100`, bench.model.predict("h100", ...), --calibrate on an H100 run)
 DEVICES: dict[str, DeviceModel] = {d.key: d for d in (RTX_PRO_6000, H200)}
+MODELLED: dict[str, DeviceModel] = {**DEVICES, H100.key: H100}
 ARCH_OF = {d.key: d.arch for d in DEVICES.values()}
 
 
 def get_device(key: str) -> DeviceModel:
     k = key.strip().lower().replace("_", "-")
-    aliases = {"rtx-pro": "rtx-pro-6000", "rtxpro6000": "rtx-pro-6000", "sm_120a": "rtx-pro-6000",
-               "sm-120a": "rtx-pro-6000", "sm_90a": "h200", "sm-90a": "h200"}
+    aliases = {"rtx-pro": "rtx-pro-6000", "rtxpro6000": "rtx-pro-6000", "sm-120a": "rtx-pro-6000", "sm-90a": "h200",
+               "h100-sxm": "h100", "h100-sxm5": "h100"}
     k = aliases.get(k, k)
-    if k not in DEVICES:
-        raise ValueError(f"unknown device {key!r}; known: {', '.join(DEVICES)}")
-    return DEVICES[k]
+    if k not in MODELLED:
+        raise ValueError(f"unknown device {key!r}; known: {', '.join(MODELLED)}")
+    return MODELLED[k]
+
+
+# GPU names of parts that share a modelled part's name but not its memory or SM count (the H100 PCIe: 114 SMs,
+# 2.0 TB/s HBM2e; the H100 NVL: 3.9 TB/s): no model reads them
+_OTHER_PARTS = {"h100": ("pcie", "nvl")}
+
+
+def device_for_gpu(gpu_name: Optional[str]) -> Optional[DeviceModel]:
+    """The device model of a GPU by its CUDA name ('NVIDIA H200' -> H200, 'NVIDIA H100 80GB HBM3' -> H100,
+    'NVIDIA RTX PRO 6000 Blackwell Server Edition' -> RTX_PRO_6000), None for a part no model describes."""
+    n = (gpu_name or "").lower()
+    for d in MODELLED.values():
+        if (d.name.lower() in n or d.key.replace("-", " ") in n) and not any(x in n for x in _OTHER_PARTS.get(d.key, ())):
+            return d
+    return None

@@ -27,16 +27,12 @@ from pathlib import Path
 from typing import Optional
 
 from . import analysis, sass, sim
-from .devices import Const, DeviceModel, H200, get_device
+from .devices import H100, Const, DeviceModel, get_device
 
 MMA_OPS = ("HMMA", "QMMA") + sass.GMMA_OPS
 
-H100_SXM = replace(
-    H200, key="h100-sxm", name="H100 SXM5",
-    dram_gbs=Const(3350, "published", "NVIDIA H100 SXM5 datasheet: 3.35 TB/s HBM3"),
-    notes=("the H200's model (same GH100 die: 132 SMs, 50 MB L2, the same clocks and tensor rates; measured on "
-           "this project's H200) with the H100 SXM5's DRAM bandwidth",),
-)
+# P-12's part under the name its source gives (devices.H100: the H200's model with the H100 SXM5's HBM3)
+H100_SXM = replace(H100, key="h100-sxm", name="H100 SXM5")
 
 
 def device(key: str) -> DeviceModel:

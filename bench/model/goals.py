@@ -43,12 +43,15 @@ class Goal:
 
 
 def best_rows(payloads: list[dict]) -> dict:
-    """(arch, kv_dtype, ctx, tree, layout label) -> Best: the fastest kernel by its central value."""
+    """(arch, kv_dtype, ctx, tree, layout label) -> Best: the fastest kernel by its central value. The goals are the
+    reference devices' (devices.DEVICES): a reading on another device of the arch (`--arch h100`) is not one."""
     out: dict = {}
     for pl in payloads:
         kv = pl["kv_dtype"]
         for e in pl["kernels"]:
             for dk, d in e["detail"].items():
+                if dk not in DEVICES:
+                    continue
                 lay = e["layout"] if e["layout"] == "page1" else f"p{e['page_size']}"
                 key = (e["arch"], kv, e["ctx"], e["tree_nodes"], lay)
                 b = e.get("band", {}).get(dk)
