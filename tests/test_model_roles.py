@@ -489,3 +489,33 @@ def test_the_cluster_forward_is_read_as_one_warps_dsmem_copies():
     copies = lambda p: sum(w["copies"] for w in p.tile.sim.smem_by_warp)   # noqa: E731
     assert copies(pc) == pytest.approx(copies(ps), rel=0.02)
     assert pc.tile.sim.cycles_per_iter < 0.92 * ps.tile.sim.cycles_per_iter
+
+
+def test_the_steady_state_excludes_the_loops_drain(monkeypatch):
+    """The simulated loop's last iterations drain: nothing follows them (a producer `empty_distance` ahead is done, no
+    next tile's copies to issue), so they run faster than a tile in the middle of a CTA's 100+. The H200 proxy's
+    math-roles tile ran its last iteration in about half a middle one's cycles, and until 2026-12-07 the steady-state
+    window ended on it (171.4 us instead of ~186). The window now ends before the drain: the tile's cycles are the
+    middle iterations'."""
+    _tools_or_skip()
+    import statistics
+
+    from bench.model import call, predict
+    results = []
+    orig = sim.simulate
+
+    def keep(*a, **kw):
+        results.append((kw.get("roles"), orig(*a, **kw)))
+        return results[-1][1]
+
+    monkeypatch.setattr(sim, "simulate", keep)
+    monkeypatch.setattr(call, "_SIM_CACHE", {})
+    predict("h200", ctx=185_000, tree_nodes=16, kernel="w20", kv_dtype="bf16", band=False)
+    spec, hot = next((r, s) for r, s in results if r is not None)   # the hot path's (the first simulated)
+    drain = spec.empty_distance
+    ends = [max(f[k] for f in hot.per_warp_finish) for k in range(hot.iters)]
+    deltas = [b - a for a, b in zip(ends, ends[1:])]
+    middle = deltas[max(1, (hot.iters - drain) // 2) - 1:-drain]   # the window: the later half before the drain
+    assert drain >= 2 and deltas[-1] < 0.7 * statistics.median(middle)       # the drain is there, and fast
+    assert hot.cycles_per_iter == pytest.approx(statistics.mean(middle), rel=1e-9)
+    assert hot.cycles_per_iter > statistics.mean(deltas[len(deltas) // 2:])   # the old window read it short

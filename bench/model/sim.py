@@ -265,7 +265,7 @@ class SimResult:
     trace: list[tuple[float, float, int]] = field(default_factory=list)
     # (issue cycle, warp, instruction index) of every warp in the last iteration
     full_trace: list[tuple[float, int, int]] = field(default_factory=list)
-    # per warp, cycles per iteration it waited at mbarrier waits and named barriers (the later half of the iterations)
+    # per warp, cycles per iteration it waited at mbarrier waits and named barriers (the steady state's window)
     sync_stall: list[float] = field(default_factory=list)
     # per warp, the shared-memory cycles per iteration its instructions took at the scheduler's share of the SM's
     # bandwidth: "issued" (LDS / STS / LDSM and a math warp's cp.async requests: the `mio` pipe), "copies" (cp.async
@@ -385,6 +385,15 @@ def simulate(body: list[Instr], dev: DeviceModel, *, warps: int, warps_per_barri
         for r, (lo, hi) in enumerate(roles.spans):
             if roles.producer[r]:
                 tim[lo:hi] = [producer_timing(t, b) for t, b in zip(tim[lo:hi], body[lo:hi])]
+    # The loop's last iterations drain: nothing follows them (no next tile's copies or prefetches to issue, a producer
+    # `empty_distance` ahead already done), so they run faster than a tile in the middle of a CTA's 100+ does (the
+    # H200 proxy's last iteration 487 cycles against 935-950). They are simulated, after the window the steady state
+    # is read over, and not counted in it (until 2026-12-07 the window ended at the last iteration).
+    drain = max(1, roles.empty_distance if roles is not None else 0, prefetch.ahead if prefetch is not None else 0,
+                d_wait)
+    iters += drain
+    shown = iters - 1 - drain                 # the window's last iteration: the one the traces show
+    window_lo = max(1, (shown + 1) // 2)      # the window: the later half of the iterations before the drain
     seq_len = [len(q) for q in seqs]
     if not all(seq_len):
         raise ValueError("simulate: a warp would run no instruction of the body (every one a skipped lane's)")
@@ -618,12 +627,12 @@ def simulate(body: list[Instr], dev: DeviceModel, *, warps: int, warps_per_barri
             arrive_any.setdefault((w, it), []).append(done)
             if bar_off[i] is not None:
                 arrive_t.setdefault((w, it + 1 if ahead[i] else it, bar_off[i]), []).append(done)
-        if (bulk_wait[i] or named[i] is not None or is_bar[i]) and it >= iters // 2:
+        if (bulk_wait[i] or named[i] is not None or is_bar[i]) and window_lo <= it <= shown:
             sync_stall[w] += t - last_issue[w] - 1
         last_issue[w] = t
-        if w == 0 and it == iters - 1:
+        if w == 0 and it == shown:
             trace.append((t, t - prev_issue, i))
-        if it == iters - 1:
+        if it == shown:
             full_trace.append((t, w, i))
         if w == 0:
             prev_issue = t
@@ -665,13 +674,11 @@ def simulate(body: list[Instr], dev: DeviceModel, *, warps: int, warps_per_barri
     ends = [max(finish[w][k] for w in range(warps)) for k in range(iters)]
     if d_wait >= 2 and any(bulk_wait):
         # a try_wait d iterations behind its copies: one full period of d iterations, after the first d
-        per_iter = (ends[-1] - ends[-1 - d_wait]) / d_wait
+        per_iter = (ends[shown] - ends[shown - d_wait]) / d_wait
     else:
-        # steady state: the later half of the iterations
-        k0 = max(1, iters // 2)
-        per_iter = (ends[-1] - ends[k0 - 1]) / (iters - k0)
+        per_iter = (ends[shown] - ends[window_lo - 1]) / (shown - window_lo + 1)
     busy = {p: v / iters for p, v in pipe_busy.items()}
-    half = iters - max(1, iters // 2)
+    half = shown - window_lo + 1
     return SimResult(per_iter, sum(seq_len) / warps, busy, warps, iters, ends[-1], finish, trace, full_trace,
                      [x / half for x in sync_stall], [{k: v / iters for k, v in d.items()} for d in smem_warp])
 
