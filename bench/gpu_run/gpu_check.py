@@ -3,9 +3,9 @@
 A lent GPU machine (one H200, or one H100 SXM5: the device tool's first call that names no
 kind gets an H100, so name kind nvidia-h200 to test the H200's predictions; an H100 run is
 compared with the H100's model, `bench.model --arch h100`) comes with 15 minutes of device
-time in all, of which its start takes minutes; so this is one command, with a time cap per stage and a global
-budget (default 460 s; the caps of the default plan add up to <= 480 s, a test checks
-it). A stage that fails is recorded and the next one runs; a stage that no longer fits
+time in all, of which its start takes minutes; so this is one command, with a time cap per
+stage and a global budget (default 460 s; the caps of the default plan add up to <= 480 s,
+a test checks it). A stage that fails is recorded and the next one runs; a stage that no longer fits
 the budget is skipped and said so. Stages, in order of value:
 
   build      one parallel JIT build of the kernel instantiations the later stages run
@@ -56,8 +56,8 @@ gpu_check_results.tar.gz. The short table prints last. Without a GPU (or with --
 it prints the plan with every stage's cap and exits 0.
 
 Back on the CPU machine, `python -m bench.gpu_check --collect DIR` unpacks a returned run
-into bench/results/<device>/ (h200/, h100-80gb-hbm3/; committable), the tuned configs into autotune/configs/, and
-prints the table again with the model's predictions.
+into bench/results/<device>/ (h200/, h100-80gb-hbm3/; committable), the tuned configs into
+autotune/configs/, and prints the table again with the model's predictions.
 """
 from __future__ import annotations
 

@@ -261,9 +261,9 @@ class SimResult:
     iters: int
     trace_end: float = 0.0
     per_warp_finish: list[list[float]] = field(default_factory=list)
-    # (issue cycle, stall before it, instruction index) of warp 0 in the last iteration
+    # (issue cycle, stall before it, instruction index) of warp 0 in the window's last iteration (before the drain)
     trace: list[tuple[float, float, int]] = field(default_factory=list)
-    # (issue cycle, warp, instruction index) of every warp in the last iteration
+    # (issue cycle, warp, instruction index) of every warp in the window's last iteration
     full_trace: list[tuple[float, int, int]] = field(default_factory=list)
     # per warp, cycles per iteration it waited at mbarrier waits and named barriers (the steady state's window)
     sync_stall: list[float] = field(default_factory=list)
@@ -684,7 +684,8 @@ def simulate(body: list[Instr], dev: DeviceModel, *, warps: int, warps_per_barri
 
 
 def pipe_gaps(body: list[Instr], res: SimResult, pipe: str, dev: DeviceModel, min_gap: float = 40.0) -> list[str]:
-    """Stretches of the last iteration in which `pipe` sat idle, with the instructions issued meanwhile."""
+    """Stretches of the traced iteration (the window's last) in which `pipe` sat idle, with the instructions issued
+    meanwhile."""
     busy_until = None
     out = []
     issued_between: list[str] = []
