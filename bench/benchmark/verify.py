@@ -382,7 +382,8 @@ def model_rows(shape: HeadShape, combos: list, dtype: torch.dtype, batch: int, n
     # the reference devices, the GPU at hand where a model describes it (an H100), and any modelled device with
     # committed results (so that its measurements have a reading beside them)
     here = device_for_gpu(torch.cuda.get_device_name()) if torch.cuda.is_available() else None
-    dks = list(dict.fromkeys([*DEVICES, *([here.key] if here else []), *bm.measured_devices()]))
+    have = bm.measured_devices()
+    dks = list(dict.fromkeys([*DEVICES, *([here.key] if here else []), *have]))
     out, can_read = [], True
     for ctx, nodes, (lay, ps) in sorted(set(combos)):
         preds = {}
@@ -397,14 +398,15 @@ def model_rows(shape: HeadShape, combos: list, dtype: torch.dtype, batch: int, n
                 preds[dk] = {**p, "frac_of_floor": p["floor_us"] / p["us"]}
         out.append({"ctx": ctx, "tree_nodes": nodes, "layout": lay, "page_size": ps, "source": "model",
                     "predictions": preds})
-    _beside_measurements(out, shape, dtype, batch, kv_dtype, tree_shape, notes)
+    _beside_measurements(out, shape, dtype, batch, kv_dtype, tree_shape, notes, have)
     return [m for m in out if m["predictions"] or any(m["measured"].values())]
 
 
 def _beside_measurements(model: list[dict], shape: HeadShape, dtype: torch.dtype, batch: int,
-                         kv_dtype: Optional[str], tree_shape: str, notes: list[str]) -> None:
+                         kv_dtype: Optional[str], tree_shape: str, notes: list[str], have: dict[str, str]) -> None:
     """Each model row gets the last committed measurement of its shape per device (bench/results/, every kernel
-    measured there: bench.benchmark.measured) and each prediction its kernel and --validate's verdict on that kernel."""
+    measured there: bench.benchmark.measured) and each prediction its kernel and --validate's verdict on that kernel.
+    `have`: bm.measured_devices(), which the caller read once."""
     from bench.benchmark import measured as bm
     if not model:
         return
@@ -414,7 +416,6 @@ def _beside_measurements(model: list[dict], shape: HeadShape, dtype: torch.dtype
     if not verdicts and any(m["predictions"] for m in model):
         notes.append("the model's kernels could not be checked against bench/results/ here (bench.model --validate "
                      "needs the CUDA toolkit and SASS tools): every model reading is not validated")
-    have = bm.measured_devices()
     for m in model:
         m["measured"] = bm.last_measured(shape.to_dict(), dt, kv, m["ctx"], m["tree_nodes"], m["layout"],
                                          m["page_size"], batch, tree_shape)

@@ -61,13 +61,21 @@ H200 = Device(
 REFERENCE_DEVICES: tuple[Device, ...] = (RTX_PRO_6000, H200)
 # H100 SXM5 (sm_90, 132 SMs, 50 MB L2; the device tool's nvidia-h100-x1, "NVIDIA H100 80GB HBM3"): 3.35 TB/s HBM3
 # and 989 TFLOP/s dense BF16, NVIDIA datasheet. Not a reference device (the tables carry the two above): the floor of
-# a run on one. The H100 PCIe (114 SMs, 2.0 TB/s) and NVL (3.9 TB/s) share its name and are not it.
+# a run on one. The H100 PCIe and NVL share its name and are not it (_OTHER_PARTS).
 H100 = Device(
     name="H100", sms=132, mem_bw_gbs=3350.0, mma_tflops=989.0, l2_mb=50.0,
     source="NVIDIA H100 SXM5 datasheet: 3.35 TB/s, 989 TFLOP/s dense bf16",
 )
 KNOWN_DEVICES: tuple[Device, ...] = REFERENCE_DEVICES + (H100,)
-_OTHER_PARTS = {"H100": ("pcie", "nvl")}
+# GPU names of parts that share a known part's name but not its memory or SM count (bench.model.devices reads the
+# same table): the H100 PCIe (114 SMs, 2.0 TB/s HBM2e) and the H100 NVL (3.9 TB/s) are not the H100 SXM5
+_OTHER_PARTS = {"h100": ("pcie", "nvl")}
+
+
+def is_other_part(part: str, gpu_name: str) -> bool:
+    """Whether `gpu_name` (lowercase) names another part than `part` though it contains its name ('nvidia h100 pcie'
+    is not the H100)."""
+    return any(x in gpu_name for x in _OTHER_PARTS.get(part.lower(), ()))
 
 
 @dataclass(frozen=True)
@@ -198,7 +206,7 @@ def match_reference(gpu_name: str) -> Optional[Device]:
     H100; the H100 PCIe and NVL -> None)."""
     n = gpu_name.lower()
     for d in KNOWN_DEVICES:
-        if d.name.lower() in n and not any(x in n for x in _OTHER_PARTS.get(d.name, ())):
+        if d.name.lower() in n and not is_other_part(d.name, n):
             return d
     return None
 

@@ -354,16 +354,13 @@ def get_device(key: str) -> DeviceModel:
     return MODELLED[k]
 
 
-# GPU names of parts that share a modelled part's name but not its memory or SM count (the H100 PCIe: 114 SMs,
-# 2.0 TB/s HBM2e; the H100 NVL: 3.9 TB/s): no model reads them
-_OTHER_PARTS = {"h100": ("pcie", "nvl")}
-
-
 def device_for_gpu(gpu_name: Optional[str]) -> Optional[DeviceModel]:
     """The device model of a GPU by its CUDA name ('NVIDIA H200' -> H200, 'NVIDIA H100 80GB HBM3' -> H100,
-    'NVIDIA RTX PRO 6000 Blackwell Server Edition' -> RTX_PRO_6000), None for a part no model describes."""
+    'NVIDIA RTX PRO 6000 Blackwell Server Edition' -> RTX_PRO_6000), None for a part no model describes (the
+    H100 PCIe and NVL: bench.core.roofline's table of parts that share a name)."""
+    from bench.core.roofline import is_other_part
     n = (gpu_name or "").lower()
     for d in MODELLED.values():
-        if (d.name.lower() in n or d.key.replace("-", " ") in n) and not any(x in n for x in _OTHER_PARTS.get(d.key, ())):
+        if (d.name.lower() in n or d.key.replace("-", " ") in n) and not is_other_part(d.key, n):
             return d
     return None
