@@ -353,6 +353,60 @@ def finish_rows(acc, m_i, l_i):
 
 
 @triton.jit
+def attend_rows(q_rows, K, V, KV_INDICES, MASK, KS, KR, K_SCALE, V_SCALE, qk_scale, k_scale_f, v_scale_f,
+                kvh, token, row_ok, lo, hi, prefix, kv_start, bad,
+                stride_kp, stride_kpos, stride_kh, stride_vp, stride_vpos, stride_vh, MASK_WORDS,
+                DQK: tl.constexpr, DV: tl.constexpr, BLOCK_D1: tl.constexpr, BLOCK_DPE: tl.constexpr,
+                BLOCK_DV: tl.constexpr, V_FROM_K: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_M: tl.constexpr,
+                BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr, KV_FMT: tl.constexpr, FP8_BITS: tl.constexpr,
+                K_SCALE_MEM: tl.constexpr, V_SCALE_MEM: tl.constexpr, CLIP: tl.constexpr):
+    """(O [BLOCK_M, BLOCK_DV] fp32, LSE log2 [BLOCK_M]) of the M rows (queries at `q_rows`, tree rows `token`) over
+    KV head `kvh`'s tokens [lo, hi): the prefix part first (every row sees every token; only the ragged end is
+    masked), then the tree part under the packed ancestor mask; NaN in every output when `bad` (poison_rows).
+    CLIP: [lo, hi) is a split's span, which may end before the prefix or start past it (the split kernel); without
+    it the span is the whole request (the serial kernel: lo 0, hi n_kv), and the loops compile as that kernel's own
+    did (their bounds, unclipped, are the prefix)."""
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d1 = tl.arange(0, BLOCK_D1)
+    offs_dpe = tl.arange(0, BLOCK_DPE) if BLOCK_DPE > 0 else offs_d1
+    offs_dv = tl.arange(0, BLOCK_DV)
+    q1, q2 = load_q(q_rows, row_ok, offs_d1, offs_dpe, DQK, BLOCK_D1, BLOCK_DPE)
+
+    k_base = K + kvh * stride_kh
+    v_base = V + kvh * stride_vh
+    qk = qk_scale
+    if KV_FMT == 1:   # fp8_e4m3: K = code x k_scale, folded into the score scale (exact codes in the dot)
+        qk = qk_scale * scale_value(K_SCALE, k_scale_f, K_SCALE_MEM)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+
+    if CLIP:
+        p_hi = tl.minimum(hi, prefix)
+    else:
+        p_hi = prefix
+    for start in range(lo, p_hi, BLOCK_N):
+        acc, m_i, l_i = attend_tile(
+            acc, m_i, l_i, q1, q2, start, p_hi, prefix, k_base, v_base, KV_INDICES, kv_start, MASK, token, row_ok,
+            offs_n, offs_d1, offs_dpe, offs_dv, stride_kp, stride_kpos, stride_vp, stride_vpos, qk, MASK_WORDS,
+            DQK, DV, BLOCK_D1, BLOCK_DPE, BLOCK_DV, V_FROM_K, PAGE_SIZE, False, DOT_PREC, KS, KR, KV_FMT, FP8_BITS)
+    if CLIP:
+        t_lo = tl.maximum(lo, prefix)
+    else:
+        t_lo = prefix
+    for start in range(t_lo, hi, BLOCK_N):
+        acc, m_i, l_i = attend_tile(
+            acc, m_i, l_i, q1, q2, start, hi, prefix, k_base, v_base, KV_INDICES, kv_start, MASK, token, row_ok,
+            offs_n, offs_d1, offs_dpe, offs_dv, stride_kp, stride_kpos, stride_vp, stride_vpos, qk, MASK_WORDS,
+            DQK, DV, BLOCK_D1, BLOCK_DPE, BLOCK_DV, V_FROM_K, PAGE_SIZE, True, DOT_PREC, KS, KR, KV_FMT, FP8_BITS)
+
+    o, lse2 = finish_rows(acc, m_i, l_i)
+    if KV_FMT == 1:   # fp8_e4m3: V = code x v_scale, applied once to the normalised O
+        o = o * scale_value(V_SCALE, v_scale_f, V_SCALE_MEM)
+    return poison_rows(o, lse2, bad)
+
+
+@triton.jit
 def split_span(n, NUM_SPLITS, BLOCK_N: tl.constexpr):
     """KV tokens per split for a request of n tokens: ceil(n / splits) rounded up to BLOCK_N.
 

@@ -65,41 +65,15 @@ def _serial_fwd(
     node = mt * BLOCK_M + tl.arange(0, BLOCK_M)             # [BLOCK_M] tree nodes of this block
     row_ok = node < n_tree
     token = qo_start + node                                  # rows of q / out / tree_mask
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_d1 = tl.arange(0, BLOCK_D1)
-    offs_dpe = tl.arange(0, BLOCK_DPE) if BLOCK_DPE > 0 else offs_d1
-    offs_dv = tl.arange(0, BLOCK_DV)
-
+    # the committed prefix walked serially, then the tree block under the packed tree mask
     q_rows = Q + token[:, None] * stride_qt + h * stride_qh
-    q1, q2 = tc.load_q(q_rows, row_ok, offs_d1, offs_dpe, DQK, BLOCK_D1, BLOCK_DPE)
-
-    k_base = K + kvh * stride_kh
-    v_base = V + kvh * stride_vh
-    qk = qk_scale
-    if KV_FMT == 1:   # fp8_e4m3: K = code x k_scale, folded into the score scale (exact codes in the dot)
-        qk = qk_scale * tc.scale_value(K_SCALE, k_scale_f, K_SCALE_MEM)
-    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-
-    # stage 1: the committed prefix, fully visible, walked serially
-    for start in range(0, prefix, BLOCK_N):
-        acc, m_i, l_i = tc.attend_tile(
-            acc, m_i, l_i, q1, q2, start, prefix, prefix, k_base, v_base, KV_INDICES, kv_start, MASK, token, row_ok,
-            offs_n, offs_d1, offs_dpe, offs_dv, stride_kp, stride_kpos, stride_vp, stride_vpos, qk, MASK_WORDS,
-            DQK, DV, BLOCK_D1, BLOCK_DPE, BLOCK_DV, V_FROM_K, PAGE_SIZE, False, DOT_PREC, KS, KR, KV_FMT, FP8_BITS)
-
-    # stage 2: the tree block (the last n_tree entries) under the packed tree mask
-    for start in range(prefix, n_kv, BLOCK_N):
-        acc, m_i, l_i = tc.attend_tile(
-            acc, m_i, l_i, q1, q2, start, n_kv, prefix, k_base, v_base, KV_INDICES, kv_start, MASK, token, row_ok,
-            offs_n, offs_d1, offs_dpe, offs_dv, stride_kp, stride_kpos, stride_vp, stride_vpos, qk, MASK_WORDS,
-            DQK, DV, BLOCK_D1, BLOCK_DPE, BLOCK_DV, V_FROM_K, PAGE_SIZE, True, DOT_PREC, KS, KR, KV_FMT, FP8_BITS)
-
-    o, lse2 = tc.finish_rows(acc, m_i, l_i)
-    if KV_FMT == 1:   # fp8_e4m3: V = code x v_scale, applied once to the normalised O
-        o = o * tc.scale_value(V_SCALE, v_scale_f, V_SCALE_MEM)
-    o, lse2 = tc.poison_rows(o, lse2, too_many_nodes)
+    o, lse2 = tc.attend_rows(
+        q_rows, K, V, KV_INDICES, MASK, KS, KR, K_SCALE, V_SCALE, qk_scale, k_scale_f, v_scale_f, kvh, token, row_ok,
+        0, n_kv, prefix, kv_start, too_many_nodes,
+        stride_kp, stride_kpos, stride_kh, stride_vp, stride_vpos, stride_vh, MASK_WORDS, DQK, DV, BLOCK_D1, BLOCK_DPE,
+        BLOCK_DV, V_FROM_K, PAGE_SIZE, BLOCK_M, BLOCK_N, DOT_PREC, KV_FMT, FP8_BITS, K_SCALE_MEM, V_SCALE_MEM,
+        False)
+    offs_dv = tl.arange(0, BLOCK_DV)
     o_ptrs = OUT + token[:, None] * stride_ot + h * stride_oh + offs_dv[None, :]
     tl.store(o_ptrs, o.to(OUT.dtype.element_ty), mask=row_ok[:, None] & (offs_dv[None, :] < DV))
     if HAS_LSE:

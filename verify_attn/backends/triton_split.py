@@ -75,42 +75,16 @@ def _split_fwd(
     row_ok = r < n_rows
     token = qo_start + r // GROUP                            # q / out / tree_mask row of each M row
     head = kvh * GROUP + r % GROUP                           # query head of each M row
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_d1 = tl.arange(0, BLOCK_D1)
-    offs_dpe = tl.arange(0, BLOCK_DPE) if BLOCK_DPE > 0 else offs_d1
-    offs_dv = tl.arange(0, BLOCK_DV)
-
+    # this split's span: its prefix part (every row sees every token), then its tree part (only the last split(s)
+    # reach it) under the packed ancestor mask
     q_rows = Q + token[:, None] * stride_qt + head[:, None] * stride_qh
-    q1, q2 = tc.load_q(q_rows, row_ok, offs_d1, offs_dpe, DQK, BLOCK_D1, BLOCK_DPE)
-
-    k_base = K + kvh * stride_kh
-    v_base = V + kvh * stride_vh
-    qk = qk_scale
-    if KV_FMT == 1:   # fp8_e4m3: K = code x k_scale, folded into the score scale (exact codes in the dot)
-        qk = qk_scale * tc.scale_value(K_SCALE, k_scale_f, K_SCALE_MEM)
-    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-
-    # prefix part of the span: every row sees every token; only the ragged tail is masked
-    p_hi = tl.minimum(hi, prefix)
-    for start in range(lo, p_hi, BLOCK_N):
-        acc, m_i, l_i = tc.attend_tile(
-            acc, m_i, l_i, q1, q2, start, p_hi, prefix, k_base, v_base, KV_INDICES, kv_start, MASK, token, row_ok,
-            offs_n, offs_d1, offs_dpe, offs_dv, stride_kp, stride_kpos, stride_vp, stride_vpos, qk, MASK_WORDS,
-            DQK, DV, BLOCK_D1, BLOCK_DPE, BLOCK_DV, V_FROM_K, PAGE_SIZE, False, DOT_PREC, KS, KR, KV_FMT, FP8_BITS)
-
-    # tree part of the span (only the last split(s) reach it): packed ancestor mask
-    for start in range(tl.maximum(lo, prefix), hi, BLOCK_N):
-        acc, m_i, l_i = tc.attend_tile(
-            acc, m_i, l_i, q1, q2, start, hi, prefix, k_base, v_base, KV_INDICES, kv_start, MASK, token, row_ok,
-            offs_n, offs_d1, offs_dpe, offs_dv, stride_kp, stride_kpos, stride_vp, stride_vpos, qk, MASK_WORDS,
-            DQK, DV, BLOCK_D1, BLOCK_DPE, BLOCK_DV, V_FROM_K, PAGE_SIZE, True, DOT_PREC, KS, KR, KV_FMT, FP8_BITS)
-
-    o, lse2 = tc.finish_rows(acc, m_i, l_i)
-    if KV_FMT == 1:   # fp8_e4m3: V = code x v_scale, applied once to the normalised O
-        o = o * tc.scale_value(V_SCALE, v_scale_f, V_SCALE_MEM)
-    o, lse2 = tc.poison_rows(o, lse2, too_many_nodes)
+    o, lse2 = tc.attend_rows(
+        q_rows, K, V, KV_INDICES, MASK, KS, KR, K_SCALE, V_SCALE, qk_scale, k_scale_f, v_scale_f, kvh, token, row_ok,
+        lo, hi, prefix, kv_start, too_many_nodes,
+        stride_kp, stride_kpos, stride_kh, stride_vp, stride_vpos, stride_vh, MASK_WORDS, DQK, DV, BLOCK_D1, BLOCK_DPE,
+        BLOCK_DV, V_FROM_K, PAGE_SIZE, BLOCK_M, BLOCK_N, DOT_PREC, KV_FMT, FP8_BITS, K_SCALE_MEM, V_SCALE_MEM,
+        True)
+    offs_dv = tl.arange(0, BLOCK_DV)
     dv_ok = offs_dv[None, :] < DV
     if DIRECT:
         o_ptrs = OUT + token[:, None] * stride_ot + head[:, None] * stride_oh + offs_dv[None, :]
