@@ -54,6 +54,14 @@ def test_last_measured_takes_the_latest_run_per_kernel_and_names_its_file(result
 
 def test_model_kernel_labels_and_verdicts():
     assert bm.model_kernel_label("split bf16 576x512 page1 v2 m64 n32 w8 s3 wg2 wgmma") == "v2 m64n32w8s3"
+    # v0's names carry no version; sm_120's v3 (a producer on v1's math) and Hopper's v3 are two kernels
+    assert bm.model_kernel_label("split bf16 576x512 page1 m16 n32 w4 s2") == "v0 m16n32w4s2"
+    assert bm.model_kernel_label("split bf16 576x512 page1 v3 m32 n16 w20 s4 k2 sn2 producer-wg roles") == \
+        "v3-sm120 m32n16w20s4"
+    assert bm.model_kernel_label("split bf16 576x512 page1 v3 m128 n64 w12 s2 sm90 seesaw cluster2") == \
+        "v3 m128n64w12s2"
+    assert bm.model_kernel_family("split bf16q-e4m3kv 576x512 page1 v3 m32 n32 w9 s4 k2 sn1 producer") == "v3-sm120"
+    assert bm.model_kernel_family("no kernel here") is None
     v = {"h200 v2 bf16": {"within": False, "rows": "0/28", "range": "1.53-2.23"},
          "h200 v1 bf16": {"within": True, "rows": "24/25", "range": "0.74-1.04"}}
     assert bm.verdict_text(v, "h200", "v2 m64n32w8s3", "bf16", True) == \
@@ -140,3 +148,17 @@ def test_report_names_the_kernel_of_a_measured_cuda_row():
     p["results"].append(dict(p["results"][1], backend="cuda@v2", median_us=315.5, timed_on="cuda", config=V2))
     row = next(ln for ln in _lines(p) if ln.lstrip("│ ").startswith("cuda@v2"))
     assert "v2 m64n32w8s3 S66" in row, row
+
+
+def test_a_measured_row_and_the_models_reading_name_the_same_kernel():
+    """Every compiled tile: the label of a measured cuda row that ran it (its config) equals the label of bench.model's
+    name for it, so bench.verify pairs the two and --validate files the row under the tile's own kernel (sm_120's v3
+    tiles are version-1 tiles with a producer: by version alone they were labelled v1)."""
+    from verify_attn import build as vb
+    for head, tiles in vb.TILES.items():
+        for t in tiles:
+            row = {"config": {"block_m": t.block_m, "block_n": t.block_n, "num_warps": t.num_warps,
+                              "num_stages": t.num_stages}}
+            assert bm._row_kernel(row, head) == bm.model_kernel_label(f"split bf16 576x512 page1 {t.label()}"), \
+                (head, t.label())
+            assert bm.model_kernel_family(t.label()) == t.family

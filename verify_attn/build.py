@@ -111,13 +111,29 @@ class Tile:
         2i + s in stage s; an odd count runs a phantom block), every other kernel one tile."""
         return self.num_stages if self.version == 3 else 1
 
+    @property
+    def sm120_v3(self) -> bool:
+        """sm_120's kernel v3: v1's math (version 1) with a producer warp or warpgroup (loader >= 2)."""
+        return self.version == 1 and self.loader >= 2
+
+    @property
+    def kernel_version(self) -> int:
+        """The kernel version its label names: 3 for sm_120's v3 tiles, as in bench.model's names and the backend's
+        "v3-sm120" pin; else `version`."""
+        return 3 if self.sm120_v3 else self.version
+
+    @property
+    def family(self) -> str:
+        """The kernel a tile is a size of, by the backend's pin names: v0, v1, v2, v3 (Hopper's), v3-sm120."""
+        return "v3-sm120" if self.sm120_v3 else f"v{self.version}"
+
     def label(self) -> str:
         base = f"m{self.block_m} n{self.block_n} w{self.num_warps} s{self.num_stages}"
         if self.version == 2:
             return f"v2 {base} wg{self.warps_n} wgmma"
         if self.version == 3:
             return f"v3 {base} sm90 seesaw" + (f" cluster{self.cluster}" if self.cluster > 1 else "")
-        if self.version == 1 and self.loader >= 2:  # kernel v3: v1's math + 1 producer warp, or a producer warpgroup
+        if self.sm120_v3:
             return f"v3 {base} k{self.ksplit} sn{self.sn} " + {2: "producer", 3: "producer-wg"}.get(self.loader,
                                                                                                    "producer-wg roles")
         return (f"v1 {base} k{self.ksplit} sn{self.sn}" + ("" if self.fp8_mma else " f16")

@@ -15,17 +15,30 @@ from typing import Optional
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "bench" / "results"
-_KERNEL_RE = re.compile(r"\bv(\d) m(\d+) n(\d+) w(\d+) s(\d+)\b")   # bench.model's kernel names
+# bench.model's kernel names (build.Tile.label): v0's tiles carry no version ('split bf16 576x512 page1 m16 n32 w4 s2')
+_KERNEL_RE = re.compile(r"(?:^|\s)(?:v(\d) )?m(\d+) n(\d+) w(\d+) s(\d+)\b")
 
 
-def kernel_label(version: int, block_m: int, block_n: int, warps: int, stages: int) -> str:
-    return f"v{version} m{block_m}n{block_n}w{warps}s{stages}"
+def kernel_label(family: str, block_m: int, block_n: int, warps: int, stages: int) -> str:
+    """'v3-sm120 m32n16w20s4': a compiled tile by its kernel family (build.Tile.family) and shape."""
+    return f"{family} m{block_m}n{block_n}w{warps}s{stages}"
+
+
+def model_kernel_family(name: str) -> Optional[str]:
+    """The kernel family (build.Tile.family: v0, v1, v2, v3, v3-sm120) a bench.model kernel name is a tile of; None
+    if unparsed. sm_120's v3 is v1's math with a producer ('v3 m32 n16 w20 s4 k2 sn2 producer-wg roles'), Hopper's
+    v3 the seesaw ('v3 m64 n64 w12 s2 sm90 seesaw'): two kernels, which --validate and the labels keep apart."""
+    m = _KERNEL_RE.search(name or "")
+    if not m:
+        return None
+    v = int(m.group(1) or 0)
+    return "v3-sm120" if v == 3 and " producer" in name else f"v{v}"
 
 
 def model_kernel_label(name: str) -> str:
     """'split bf16 576x512 page1 v2 m64 n32 w8 s3 wg2 wgmma' -> 'v2 m64n32w8s3' (the name itself if unparsed)."""
     m = _KERNEL_RE.search(name or "")
-    return kernel_label(*map(int, m.groups())) if m else (name or "?")
+    return kernel_label(model_kernel_family(name), *map(int, m.groups()[1:])) if m else (name or "?")
 
 
 def kv_format(kv_dtype: str) -> str:
@@ -55,7 +68,7 @@ def _row_kernel(row: dict, head: Optional[str]) -> Optional[str]:
         return None
     key = (cfg.get("block_m"), cfg.get("block_n"), cfg.get("num_warps"), cfg.get("num_stages"))
     t = next((t for t in vb.TILES.get(head, ()) if (t.block_m, t.block_n, t.num_warps, t.num_stages) == key), None)
-    return None if t is None else kernel_label(t.version, *key)
+    return None if t is None else kernel_label(t.family, *key)
 
 
 def measured_devices() -> dict[str, str]:
