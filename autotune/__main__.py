@@ -66,9 +66,29 @@ def build_parser() -> argparse.ArgumentParser:
                     help="measure: time every candidate on the GPU at hand (default); model: choose by bench.model's "
                          "predictions, no GPU needed (needs --arch), exported as a 'source: model' table that a "
                          "measured table of the same key outranks")
+    ap.add_argument("--versions", default=None, metavar="v0,v1,...",
+                    help="tune over these CUDA kernel versions only (default: every compiled tile); e.g. v0,v1,v2 "
+                         "keeps out kernel v3, which has not run on a GPU yet. The exported file records them")
     ap.add_argument("--top-tiles", type=int, default=2, help="tiles that get the split sweep")
     ap.add_argument("--refine-rounds", type=int, default=2, help="coarse-to-fine rounds over num_splits")
     return dash_values(ap)
+
+
+def parse_versions(text: Optional[str], backend: str) -> Optional[frozenset[int]]:
+    """--versions "v0,v1,v2" (or "0,1,2") -> frozenset({0, 1, 2}); None when not given."""
+    if text is None:
+        return None
+    if backend != "cuda":
+        raise ValueError(f"--versions picks the CUDA backend's kernel versions, not backend {backend!r}'s tiles")
+    out = set()
+    for part in filter(None, (x.strip() for x in text.split(","))):
+        v = part[1:] if part[:1] in "vV" else part
+        if not v.isdigit():
+            raise ValueError(f"--versions: {part!r} is not a kernel version (v0, v1, v2, v3, ...)")
+        out.add(int(v))
+    if not out:
+        raise ValueError("--versions: give at least one kernel version, e.g. v1 or v0,v1,v2")
+    return frozenset(out)
 
 
 def resolve_shape(args: argparse.Namespace) -> HeadShape:
@@ -205,7 +225,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         plan = make_plan(args.backend, shape, arch_name=args.arch, ctxs=ctxs, trees=trees, dtype=args.dtype,
                          page_size=page_size, batch=args.batch, report=report, report_path=args.build_report,
-                         kv_dtype=args.kv_dtype)
+                         kv_dtype=args.kv_dtype, versions=parse_versions(args.versions, args.backend))
     except (ValueError, RuntimeError) as e:
         error(e)
         return 2

@@ -73,6 +73,13 @@ def build_table(key: TableKey, results: Iterable[BucketResult], *, batch: int = 
     return ConfigTable(key, entries, batch, "export", dict(meta or {})), extras
 
 
+def kernel_versions_meta(plan) -> dict:
+    """{"kernel_versions": [...]} for a plan tuned over some kernel versions only (--versions), else {}: a table
+    that never saw a version must say so, or a reader takes its pick for the fastest of every kernel."""
+    v = getattr(plan, "versions", None)
+    return {} if v is None else {"kernel_versions": sorted(v)}
+
+
 def export_table(out_dir: str | Path, key: TableKey, results: Iterable[BucketResult], *, batch: int = 1,
                  meta: Optional[dict] = None, source: str = "measured", extra: Optional[dict] = None) -> Path:
     """Write (or merge into) `out_dir/<key.filename(source)>`; returns the path. source: "measured" (timed

@@ -26,7 +26,7 @@ from typing import Optional
 
 from verify_attn.tuned import TableError, TableKey
 
-from .export import DEFAULT_EXPORT_DIR, export_table, git_commit, now_iso, software_versions
+from .export import DEFAULT_EXPORT_DIR, export_table, git_commit, kernel_versions_meta, now_iso, software_versions
 from .plan import Plan
 from .search import BucketResult, Trial
 
@@ -34,13 +34,32 @@ DEVICES = {"sm_90a": "h200", "sm_120a": "rtx-pro-6000"}   # the device model eac
 REPO = Path(__file__).resolve().parent.parent
 
 
-def model_version() -> str:
-    """bench.model@<hash of its sources>+<commit>: what a model-sourced file was chosen by."""
+def model_sources() -> str:
+    """bench.model@<hash of its sources>: the model that reads the kernels here (model_version without the commit)."""
     h = hashlib.sha1()
     for f in sorted((REPO / "bench" / "model").glob("*.py")):
         h.update(f.name.encode())
         h.update(f.read_bytes())
-    return f"bench.model@{h.hexdigest()[:10]}+{git_commit()}"
+    return f"bench.model@{h.hexdigest()[:10]}"
+
+
+def model_version() -> str:
+    """bench.model@<hash of its sources>+<commit>: what a model-sourced file was chosen by."""
+    return f"{model_sources()}+{git_commit()}"
+
+
+def stale_note(row: dict, now: str) -> Optional[str]:
+    """For a model-sourced row of `show` (tuned.explain's dict with the table's model_version and arch): a line
+    saying the table was chosen by other model sources than this checkout's `now` (model_sources()), and how to
+    re-derive it; None when the sources match or the row is not model-sourced. The commit after '+' does not
+    count: a commit that leaves bench/model alone leaves the model's readings alone (the kernels' SASS may still
+    have moved, which the hash does not see)."""
+    ver = row.get("model_version")
+    if row.get("source") != "model" or not ver or ver.partition("+")[0] == now:
+        return None
+    arch = row.get("arch") or "<arch>"
+    return (f"chosen by {ver.partition('+')[0]}, not this checkout's {now}: the model has changed since, and "
+            f"its pick may differ now (re-derive: python -m autotune --cost model --arch {arch} ...)")
 
 
 def _kernels(plan: Plan, dev):
@@ -175,6 +194,7 @@ def run_model_tuning(plan: Plan, args: argparse.Namespace) -> int:
             path = export_table(args.export or DEFAULT_EXPORT_DIR, key, results, batch=plan.batch, source="model",
                                 extra=extra,
                                 meta={"model_version": version, "device_model": DEVICES[plan.arch.name],
+                                      **kernel_versions_meta(plan),
                                       "date": now_iso(), "arch": plan.arch.name, "tree_kind": args.tree_shape,
                                       "versions": software_versions(),
                                       "method": "bench.model central prediction per candidate (tile x coarse split "
@@ -242,12 +262,21 @@ def show(argv: Optional[list[str]] = None) -> int:
     key = TableKey(a.device, a.backend, sh.num_q_heads, sh.num_kv_heads, sh.head_dim_qk, sh.head_dim_v, a.dtype,
                    a.page_size, sh.mla, a.kv_dtype)
     rows = [{"ctx": c, "tree_nodes": a.tree, **explain(key, c, a.tree, a.batch)} for c in ctxs]
+    now = model_sources() if any(r["source"] == "model" for r in rows) else None
+    for r in rows:
+        note = stale_note(r, now) if now else None
+        if note:
+            r["stale"] = note
     if a.json:
         print(json.dumps(rows, indent=1))
         return 0
     for r in rows:
         where = r["file"] or r.get("why", "")
         cfg = "" if r["config"] is None else " " + ", ".join(f"{k}={v}" for k, v in sorted(r["config"].items()))
-        ver = f" ({r['model_version']})" if r.get("model_version") else ""
+        ver = "; ".join(x for x in (r.get("model_version"), r.get("kernel_versions") and "over kernels " + ", ".join(
+            f"v{v}" for v in r["kernel_versions"])) if x)
+        ver = f" ({ver})" if ver else ""
         print(f"{key.filename()}: ctx {r['ctx']:,} tree {r['tree_nodes']}: {r['source']}{ver}{cfg}\n    {where}")
+        if r.get("stale"):
+            print(f"    {r['stale']}")
     return 0

@@ -10,7 +10,8 @@ from typing import Optional
 from verify_attn.config import KernelConfig
 from verify_attn.shapes import HeadShape
 
-from .space import ArchSpec, Candidate, arch_of_device, backend_hooks, get_arch, prune_for_rows, tile_candidates
+from .space import (ArchSpec, Candidate, Pruned, arch_of_device, backend_hooks, filter_versions, get_arch,
+                    prune_for_rows, tile_candidates)
 from .splits import heuristic_splits, split_cap, split_grid
 
 DEFAULT_MAX_SPLITS = 1024   # workspace bound when the backend does not publish one (meta["max_splits"])
@@ -55,6 +56,7 @@ class Plan:
     max_splits: int
     report_path: Optional[str] = None
     kv_dtype: str = ""   # "" (the cache in q's dtype) or an fp8 storage format (verify_attn.fp8)
+    versions: Optional[frozenset[int]] = None   # --versions: the kernel versions tuned over (None: every one)
 
     def to_json(self) -> dict:
         a = self.arch
@@ -74,6 +76,7 @@ class Plan:
                     })
         return {
             "arch": a.name,
+            "versions": None if self.versions is None else sorted(self.versions),
             "arch_limits": {"smem_per_block": a.smem_per_block, "regs_per_sm": a.regs_per_sm,
                             "max_regs_per_thread": a.max_regs_per_thread, "num_sms": a.num_sms,
                             "device_name": a.device_name},
@@ -102,7 +105,8 @@ def _ctas_per_sm(arch: str, cfg, r: dict) -> Optional[int]:
 
 def make_plan(backend: str, shape: HeadShape, *, arch_name: Optional[str], ctxs: list[int], trees: list[int],
               dtype: str = "bf16", page_size: int = 1, batch: int = 1, report: Optional[list[dict]] = None,
-              report_path: Optional[str] = None, use_hooks: bool = True, kv_dtype: str = "") -> Plan:
+              report_path: Optional[str] = None, use_hooks: bool = True, kv_dtype: str = "",
+              versions: Optional[frozenset[int]] = None) -> Plan:
     if arch_name is not None:
         arch = get_arch(arch_name)
     else:
@@ -116,6 +120,8 @@ def make_plan(backend: str, shape: HeadShape, *, arch_name: Optional[str], ctxs:
         raise ValueError(f"--kv-dtype {kv_dtype} needs --dtype bf16 or fp16, got {dtype}")
     pruned, origin = tile_candidates(backend, shape, arch, dtype=dtype, page_size=page_size, report=report,
                                      use_hooks=use_hooks, kv_dtype=kv_dtype)
+    kept, off = filter_versions(pruned.kept, versions)
+    pruned = Pruned(kept, pruned.rejected + off)
     _, _, hook_max = backend_hooks(backend) if use_hooks else (None, None, None)
     max_splits = int(hook_max or DEFAULT_MAX_SPLITS)
     buckets = []
@@ -134,4 +140,4 @@ def make_plan(backend: str, shape: HeadShape, *, arch_name: Optional[str], ctxs:
                 tiles.append(TilePlan(c, min(h, cap), grid, cap))
             buckets.append(BucketPlan(ctx, tn, rows, tiles, row_rej))
     return Plan(backend, shape, arch, dtype, page_size, batch, origin, buckets, pruned.rejected, max_splits,
-                report_path, kv_dtype)
+                report_path, kv_dtype, versions)

@@ -15,7 +15,7 @@ from typing import Callable, Optional
 from verify_attn.tuned import TableError, TableKey
 
 from .cache import TuneCache, entry_key
-from .export import DEFAULT_EXPORT_DIR, export_table, now_iso, software_versions
+from .export import DEFAULT_EXPORT_DIR, export_table, kernel_versions_meta, now_iso, software_versions
 from .plan import BucketPlan, Plan
 from .search import BucketResult, Trial, estimate_trials, tune_bucket
 
@@ -149,6 +149,7 @@ def run_tuning(plan: Plan, args: argparse.Namespace, *, make_harness: Optional[H
         try:
             path = export_table(args.export or DEFAULT_EXPORT_DIR, key, results, batch=plan.batch,
                                 meta={"versions": versions, "date": now_iso(), "arch": plan.arch.name,
+                                      **kernel_versions_meta(plan),
                                       "tree_kind": args.tree_shape,
                                       "method": f"cold L2, CUDA events, median of up to {args.reps} samples; "
                                                 "every config checked against the float64 reference first"})

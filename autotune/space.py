@@ -282,12 +282,38 @@ def resource_issue(res: dict, cfg: KernelConfig, arch: ArchSpec) -> Optional[str
 
 
 def prune_for_rows(cands: list[Candidate], rows: int) -> tuple[list[Candidate], list[tuple[KernelConfig, str]]]:
-    """Drop tiles wider than the call's rows when a narrower tile survives."""
+    """Drop tiles wider than the call's rows when a narrower tile of the same kernel family survives.
+
+    A family is the kernel a tile is a size of (`resources["family"]`, which the CUDA backend's hook gives: v0, v1,
+    v2, v3, v3-sm120; one family where no hook does): a wider tile of one kernel only computes empty rows that its
+    narrower tile would not, but another kernel's wide tile may be the faster one (for 8 rows at 185k, bench.model
+    reads v1's 32-row tile ~2x faster than v0's 16-row tile on both archs: pruning across kernels dropped it)."""
     need = max(16, 1 << max(0, (rows - 1).bit_length()))
-    fits = [c for c in cands if c.config.block_m <= need]
-    if not fits:
-        narrowest = min(c.config.block_m for c in cands) if cands else 0
-        fits = [c for c in cands if c.config.block_m == narrowest]
-    keep = {id(c) for c in fits}
-    return fits, [(c.config, f"block_m={c.config.block_m} > {need} rows needed ({rows} rows)")
-                  for c in cands if id(c) not in keep]
+    keep: set[int] = set()
+    for fam in {c.resources.get("family") for c in cands}:
+        mine = [c for c in cands if c.resources.get("family") == fam]
+        fits = [c for c in mine if c.config.block_m <= need]
+        if not fits:
+            narrowest = min(c.config.block_m for c in mine)
+            fits = [c for c in mine if c.config.block_m == narrowest]
+        keep |= {id(c) for c in fits}
+    return [c for c in cands if id(c) in keep], \
+        [(c.config, f"block_m={c.config.block_m} > {need} rows needed ({rows} rows), and a narrower tile of "
+                    f"{_family(c)} is kept") for c in cands if id(c) not in keep]
+
+
+def _family(c: Candidate) -> str:
+    return c.resources.get("family") or "the same kernel"
+
+
+def filter_versions(cands: list[Candidate], versions: Optional[set[int]]) -> tuple[list[Candidate],
+                                                                                   list[tuple[KernelConfig, str]]]:
+    """Keep the tiles whose kernel version (`resources["version"]`) is in `versions` (None: all). A tile without a
+    version (a backend whose hook gives none) is refused by any filter: it cannot be shown to be one of them."""
+    if versions is None:
+        return cands, []
+    keep = [c for c in cands if c.resources.get("version") in versions]
+    kept = {id(c) for c in keep}
+    names = ", ".join(f"v{v}" for v in sorted(versions))
+    return keep, [(c.config, f"kernel {c.resources.get('family') or 'of unknown version'} not in --versions "
+                             f"({names})") for c in cands if id(c) not in kept]

@@ -131,6 +131,73 @@ def test_prune_for_rows_keeps_narrowest_when_none_fit():
     assert [c.config.block_m for c in fits] == [32]
 
 
+def test_prune_for_rows_keeps_each_kernel_familys_own_narrowest_tile():
+    """A wide tile is dropped only for a narrower tile of the same kernel: v0's 16-row tile does not push out v1's or
+    v2's wider ones (it did: the model-sourced tables' one-node buckets all ran v0)."""
+    def cand(bm, fam):
+        return space.Candidate(KernelConfig(0, 16, bm, 4, 2), {"family": fam})
+    cands = [cand(16, "v0"), cand(32, "v0"), cand(32, "v1"), cand(64, "v1"), cand(64, "v2"), cand(32, "v3-sm120")]
+    fits, rej = space.prune_for_rows(cands, rows=8)
+    assert [(c.config.block_m, c.resources["family"]) for c in fits] == \
+        [(16, "v0"), (32, "v1"), (64, "v2"), (32, "v3-sm120")]
+    assert sorted((c.block_m, why.split(" of ")[-1]) for c, why in rej) == [(32, "v0 is kept"), (64, "v1 is kept")]
+    fits, rej = space.prune_for_rows(cands, rows=128)
+    assert len(fits) == len(cands) and not rej
+
+
+def test_filter_versions_keeps_the_versions_asked_for():
+    cands = [space.Candidate(KernelConfig(0, 16, 32, 8, 4), {"version": v, "family": f})
+             for v, f in ((0, "v0"), (1, "v1"), (3, "v3-sm120"), (3, "v3"))] + [space.Candidate(
+                 KernelConfig(0, 16, 16, 4, 2), {})]
+    assert space.filter_versions(cands, None) == (cands, [])
+    keep, off = space.filter_versions(cands, frozenset({0, 1}))
+    assert [c.resources.get("family") for c in keep] == ["v0", "v1"]
+    assert [why for _, why in off] == ["kernel v3-sm120 not in --versions (v0, v1)", "kernel v3 not in --versions "
+                                       "(v0, v1)", "kernel of unknown version not in --versions (v0, v1)"]
+
+
+def test_cuda_tiles_name_their_kernel_version_and_family():
+    from verify_attn import build as vb
+    from verify_attn.backends import cuda
+    by = {(t.block_m, t.block_n, t.num_warps, t.num_stages, t.loader): t for t in vb.TILES["mla576"]}
+    for key, ver, fam in (((16, 32, 4, 2, 0), 0, "v0"), ((32, 16, 8, 4, 0), 1, "v1"), ((64, 32, 8, 3, 0), 2, "v2"),
+                          ((32, 16, 20, 4, 4), 3, "v3-sm120"), ((64, 64, 12, 2, 0), 3, "v3")):
+        t = by[key]
+        assert (t.kernel_version, t.family) == (ver, fam)
+        assert t.label().startswith(f"v{ver} ") if ver else t.label()[0] == "m"   # the model's names say the same
+        res = cuda.resources(KernelConfig(0, t.block_n, t.block_m, t.num_warps, t.num_stages), KIMI, "sm_90a")
+        assert (res["version"], res["family"]) == (ver, fam)
+
+
+@pytest.mark.parametrize("arch", ["sm_120a", "sm_90a"])
+def test_one_node_plans_offer_every_kernels_tiles(arch):
+    """8 rows (one node of Kimi K2 TP8): v1's 32-row tiles (the arch's default kernel) are candidates beside v0's
+    16-row tile; --versions leaves v3's out and the plan says so."""
+    from verify_attn import build as vb
+    plan = make_plan("cuda", KIMI, arch_name=arch, ctxs=[185_000], trees=[1])
+    fams = {t.candidate.resources["family"] for t in plan.buckets[0].tiles}
+    assert {"v0", "v1", "v3-sm120"} <= fams
+    d = vb.default_tile("mla576", arch)
+    assert (d.block_m, d.block_n, d.num_warps, d.num_stages) in {
+        (c.config.block_m, c.config.block_n, c.config.num_warps, c.config.num_stages)
+        for c in (t.candidate for t in plan.buckets[0].tiles)}
+    plan = make_plan("cuda", KIMI, arch_name=arch, ctxs=[185_000], trees=[1], versions=frozenset({0, 1, 2}))
+    assert all(t.candidate.resources["version"] in (0, 1, 2) for t in plan.buckets[0].tiles)
+    assert any("not in --versions" in why for _, why in plan.rejected)
+    assert plan.to_json()["versions"] == [0, 1, 2]
+
+
+def test_versions_flag_refuses_what_it_cannot_read(capsys):
+    assert autotune_main(["--dry-run", "--arch", "sm_120a", "--ctx", "4k", "--versions", "v1,x"]) == 2
+    assert "--versions: 'x' is not a kernel version" in capsys.readouterr().err
+    assert autotune_main(["--dry-run", "--backend", "triton", "--arch", "sm_120a", "--ctx", "4k",
+                          "--versions", "v1"]) == 2
+    assert "not backend 'triton'" in capsys.readouterr().err
+    assert autotune_main(["--dry-run", "--arch", "sm_120a", "--ctx", "4k", "--tree", "16", "--versions",
+                          "v0,v1,v2"]) == 0
+    assert "not in --versions (v0, v1, v2)" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("ctx", [1, 54, 1000, 185_000, 256_000])
 def test_split_grid_bounds(ctx):
     tile = KernelConfig(0, 32, 16, 4, 2)
@@ -725,6 +792,28 @@ def test_lookup_order_measured_then_model_then_heuristic(tmp_path, monkeypatch, 
     assert "model (bench.model@test)" in capsys.readouterr().out
 
 
+def test_show_says_when_a_model_table_was_chosen_by_other_model_sources(tmp_path, monkeypatch, capsys):
+    """A model-sourced table records the bench.model sources that chose it and the kernel versions it was chosen over;
+    `show` says both, and when this checkout's model sources differ (and how to re-derive; nothing when only the
+    commit differs)."""
+    from autotune.model_cost import model_sources
+    bundled = tmp_path / "bundled"
+    monkeypatch.setattr(tuned, "BUNDLED_DIR", bundled)
+    now = model_sources()
+    assert now.startswith("bench.model@") and len(now) == len("bench.model@") + 10
+    for ver, stale in (("bench.model@0123456789+abc1234", True), (f"{now}+abc1234", False)):
+        export_table(bundled, _key(), [_result(1000, 1, KernelConfig(7, 16, 16, 4, 2))], source="model",
+                     meta={"model_version": ver, "arch": "sm_120a", "kernel_versions": [0, 1]})
+        tuned.clear()
+        assert autotune_main(["show", "--ctx", "185k"]) == 0
+        out = capsys.readouterr().out
+        assert ("not this checkout's " + now in out and "--arch sm_120a" in out) is stale, out
+        assert f"model ({ver}; over kernels v0, v1)" in out
+        assert autotune_main(["show", "--ctx", "185k", "--json"]) == 0
+        row = json.loads(capsys.readouterr().out)[0]
+        assert row["arch"] == "sm_120a" and row["kernel_versions"] == [0, 1] and ("stale" in row) is stale
+
+
 def test_model_table_under_a_measured_name_is_refused(tmp_path):
     path = export_table(tmp_path, _key(), [_result(1000, 1, KernelConfig(7, 16, 16, 4, 2))], source="model")
     wrong = tmp_path / _key().filename()
@@ -796,3 +885,20 @@ def test_cost_model_tunes_and_exports_on_a_cpu(tmp_path, arch):
     t = tuned.load_table(f)
     assert tuned.table_source(t) == "model" and t.meta["model_version"].startswith("bench.model@")
     assert autotune_main(["--cost", "model", "--ctx", "4k"]) == 2          # needs --arch
+
+
+def test_shipped_model_tables_say_which_kernels_they_chose_from():
+    """Every model-sourced table in autotune/configs/ records the kernel versions it was chosen over
+    (`autotune --versions`), and each bucket's kernel (bench.model's name: 'v1 m32 ...'; v0's tiles carry no version)
+    is one of them."""
+    import re
+    from autotune.export import DEFAULT_EXPORT_DIR   # (the autouse fixture points tuned.BUNDLED_DIR elsewhere)
+    files = sorted(DEFAULT_EXPORT_DIR.glob("*,source=model.json"))
+    assert files
+    for f in files:
+        doc = json.loads(f.read_text())
+        versions = doc.get("kernel_versions")
+        assert versions, f"{f.name}: no kernel_versions (re-derive with --versions)"
+        for b in doc["buckets"]:
+            m = re.search(r"\bv(\d) m\d+ n\d+ w\d+ s\d+", b["kernel"])
+            assert (int(m.group(1)) if m else 0) in versions, (f.name, b["ctx"], b["tree_nodes"], b["kernel"])

@@ -407,6 +407,9 @@ def explain(key: TableKey, ctx: int, tree_nodes: int, batch: int = 1) -> dict:
            "bucket": {"ctx": c, "tree_nodes": tn}}
     if table_source(t) == "model":
         out["model_version"] = t.meta.get("model_version")
+        out["arch"] = t.meta.get("arch")
+    if t.meta.get("kernel_versions") is not None:   # chosen over these kernel versions only (autotune --versions)
+        out["kernel_versions"] = t.meta["kernel_versions"]
     return out
 
 

@@ -76,8 +76,11 @@ def resources(config: KernelConfig, shape: HeadShape, arch: str, **_kw) -> dict:
                 "fits": False}
     smem = vb.tile_smem(head, tile)
     # (cta_block_m: the rows one CTA holds, which its registers scale with; a cluster tile's block_m is its CTAs')
+    # (version, family: the kernel version its name says and the kernel it is a size of; the autotuner's --versions
+    # and its row pruning read them: autotune.space.filter_versions, prune_for_rows)
     return {"smem_bytes": smem, "smem_limit": limit, "threads": 32 * tile.num_warps, "compiled": True,
-            "fits": smem <= limit and tile.targets(arch), "cta_block_m": tile.cta_m}
+            "fits": smem <= limit and tile.targets(arch), "cta_block_m": tile.cta_m, "version": tile.kernel_version,
+            "family": tile.family}
 
 
 def config_space(shape: HeadShape, arch: str, *, splits: tuple[int, ...] = (0,), **_kw) -> list[KernelConfig]:
