@@ -306,8 +306,8 @@ def _family(c: Candidate) -> str:
     return c.resources.get("family") or "the same kernel"
 
 
-def filter_versions(cands: list[Candidate], versions: Optional[set[int]]) -> tuple[list[Candidate],
-                                                                                   list[tuple[KernelConfig, str]]]:
+def filter_versions(cands: list[Candidate], versions: Optional[frozenset[int]]) -> tuple[
+        list[Candidate], list[tuple[KernelConfig, str]]]:
     """Keep the tiles whose kernel version (`resources["version"]`) is in `versions` (None: all). A tile without a
     version (a backend whose hook gives none) is refused by any filter: it cannot be shown to be one of them."""
     if versions is None:
