@@ -7,6 +7,7 @@ import pytest
 
 from bench.benchmark import measured as bm
 from bench.benchmark.report import print_report
+from verify_attn import build as vb
 
 KIMI = {"name": "kimi-k2-tp8", "hq": 8, "hkv": 1, "dqk": 576, "dv": 512, "sm_scale": 0.1147, "mla": True}
 V2 = {"num_splits": 66, "block_n": 32, "block_m": 64, "num_warps": 8, "num_stages": 3}
@@ -60,8 +61,8 @@ def test_model_kernel_labels_and_verdicts():
         "v3-sm120 m32n16w20s4"
     assert bm.model_kernel_label("split bf16 576x512 page1 v3 m128 n64 w12 s2 sm90 seesaw cluster2") == \
         "v3 m128n64w12s2"
-    assert bm.model_kernel_family("split bf16q-e4m3kv 576x512 page1 v3 m32 n32 w9 s4 k2 sn1 producer") == "v3-sm120"
-    assert bm.model_kernel_family("no kernel here") is None
+    assert vb.label_family("split bf16q-e4m3kv 576x512 page1 v3 m32 n32 w9 s4 k2 sn1 producer") == "v3-sm120"
+    assert vb.label_family("no kernel here") is None
     v = {"h200 v2 bf16": {"within": False, "rows": "0/28", "range": "1.53-2.23"},
          "h200 v1 bf16": {"within": True, "rows": "24/25", "range": "0.74-1.04"}}
     assert bm.verdict_text(v, "h200", "v2 m64n32w8s3", "bf16", True) == \
@@ -154,11 +155,10 @@ def test_a_measured_row_and_the_models_reading_name_the_same_kernel():
     """Every compiled tile: the label of a measured cuda row that ran it (its config) equals the label of bench.model's
     name for it, so bench.verify pairs the two and --validate files the row under the tile's own kernel (sm_120's v3
     tiles are version-1 tiles with a producer: by version alone they were labelled v1)."""
-    from verify_attn import build as vb
     for head, tiles in vb.TILES.items():
         for t in tiles:
             row = {"config": {"block_m": t.block_m, "block_n": t.block_n, "num_warps": t.num_warps,
                               "num_stages": t.num_stages}}
             assert bm._row_kernel(row, head) == bm.model_kernel_label(f"split bf16 576x512 page1 {t.label()}"), \
                 (head, t.label())
-            assert bm.model_kernel_family(t.label()) == t.family
+            assert vb.label_family(t.label()) == t.family

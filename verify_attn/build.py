@@ -128,6 +128,8 @@ class Tile:
         return "v3-sm120" if self.sm120_v3 else f"v{self.version}"
 
     def label(self) -> str:
+        """'v3 m32 n16 w20 s4 k2 sn2 producer-wg roles': the tile in bench.model's kernel names (label_family reads
+        one back)."""
         base = f"m{self.block_m} n{self.block_n} w{self.num_warps} s{self.num_stages}"
         if self.version == 2:
             return f"v2 {base} wg{self.warps_n} wgmma"
@@ -138,6 +140,22 @@ class Tile:
                                                                                                    "producer-wg roles")
         return (f"v1 {base} k{self.ksplit} sn{self.sn}" + ("" if self.fp8_mma else " f16")
                 + (" b1" if self.bars == 1 else "") + (" bulk" if self.loader else "") if self.version == 1 else base)
+
+
+# a Tile.label inside a name (bench.model's kernel names embed it): version, block_m, block_n, warps, stages; v0's
+# labels carry no version ('split bf16 576x512 page1 m16 n32 w4 s2')
+LABEL_RE = re.compile(r"(?:^|\s)(?:v(\d) )?m(\d+) n(\d+) w(\d+) s(\d+)\b")
+
+
+def label_family(name: str) -> Optional[str]:
+    """The family (Tile.family: v0, v1, v2, v3, v3-sm120) of the tile whose label stands in `name`; None if none
+    does. sm_120's v3 is v1's math with a producer ('v3 m32 n16 w20 s4 k2 sn2 producer-wg roles'), Hopper's v3 the
+    seesaw ('v3 m64 n64 w12 s2 sm90 seesaw'): two kernels, which labels and `bench.model --validate` keep apart."""
+    m = LABEL_RE.search(name or "")
+    if not m:
+        return None
+    v = int(m.group(1) or 0)
+    return "v3-sm120" if v == 3 and " producer" in name else f"v{v}"
 
 
 # the fp8 caches' f16 tile (TileFp8F16 in config.h): K / V converted to f16 in registers, f16 MMAs

@@ -15,8 +15,6 @@ from typing import Optional
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "bench" / "results"
-# bench.model's kernel names (build.Tile.label): v0's tiles carry no version ('split bf16 576x512 page1 m16 n32 w4 s2')
-_KERNEL_RE = re.compile(r"(?:^|\s)(?:v(\d) )?m(\d+) n(\d+) w(\d+) s(\d+)\b")
 
 
 def kernel_label(family: str, block_m: int, block_n: int, warps: int, stages: int) -> str:
@@ -24,21 +22,12 @@ def kernel_label(family: str, block_m: int, block_n: int, warps: int, stages: in
     return f"{family} m{block_m}n{block_n}w{warps}s{stages}"
 
 
-def model_kernel_family(name: str) -> Optional[str]:
-    """The kernel family (build.Tile.family: v0, v1, v2, v3, v3-sm120) a bench.model kernel name is a tile of; None
-    if unparsed. sm_120's v3 is v1's math with a producer ('v3 m32 n16 w20 s4 k2 sn2 producer-wg roles'), Hopper's
-    v3 the seesaw ('v3 m64 n64 w12 s2 sm90 seesaw'): two kernels, which --validate and the labels keep apart."""
-    m = _KERNEL_RE.search(name or "")
-    if not m:
-        return None
-    v = int(m.group(1) or 0)
-    return "v3-sm120" if v == 3 and " producer" in name else f"v{v}"
-
-
 def model_kernel_label(name: str) -> str:
-    """'split bf16 576x512 page1 v2 m64 n32 w8 s3 wg2 wgmma' -> 'v2 m64n32w8s3' (the name itself if unparsed)."""
-    m = _KERNEL_RE.search(name or "")
-    return kernel_label(model_kernel_family(name), *map(int, m.groups()[1:])) if m else (name or "?")
+    """'split bf16 576x512 page1 v2 m64 n32 w8 s3 wg2 wgmma' -> 'v2 m64n32w8s3' (the name itself if unparsed): the
+    tile's family (build.label_family) and shape, as _row_kernel labels a measured row."""
+    from verify_attn import build as vb
+    m = vb.LABEL_RE.search(name or "")
+    return kernel_label(vb.label_family(name), *map(int, m.groups()[1:])) if m else (name or "?")
 
 
 def kv_format(kv_dtype: str) -> str:

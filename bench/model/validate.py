@@ -119,7 +119,7 @@ def _little_items() -> list[Item]:
 
 
 def _kernel_items() -> list[Item]:
-    from bench.benchmark.measured import model_kernel_family
+    from verify_attn.build import label_family
     from .calibrate import rows
     files = [p for n in ("headline", "sweep", "fp8", "fp8_656", "peers") for p in [RESULTS / "h200" / f"{n}.json"]
              if p.exists()]
@@ -131,7 +131,7 @@ def _kernel_items() -> list[Item]:
     groups: dict[str, list[dict]] = {}
     for r in rs:
         k = r["kernel"]
-        ver = model_kernel_family(k) or "v0"   # v3's rows as v3 (Hopper) or v3-sm120, never as v0's
+        ver = label_family(k) or "v0"   # v3's rows as v3 (Hopper) or v3-sm120, never as v0's
         fmt = "656" if "656kv" in k else "e4m3" if "e4m3kv" in k else "bf16"
         groups.setdefault(f"{ver} {fmt}", []).append(r)
     for g, rr in sorted(groups.items()):
