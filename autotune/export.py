@@ -76,8 +76,7 @@ def build_table(key: TableKey, results: Iterable[BucketResult], *, batch: int = 
 def kernel_versions_meta(plan) -> dict:
     """{"kernel_versions": [...]} for a plan tuned over some kernel versions only (--versions), else {}: a table
     that never saw a version must say so, or a reader takes its pick for the fastest of every kernel."""
-    v = getattr(plan, "versions", None)
-    return {} if v is None else {"kernel_versions": sorted(v)}
+    return {} if plan.versions is None else {"kernel_versions": sorted(plan.versions)}
 
 
 def export_table(out_dir: str | Path, key: TableKey, results: Iterable[BucketResult], *, batch: int = 1,

@@ -76,7 +76,7 @@ class Plan:
                     })
         return {
             "arch": a.name,
-            "versions": None if self.versions is None else sorted(self.versions),
+            "kernel_versions": None if self.versions is None else sorted(self.versions),
             "arch_limits": {"smem_per_block": a.smem_per_block, "regs_per_sm": a.regs_per_sm,
                             "max_regs_per_thread": a.max_regs_per_thread, "num_sms": a.num_sms,
                             "device_name": a.device_name},

@@ -184,7 +184,7 @@ def test_one_node_plans_offer_every_kernels_tiles(arch):
     plan = make_plan("cuda", KIMI, arch_name=arch, ctxs=[185_000], trees=[1], versions=frozenset({0, 1, 2}))
     assert all(t.candidate.resources["version"] in (0, 1, 2) for t in plan.buckets[0].tiles)
     assert any("not in --versions" in why for _, why in plan.rejected)
-    assert plan.to_json()["versions"] == [0, 1, 2]
+    assert plan.to_json()["kernel_versions"] == [0, 1, 2]
 
 
 def test_versions_flag_refuses_what_it_cannot_read(capsys):
@@ -891,8 +891,8 @@ def test_shipped_model_tables_say_which_kernels_they_chose_from():
     """Every model-sourced table in autotune/configs/ records the kernel versions it was chosen over
     (`autotune --versions`), and each bucket's kernel (bench.model's name: 'v1 m32 ...'; v0's tiles carry no version)
     is one of them."""
-    import re
     from autotune.export import DEFAULT_EXPORT_DIR   # (the autouse fixture points tuned.BUNDLED_DIR elsewhere)
+    from verify_attn.build import LABEL_RE
     files = sorted(DEFAULT_EXPORT_DIR.glob("*,source=model.json"))
     assert files
     for f in files:
@@ -900,5 +900,5 @@ def test_shipped_model_tables_say_which_kernels_they_chose_from():
         versions = doc.get("kernel_versions")
         assert versions, f"{f.name}: no kernel_versions (re-derive with --versions)"
         for b in doc["buckets"]:
-            m = re.search(r"\bv(\d) m\d+ n\d+ w\d+ s\d+", b["kernel"])
-            assert (int(m.group(1)) if m else 0) in versions, (f.name, b["ctx"], b["tree_nodes"], b["kernel"])
+            m = LABEL_RE.search(b["kernel"])
+            assert m and int(m.group(1) or 0) in versions, (f.name, b["ctx"], b["tree_nodes"], b["kernel"])
