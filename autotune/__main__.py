@@ -88,6 +88,12 @@ def parse_versions(text: Optional[str], backend: str) -> Optional[frozenset[int]
         out.add(int(v))
     if not out:
         raise ValueError("--versions: give at least one kernel version, e.g. v1 or v0,v1,v2")
+    from verify_attn.build import TILES
+    known = sorted({t.kernel_version for tiles in TILES.values() for t in tiles})
+    unknown = sorted(out - set(known))
+    if unknown:  # (a typo would otherwise prune every tile and fail later, bucket by bucket)
+        raise ValueError(f"--versions: no CUDA kernel {', '.join(f'v{v}' for v in unknown)} is built; the kernels are "
+                         + ", ".join(f"v{v}" for v in known))
     return frozenset(out)
 
 

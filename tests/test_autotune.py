@@ -190,6 +190,8 @@ def test_one_node_plans_offer_every_kernels_tiles(arch):
 def test_versions_flag_refuses_what_it_cannot_read(capsys):
     assert autotune_main(["--dry-run", "--arch", "sm_120a", "--ctx", "4k", "--versions", "v1,x"]) == 2
     assert "--versions: 'x' is not a kernel version" in capsys.readouterr().err
+    assert autotune_main(["--dry-run", "--arch", "sm_120a", "--ctx", "4k", "--versions", "v1,v9"]) == 2
+    assert "--versions: no CUDA kernel v9 is built; the kernels are v0, v1, v2, v3" in capsys.readouterr().err
     assert autotune_main(["--dry-run", "--backend", "triton", "--arch", "sm_120a", "--ctx", "4k",
                           "--versions", "v1"]) == 2
     assert "not backend 'triton'" in capsys.readouterr().err
