@@ -519,3 +519,61 @@ def test_the_steady_state_excludes_the_loops_drain(monkeypatch):
     assert drain >= 2 and deltas[-1] < 0.7 * statistics.median(middle)       # the drain is there, and fast
     assert hot.cycles_per_iter == pytest.approx(statistics.mean(middle), rel=1e-9)
     assert hot.cycles_per_iter > statistics.mean(deltas[len(deltas) // 2:])   # the old window read it short
+
+
+def _roles_tile_prediction():
+    """The bf16 math-roles tile (sm_120's v3, `w20`) as the H200 proxy reads it at 185k / 16 nodes."""
+    from bench.model import call
+    from verify_attn.shapes import get_shape
+    try:
+        ks = kernels.load("sm_90a", "mla576", "bf16", "page1")
+    except RuntimeError as e:
+        pytest.skip(str(e))
+    km = next(k for k in ks if k.tile.loader == 4)
+    return km, call.predict(km, H200, call.Case(get_shape("kimi-k2-tp8"), 185_000, 16))
+
+
+def test_a_named_barriers_wait_is_counted_after_it():
+    """A named barrier that waits (`bar.sync id, count`) issues at once and holds its warp, so its wait is the gap
+    before the warp's next instruction (an mbarrier try-wait issues once its phase completed: the gap before it). The
+    roles' barrier waits (`SimResult.sync_stall`, printed by --trace) counted the gap before the barrier, ~1 cycle:
+    the math-roles tile's PV warps read "waits 1 cycles an iteration at barriers" while the full trace shows them
+    held at P_FULL for a third of the iteration. --trace's stall lines name such a gap by the barrier, not by the
+    instruction after it."""
+    from bench.model.__main__ import trace_lines
+    km, p = _roles_tile_prediction()
+    res, body = p.tile.sim, km.roles_hot[0]
+    pv = 2   # the simulated warps: 0 and 4 (S), 8 and 12 (PV), 16 (the producer)
+    items = [(t, i) for t, x, i in res.full_trace if x == pv]
+    after = [items[k + 1][0] - items[k][0] for k in range(len(items) - 1) if sim.holds(body[items[k][1]])]
+    assert after and max(after) > 100
+    assert res.sync_stall[pv] >= 0.5 * sum(after) and res.sync_stall[pv] > 0.1 * res.cycles_per_iter
+    assert not any(sim.holds(i) for i in body if i.op != "BAR")
+    assert all(sim.holds(i) == ("ARV" not in i.mods) for i in body if i.op == "BAR")
+    lines = trace_lines(km, H200, p)
+    pv_stalls = [ln for ln in lines if ln.startswith("  warp  8 +")]
+    assert any("BAR.SYNC" in ln for ln in pv_stalls), pv_stalls
+
+
+def test_the_timeline_splits_each_roles_iteration_by_source_line():
+    """--timeline: each simulated warp's last iteration as phases by kernel source line. The phases partition the
+    iteration (their cycles add up to the warp's span), a barrier's wait is charged to the barrier's line, each
+    phase carries its line's text from this checkout, and a warp whose loop is one call (the producer's `produce()`)
+    is split one inline frame further in."""
+    from bench.model.__main__ import timeline_lines
+    km, p = _roles_tile_prediction()
+    lines = timeline_lines(km, H200, p)
+    heads = [k for k, ln in enumerate(lines) if ln.startswith("  warp ")]
+    assert [lines[k].split(":")[0].strip() for k in heads] == [
+        "warp 0 (S warps)", "warp 4 (S warps)", "warp 8 (PV warps)", "warp 12 (PV warps)", "warp 16 (producer)"]
+    blocks = [lines[a + 1:b] for a, b in zip(heads, heads[1:] + [len(lines)])]
+    for k, block in zip(heads, blocks):
+        span = float(lines[k].split("iteration, ")[1].split(" cycles")[0])
+        cycles = [float(ln.split("@")[1].split()[1]) for ln in block]
+        assert block and sum(cycles) == pytest.approx(span, abs=1.0), lines[k]
+        assert all("  | " in ln for ln in block)   # every phase's source line was read
+    pv_wait = [ln for ln in blocks[2] if "kPFullBarrier" in ln and "waits BAR.SYNC" in ln]
+    assert pv_wait and float(pv_wait[0].split("@")[1].split()[1]) > 100
+    producer = blocks[4]
+    assert len(producer) > 2 and any("mbarrier_wait(sEmpty" in ln for ln in producer)
+    assert any("bulk_copy_g2s" in ln for ln in producer)

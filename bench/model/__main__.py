@@ -77,6 +77,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="also print where each kernel's simulated tile loses tensor-pipe time: the pipe's idle "
                          "stretches (>= 30 cycles) and warp 0's long stalls, with their source lines (warp-role "
                          "tiles: the other roles' simulated warps' stalls of 100 cycles or more too)")
+    ap.add_argument("--timeline", action="store_true",
+                    help="also print each kernel's simulated tile, warp by warp (one warp of each role on warp-role "
+                         "tiles), as phases by kernel source line: when each part of the loop runs, its cycles, its "
+                         "instruction mix and its waits (a barrier's wait is the barrier's), with the line's text")
     ap.add_argument("--constants", action="store_true", help="print the device constants with their sources and exit")
     ap.add_argument("--no-bands", action="store_true", help="central values only (no band: each band re-predicts the "
                     "call once per end of every ranged constant, ~3-5 s a row)")
@@ -265,6 +269,8 @@ def run(a: argparse.Namespace) -> dict:
                         entries.append(e)
                         if getattr(a, "trace", False) and ctx == ctxs[0] and n == trees[0]:
                             traces += trace_lines(km, dev, p)
+                        if getattr(a, "timeline", False) and ctx == ctxs[0] and n == trees[0]:
+                            traces += timeline_lines(km, dev, p)
     return {"schema": SCHEMA_VERSION, "kind": "model", "date": _dt.datetime.now().isoformat(timespec="seconds"),
             "commit": _commit(), "shape": shape.to_dict(), "dtype": a.dtype, "kv_dtype": kv_dtype,
             "knockout": getattr(a, "knockout", 0),
@@ -332,6 +338,51 @@ def trace_lines(km, dev, p: predict.Prediction) -> list[str]:
             + others)
 
 
+def _role_names(km) -> list[str]:
+    """The roles of a warp-specialized tile, in the order of its simulated body's spans."""
+    spans = km.roles_hot[1]
+    return (["math", "producer"] if len(spans) == 2 else
+            ["consumer warpgroup 0", "consumer warpgroup 1", "producer"] if km.tile.version == 3 else
+            ["S warps", "PV warps", "producer"])
+
+
+_REPO = Path(__file__).resolve().parents[2]
+_SOURCES: dict[Path, list[str]] = {}
+
+
+def source_text(file: Optional[str], line: Optional[int], width: int = 64) -> str:
+    """A kernel source line as the SASS line table names it (the build's path), read from this checkout's csrc/ (the
+    cubins are cached by source hash, so the lines match); '' when it cannot be read."""
+    f = file or ""
+    k = f.rfind("csrc/")
+    if k < 0 or not line:
+        return ""
+    path = _REPO / f[k:]
+    if path not in _SOURCES:
+        try:
+            _SOURCES[path] = path.read_text().splitlines()
+        except OSError:
+            _SOURCES[path] = []
+    text = _SOURCES[path][line - 1].strip() if line <= len(_SOURCES[path]) else ""
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
+def timeline_lines(km, dev, p: predict.Prediction) -> list[str]:
+    """--timeline: the simulated hot tile's last iteration, warp by warp (one warp of each role on a warp-role tile,
+    warp 0 otherwise), as phases by kernel source line (sim.timeline): how long each part of the loop took, its
+    instruction mix and what it waited on."""
+    res = p.tile.sim
+    if km.roles_hot is not None:
+        body, names = km.roles_hot[0], _role_names(km)
+        labels = {x: f"warp {w} ({names[predict._role_of(km.tile, w, len(km.roles_hot[1]))]})"
+                  for x, w in enumerate(predict.simulated_warps(km.tile, dev.schedulers)) if x < res.warps}
+    else:
+        body, labels = km.hot.instrs, {0: "warp 0"}
+    return ([f"{dev.key} {km.name} ({km.layout}): {res.cycles_per_iter:.0f} cycles/tile simulated; each phase: where "
+             "it starts in the warp's iteration, its cycles (the waits in them), the source line"]
+            + sim.timeline(body, res, labels, source=source_text))
+
+
 def smem_line(res) -> str:
     """The simulated iteration's shared-memory cycles (the scheduler's share of the SM's bandwidth) by kind: what
     the tile's "smem" bound adds up. A tile near it is bound by shared memory whatever its latencies."""
@@ -348,9 +399,7 @@ def role_lines(km, res, schedulers: int) -> list[str]:
     if km.roles_hot is None:
         return []
     spans = km.roles_hot[1]
-    names = (["math", "producer"] if len(spans) == 2 else
-             ["consumer warpgroup 0", "consumer warpgroup 1", "producer"] if km.tile.version == 3 else
-             ["S warps", "PV warps", "producer"])
+    names = _role_names(km)
     m = km.tile.warps_m * km.tile.warps_n
     warps_of = [(0, m)] if len(spans) == 2 else [(0, m // 2), (m // 2, m)]
     warps_of.append((m, m + kernels.producer_warps(km.tile)))

@@ -445,6 +445,7 @@ def simulate(body: list[Instr], dev: DeviceModel, *, warps: int, warps_per_barri
     named_arr: dict[tuple[int, int], list[tuple[int, float, bool]]] = {}   # (id, generation) -> (warp, t, waits)
     sync_stall = [0.0] * warps
     last_issue = [0.0] * warps
+    after_hold = [False] * warps           # the warp's last instruction was a barrier that holds it
 
     pc = [0] * warps                       # index into the unrolled stream (iteration * n + i)
     ready: list[dict[str, float]] = [dict() for _ in range(warps)]
@@ -627,8 +628,11 @@ def simulate(body: list[Instr], dev: DeviceModel, *, warps: int, warps_per_barri
             arrive_any.setdefault((w, it), []).append(done)
             if bar_off[i] is not None:
                 arrive_t.setdefault((w, it + 1 if ahead[i] else it, bar_off[i]), []).append(done)
-        if (bulk_wait[i] or named[i] is not None or is_bar[i]) and window_lo <= it <= shown:
+        # a warp's waits at barriers: an mbarrier try-wait issues once its phase completed (the gap before it); a
+        # named or CTA barrier that waits issues at once and holds the warp (the gap before its next instruction)
+        if (bulk_wait[i] or after_hold[w]) and window_lo <= it <= shown:
             sync_stall[w] += t - last_issue[w] - 1
+        after_hold[w] = named[i][2] if named[i] is not None else is_bar[i]
         last_issue[w] = t
         if w == 0 and it == shown:
             trace.append((t, t - prev_issue, i))
@@ -701,6 +705,17 @@ def pipe_gaps(body: list[Instr], res: SimResult, pipe: str, dev: DeviceModel, mi
     return out
 
 
+def holds(ins: Instr) -> bool:
+    """A barrier that issues at once and holds its warp until it completes (bar.sync, a named barrier that waits):
+    the gap before the warp's next instruction is this barrier's wait. (An mbarrier try-wait issues once its phase
+    completed: its wait is the gap before it.)"""
+    from .roles import named_barrier
+    if ins.op != "BAR":
+        return False
+    nb = named_barrier(ins)
+    return nb[2] if nb is not None else "ARV" not in ins.mods
+
+
 def _stall_line(ins: Instr, stall: float, t: float, who: str = "") -> str:
     """One stall of a trace: who waited (a label, or nothing for warp 0), how long, when, and the instruction that
     waited with its source line."""
@@ -711,17 +726,95 @@ def _stall_line(ins: Instr, stall: float, t: float, who: str = "") -> str:
 def explain_warps(body: list[Instr], res: SimResult, names: dict[int, str], min_stall: float = 100.0) -> list[str]:
     """The stalls of `min_stall` cycles or more of each simulated warp in `names` (its index in the simulation -> a
     label) in its last simulated iteration, from `full_trace`: what the roles other than warp 0's wait on (a warp
-    specialized tile's limit is often another role's wait: Hopper v3's warpgroup 1 for stage 1's late half)."""
+    specialized tile's limit is often another role's wait: Hopper v3's warpgroup 1 for stage 1's late half). A gap
+    after a barrier that holds its warp is named by that barrier (the instruction after it only waited for it)."""
     out = []
-    last: dict[int, float] = {}
+    last: dict[int, tuple[float, int]] = {}
     for t, w, i in res.full_trace:
-        if w in last and w in names and t - last[w] >= min_stall:
-            out.append(_stall_line(body[i], t - last[w], t, f"{names[w]} "))
-        last[w] = t
+        if w in last and w in names and t - last[w][0] >= min_stall:
+            who = body[last[w][1]] if holds(body[last[w][1]]) else body[i]
+            out.append(_stall_line(who, t - last[w][0], t, f"{names[w]} "))
+        last[w] = (t, i)
     return out
 
 
 def explain(body: list[Instr], res: SimResult, min_stall: float = 20.0) -> list[str]:
     """Warp 0's stalls of `min_stall` cycles or more in the last simulated iteration, with the
-    instruction that waited and its source line: where a tile's cycles go."""
-    return [_stall_line(body[i], stall, t) for t, stall, i in res.trace if stall >= min_stall]
+    instruction that waited (or the barrier that held the warp) and its source line: where a tile's cycles go."""
+    out = []
+    prev = None
+    for t, stall, i in res.trace:
+        if stall >= min_stall:
+            out.append(_stall_line(body[prev] if prev is not None and holds(body[prev]) else body[i], stall, t))
+        prev = i
+    return out
+
+
+def _frame(ins: Instr, depth: int) -> tuple[str | None, int | None]:
+    """(file, line) of an instruction's inline frame `depth` levels inside its outermost one (0: the outermost, the
+    kernel's own line); the innermost when the chain is shorter."""
+    if not ins.frames:
+        return ins.file, ins.line
+    return ins.frames[max(0, len(ins.frames) - 1 - depth)]
+
+
+def timeline(body: list[Instr], res: SimResult, names: dict[int, str], *,
+             source: Callable[[str | None, int | None], str] = lambda f, ln: "", merge_below: float = 12.0) -> list[str]:
+    """Each simulated warp in `names` (its index in the simulation -> a label) over its last simulated iteration,
+    as phases: runs of instructions from one kernel source line (the outermost inline frame; a warp whose whole loop
+    is one call, a producer's, one frame further in), each with the cycles it took, its instruction mix and its
+    long waits (>= 20 cycles), and `source(file, line)` (the line's text). The phases partition the iteration: an
+    instruction owns the gap before its issue, except after a barrier that holds the warp (`holds`), whose wait is
+    the barrier's. Runs shorter than `merge_below` cycles of at most 3 instructions (ptxas interleaves a few address
+    or loop-control instructions of other lines) join the phase before them."""
+    out = []
+    for w, label in names.items():
+        items = [(t, i) for t, x, i in res.full_trace if x == w]
+        if not items:
+            continue
+        phases = _phases(body, items, 0, merge_below)
+        if len(phases) == 1:
+            phases = _phases(body, items, 1, merge_below)
+        out.append(f"  {label}: its last simulated iteration, {items[-1][0] - items[0][0]:.0f} cycles from its first "
+                   "issue to its last")
+        for ph in phases:
+            ops = ", ".join(f"{o} {c}" for o, c in ph["ops"].most_common(3))
+            waits = ", ".join(f"{o} {c:.0f}" for o, c in ph["waits"].most_common(2))
+            text = source(*ph["frame"])
+            out.append(f"    @{ph['at']:6.0f} {ph['cycles']:6.0f} cyc  line {ph['frame'][1] or '?':>4} {ph['n']:4d} "
+                       f"instr ({ops}){'; waits ' + waits if waits else ''}{'  | ' + text if text else ''}")
+    return out
+
+
+def _phases(body: list[Instr], items: list[tuple[float, int]], depth: int, merge_below: float) -> list[dict]:
+    """timeline's phases of one warp's (issue cycle, instruction) list, by the source frame `depth` levels in."""
+    from collections import Counter
+    phases: list[dict] = []
+    t0 = items[0][0]
+    prev_t, prev_i = t0, None
+    for t, i in items:
+        gap = t - prev_t
+        owner = prev_i if prev_i is not None and holds(body[prev_i]) else i
+        frame = _frame(body[i], depth)
+        new = not phases or phases[-1]["frame"] != frame
+        if new:
+            phases.append({"frame": frame, "at": (prev_t if owner == i else t) - t0, "cycles": 0.0, "n": 0,
+                           "ops": Counter(), "waits": Counter()})
+        ph = phases[-2] if new and owner != i and len(phases) > 1 else phases[-1]
+        ph["cycles"] += gap
+        if gap >= 20:
+            ph["waits"][body[owner].opcode] += gap
+        phases[-1]["n"] += 1
+        phases[-1]["ops"][body[i].op] += 1
+        prev_t, prev_i = t, i
+    merged: list[dict] = []
+    for ph in phases:
+        if merged and (merged[-1]["frame"] == ph["frame"] or (ph["cycles"] < merge_below and ph["n"] <= 3)):
+            m = merged[-1]
+            m["cycles"] += ph["cycles"]
+            m["n"] += ph["n"]
+            m["ops"].update(ph["ops"])
+            m["waits"].update(ph["waits"])
+        else:
+            merged.append(ph)
+    return merged
