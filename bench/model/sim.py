@@ -761,8 +761,8 @@ def _frame(ins: Instr, depth: int) -> tuple[str | None, int | None]:
 def timeline(body: list[Instr], res: SimResult, names: dict[int, str], *,
              source: Callable[[str | None, int | None], str] = lambda f, ln: "", merge_below: float = 12.0) -> list[str]:
     """Each simulated warp in `names` (its index in the simulation -> a label) over its last simulated iteration,
-    as phases: runs of instructions from one kernel source line (the outermost inline frame; a warp whose whole loop
-    is one call, a producer's, one frame further in), each with the cycles it took, its instruction mix and its
+    as phases: runs of instructions from one kernel source line (the outermost inline frame; a warp whose loop is
+    mostly one call, a producer's, one frame further in), each with the cycles it took, its instruction mix and its
     long waits (>= 20 cycles), and `source(file, line)` (the line's text). The phases partition the iteration: an
     instruction owns the gap before its issue, except after a barrier that holds the warp (`holds`), whose wait is
     the barrier's. Runs shorter than `merge_below` cycles of at most 3 instructions (ptxas interleaves a few address
@@ -773,8 +773,11 @@ def timeline(body: list[Instr], res: SimResult, names: dict[int, str], *,
         if not items:
             continue
         phases = _phases(body, items, 0, merge_below)
-        if len(phases) == 1:
-            phases = _phases(body, items, 1, merge_below)
+        by_frame: dict = {}
+        for ph in phases:
+            by_frame[ph["frame"]] = by_frame.get(ph["frame"], 0.0) + ph["cycles"]
+        if max(by_frame.values()) >= 0.75 * max(1.0, items[-1][0] - items[0][0]):
+            phases = _phases(body, items, 1, merge_below)   # (one call holds the loop: a producer's produce())
         out.append(f"  {label}: its last simulated iteration, {items[-1][0] - items[0][0]:.0f} cycles from its first "
                    "issue to its last")
         for ph in phases:
